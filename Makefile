@@ -1,0 +1,125 @@
+# Makefile - one code base, two binaries.
+#
+#   make          ./train (CUDA kernels, NCCL + MPI) and ./train_cpu (CPU kernels, MPI)
+#   make cpu      ./train_cpu only
+#   make test     every CPU test (installs dependencies first; see test/run_all.sh)
+#   make test-gpu the GPU tests (needs a GPU)
+#   make run      the quick-start demo: deps, build, fortunes dataset, train, sample
+#   make bench    GPU benchmarks (bench/run_all.sh)
+#   make bundle   relocatable folder for an air-gapped GPU node (tools/make_bundle.sh)
+#   make clean
+#
+# Everything above the backend seam (train.cu, model/, parallel/, checkpoint/, data/) is plain
+# C++ that only calls kernels/ops.h, so it is compiled once with g++ and linked into both
+# binaries: the CPU backend (kernels/cpu/) makes ./train_cpu, the CUDA backend (kernels/cuda/,
+# compiled by nvcc) makes ./train. The .cu files above the seam hold no device code.
+
+CXX       ?= g++
+NVCC      ?= /usr/local/cuda/bin/nvcc
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= 90
+BUILD     ?= build
+
+MPI_CFLAGS  := $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LIBS    := $(shell mpicxx --showme:link 2>/dev/null)
+HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
+HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
+TOML_CFLAGS := $(shell pkg-config --cflags tomlplusplus 2>/dev/null)
+TOML_LIBS   := $(shell pkg-config --libs tomlplusplus 2>/dev/null)
+
+OPT       ?= -O3
+CXXFLAGS  := -std=c++17 $(OPT) -g -MMD -MP -fopenmp -Wall -Wextra -Wno-unused-parameter -I. \
+             $(MPI_CFLAGS) $(HDF5_CFLAGS) $(TOML_CFLAGS)
+NVCCFLAGS := -std=c++17 $(OPT) -g -MMD -MP -lineinfo -I. --expt-relaxed-constexpr \
+             -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
+             -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter $(MPI_CFLAGS)
+LDLIBS    := -fopenmp $(MPI_LIBS) $(HDF5_LIBS) $(TOML_LIBS) -lpthread
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas \
+             -lcudnn -lnccl
+
+# Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu is the NCCL backend,
+# comm_nccl_absent.cu stands in for it in the CPU binary.
+SHARED_SRC := train.cu kernels/common.cpp \
+              $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
+                $(wildcard model/*.cu parallel/*.cu checkpoint/*.cu data/*.cpp))
+CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
+CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
+NCCL_SRC   := parallel/comm_nccl.cu
+
+obj = $(patsubst %,$(BUILD)/$(1)/%.o,$(2))
+SHARED_OBJ := $(call obj,host,$(SHARED_SRC))
+CPU_OBJ    := $(call obj,host,$(CPU_SRC))
+CUDA_OBJ   := $(call obj,cuda,$(CUDA_SRC))
+NCCL_OBJ   := $(call obj,cuda,$(NCCL_SRC))
+
+.PHONY: all cpu cuda test test-gpu run bench bundle clean deps tools
+all: train_cpu train tools
+cpu: train_cpu tools
+cuda: train
+
+# Host objects (g++). -x c++ makes g++ read the seam-level .cu files as C++.
+$(BUILD)/host/%.o: %
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
+
+# Device objects (nvcc).
+$(BUILD)/cuda/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+train_cpu: $(SHARED_OBJ) $(CPU_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+train: $(SHARED_OBJ) $(CUDA_OBJ) $(NCCL_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+# The CPU kernels as a shared library, so that the Python tests can call each op directly.
+$(BUILD)/pic/%.o: %
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -fPIC -x c++ -c $< -o $@
+$(BUILD)/libops_cpu.so: $(call obj,pic,$(wildcard kernels/cpu/*.cpp) kernels/common.cpp test/ops_capi.cpp)
+	$(CXX) -shared -o $@ $^ -fopenmp
+
+# Tools (text -> token shards, and friends).
+TOOLS := $(BUILD)/tokenize
+tools: $(TOOLS)
+$(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp kernels/common.cpp)
+	$(CXX) -o $@ $^ -fopenmp
+
+# C++ test programs: test/<name>.cpp linked with everything above the seam and the CPU backend.
+TEST_SRC  := $(wildcard test/test_*.cpp)
+TEST_BINS := $(patsubst test/%.cpp,$(BUILD)/%,$(TEST_SRC))
+$(BUILD)/test_%: $(BUILD)/host/test/test_%.cpp.o $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(CPU_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+test-bins: $(TEST_BINS) $(BUILD)/libops_cpu.so
+
+# GPU tests: the CUDA backend next to the CPU backend renamed to namespace ref (kernels/ops.h).
+GPU_TEST_SRC := $(wildcard test/gpu/*.cu)
+$(BUILD)/ref/%.o: %
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -Dops=ref -x c++ -c $< -o $@
+$(BUILD)/test_gpu: $(call obj,cuda,$(GPU_TEST_SRC)) $(CUDA_OBJ) $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) $(call obj,host,kernels/common.cpp)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+deps:
+	tools/install_deps.sh
+
+test: deps
+	test/run_all.sh
+
+test-gpu: all $(BUILD)/test_gpu
+	test/run_gpu.sh
+
+run: deps
+	tools/run_demo.sh
+
+bench:
+	bench/run_all.sh
+
+bundle: all $(BUILD)/test_gpu
+	tools/make_bundle.sh
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+clean:
+	rm -rf $(BUILD) train train_cpu

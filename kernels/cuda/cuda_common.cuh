@@ -1,0 +1,107 @@
+// kernels/cuda/cuda_common.cuh - what every CUDA kernel file shares: error macros that name file
+// and line, the stream object behind ops::Stream, dtype dispatch, and 16-byte vector access.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/ops.h"
+
+#define CUDA_CHECK(call)                                                                    \
+  do {                                                                                      \
+    cudaError_t err_ = (call);                                                              \
+    if (err_ != cudaSuccess) fatal_error(__FILE__, __LINE__, "CUDA: %s", cudaGetErrorString(err_)); \
+  } while (0)
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t st_ = (call);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      fatal_error(__FILE__, __LINE__, "cuBLAS: status %d", (int)st_);                       \
+  } while (0)
+// After every launch. Build with -DKERNEL_DEBUG to also synchronise, so that a fault is reported
+// at the launch that caused it.
+#ifdef KERNEL_DEBUG
+#define LAUNCH_CHECK()                          \
+  do {                                          \
+    CUDA_CHECK(cudaGetLastError());             \
+    CUDA_CHECK(cudaDeviceSynchronize());        \
+  } while (0)
+#else
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+#endif
+
+namespace ops {
+
+// A CUDA stream plus the resources that ops launched on it need. One per stream so that two
+// streams never share a cuBLASLt workspace or a reduction scratch buffer.
+struct StreamImpl {
+  cudaStream_t stream = nullptr;
+  StreamOptions options;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;       // cuBLASLt workspace
+  size_t workspace_bytes = 0;
+  void* scratch = nullptr;         // reductions' partial results; grows on demand
+  size_t scratch_bytes = 0;
+  void* cudnn = nullptr;           // cudnnHandle_t, created on first use
+  AttentionImpl attention_resolved = AttentionImpl::Auto;  // what Auto turned into
+};
+struct EventImpl {
+  cudaEvent_t event = nullptr;
+};
+
+// Scratch memory of at least `bytes` on stream s, valid until the next call on the same stream.
+void* stream_scratch(Stream s, size_t bytes);
+
+}  // namespace ops
+
+// Storage type of a DType, for templates: Storage<DType::BF16>::type is __nv_bfloat16.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Calls fn.template operator()<T>() with T = float or __nv_bfloat16 according to dt:
+//   dispatch_dtype(dt, [&](auto tag) { using T = decltype(tag); my_kernel<T><<<...>>>(...); });
+template <typename Fn>
+inline void dispatch_dtype(DType dt, Fn&& fn) {
+  if (dt == DType::F32) fn(float{});
+  else fn(__nv_bfloat16{});
+}
+
+// 16 bytes of T, loaded and stored as one int4: 4 floats or 8 bf16.
+template <typename T>
+struct alignas(16) Pack128 {
+  static constexpr int size = 16 / sizeof(T);
+  T v[size];
+  __device__ __forceinline__ T& operator[](int i) { return v[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return v[i]; }
+};
+template <typename T>
+__device__ __forceinline__ Pack128<T> load128(const T* p) {
+  Pack128<T> r;
+  *reinterpret_cast<int4*>(&r) = *reinterpret_cast<const int4*>(p);
+  return r;
+}
+// Streaming load that bypasses L1 and is evicted first (data read once).
+template <typename T>
+__device__ __forceinline__ Pack128<T> load128cs(const T* p) {
+  Pack128<T> r;
+  *reinterpret_cast<int4*>(&r) = __ldcs(reinterpret_cast<const int4*>(p));
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ void store128(T* p, const Pack128<T>& x) {
+  *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&x);
+}
+
+__device__ __forceinline__ float warp_reduce_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_reduce_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}

@@ -1,0 +1,100 @@
+// model/config.h - the run configuration: one plain struct per TOML section, filled from a config
+// file plus command-line overrides (`--train.lr=3e-4`) and validated before any work starts.
+//
+// Every error names the key and where it came from (file:line:col, or the override text) and
+// exits non-zero; see model/config.cu. Adding a key means: a field here, a line in the schema in
+// config.cu, a line in the README's config reference.
+#pragma once
+#include <cstdint>
+#include <string>
+
+struct ModelConfig {      // [model]  (required unless [init] from gives the shape)
+  int n_layer = 0;
+  int n_head = 0;
+  int d_model = 0;
+  int seq_len = 0;
+  int vocab_size = 0;     // padded internally to a multiple of 128 (padded_vocab())
+  int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+};
+
+struct InitConfig {       // [init]
+  std::string from;       // llm.c model .bin (fp32 v3 or bf16 v5); "" = random init
+};
+
+struct DataConfig {       // [data]
+  std::string train;      // glob of token shards (required)
+  std::string val;        // glob of token shards ("" = no validation)
+  bool shuffle = false;   // false: llm.c's unshuffled order
+  std::string tokenizer;  // llm.c gpt2_tokenizer.bin for samples ("" = look beside the shards)
+};
+
+struct TrainConfig {      // [train]
+  int micro_batch = 4;    // sequences per rank per micro-step
+  int grad_accum = 1;     // micro-steps per optimizer step
+  int steps = 0;          // optimizer steps (required)
+  float lr = 3e-4f;
+  int warmup_steps = 0;
+  std::string lr_schedule = "cosine";  // "cosine" | "constant"
+  float min_lr = 0.0f;
+  float weight_decay = 0.0f;           // applied to 2-D weights only
+  float grad_clip = 1.0f;              // max global grad norm, 0 = off
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  uint64_t seed = 1337;
+  std::string recompute = "none";      // "none" | "gelu" | "block"
+};
+
+struct ParallelConfig {   // [parallel]
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  bool fsdp = false;
+  std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
+};
+
+struct PrecisionConfig {  // [precision]
+  std::string compute = "fp32";  // "fp32" | "bf16"
+};
+
+struct KernelsConfig {    // [kernels]
+  std::string attention = "auto";  // "auto" | "flash" | "cudnn"
+};
+
+struct CheckpointConfig { // [checkpoint]
+  std::string dir;        // "" = never save
+  int every = 0;          // save every this many steps (0 = only after the last step)
+  int keep = 3;           // newest checkpoints kept
+  std::string resume;     // "" | "latest" | a checkpoint path
+};
+
+struct LogConfig {        // [log]
+  int every = 1;          // print a step line every this many steps
+  std::string metrics;    // JSONL path ("" = none)
+  int val_every = 0;      // 0 = never
+  int val_batches = 10;
+  int sample_every = 0;   // 0 = never
+  int sample_tokens = 64;
+  double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
+};
+
+struct Config {
+  ModelConfig model;
+  InitConfig init;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  PrecisionConfig precision;
+  KernelsConfig kernels;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  std::string path;       // the config file
+  std::string toml_text;  // the resolved config as TOML (printed at start, saved in checkpoints)
+};
+
+// Parses argv = [config.toml, --section.key=value ...]. `world_size` is the number of ranks (the
+// product of the parallel degrees must equal it); `default_backend` is "nccl" or "mpi".
+// On any error prints a message naming the key and its location and exits non-zero.
+Config load_config(int argc, char** argv, int world_size, const char* default_backend);
+// Parses a config from TOML text (the file name is used in messages only). Used by load_config
+// and to read the config stored in a checkpoint.
+Config parse_config_text(const std::string& text, const std::string& source_name,
+                         int world_size, const char* default_backend);

@@ -1,0 +1,74 @@
+// parallel/comm.h - collectives over one axis of the device mesh, with two backends.
+//
+//   NCCL: GPU buffers, GPU-side reductions, runs on the caller's stream. ./train's default.
+//   MPI : any buffers. With GPU buffers it stages through pinned host memory (copy down, MPI on
+//         the host, copy up), synchronously. ./train_cpu's only backend, and what several ranks
+//         sharing one GPU must use (NCCL refuses two ranks on one device).
+//
+// Every call is counted per axis: calls and payload bytes (the size of the buffer the caller
+// hands in: for all-gather the gathered output, for reduce-scatter the full input, for
+// send/recv the message). Ring algorithms put 2(n-1)/n of an all-reduce's payload and (n-1)/n of
+// an all-gather's or reduce-scatter's on the wire per rank; the summary prints both.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/ops.h"
+
+enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Count };
+const char* axis_name(Axis a);  // "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp"
+
+enum class CommBackend : int { MPI = 0, NCCL = 1 };
+
+enum class CollectiveKind : int {
+  AllReduce = 0, ReduceScatter, AllGather, Broadcast, Send, Recv, AllToAll, Barrier, Count
+};
+
+// Counters of one axis since the last comm_stats_reset().
+struct CommCounters {
+  uint64_t calls[(int)CollectiveKind::Count];
+  uint64_t bytes[(int)CollectiveKind::Count];  // payload bytes, as defined above
+};
+
+struct CommStats {
+  CommCounters axis[(int)Axis::Count];
+};
+
+// A communicator over one mesh axis. Plain data; created by the mesh (parallel/mesh.h).
+struct Comm {
+  Axis axis = Axis::World;
+  int rank = 0;                 // this rank's index within the group
+  int size = 1;                 // group size
+  CommBackend backend = CommBackend::MPI;
+  MPI_Comm mpi = MPI_COMM_NULL;
+  void* nccl = nullptr;         // ncclComm_t under the NCCL backend
+  CommStats* stats = nullptr;   // shared by all axes of the process
+  void* staging = nullptr;      // pinned host buffer for the MPI backend with GPU buffers
+  size_t staging_bytes = 0;
+};
+
+// Sum over the group, in place. `count` elements of dtype dt.
+void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
+// The input holds c.size * recv_count elements; rank r receives the sum of block r.
+void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                        ops::Stream s);
+// Each rank contributes send_count elements; recv (c.size * send_count) holds them in rank order.
+void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                ops::Stream s);
+void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
+void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
+void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+// send holds c.size blocks of count elements; block j goes to rank j; recv block j comes from j.
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+void barrier(Comm& c);
+
+// Host-side helpers on small host values (logging, agreeing on success, max of a scalar).
+double all_reduce_host_sum(Comm& c, double x);
+double all_reduce_host_max(Comm& c, double x);
+bool all_agree(Comm& c, bool ok);  // true iff ok on every rank
+
+void comm_stats_reset(CommStats& st);
+// Prints one line per axis that was used: calls and bytes per step, and ring wire bytes.
+void comm_stats_print(const CommStats& st, int steps, FILE* out);

@@ -1,0 +1,98 @@
+// parallel/param_store.h - who holds which weights, gradients and optimizer state.
+//
+// The model asks the store for a unit's weights right before it uses them and for a unit's
+// gradient buffer right before its backward; what happens underneath depends on the mode:
+//
+//   Replicated (one rank, or DDP, parallel/ddp.cu): every rank keeps every unit - fp32 master,
+//     Adam m and v, fp32 gradients and the compute-dtype working copy (which is the master
+//     itself in fp32). After the last micro-step's backward of a unit its gradient bucket is
+//     all-reduced over dp, overlapping the backward of the units before it.
+//   FSDP / ZeRO-3 (parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded shards) of
+//     the master, m, v and the gradient; full weights exist only between acquire and release.
+//
+// Both keep the same flat layout (model/gpt.h), so the optimizer, the gradient norm and the
+// checkpoints work on "this rank's range [shard_offset, shard_offset + shard_numel) of unit u"
+// and never care which mode produced it.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/comm.h"
+
+enum class ShardingMode { Replicated, FSDP };
+enum class Phase { Forward, Backward };
+
+struct UnitState {
+  size_t numel = 0;         // the unit's flat length (model/gpt.h)
+  size_t padded_numel = 0;  // numel rounded up so that it splits into dp equal aligned shards
+  size_t shard_offset = 0;  // first element of the unit this rank owns
+  size_t shard_numel = 0;   // elements this rank owns (Replicated: numel)
+  float* master = nullptr;  // fp32 weights, shard_numel
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+  float* grad = nullptr;    // fp32 gradient of the shard (Replicated: of the whole unit)
+  void* param_shard = nullptr;  // compute-dtype copy of the shard (FSDP; aliases master in fp32)
+  void* params = nullptr;   // full compute-dtype weights; valid between acquire and release
+  float* grad_full = nullptr;  // full fp32 gradient during this unit's backward
+  // FSDP bookkeeping
+  bool gathered = false;
+  int gather_slot = -1;
+  ops::Event gather_done = nullptr;
+  ops::Event reduce_done = nullptr;
+};
+
+struct ParamStore {
+  ShardingMode mode = ShardingMode::Replicated;
+  DType dt = DType::F32;   // compute dtype of the working copy
+  Comm* dp = nullptr;      // the group the weights are replicated or sharded over
+  std::vector<UnitState> units;
+  ops::Stream compute = nullptr;  // the stream the model runs on
+  ops::Stream comm = nullptr;     // collectives, so that they overlap compute
+  // FSDP: a small pool of full-unit buffers (weights in the compute dtype, gradients in fp32),
+  // enough for the unit in use plus the one being prefetched.
+  std::vector<void*> gather_pool;
+  std::vector<int> gather_owner;   // unit using each pool slot, -1 if free
+  std::vector<float*> grad_pool;
+  std::vector<int> grad_owner;
+  float* reduce_scratch = nullptr; // one shard-sized buffer the reduce-scatter lands in
+  float* norm_scratch = nullptr;   // one float on the device
+  size_t state_bytes = 0;          // persistent bytes: master, m, v, grad, working copy
+};
+
+// Allocates the store for `layout` and fills this rank's master shard with `fill`, which writes
+// `count` consecutive elements of tensor `t` starting at element `first` (row-major logical
+// index) into host memory `dst`. Random init and checkpoint/llm.c loading are such fills.
+typedef std::function<void(const ParamTensor& t, size_t first, size_t count, float* dst)>
+    ParamFill;
+void param_store_init(ParamStore& store, const GPTLayout& layout, ShardingMode mode, DType dt,
+                      Comm* dp, ops::Stream compute, ops::Stream comm, const ParamFill& fill);
+void param_store_destroy(ParamStore& store);
+// Overwrites the master weights (and working copies) from `fill`, e.g. when resuming.
+void param_store_load(ParamStore& store, const GPTLayout& layout, const ParamFill& fill);
+
+// The model's side.
+void* params_acquire(ParamStore& store, int unit, Phase phase);
+void params_release(ParamStore& store, int unit, Phase phase);
+float* grads_acquire(ParamStore& store, int unit);
+void grads_release(ParamStore& store, int unit, bool last_micro_step);
+
+// The optimizer's side (model/optimizer.cu).
+void grads_zero(ParamStore& store);
+void grads_wait(ParamStore& store);     // outstanding reductions finished on the compute stream
+double grad_norm(ParamStore& store);    // global L2 norm over all shards of all units
+// After the optimizer updated the fp32 masters: refresh the working copies where needed.
+bool store_needs_param_copy(const ParamStore& store);  // adamw writes a compute-dtype copy?
+void* store_param_copy(ParamStore& store, int unit);   // where that copy of the shard lives
+
+// Per-mode implementations behind the functions above.
+void ddp_init(ParamStore& store);
+void* ddp_params_acquire(ParamStore& store, int unit);
+float* ddp_grads_acquire(ParamStore& store, int unit);
+void ddp_grads_release(ParamStore& store, int unit, bool last_micro_step);
+void fsdp_init(ParamStore& store);
+void fsdp_destroy(ParamStore& store);
+void* fsdp_params_acquire(ParamStore& store, int unit, Phase phase);
+void fsdp_params_release(ParamStore& store, int unit, Phase phase);
+float* fsdp_grads_acquire(ParamStore& store, int unit);
+void fsdp_grads_release(ParamStore& store, int unit, bool last_micro_step);

@@ -1,0 +1,45 @@
+// test/gpu/harness.h - a small registry for the GPU tests (make test-gpu). Each test compares a
+// CUDA op (ops::) with the CPU oracle (ref::) on fresh random inputs, with outputs poisoned
+// (filled with NaN) before the call, and reports the relative error ||got - ref|| / ||ref||.
+//
+//   GPU_TEST(layernorm_forward_awkward) { ... check_close(ctx, "out", got, ref, n, 1e-5); }
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#define ops ref
+#include "kernels/ops_decls.h"  // the CPU backend, compiled with -Dops=ref
+#undef ops
+
+struct TestContext {
+  std::mt19937_64 rng;
+  int failures = 0;
+  int checks = 0;
+  ops::Stream stream = nullptr;      // CUDA stream (TF32 off)
+  ref::Stream ref_stream = nullptr;  // CPU stream
+};
+
+typedef void (*GpuTestFn)(TestContext&);
+int register_gpu_test(const char* name, GpuTestFn fn);
+#define GPU_TEST(name)                                                  \
+  static void name(TestContext& ctx);                                   \
+  static int registered_##name = register_gpu_test(#name, name);        \
+  static void name(TestContext& ctx)
+
+// Relative error of got against ref; records a failure when it is >= tol or not finite.
+double check_close(TestContext& ctx, const std::string& what, const float* got, const float* ref,
+                   size_t n, double tol);
+
+// Host helpers: random vectors, NaN poisoning of a device buffer, dtype conversions.
+std::vector<float> random_vector(TestContext& ctx, size_t n, float scale = 1.0f);
+void poison(void* dev, size_t bytes);  // fills with 0xFF bytes (NaN in fp32 and bf16)
+// Device buffer of `host` values stored as dt (bf16: rounded). Caller frees with ops::release.
+void* to_device(const std::vector<float>& host, DType dt);
+// Device buffer (of dt) back to fp32 host values.
+std::vector<float> to_host(const void* dev, size_t n, DType dt);
+// Rounds host values as dt would store them (identity for fp32).
+std::vector<float> rounded(const std::vector<float>& host, DType dt);

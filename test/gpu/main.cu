@@ -1,0 +1,105 @@
+// test/gpu/main.cu - runs every registered GPU test (test/gpu/test_*.cu); exit status 1 if any
+// check failed. `./build/test_gpu [substring]` runs only the tests whose name contains it.
+#include <cstring>
+
+#include "test/gpu/harness.h"
+
+namespace {
+struct Registered {
+  const char* name;
+  GpuTestFn fn;
+};
+std::vector<Registered>& registry() {
+  static std::vector<Registered> tests;
+  return tests;
+}
+}  // namespace
+
+int register_gpu_test(const char* name, GpuTestFn fn) {
+  registry().push_back({name, fn});
+  return (int)registry().size();
+}
+
+double check_close(TestContext& ctx, const std::string& what, const float* got, const float* ref,
+                   size_t n, double tol) {
+  double diff = 0, norm = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; i++) {
+    if (!std::isfinite(got[i])) finite = false;
+    double d = (double)got[i] - (double)ref[i];
+    diff += d * d;
+    norm += (double)ref[i] * ref[i];
+  }
+  double rel = std::sqrt(diff) / (std::sqrt(norm) + 1e-30);
+  bool ok = finite && rel < tol;
+  ctx.checks++;
+  if (!ok) ctx.failures++;
+  std::printf("  %-48s rel err %.3e (tol %.0e) %s\n", what.c_str(), rel, tol,
+              ok ? "ok" : (finite ? "FAIL" : "FAIL (non-finite)"));
+  return rel;
+}
+
+std::vector<float> random_vector(TestContext& ctx, size_t n, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(ctx.rng);
+  return v;
+}
+
+void poison(void* dev, size_t bytes) {
+  std::vector<unsigned char> ff(bytes, 0xFF);
+  ops::copy_to_device(dev, ff.data(), bytes);
+}
+
+std::vector<float> rounded(const std::vector<float>& host, DType dt) {
+  std::vector<float> r(host);
+  if (dt == DType::BF16)
+    for (auto& x : r) x = round_bf16(x);
+  return r;
+}
+
+void* to_device(const std::vector<float>& host, DType dt) {
+  size_t n = host.size();
+  void* dev = ops::alloc(n * dtype_size(dt) + 16);
+  if (dt == DType::F32) {
+    ops::copy_to_device(dev, host.data(), n * 4);
+  } else {
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(host[i]);
+    ops::copy_to_device(dev, h.data(), n * 2);
+  }
+  return dev;
+}
+
+std::vector<float> to_host(const void* dev, size_t n, DType dt) {
+  std::vector<float> r(n);
+  if (dt == DType::F32) {
+    ops::copy_to_host(r.data(), dev, n * 4);
+  } else {
+    std::vector<uint16_t> h(n);
+    ops::copy_to_host(h.data(), dev, n * 2);
+    for (size_t i = 0; i < n; i++) r[i] = bf16_to_f32(h[i]);
+  }
+  return r;
+}
+
+int main(int argc, char** argv) {
+  const char* filter = argc > 1 ? argv[1] : "";
+  DeviceInfo info = ops::device_init(0);
+  ref::device_init(0);
+  std::printf("GPU tests on %s (%d SMs)\n", info.name, info.multiprocessors);
+  TestContext ctx;
+  ctx.rng.seed(std::random_device{}());  // fresh inputs every run
+  StreamOptions exact;                    // TF32 off: fp32 must match the CPU
+  ctx.stream = ops::stream_create(exact);
+  ctx.ref_stream = ref::stream_create(exact);
+  int ran = 0;
+  for (auto& t : registry()) {
+    if (!std::strstr(t.name, filter)) continue;
+    std::printf("%s\n", t.name);
+    t.fn(ctx);
+    ran++;
+  }
+  std::printf("%d tests, %d checks, %d failures\n", ran, ctx.checks, ctx.failures);
+  return ctx.failures == 0 && ran > 0 ? 0 : 1;
+}
