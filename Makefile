@@ -20,7 +20,7 @@ CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCH ?= 90
 BUILD     ?= build
 
-MPI_CFLAGS  := $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_CFLAGS  := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX=1
 MPI_LIBS    := $(shell mpicxx --showme:link 2>/dev/null)
 HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
 HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
@@ -83,7 +83,7 @@ $(BUILD)/libops_cpu.so: $(call obj,pic,$(wildcard kernels/cpu/*.cpp) kernels/com
 # Tools (text -> token shards, and friends).
 TOOLS := $(BUILD)/tokenize
 tools: $(TOOLS)
-$(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp kernels/common.cpp)
+$(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp tools/gpt2_bpe.cpp kernels/common.cpp)
 	$(CXX) -o $@ $^ -fopenmp
 
 # C++ test programs: test/<name>.cpp linked with everything above the seam and the CPU backend.

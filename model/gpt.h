@@ -82,12 +82,11 @@ struct GPT {
   // backward scratch
   void *dresidual = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   std::vector<void*> owned;       // every buffer above, for gpt_destroy
+  size_t activation_bytes = 0;    // their total size
 };
 
 void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T);
 void gpt_destroy(GPT& model);
-// Bytes of activation and scratch memory the model allocated.
-size_t gpt_activation_bytes(const GPT& model);
 
 // One micro-batch: copies tokens/targets (host, B*T each) to the device, runs forward, and if
 // dloss != 0 the backward, accumulating weight gradients through the store. Adds

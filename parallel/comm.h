@@ -1,8 +1,8 @@
 // parallel/comm.h - collectives over one axis of the device mesh, with two backends.
 //
 //   NCCL: GPU buffers, GPU-side reductions, runs on the caller's stream. ./train's default.
-//   MPI : any buffers. With GPU buffers it stages through pinned host memory (copy down, MPI on
-//         the host, copy up), synchronously. ./train_cpu's only backend, and what several ranks
+//   MPI : any buffers. With GPU buffers it stages through host memory (copy down, MPI on the
+//         host, copy up), synchronously. ./train_cpu's only backend, and what several ranks
 //         sharing one GPU must use (NCCL refuses two ranks on one device).
 //
 // Every call is counted per axis: calls and payload bytes (the size of the buffer the caller
@@ -34,6 +34,7 @@ struct CommCounters {
 
 struct CommStats {
   CommCounters axis[(int)Axis::Count];
+  int group_size[(int)Axis::Count] = {};  // set by comm_create; the wire-byte factors need it
 };
 
 // A communicator over one mesh axis. Plain data; created by the mesh (parallel/mesh.h).
@@ -45,7 +46,7 @@ struct Comm {
   MPI_Comm mpi = MPI_COMM_NULL;
   void* nccl = nullptr;         // ncclComm_t under the NCCL backend
   CommStats* stats = nullptr;   // shared by all axes of the process
-  void* staging = nullptr;      // pinned host buffer for the MPI backend with GPU buffers
+  void* staging = nullptr;      // host buffer (malloc) for the MPI backend with GPU buffers
   size_t staging_bytes = 0;
 };
 
@@ -69,6 +70,42 @@ double all_reduce_host_sum(Comm& c, double x);
 double all_reduce_host_max(Comm& c, double x);
 bool all_agree(Comm& c, bool ok);  // true iff ok on every rank
 
-void comm_stats_reset(CommStats& st);
+void comm_stats_reset(CommStats& st);  // zeroes the counters, keeps the group sizes
 // Prints one line per axis that was used: calls and bytes per step, and ring wire bytes.
 void comm_stats_print(const CommStats& st, int steps, FILE* out);
+
+// ---------------------------------------------------------------------------------------------
+// Construction and the two backends. Used by parallel/mesh.cu and parallel/comm.cu only.
+// ---------------------------------------------------------------------------------------------
+// Makes c a communicator over `group` (an MPI communicator this rank belongs to; c owns it from
+// now on). Under NCCL, groups of more than one rank also get an ncclComm (collective over group).
+void comm_create(Comm& c, Axis axis, MPI_Comm group, CommBackend backend, CommStats* stats);
+void comm_destroy(Comm& c);  // frees the MPI and NCCL communicators and the staging buffer
+
+// The backends see groups of at least two ranks, already counted and checked.
+namespace comm_mpi {  // parallel/comm_mpi.cu
+void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
+void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                        ops::Stream s);
+void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                ops::Stream s);
+void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
+void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
+void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+}  // namespace comm_mpi
+
+namespace comm_nccl {  // parallel/comm_nccl.cu in ./train, parallel/comm_nccl_absent.cu elsewhere
+void require();  // stops the job with a clear message in a binary built without NCCL
+void* create(MPI_Comm group, int group_rank, int group_size);  // an ncclComm_t
+void destroy(void* nccl);
+void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
+void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                        ops::Stream s);
+void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                ops::Stream s);
+void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
+void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
+void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+}  // namespace comm_nccl

@@ -37,7 +37,8 @@ struct UnitState {
   float* grad_full = nullptr;  // full fp32 gradient during this unit's backward
   // FSDP bookkeeping
   bool gathered = false;
-  int gather_slot = -1;
+  int gather_slot = -1;     // pool slot holding params (blocks only)
+  int grad_slot = -1;       // pool slot holding grad_full (blocks only)
   ops::Event gather_done = nullptr;
   ops::Event reduce_done = nullptr;
 };
@@ -55,8 +56,11 @@ struct ParamStore {
   std::vector<int> gather_owner;   // unit using each pool slot, -1 if free
   std::vector<float*> grad_pool;
   std::vector<int> grad_owner;
+  std::vector<ops::Event> grad_slot_reduced;  // the last reduce-scatter out of a slot is done
+  ops::Event issue_point = nullptr;           // "everything queued on compute so far"
   float* reduce_scratch = nullptr; // one shard-sized buffer the reduce-scatter lands in
   float* norm_scratch = nullptr;   // one float on the device
+  ops::Event comm_idle = nullptr;  // recorded on the comm stream by grads_wait
   size_t state_bytes = 0;          // persistent bytes: master, m, v, grad, working copy
 };
 
@@ -87,6 +91,7 @@ void* store_param_copy(ParamStore& store, int unit);   // where that copy of the
 
 // Per-mode implementations behind the functions above.
 void ddp_init(ParamStore& store);
+void ddp_destroy(ParamStore& store);
 void* ddp_params_acquire(ParamStore& store, int unit);
 float* ddp_grads_acquire(ParamStore& store, int unit);
 void ddp_grads_release(ParamStore& store, int unit, bool last_micro_step);

@@ -1,0 +1,56 @@
+// data/tokenizer.cpp - reads llm.c's tokenizer file and turns token ids back into bytes for the
+// samples the trainer prints (format in data/tokenizer.h). Runs on the host, single-threaded;
+// decoding is a table lookup per token. Version 1 files (no end-of-text id in the header) are
+// read as llm.c reads them, with end-of-text 50256.
+#include "data/tokenizer.h"
+
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/common.h"
+
+namespace {
+constexpr int32_t kTokenizerMagic = 20240328;
+constexpr int kGpt2Eot = 50256;
+}  // namespace
+
+bool tokenizer_load(Tokenizer& tok, const std::string& path) {
+  tok = Tokenizer();
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  int32_t header[256];
+  CHECK(std::fread(header, sizeof(header), 1, f) == 1,
+        "tokenizer '%s': shorter than the 1024-byte header", path.c_str());
+  CHECK(header[0] == kTokenizerMagic, "tokenizer '%s': bad magic %d, expected %d", path.c_str(),
+        header[0], kTokenizerMagic);
+  CHECK(header[1] == 1 || header[1] == 2, "tokenizer '%s': bad version %d, expected 1 or 2",
+        path.c_str(), header[1]);
+  int vocab = header[2];
+  CHECK(vocab > 0, "tokenizer '%s': bad vocabulary size %d", path.c_str(), vocab);
+  tok.eot = header[1] == 1 ? kGpt2Eot : header[3];
+  tok.pieces.resize(vocab);
+  for (int i = 0; i < vocab; i++) {
+    unsigned char len = 0;
+    CHECK(std::fread(&len, 1, 1, f) == 1 && len > 0,
+          "tokenizer '%s': token %d of %d is truncated or empty", path.c_str(), i, vocab);
+    tok.pieces[i].resize(len);
+    CHECK(std::fread(&tok.pieces[i][0], 1, len, f) == len,
+          "tokenizer '%s': token %d of %d is truncated", path.c_str(), i, vocab);
+  }
+  std::fclose(f);
+  tok.loaded = true;
+  return true;
+}
+
+std::string tokenizer_decode(const Tokenizer& tok, const int* ids, int n) {
+  std::string text;
+  for (int i = 0; i < n; i++) {
+    int id = ids[i];
+    if (id >= 0 && id < (int)tok.pieces.size()) {
+      text += tok.pieces[id];
+    } else {
+      text += "<" + std::to_string(id) + ">";
+    }
+  }
+  return text;
+}

@@ -1,0 +1,88 @@
+// kernels/cpu/reduce.cpp - fp32 reductions and elementwise helpers: sum of squares (gradient
+// norm), scaled sum (loss), in-place add, dtype cast.
+//
+// Determinism trick for the sums: the input is cut into fixed chunks of kChunk elements (the cut
+// depends only on n). Each chunk is summed in double by kLanes interleaved partial sums (lane
+// i takes the elements i, i + kLanes, ...), which the compiler may vectorise without changing
+// any rounding; the lanes, then the chunks, are added in a fixed order. So the result is bitwise
+// the same for any thread count and instruction set.
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace ops {
+namespace cpu {
+namespace {
+
+constexpr size_t kChunk = 1 << 14;
+constexpr int kLanes = 8;
+
+template <bool kSquare>
+double chunk_sum(const float* x, size_t n) {
+  double lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; l++) {
+      const double xi = x[i + l];
+      lanes[l] += kSquare ? xi * xi : xi;
+    }
+  for (; i < n; i++) {
+    const double xi = x[i];
+    lanes[i % kLanes] += kSquare ? xi * xi : xi;
+  }
+  double total = 0.0;
+  for (int l = 0; l < kLanes; l++) total += lanes[l];
+  return total;
+}
+
+template <bool kSquare>
+double deterministic_sum(const float* x, size_t n) {
+  const size_t chunks = ceil_div(n, kChunk);
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+  for (size_t c = 0; c < chunks; c++) {
+    const size_t begin = c * kChunk;
+    partial[c] = chunk_sum<kSquare>(x + begin, std::min(kChunk, n - begin));
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+template <typename D, typename S>
+void cast_typed(D* dst, const S* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+  for (size_t i = 0; i < n; i++) store(dst, i, load(src, i));
+}
+
+}  // namespace
+}  // namespace cpu
+
+void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
+  *out += (float)cpu::deterministic_sum<true>(x, n);
+}
+
+void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  *out += (float)(scale * cpu::deterministic_sum<false>(x, n));
+}
+
+void add_inplace(float* dst, const float* src, size_t n, Stream s) {
+#pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s) {
+  if (dst_dt == src_dt) {
+    if (n && dst != src) std::memmove(dst, src, n * dtype_size(dst_dt));
+    return;
+  }
+  cpu::dispatch_dtype(dst_dt, [&](auto dst_tag) {
+    cpu::dispatch_dtype(src_dt, [&](auto src_tag) {
+      using D = decltype(dst_tag);
+      using S = decltype(src_tag);
+      cpu::cast_typed((D*)dst, (const S*)src, n);
+    });
+  });
+}
+
+}  // namespace ops

@@ -1,0 +1,244 @@
+// kernels/cuda/attention_flash_backward.cuh - causal flash attention backward for bf16 on tensor
+// cores (FlashAttention-2 without atomics), head sizes 64 and 128. Included by attention.cu only.
+//
+// With P = exp(scale * Q K^T - lse) recomputed from the saved lse (the (T,T) matrix is never
+// stored), dP = dO V^T, Delta = rowsum(dO * O) (attention.cu computes it first) and
+// dS = P * (dP - Delta):
+//   dV = P^T dO,   dK = scale * dS^T Q,   dQ = scale * dS K.
+// Two kernels, each owning what it writes, so nothing is accumulated across blocks and the result
+// is deterministic:
+//   flash_backward_dkdv_kernel: one block per (tile of kBlockN keys, batch * head), each warp
+//     owning 16 keys. It walks the query tiles from the diagonal to the end (queries before the
+//     first key see none of them), double-buffering Q, dO, lse and Delta with cp.async, and
+//     computes the transposed products directly: S^T = K Q^T, dP^T = V dO^T, so that P^T and
+//     dS^T sit in registers as the A operands of dV += P^T dO and dK += dS^T Q.
+//   flash_backward_dq_kernel: one block per (tile of kBlockM queries, batch * head), each warp
+//     owning 16 queries; walks the key tiles up to the diagonal: S = Q K^T, dP = dO V^T,
+//     dQ += dS K. It recomputes S and dP (7 tile products instead of 5 in total), the price of
+//     determinism.
+#pragma once
+#include "kernels/cuda/attention_flash_forward.cuh"
+
+namespace attention_flash {
+
+template <int D>
+struct BackwardConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  // dK/dV kernel: keys per block (16 per warp), queries per iteration.
+  static constexpr int kKeysPerBlock = 16 * kWarps;
+  static constexpr int kQueriesPerStep = D == 64 ? 64 : 32;
+  static constexpr bool kUnrollDkDv = D == 64;  // D = 128 would spill with the loop unrolled
+  // K, V tiles; two buffers of Q and dO; two buffers of lse and Delta.
+  static constexpr int kDkDvSmemBytes =
+      (2 * kKeysPerBlock + 4 * kQueriesPerStep) * D * 2 + 4 * kQueriesPerStep * 4;
+  // dQ kernel: queries per block (16 per warp), keys per iteration.
+  static constexpr int kQueriesPerBlock = 16 * kWarps;
+  static constexpr int kKeysPerStep = D == 64 ? 64 : 32;
+  // Q, dO tiles; two buffers of K and V.
+  static constexpr int kDqSmemBytes = (2 * kQueriesPerBlock + 4 * kKeysPerStep) * D * 2;
+};
+
+// grid (ceil(T / kKeysPerBlock), B * NH), block kThreads, dynamic smem kDkDvSmemBytes.
+// dqkv: writes the dK and dV columns; delta (B, NH, T) = rowsum(dO * O).
+template <int D>
+__global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
+    flash_backward_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                               const bf16* __restrict__ qkv, const float* __restrict__ lse,
+                               const float* __restrict__ delta, int T, int NH, float scale) {
+  using Cfg = BackwardConfig<D>;
+  using namespace attention_tiles;
+  constexpr int kKeys = Cfg::kKeysPerBlock, kQueries = Cfg::kQueriesPerStep;
+  constexpr int kThreads = Cfg::kThreads, kN = kQueries / 8, kDTiles = D / 8;
+  extern __shared__ __align__(128) unsigned char attention_smem[];
+  bf16* sK = reinterpret_cast<bf16*>(attention_smem);
+  bf16* sV = sK + kKeys * D;
+  bf16* sQ = sV + kKeys * D;                                       // two buffers of kQueries * D
+  bf16* sdO = sQ + 2 * kQueries * D;                               // two buffers of kQueries * D
+  float* sLse = reinterpret_cast<float*>(sdO + 2 * kQueries * D);  // two buffers of kQueries
+  float* sDelta = sLse + 2 * kQueries;                             // two buffers of kQueries
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * D;
+  const size_t ld = 3 * (size_t)C;
+  const bf16* q_src = qkv + (size_t)b * T * ld + h * D;
+  const bf16* do_src = dout + (size_t)b * T * C + h * D;
+  const float* lse_src = lse + (size_t)bh * T;
+  const float* delta_src = delta + (size_t)bh * T;
+  const int key0 = blockIdx.x * kKeys;
+  const int m_first = key0 / kQueries;  // earlier query tiles see none of these keys
+  const int m_end = (T + kQueries - 1) / kQueries;
+
+  load_tile_async<kKeys, D, kThreads>(sK, q_src + C, ld, key0, T);
+  load_tile_async<kKeys, D, kThreads>(sV, q_src + 2 * C, ld, key0, T);
+  auto load_query_tile = [&](int m, int buf) {
+    load_tile_async<kQueries, D, kThreads>(sQ + buf * kQueries * D, q_src, ld, m * kQueries, T);
+    load_tile_async<kQueries, D, kThreads>(sdO + buf * kQueries * D, do_src, C, m * kQueries, T);
+    load_rows_async<kQueries>(sLse + buf * kQueries, lse_src, m * kQueries, T);
+    load_rows_async<kQueries>(sDelta + buf * kQueries, delta_src, m * kQueries, T);
+  };
+  load_query_tile(m_first, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5;
+  const int warp_key0 = key0 + 16 * warp;  // first key of this warp
+  const float scale_log2 = scale * kLog2e;
+  float dk[1][kDTiles][4] = {}, dv[1][kDTiles][4] = {};
+
+  for (int m = m_first; m < m_end; m++) {
+    const int buf = (m - m_first) & 1;
+    if (m + 1 < m_end) {
+      load_query_tile(m + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int q0 = m * kQueries;
+    if (warp_key0 <= q0 + kQueries - 1) {  // otherwise no query of the tile sees these keys
+      const bf16* tQ = sQ + buf * kQueries * D;
+      const bf16* tdO = sdO + buf * kQueries * D;
+      const float* tLse = sLse + buf * kQueries;
+      const float* tDelta = sDelta + buf * kQueries;
+      // P^T = exp(scale * K Q^T - lse), zero where the key is in the query's future or the
+      // query is past the end.
+      float p[1][kN][4] = {};
+      gemm_abt<D, 1, kN, Cfg::kUnrollDkDv>(p, sK, 16 * warp, tQ, 0);
+#pragma unroll
+      for (int nt = 0; nt < kN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int key = warp_key0 + frag_row(e), qi = frag_col(nt, e), query = q0 + qi;
+          bool visible = key <= query && query < T;
+          p[0][nt][e] = visible ? exp2f(fmaf(p[0][nt][e], scale_log2, -tLse[qi] * kLog2e)) : 0.f;
+        }
+      // dP^T = V dO^T, then dS^T = P^T * (dP^T - Delta).
+      float ds[1][kN][4] = {};
+      gemm_abt<D, 1, kN, Cfg::kUnrollDkDv>(ds, sV, 16 * warp, tdO, 0);
+#pragma unroll
+      for (int nt = 0; nt < kN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          ds[0][nt][e] = p[0][nt][e] * (ds[0][nt][e] - tDelta[frag_col(nt, e)]);
+      gemm_pv<D, 1, kN>(dv, p, tdO, 0);  // dV += P^T dO
+      gemm_pv<D, 1, kN>(dk, ds, tQ, 0);  // dK += dS^T Q
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: rows key < T of dK (times scale) and dV.
+  bf16* dk_dst = dqkv + (size_t)b * T * ld + C + h * D;
+  bf16* dv_dst = dk_dst + C;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int key = warp_key0 + frag_row(2 * r);
+    if (key >= T) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; dt++) {
+      const int col = frag_col(dt, 2 * r);
+      *reinterpret_cast<__nv_bfloat162*>(dk_dst + (size_t)key * ld + col) =
+          __floats2bfloat162_rn(dk[0][dt][2 * r] * scale, dk[0][dt][2 * r + 1] * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_dst + (size_t)key * ld + col) =
+          __floats2bfloat162_rn(dv[0][dt][2 * r], dv[0][dt][2 * r + 1]);
+    }
+  }
+}
+
+// grid (ceil(T / kQueriesPerBlock), B * NH), block kThreads, dynamic smem kDqSmemBytes.
+// dqkv: writes the dQ columns.
+template <int D>
+__global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
+    flash_backward_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                             const bf16* __restrict__ qkv, const float* __restrict__ lse,
+                             const float* __restrict__ delta, int T, int NH, float scale) {
+  using Cfg = BackwardConfig<D>;
+  using namespace attention_tiles;
+  constexpr int kQueries = Cfg::kQueriesPerBlock, kKeys = Cfg::kKeysPerStep;
+  constexpr int kThreads = Cfg::kThreads, kN = kKeys / 8, kDTiles = D / 8;
+  extern __shared__ __align__(128) unsigned char attention_smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(attention_smem);
+  bf16* sdO = sQ + kQueries * D;
+  bf16* sK = sdO + kQueries * D;  // two buffers of kKeys * D
+  bf16* sV = sK + 2 * kKeys * D;  // two buffers of kKeys * D
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * D;
+  const size_t ld = 3 * (size_t)C;
+  const bf16* q_src = qkv + (size_t)b * T * ld + h * D;
+  const bf16* k_src = q_src + C;
+  const bf16* v_src = q_src + 2 * C;
+  const int q0 = m_block * kQueries;
+  const int n_tiles = min((T + kKeys - 1) / kKeys, (q0 + kQueries + kKeys - 1) / kKeys);
+
+  load_tile_async<kQueries, D, kThreads>(sQ, q_src, ld, q0, T);
+  load_tile_async<kQueries, D, kThreads>(sdO, dout + (size_t)b * T * C + h * D, C, q0, T);
+  load_tile_async<kKeys, D, kThreads>(sK, k_src, ld, 0, T);
+  load_tile_async<kKeys, D, kThreads>(sV, v_src, ld, 0, T);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5;
+  const int warp_row0 = q0 + 16 * warp;
+  const float scale_log2 = scale * kLog2e;
+  // lse (in log2 units) and Delta of the two rows this thread holds; 0 past the end.
+  float row_lse2[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int row = warp_row0 + frag_row(2 * r);
+    row_lse2[r] = row < T ? lse[(size_t)bh * T + row] * kLog2e : 0.f;
+    row_delta[r] = row < T ? delta[(size_t)bh * T + row] : 0.f;
+  }
+  float dq[1][kDTiles][4] = {};
+
+  for (int n = 0; n < n_tiles; n++) {
+    const int buf = n & 1;
+    if (n + 1 < n_tiles) {
+      load_tile_async<kKeys, D, kThreads>(sK + (buf ^ 1) * kKeys * D, k_src, ld, (n + 1) * kKeys,
+                                          T);
+      load_tile_async<kKeys, D, kThreads>(sV + (buf ^ 1) * kKeys * D, v_src, ld, (n + 1) * kKeys,
+                                          T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int n0 = n * kKeys;
+    if (n0 <= warp_row0 + 15) {
+      const bf16* tK = sK + buf * kKeys * D;
+      const bf16* tV = sV + buf * kKeys * D;
+      float p[1][kN][4] = {};
+      gemm_abt<D, 1, kN>(p, sQ, 16 * warp, tK, 0);
+#pragma unroll
+      for (int nt = 0; nt < kN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int key = n0 + frag_col(nt, e), row = warp_row0 + frag_row(e);
+          bool visible = key <= row && row < T;
+          p[0][nt][e] = visible ? exp2f(fmaf(p[0][nt][e], scale_log2, -row_lse2[e >> 1])) : 0.f;
+        }
+      float ds[1][kN][4] = {};
+      gemm_abt<D, 1, kN>(ds, sdO, 16 * warp, tV, 0);  // dP = dO V^T
+#pragma unroll
+      for (int nt = 0; nt < kN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ds[0][nt][e] = p[0][nt][e] * (ds[0][nt][e] - row_delta[e >> 1]);
+      gemm_pv<D, 1, kN>(dq, ds, tK, 0);  // dQ += dS K
+    }
+    __syncthreads();
+  }
+
+  bf16* dq_dst = dqkv + (size_t)b * T * ld + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = warp_row0 + frag_row(2 * r);
+    if (row >= T) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; dt++)
+      *reinterpret_cast<__nv_bfloat162*>(dq_dst + (size_t)row * ld + frag_col(dt, 2 * r)) =
+          __floats2bfloat162_rn(dq[0][dt][2 * r] * scale, dq[0][dt][2 * r + 1] * scale);
+  }
+}
+
+}  // namespace attention_flash

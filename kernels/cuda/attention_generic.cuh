@@ -1,0 +1,168 @@
+// kernels/cuda/attention_generic.cuh - causal attention without tensor cores, for any head size
+// up to 128, any T, fp32 or bf16 storage: the exact path (fp32 runs must match the CPU backend to
+// 1e-5, so no TF32 or bf16 arithmetic) and the fallback for shapes the flash kernels do not take.
+// Included by attention.cu only.
+//
+// Parallelisation: one warp per row (a query row, or a key row for dK/dV), 4 rows per block.
+// Lane l holds head dimensions l, l+32, l+64, l+96; a dot product is a per-lane partial sum and
+// a butterfly warp reduction (all lanes end with the same bits). The warp walks the other side of
+// the causal triangle one row at a time: forward with the online softmax (running max and sum,
+// expf), backward recomputing P = exp(s - lse) from the saved log-sum-exp. All math in fp32.
+// Also here: the backward preprocessing Delta = rowsum(dO * O), shared with the flash path.
+#pragma once
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace attention_generic {
+
+constexpr int kRowsPerBlock = 4;  // warps per block, one row each
+constexpr int kMaxHS = 128;
+constexpr int kPerLane = kMaxHS / 32;
+
+// x[i] = row[lane + 32 i] as fp32 (0 past HS).
+template <typename T>
+__device__ __forceinline__ void load_row(float (&x)[kPerLane], const T* row, int HS) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    int d = lane + 32 * i;
+    x[i] = d < HS ? to_float(row[d]) : 0.f;
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store_row(T* row, const float (&x)[kPerLane], float mult, int HS) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    int d = lane + 32 * i;
+    if (d < HS) row[d] = from_float<T>(x[i] * mult);
+  }
+}
+__device__ __forceinline__ float dot(const float (&x)[kPerLane], const float (&y)[kPerLane]) {
+  float partial = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) partial += x[i] * y[i];
+  return warp_reduce_sum(partial);
+}
+
+// Row index of this warp, and (batch, head) of the block. grid (ceil(T / 4), B * NH).
+struct RowCoords {
+  int row, b, h, bh;
+};
+__device__ __forceinline__ RowCoords row_coords(int NH) {
+  RowCoords c;
+  c.row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  c.bh = blockIdx.y;
+  c.b = c.bh / NH;
+  c.h = c.bh % NH;
+  return c;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    generic_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
+                           int seq_len, int NH, int HS, float scale) {
+  RowCoords c = row_coords(NH);
+  if (c.row >= seq_len) return;  // whole warp: no collective follows for it
+  const int C = NH * HS;
+  const size_t ld = 3 * (size_t)C;
+  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
+  float q[kPerLane], acc[kPerLane] = {};
+  load_row(q, base + c.row * ld, HS);
+  float m = -INFINITY, l = 0.f;
+  for (int j = 0; j <= c.row; j++) {
+    float k[kPerLane], v[kPerLane];
+    load_row(k, base + j * ld + C, HS);
+    float s = dot(q, k) * scale;
+    float m_new = fmaxf(m, s);
+    float correction = expf(m - m_new);  // 0 for the first key
+    float p = expf(s - m_new);
+    l = l * correction + p;
+    load_row(v, base + j * ld + 2 * C, HS);
+#pragma unroll
+    for (int i = 0; i < kPerLane; i++) acc[i] = acc[i] * correction + p * v[i];
+    m = m_new;
+  }
+  store_row(out + ((size_t)c.b * seq_len + c.row) * C + c.h * HS, acc, 1.f / l, HS);
+  if ((threadIdx.x & 31) == 0) lse[(size_t)c.bh * seq_len + c.row] = m + logf(l);
+}
+
+// delta[b, h, t] = sum_d dout[b, t, h*HS + d] * out[b, t, h*HS + d]. grid (ceil(T / 4), B * NH).
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    backward_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                          const T* __restrict__ out, int seq_len, int NH, int HS) {
+  RowCoords c = row_coords(NH);
+  if (c.row >= seq_len) return;
+  const size_t offset = ((size_t)c.b * seq_len + c.row) * NH * HS + c.h * HS;
+  float x[kPerLane], y[kPerLane];
+  load_row(x, dout + offset, HS);
+  load_row(y, out + offset, HS);
+  float d = dot(x, y);
+  if ((threadIdx.x & 31) == 0) delta[(size_t)c.bh * seq_len + c.row] = d;
+}
+
+// dQ rows: dq_i = scale * sum_{j <= i} p_ij (dout_i . v_j - delta_i) k_j.
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    generic_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
+                               const T* __restrict__ qkv, const float* __restrict__ lse,
+                               const float* __restrict__ delta, int seq_len, int NH, int HS,
+                               float scale) {
+  RowCoords c = row_coords(NH);
+  const int i = c.row;
+  if (i >= seq_len) return;
+  const int C = NH * HS;
+  const size_t ld = 3 * (size_t)C;
+  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
+  float q[kPerLane], g[kPerLane], dq[kPerLane] = {};
+  load_row(q, base + i * ld, HS);
+  load_row(g, dout + ((size_t)c.b * seq_len + i) * C + c.h * HS, HS);
+  const float row_lse = lse[(size_t)c.bh * seq_len + i];
+  const float row_delta = delta[(size_t)c.bh * seq_len + i];
+  for (int j = 0; j <= i; j++) {
+    float k[kPerLane], v[kPerLane];
+    load_row(k, base + j * ld + C, HS);
+    load_row(v, base + j * ld + 2 * C, HS);
+    float p = expf(dot(q, k) * scale - row_lse);
+    float ds = p * (dot(g, v) - row_delta);
+#pragma unroll
+    for (int e = 0; e < kPerLane; e++) dq[e] += ds * k[e];
+  }
+  store_row(dqkv + ((size_t)c.b * seq_len + i) * ld + c.h * HS, dq, scale, HS);
+}
+
+// dK, dV rows: dv_j = sum_{i >= j} p_ij dout_i;  dk_j = scale * sum_{i >= j} ds_ij q_i.
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    generic_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
+                                 const T* __restrict__ qkv, const float* __restrict__ lse,
+                                 const float* __restrict__ delta, int seq_len, int NH, int HS,
+                                 float scale) {
+  RowCoords c = row_coords(NH);
+  const int j = c.row;
+  if (j >= seq_len) return;
+  const int C = NH * HS;
+  const size_t ld = 3 * (size_t)C;
+  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
+  const T* dout_base = dout + (size_t)c.b * seq_len * C + c.h * HS;
+  float k[kPerLane], v[kPerLane], dk[kPerLane] = {}, dv[kPerLane] = {};
+  load_row(k, base + j * ld + C, HS);
+  load_row(v, base + j * ld + 2 * C, HS);
+  for (int i = j; i < seq_len; i++) {
+    float q[kPerLane], g[kPerLane];
+    load_row(q, base + i * ld, HS);
+    load_row(g, dout_base + (size_t)i * C, HS);
+    float p = expf(dot(q, k) * scale - lse[(size_t)c.bh * seq_len + i]);
+    float ds = p * (dot(g, v) - delta[(size_t)c.bh * seq_len + i]);
+#pragma unroll
+    for (int e = 0; e < kPerLane; e++) {
+      dv[e] += p * g[e];
+      dk[e] += ds * q[e];
+    }
+  }
+  T* row = dqkv + ((size_t)c.b * seq_len + j) * ld + c.h * HS;
+  store_row(row + C, dk, scale, HS);
+  store_row(row + 2 * C, dv, 1.f, HS);
+}
+
+}  // namespace attention_generic

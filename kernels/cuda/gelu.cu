@@ -1,0 +1,131 @@
+// kernels/cuda/gelu.cu - GELU with the tanh approximation, forward and backward, elementwise.
+//
+//   gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+//
+// Math in fp32 with the accurate tanhf (tanh.approx's 2^-11 error would show in fp32 runs).
+// Parallelisation: grid-stride over packs of 8 elements (two 16-byte loads per fp32 tensor, one
+// per bf16 tensor); when n is not a multiple of 8 or a pointer is not 16-byte aligned the
+// leftover elements (or all of them) go through a scalar loop in the same kernel.
+// gelu_backward may run in place (dinp == dout): every element is read before it is written by
+// the same thread, so the pointers are deliberately not __restrict__.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace ops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kElems = 8;  // elements per thread and step on the vector path
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+template <int W, typename T>
+__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
+  constexpr int P = Pack128<T>::size;
+  static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+  for (int j = 0; j < W / P; j++) {
+    Pack128<T> x = load128(p + j * P);
+#pragma unroll
+    for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
+  constexpr int P = Pack128<T>::size;
+  static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+  for (int j = 0; j < W / P; j++) {
+    Pack128<T> x;
+#pragma unroll
+    for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
+    store128(p + j * P, x);
+  }
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+  float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+  float t = tanhf(u);
+  float sech2 = 1.0f - t * t;
+  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The split of n elements: packs [0, packs) on the vector path, [tail, n) scalar.
+struct Split {
+  size_t packs, tail;
+};
+Split split(size_t n, bool vec) {
+  size_t packs = vec ? n / kElems : 0;
+  return {packs, packs * kElems};
+}
+int grid_for(const Split& sp, size_t n) {
+  size_t work = sp.packs > n - sp.tail ? sp.packs : n - sp.tail;
+  size_t blocks = ceil_div(work, (size_t)kThreads);
+  return (int)(blocks < 1 ? 1 : (blocks > (1 << 16) ? (1 << 16) : blocks));
+}
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* __restrict__ out, const T* __restrict__ inp, size_t packs,
+                                    size_t tail, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (size_t i = tid; i < packs; i += stride) {
+    float x[kElems];
+    load_floats<kElems>(x, inp + i * kElems);
+#pragma unroll
+    for (int k = 0; k < kElems; k++) x[k] = gelu(x[k]);
+    store_floats<kElems>(out + i * kElems, x);
+  }
+  for (size_t i = tail + tid; i < n; i += stride) out[i] = from_float<T>(gelu(to_float(inp[i])));
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* __restrict__ inp, const T* dout,
+                                     size_t packs, size_t tail, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (size_t i = tid; i < packs; i += stride) {
+    float x[kElems], d[kElems];
+    load_floats<kElems>(x, inp + i * kElems);
+    load_floats<kElems>(d, dout + i * kElems);
+#pragma unroll
+    for (int k = 0; k < kElems; k++) d[k] *= gelu_grad(x[k]);
+    store_floats<kElems>(dinp + i * kElems, d);
+  }
+  for (size_t i = tail + tid; i < n; i += stride)
+    dinp[i] = from_float<T>(to_float(dout[i]) * gelu_grad(to_float(inp[i])));
+}
+
+}  // namespace
+
+void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
+  if (n == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    Split sp = split(n, aligned16(out) && aligned16(inp));
+    gelu_forward_kernel<S><<<grid_for(sp, n), kThreads, 0, s->stream>>>(
+        static_cast<S*>(out), static_cast<const S*>(inp), sp.packs, sp.tail, n);
+    LAUNCH_CHECK();
+  });
+}
+
+void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dt, Stream s) {
+  if (n == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    Split sp = split(n, aligned16(dinp) && aligned16(inp) && aligned16(dout));
+    gelu_backward_kernel<S><<<grid_for(sp, n), kThreads, 0, s->stream>>>(
+        static_cast<S*>(dinp), static_cast<const S*>(inp), static_cast<const S*>(dout), sp.packs,
+        sp.tail, n);
+    LAUNCH_CHECK();
+  });
+}
+
+}  // namespace ops

@@ -1,0 +1,202 @@
+// kernels/cuda/reduce.cu - fp32 reductions (sum of squares for the gradient norm, plain sums) and
+// two elementwise helpers (dst += src, dtype casts).
+//
+// Reductions are deterministic: two stages with a grid that depends only on n. Stage 1: each
+// thread of G blocks accumulates a fixed set of elements (packs of 4 at indices tid, tid+stride,
+// ... then the last n % 4 elements), the block reduces its threads with a fixed tree and writes
+// one partial into the stream's scratch. Stage 2: a single block reduces the G partials with the
+// same fixed tree and adds the total into *out. The element -> thread mapping is the same on the
+// vector path (16-byte loads) and on the scalar path (unaligned x), so even the alignment of x
+// does not change the bits of the result.
+//
+// Elementwise ops: grid-stride over packs of 8 elements (16-byte loads and stores), a scalar loop
+// in the same kernel for the last n % 8 elements or for unaligned pointers. Casts narrow with
+// round-to-nearest-even (__float2bfloat16_rn); a same-type cast is a device copy.
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace ops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kReduceMaxBlocks = 1024;  // stage-2 block size, so G <= 1024
+constexpr int kElems = 8;               // elementwise ops: elements per thread and step
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Sum over the block with a fixed tree; the result is valid in thread 0.
+__device__ float block_reduce_sum(float x) {
+  __shared__ float warp_sums[32];
+  x = warp_reduce_sum(x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  x = 0.0f;
+  if (warp == 0) {
+    x = lane < warps ? warp_sums[lane] : 0.0f;
+    x = warp_reduce_sum(x);
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+// ---------------------------------------------------------------------------------------------
+template <bool kSquares>
+__device__ __forceinline__ float term(float x) {
+  return kSquares ? x * x : x;
+}
+
+template <bool kSquares, bool kVec>
+__global__ void partial_sums_kernel(float* __restrict__ partials, const float* __restrict__ x,
+                                    size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  const size_t packs = n / 4;
+  float acc = 0.0f;
+  for (size_t i = tid; i < packs; i += stride) {
+    float4 q;
+    if constexpr (kVec) {
+      q = __ldcs(reinterpret_cast<const float4*>(x) + i);
+    } else {
+      q = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+    }
+    acc += term<kSquares>(q.x);
+    acc += term<kSquares>(q.y);
+    acc += term<kSquares>(q.z);
+    acc += term<kSquares>(q.w);
+  }
+  for (size_t i = packs * 4 + tid; i < n; i += stride) acc += term<kSquares>(x[i]);
+  acc = block_reduce_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block of kReduceMaxBlocks threads: *out += scale * sum(partials[0..G)).
+__global__ void final_sum_kernel(float* out, const float* __restrict__ partials, int G,
+                                 float scale) {
+  float x = threadIdx.x < G ? partials[threadIdx.x] : 0.0f;
+  x = block_reduce_sum(x);
+  if (threadIdx.x == 0) *out += scale * x;
+}
+
+template <bool kSquares>
+void reduce_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  if (n == 0) return;
+  const int G = (int)std::min<size_t>(ceil_div(n, (size_t)kThreads * 4), kReduceMaxBlocks);
+  float* partials = static_cast<float*>(stream_scratch(s, G * sizeof(float)));
+  if (aligned16(x))
+    partial_sums_kernel<kSquares, true><<<G, kThreads, 0, s->stream>>>(partials, x, n);
+  else
+    partial_sums_kernel<kSquares, false><<<G, kThreads, 0, s->stream>>>(partials, x, n);
+  LAUNCH_CHECK();
+  final_sum_kernel<<<1, kReduceMaxBlocks, 0, s->stream>>>(out, partials, G, scale);
+  LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+// ---------------------------------------------------------------------------------------------
+template <int W, typename T>
+__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
+  constexpr int P = Pack128<T>::size;
+  static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+  for (int j = 0; j < W / P; j++) {
+    Pack128<T> x = load128(p + j * P);
+#pragma unroll
+    for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
+  constexpr int P = Pack128<T>::size;
+  static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+  for (int j = 0; j < W / P; j++) {
+    Pack128<T> x;
+#pragma unroll
+    for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
+    store128(p + j * P, x);
+  }
+}
+
+// Packs [0, packs) vectorised, elements [tail, n) scalar.
+struct Split {
+  size_t packs, tail;
+  int blocks;
+};
+Split split(size_t n, bool vec) {
+  Split sp;
+  sp.packs = vec ? n / kElems : 0;
+  sp.tail = sp.packs * kElems;
+  const size_t work = std::max(sp.packs, n - sp.tail);
+  sp.blocks = (int)std::min<size_t>(std::max<size_t>(ceil_div(work, kThreads), 1), 1 << 16);
+  return sp;
+}
+
+__global__ void add_inplace_kernel(float* __restrict__ dst, const float* __restrict__ src,
+                                   size_t packs, size_t tail, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (size_t i = tid; i < packs; i += stride) {
+    float a[kElems], b[kElems];
+    load_floats<kElems>(a, dst + i * kElems);
+    load_floats<kElems>(b, src + i * kElems);
+#pragma unroll
+    for (int k = 0; k < kElems; k++) a[k] += b[k];
+    store_floats<kElems>(dst + i * kElems, a);
+  }
+  for (size_t i = tail + tid; i < n; i += stride) dst[i] += src[i];
+}
+
+template <typename D, typename S>
+__global__ void cast_kernel(D* __restrict__ dst, const S* __restrict__ src, size_t packs,
+                            size_t tail, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (size_t i = tid; i < packs; i += stride) {
+    float f[kElems];
+    load_floats<kElems>(f, src + i * kElems);
+    store_floats<kElems>(dst + i * kElems, f);
+  }
+  for (size_t i = tail + tid; i < n; i += stride) dst[i] = from_float<D>(to_float(src[i]));
+}
+
+}  // namespace
+
+void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
+  reduce_accumulate<true>(out, x, n, 1.0f, s);
+}
+
+void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  reduce_accumulate<false>(out, x, n, scale, s);
+}
+
+void add_inplace(float* dst, const float* src, size_t n, Stream s) {
+  if (n == 0) return;
+  Split sp = split(n, aligned16(dst) && aligned16(src));
+  add_inplace_kernel<<<sp.blocks, kThreads, 0, s->stream>>>(dst, src, sp.packs, sp.tail, n);
+  LAUNCH_CHECK();
+}
+
+void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s) {
+  if (n == 0) return;
+  if (dst_dt == src_dt) {
+    copy_on_device(dst, src, n * dtype_size(dst_dt), s);
+    return;
+  }
+  Split sp = split(n, aligned16(dst) && aligned16(src));
+  dispatch_dtype(dst_dt, [&](auto dst_tag) {
+    dispatch_dtype(src_dt, [&](auto src_tag) {
+      using D = decltype(dst_tag);
+      using S = decltype(src_tag);
+      cast_kernel<D, S><<<sp.blocks, kThreads, 0, s->stream>>>(
+          static_cast<D*>(dst), static_cast<const S*>(src), sp.packs, sp.tail, n);
+      LAUNCH_CHECK();
+    });
+  });
+}
+
+}  // namespace ops

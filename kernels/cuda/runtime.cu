@@ -1,0 +1,230 @@
+// kernels/cuda/runtime.cu - the CUDA backend's device, memory, stream and event functions
+// (kernels/ops_decls.h, first section). No kernels here.
+//
+// - device_init picks GPU local_rank % count, so that the ranks of a node share its GPUs evenly.
+// - alloc/release wrap cudaMalloc/cudaFree and keep a ledger of live allocations (a function-local
+//   static map guarded by a mutex) so that memory_in_use/memory_peak are exact and an
+//   out-of-memory failure can say what was asked, what we hold, and what the device has left.
+// - copy_to_device/copy_to_host are synchronous with respect to *all* earlier work: our streams
+//   are non-blocking, so a plain cudaMemcpy would not wait for them (and a pageable host-to-device
+//   copy may still be in flight when it returns). Both therefore synchronise the device before and
+//   after the copy. They are meant for set-up, checkpoints and tests, not for the inner loop.
+// - A stream owns a cudaStream_t (non-blocking), a cuBLASLt handle with a 32 MiB workspace, a
+//   scratch buffer for reductions that grows on demand, and the cuDNN handle that attention
+//   creates on first use (destroyed here, with the stream).
+// - Events are created with timing enabled; ranges go to NVTX3 (header-only, no library to link).
+#include <cudnn.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace ops {
+
+namespace {
+
+constexpr size_t kMiB = size_t(1) << 20;
+constexpr size_t kCublasWorkspaceBytes = 32 * kMiB;
+
+// Every live allocation made through alloc(), with the running and peak totals.
+struct MemoryLedger {
+  std::mutex mutex;
+  std::unordered_map<void*, size_t> sizes;
+  size_t in_use = 0;
+  size_t peak = 0;
+};
+MemoryLedger& memory_ledger() {
+  static MemoryLedger ledger;  // lazily created, lives until exit
+  return ledger;
+}
+
+[[noreturn]] void report_out_of_memory(size_t bytes) {
+  cudaGetLastError();  // clear the allocation error so that the queries below succeed
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  int device = -1;
+  cudaGetDevice(&device);
+  FATAL("out of GPU memory on device %d: alloc of %zu bytes (%.1f MiB) failed; %.1f MiB are in "
+        "use through alloc() (peak %.1f MiB), %.1f MiB of %.1f MiB are free on the device",
+        device, bytes, (double)bytes / kMiB, (double)memory_in_use() / kMiB,
+        (double)memory_peak() / kMiB, (double)free_bytes / kMiB, (double)total_bytes / kMiB);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Device
+// ---------------------------------------------------------------------------------------------
+const char* backend_name() { return "cuda"; }
+
+DeviceInfo device_init(int local_rank) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  CHECK(err == cudaSuccess && count > 0, "no CUDA device found (%s); use ./train_cpu on a machine "
+        "without a GPU", err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
+  int device = local_rank % count;
+  CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  std::snprintf(info.name, sizeof(info.name), "%s", prop.name);
+  info.total_memory = prop.totalGlobalMem;
+  info.multiprocessors = prop.multiProcessorCount;
+  return info;
+}
+
+bool device_memory_is_host() { return false; }
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+void* alloc(size_t bytes) {
+  void* p = nullptr;
+  // cudaMalloc(0) would hand back nullptr; one byte keeps every allocation a distinct pointer.
+  if (cudaMalloc(&p, bytes > 0 ? bytes : 1) != cudaSuccess) report_out_of_memory(bytes);
+  MemoryLedger& ledger = memory_ledger();
+  std::lock_guard<std::mutex> lock(ledger.mutex);
+  ledger.sizes[p] = bytes;
+  ledger.in_use += bytes;
+  if (ledger.in_use > ledger.peak) ledger.peak = ledger.in_use;
+  return p;
+}
+
+void release(void* p) {
+  if (!p) return;
+  {
+    MemoryLedger& ledger = memory_ledger();
+    std::lock_guard<std::mutex> lock(ledger.mutex);
+    auto it = ledger.sizes.find(p);
+    CHECK(it != ledger.sizes.end(), "release(%p): not a pointer returned by alloc()", p);
+    ledger.in_use -= it->second;
+    ledger.sizes.erase(it);
+  }
+  CUDA_CHECK(cudaFree(p));
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaDeviceSynchronize());  // earlier kernels may still read or write dst
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before the data landed
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaDeviceSynchronize());  // earlier kernels on non-blocking streams may write src
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
+}
+
+void fill_zero(void* p, size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s->stream));
+}
+
+size_t memory_in_use() {
+  MemoryLedger& ledger = memory_ledger();
+  std::lock_guard<std::mutex> lock(ledger.mutex);
+  return ledger.in_use;
+}
+
+size_t memory_peak() {
+  MemoryLedger& ledger = memory_ledger();
+  std::lock_guard<std::mutex> lock(ledger.mutex);
+  return ledger.peak;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+// ---------------------------------------------------------------------------------------------
+Stream stream_create(const StreamOptions& options) {
+  StreamImpl* s = new StreamImpl;
+  s->options = options;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasLtCreate(&s->lt));
+  s->workspace_bytes = kCublasWorkspaceBytes;
+  s->workspace = alloc(s->workspace_bytes);
+  return s;
+}
+
+void stream_destroy(Stream s) {
+  if (!s) return;
+  stream_sync(s);
+  if (s->cudnn) {
+    cudnnStatus_t st = cudnnDestroy(static_cast<cudnnHandle_t>(s->cudnn));
+    CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN: cudnnDestroy failed: %s", cudnnGetErrorString(st));
+  }
+  release(s->scratch);
+  release(s->workspace);
+  CUBLAS_CHECK(cublasLtDestroy(s->lt));
+  CUDA_CHECK(cudaStreamDestroy(s->stream));
+  delete s;
+}
+
+void stream_sync(Stream s) { CUDA_CHECK(cudaStreamSynchronize(s->stream)); }
+
+// Grows geometrically (at least doubling, in whole MiB) so that a sequence of slightly larger
+// requests does not reallocate each time. The old buffer may still be read by queued kernels:
+// wait for the stream before freeing it.
+void* stream_scratch(Stream s, size_t bytes) {
+  CHECK(s != nullptr, "stream_scratch needs a stream");
+  if (bytes <= s->scratch_bytes) return s->scratch;
+  size_t grown = round_up(bytes > 2 * s->scratch_bytes ? bytes : 2 * s->scratch_bytes, kMiB);
+  if (s->scratch) {
+    stream_sync(s);
+    release(s->scratch);
+    s->scratch = nullptr;
+    s->scratch_bytes = 0;
+  }
+  s->scratch = alloc(grown);
+  s->scratch_bytes = grown;
+  return s->scratch;
+}
+
+const char* attention_impl_name(Stream s) {
+  switch (s->attention_resolved) {
+    case AttentionImpl::Flash: return "flash";
+    case AttentionImpl::Cudnn: return "cudnn";
+    default: return "auto";  // no attention op has run on this stream yet
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events and profiler ranges
+// ---------------------------------------------------------------------------------------------
+Event event_create() {
+  EventImpl* e = new EventImpl;
+  CUDA_CHECK(cudaEventCreate(&e->event));  // default flags: timing enabled
+  return e;
+}
+
+void event_destroy(Event e) {
+  if (!e) return;
+  CUDA_CHECK(cudaEventDestroy(e->event));
+  delete e;
+}
+
+void event_record(Event e, Stream s) { CUDA_CHECK(cudaEventRecord(e->event, s->stream)); }
+
+void stream_wait_event(Stream s, Event e) {
+  CUDA_CHECK(cudaStreamWaitEvent(s->stream, e->event, 0));
+}
+
+void event_sync(Event e) { CUDA_CHECK(cudaEventSynchronize(e->event)); }
+
+float event_elapsed_ms(Event start, Event end) {
+  CUDA_CHECK(cudaEventSynchronize(end->event));
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start->event, end->event));
+  return ms;
+}
+
+void range_push(const char* name) { nvtxRangePushA(name); }
+void range_pop() { nvtxRangePop(); }
+
+}  // namespace ops

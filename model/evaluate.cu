@@ -1,0 +1,66 @@
+// model/evaluate.cu - validation loss and sampling (model/evaluate.h).
+//
+// Sampling runs the full forward over a window of T tokens for every new token (no KV cache):
+// simple, and cheap next to training. Positions after the current length hold end-of-text
+// tokens; causal attention keeps them from influencing the position we read.
+#include "model/evaluate.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+double validation_loss(GPT& m, ParamStore& store, DataLoader& val, int batches, Comm& dp,
+                       ops::Stream s) {
+  const int B = val.B, T = val.T;
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  dataloader_reset(val);
+  ops::fill_zero(m.loss_sum, sizeof(float), s);
+  for (int i = 0; i < batches; i++) {
+    dataloader_next(val, inputs.data(), targets.data());
+    gpt_forward(m, store, inputs.data(), targets.data(), B, T, s);
+    ops::sum_accumulate(m.loss_sum, m.losses, (size_t)B * T, 1.0f / ((float)B * T * batches), s);
+  }
+  float local = 0;
+  ops::stream_sync(s);
+  ops::copy_to_host(&local, m.loss_sum, sizeof(float));
+  return all_reduce_host_sum(dp, local) / dp.size;
+}
+
+// Logits of position t of sequence 0, as fp32, first V entries.
+static std::vector<float> logits_row(const GPT& m, int t) {
+  const size_t Vp = m.layout.Vp, e = dtype_size(m.dt);
+  std::vector<unsigned char> raw(Vp * e);
+  ops::copy_to_host(raw.data(), (const char*)m.logits + (size_t)t * Vp * e, Vp * e);
+  std::vector<float> row(m.layout.V);
+  for (int j = 0; j < m.layout.V; j++)
+    row[j] = m.dt == DType::F32 ? ((float*)raw.data())[j] : bf16_to_f32(((uint16_t*)raw.data())[j]);
+  return row;
+}
+
+static int sample_from_logits(const std::vector<float>& logits, std::mt19937_64& rng) {
+  double maxv = logits[0];
+  for (float x : logits) maxv = std::max(maxv, (double)x);
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t j = 0; j < logits.size(); j++) sum += p[j] = std::exp(logits[j] - maxv);
+  double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
+  for (size_t j = 0; j < p.size(); j++)
+    if ((u -= p[j]) <= 0) return (int)j;
+  return (int)p.size() - 1;
+}
+
+std::string sample_text(GPT& m, ParamStore& store, const Tokenizer& tok, int eot, int n,
+                        uint64_t seed, ops::Stream s) {
+  const int T = m.T;
+  std::mt19937_64 rng(seed);
+  std::vector<int> generated{eot};
+  std::vector<int> window(T);
+  for (int i = 0; i < n; i++) {
+    const int len = std::min((int)generated.size(), T);
+    for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
+    gpt_forward(m, store, window.data(), nullptr, 1, T, s);
+    ops::stream_sync(s);
+    generated.push_back(sample_from_logits(logits_row(m, len - 1), rng));
+  }
+  return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);
+}

@@ -1,0 +1,103 @@
+// model/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (model/metrics.h).
+#include "model/metrics.h"
+
+#include <cstring>
+
+double model_flops_per_token(const GPTLayout& g) {
+  return 6.0 * (double)g.num_parameters() + 6.0 * g.L * g.C * (double)g.T;
+}
+
+double hardware_flops_per_token(const GPTLayout& g, Recompute r) {
+  double f = model_flops_per_token(g);
+  if (r == Recompute::Block) {
+    double block_params = 0;
+    for (size_t u = 1; u < g.units.size(); u++)
+      for (const ParamTensor& t : g.units[u].tensors) block_params += (double)t.numel();
+    f += 2.0 * block_params + 2.0 * g.L * g.C * (double)g.T;
+  }
+  return f;
+}
+
+double device_peak_tflops(const std::string& name, double override_tflops) {
+  if (override_tflops > 0) return override_tflops;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100")) return has("PCIe") ? 756.0 : 989.4;
+  if (has("H200")) return 989.4;
+  if (has("A100")) return 312.0;
+  if (has("B200")) return 2250.0;
+  return 0.0;
+}
+
+void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0) {
+  if (!is_rank0 || path.empty()) return;
+  log.jsonl = std::fopen(path.c_str(), "a");
+  CHECK(log.jsonl, "[log] metrics: cannot open %s for appending", path.c_str());
+}
+
+void metrics_close(MetricsLog& log) {
+  if (log.jsonl) std::fclose(log.jsonl);
+  log.jsonl = nullptr;
+}
+
+static void print_fraction(FILE* f, const char* key, double x) {
+  if (x < 0) std::fprintf(f, ",\"%s\":null", key);
+  else std::fprintf(f, ",\"%s\":%.6f", key, x);
+}
+
+static const char* const kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather",
+                                         "broadcast",  "send",           "recv",
+                                         "all_to_all", "barrier"};
+
+static void print_comm_json(FILE* f, const CommStats& st) {
+  std::fprintf(f, ",\"comm\":{");
+  bool first_axis = true;
+  for (int a = 0; a < (int)Axis::Count; a++) {
+    const CommCounters& c = st.axis[a];
+    bool used = false;
+    for (int k = 0; k < (int)CollectiveKind::Count; k++) used |= c.calls[k] > 0;
+    if (!used) continue;
+    std::fprintf(f, "%s\"%s\":{", first_axis ? "" : ",", axis_name((Axis)a));
+    first_axis = false;
+    bool first_kind = true;
+    for (int k = 0; k < (int)CollectiveKind::Count; k++) {
+      if (!c.calls[k]) continue;
+      std::fprintf(f, "%s\"%s\":{\"calls\":%llu,\"bytes\":%llu}", first_kind ? "" : ",",
+                   kKindNames[k], (unsigned long long)c.calls[k],
+                   (unsigned long long)c.bytes[k]);
+      first_kind = false;
+    }
+    std::fprintf(f, "}");
+  }
+  std::fprintf(f, "}");
+}
+
+void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line) {
+  if (print_line) {
+    char mfu[64] = "MFU n/a";
+    if (r.mfu >= 0)
+      std::snprintf(mfu, sizeof(mfu), "MFU %.1f%% (HFU %.1f%%)", 100 * r.mfu, 100 * r.hfu);
+    std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
+                "mem %.2f GiB (peak %.2f)\n",
+                r.step, r.steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, mfu,
+                r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0);
+    std::fflush(stdout);
+  }
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl,
+               "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,"
+               "\"tokens_per_s\":%.1f",
+               r.step, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s);
+  print_fraction(log.jsonl, "mfu", r.mfu);
+  print_fraction(log.jsonl, "hfu", r.hfu);
+  std::fprintf(log.jsonl, ",\"mem_bytes\":%zu,\"mem_peak_bytes\":%zu", r.mem_bytes,
+               r.mem_peak_bytes);
+  print_comm_json(log.jsonl, comm);
+  std::fprintf(log.jsonl, "}\n");
+  std::fflush(log.jsonl);
+}
+
+void metrics_val(MetricsLog& log, int step, double val_loss) {
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
+  std::fflush(log.jsonl);
+}

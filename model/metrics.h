@@ -1,0 +1,38 @@
+// model/metrics.h - what a run reports: the per-step line, the JSONL metrics file, and the FLOP
+// accounting behind MFU.
+//
+// MFU (REFERENCE.md section 3) uses llm.c's count of model FLOPs per token,
+//     6 N + 6 L C T
+// with N every parameter including the embeddings (wte counted with its padded Vp rows, as llm.c
+// does) - this is PaLM's 6N + 12LCT with the attention term halved for the causal mask. MFU =
+// achieved model FLOP/s over the dense BF16 peak of all devices in the run; runs in fp32 (or fp8)
+// are still measured against the BF16 peak. HFU counts the FLOPs actually executed, i.e. adds
+// the recomputed forward of "block" recompute (2 N_blocks + 2 L C T per token).
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "model/gpt.h"
+#include "parallel/comm.h"
+
+double model_flops_per_token(const GPTLayout& g);
+double hardware_flops_per_token(const GPTLayout& g, Recompute r);
+// Dense BF16 peak TFLOP/s of one device, from its name (H100 SXM/PCIe, H200, A100, B200), or the
+// override when > 0. 0 when unknown (the CPU, or an unlisted GPU): MFU is then reported as null.
+double device_peak_tflops(const std::string& device_name, double override_tflops);
+
+struct StepReport {
+  int step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
+  double mfu = -1, hfu = -1;  // fractions; < 0 = unknown
+  size_t mem_bytes = 0, mem_peak_bytes = 0;
+};
+
+struct MetricsLog {
+  FILE* jsonl = nullptr;  // only on rank 0
+};
+void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0);
+void metrics_close(MetricsLog& log);
+// Prints the step line (rank 0) and appends the JSON object, with this step's communication.
+void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
+void metrics_val(MetricsLog& log, int step, double val_loss);

@@ -1,0 +1,53 @@
+// model/optimizer.cu - learning-rate schedule, clipping factor and AdamW over shards.
+//
+// The store's flat layout puts each unit's weight-decayed matrices first ([0, decay_numel)),
+// so the update of one shard [lo, hi) is at most two fused AdamW launches: the part of the
+// shard inside the decayed range, with weight decay, and the rest, without. The padding past
+// the unit's end is zero with zero gradient and stays zero, so it is updated along with the
+// rest rather than skipped.
+#include "model/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+float learning_rate(const TrainConfig& t, int step) {
+  const int s = step - 1;  // 0-based
+  if (s < t.warmup_steps) return t.lr * (float)(s + 1) / (float)t.warmup_steps;
+  if (t.lr_schedule == "constant") return t.lr;
+  const int decay_steps = std::max(1, t.steps - t.warmup_steps);
+  const double ratio = std::min(1.0, (double)(s - t.warmup_steps) / decay_steps);
+  const double coeff = 0.5 * (1.0 + std::cos(M_PI * ratio));
+  return (float)(t.min_lr + coeff * (t.lr - t.min_lr));
+}
+
+float clip_factor(const TrainConfig& t, double grad_norm) {
+  if (t.grad_clip <= 0) return 1.0f;
+  const double coef = t.grad_clip / (grad_norm + 1e-6);
+  return coef < 1.0 ? (float)coef : 1.0f;
+}
+
+// AdamW on elements [a, b) of unit u's shard coordinates (unit-relative indices).
+static void update_range(ParamStore& st, int u, size_t a, size_t b, const AdamWStep& step) {
+  if (a >= b) return;
+  UnitState& us = st.units[u];
+  const size_t i = a - us.shard_offset;
+  void* copy = store_needs_param_copy(st)
+                   ? (char*)store_param_copy(st, u) + i * dtype_size(st.dt)
+                   : nullptr;
+  ops::adamw_update(us.master + i, copy, us.grad + i, us.adam_m + i, us.adam_v + i, b - a, step,
+                    st.dt, st.compute);
+}
+
+void optimizer_step(ParamStore& st, const GPTLayout& layout, const TrainConfig& t, int step,
+                    float lr, float grad_scale) {
+  AdamWStep adam{lr, t.beta1, t.beta2, t.eps, t.weight_decay, grad_scale, step};
+  AdamWStep no_decay = adam;
+  no_decay.weight_decay = 0.0f;
+  for (size_t u = 0; u < st.units.size(); u++) {
+    const UnitState& us = st.units[u];
+    const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
+    const size_t split = std::clamp(layout.units[u].decay_numel, lo, hi);
+    update_range(st, (int)u, lo, split, adam);
+    update_range(st, (int)u, split, hi, no_decay);
+  }
+}

@@ -1,0 +1,15 @@
+// model/optimizer.h - the learning-rate schedule, gradient clipping and the AdamW step over
+// whatever shards this rank owns.
+#pragma once
+#include "model/config.h"
+#include "parallel/param_store.h"
+
+// Learning rate of optimizer step `step` (1-based): linear warmup over warmup_steps to lr, then
+// "cosine" decays to min_lr at the last step, or "constant" stays at lr.
+float learning_rate(const TrainConfig& t, int step);
+// PyTorch's clip_grad_norm_: the factor the gradients are multiplied by (1 when not clipping).
+float clip_factor(const TrainConfig& t, double grad_norm);
+// AdamW on this rank's shard of every unit: decayed ranges with weight_decay, the rest without;
+// writes the compute-dtype working copy where the store keeps one.
+void optimizer_step(ParamStore& store, const GPTLayout& layout, const TrainConfig& t, int step,
+                    float lr, float grad_scale);

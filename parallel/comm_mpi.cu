@@ -1,0 +1,159 @@
+// parallel/comm_mpi.cu - the MPI backend of the collectives (see comm.h): host MPI calls on the
+// group's communicator, synchronous.
+//
+// Buffers: on the CPU backend (ops::device_memory_is_host()) MPI reads and writes the caller's
+// buffers directly. With GPU buffers every call first waits for the caller's stream (the input
+// must be complete, and nothing queued may still read the output), copies the input down into
+// a host staging buffer (Comm::staging, plain malloc, grown on demand and kept for the next call;
+// ops has no pinned allocator and this is the slow path anyway), runs MPI on the host copies and
+// copies the output back up. Layout of the staging buffer: [input | output], or one region for
+// the in-place all-reduce and broadcast.
+//
+// Types: fp32 travels as MPI_FLOAT and sums with MPI_SUM. bf16 travels as MPI_UINT16_T (its bit
+// pattern) and sums with a user-defined MPI_Op that adds in fp32 and rounds back to bf16 (nearest
+// even), the same per-addition rounding a GPU reduction of bf16 values does. The op is created on
+// first use and lives until MPI_Finalize (a function-local static: MPI ops are process-wide).
+//
+// Determinism: OpenMPI picks a reduction algorithm from the group and message sizes only, so a
+// given layout reduces in the same order on every run.
+// Errors: MPI calls are not checked one by one; runtime_init (parallel/mesh.cu) installs an error
+// handler on MPI_COMM_WORLD, inherited by every group, that reports the MPI error and the rank
+// through FATAL.
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "parallel/comm.h"
+
+namespace comm_mpi {
+namespace {
+
+MPI_Datatype mpi_type(DType dt) { return dt == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+// inout[i] = bf16(float(in[i]) + float(inout[i])): commutative, so MPI may combine in any order.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+MPI_Op sum_op(DType dt) {
+  if (dt == DType::F32) return MPI_SUM;
+  static MPI_Op bf16_op = [] {
+    MPI_Op op;
+    MPI_Op_create(bf16_sum, /*commute=*/1, &op);
+    return op;
+  }();
+  return bf16_op;
+}
+
+int mpi_count(size_t n) {
+  CHECK(n <= (size_t)INT_MAX, "MPI backend: a message of %zu elements exceeds MPI's int count",
+        n);
+  return (int)n;
+}
+
+bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+void* grow_staging(Comm& c, size_t bytes) {
+  if (bytes > c.staging_bytes) {
+    void* p = std::realloc(c.staging, bytes);
+    CHECK(p, "MPI backend: cannot allocate %zu bytes of host staging memory", bytes);
+    c.staging = p;
+    c.staging_bytes = bytes;
+  }
+  return c.staging;
+}
+
+// The host buffers MPI works on for one call.
+struct HostView {
+  const void* in;
+  void* out;
+};
+
+// in_place: the call has one buffer, read and written (all-reduce, broadcast), so in == out and
+// in_bytes == out_bytes. Otherwise in and out may still overlap (reduce-scatter into a block of
+// its input, all-gather from a block of its output). in_bytes may be 0 (recv), out_bytes 0 (send).
+HostView stage_in(Comm& c, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                  bool in_place, ops::Stream s) {
+  if (ops::device_memory_is_host()) {
+    if (in_place || !overlap(in, in_bytes, out, out_bytes)) return {in, out};
+    // MPI forbids overlapping send and receive buffers: let it read a copy of the input.
+    void* copy = grow_staging(c, in_bytes);
+    std::memcpy(copy, in, in_bytes);
+    return {copy, out};
+  }
+  ops::stream_sync(s);
+  const size_t out_offset = in_place ? 0 : round_up(in_bytes, 64);
+  char* host = static_cast<char*>(grow_staging(c, out_offset + (in_place ? in_bytes : out_bytes)));
+  if (in_bytes > 0) ops::copy_to_host(host, in, in_bytes);
+  return {host, host + out_offset};
+}
+
+void stage_out(const HostView& v, void* out, size_t out_bytes) {
+  if (v.out != out && out_bytes > 0) ops::copy_to_device(out, v.out, out_bytes);
+}
+
+}  // namespace
+
+void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
+  const size_t bytes = count * dtype_size(dt);
+  HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
+  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), mpi_type(dt), sum_op(dt), c.mpi);
+  stage_out(v, buf, bytes);
+}
+
+void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                        ops::Stream s) {
+  const size_t out_bytes = recv_count * dtype_size(dt);
+  HostView v = stage_in(c, send, c.size * out_bytes, recv, out_bytes, false, s);
+  MPI_Reduce_scatter_block(v.in, v.out, mpi_count(recv_count), mpi_type(dt), sum_op(dt), c.mpi);
+  stage_out(v, recv, out_bytes);
+}
+
+void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                ops::Stream s) {
+  const size_t in_bytes = send_count * dtype_size(dt);
+  HostView v = stage_in(c, send, in_bytes, recv, c.size * in_bytes, false, s);
+  const int n = mpi_count(send_count);
+  MPI_Allgather(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), c.mpi);
+  stage_out(v, recv, c.size * in_bytes);
+}
+
+void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
+  const size_t bytes = count * dtype_size(dt);
+  HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
+  MPI_Bcast(v.out, mpi_count(count), mpi_type(dt), root, c.mpi);
+  stage_out(v, buf, bytes);
+}
+
+void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
+  HostView v = stage_in(c, buf, count * dtype_size(dt), nullptr, 0, false, s);
+  MPI_Send(v.in, mpi_count(count), mpi_type(dt), peer, /*tag=*/0, c.mpi);
+}
+
+void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
+  const size_t bytes = count * dtype_size(dt);
+  HostView v = stage_in(c, nullptr, 0, buf, bytes, false, s);
+  MPI_Status status;
+  MPI_Recv(v.out, mpi_count(count), mpi_type(dt), peer, /*tag=*/0, c.mpi, &status);
+  int received = 0;
+  MPI_Get_count(&status, mpi_type(dt), &received);
+  CHECK((size_t)received == count, "recv on axis %s from rank %d: got %d elements, expected %zu",
+        axis_name(c.axis), peer, received, count);
+  stage_out(v, buf, bytes);
+}
+
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
+  const size_t bytes = c.size * count * dtype_size(dt);
+  HostView v = stage_in(c, send, bytes, recv, bytes, false, s);
+  const int n = mpi_count(count);
+  MPI_Alltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), c.mpi);
+  stage_out(v, recv, bytes);
+}
+
+}  // namespace comm_mpi

@@ -1,0 +1,96 @@
+// parallel/comm_nccl.cu - the NCCL backend of the collectives (see comm.h), compiled into ./train
+// only. Buffers are GPU buffers; every call is queued on the caller's stream and returns at once
+// (the host does not wait), so a collective orders with the kernels around it like one more
+// kernel on that stream.
+//
+// Communicators: one ncclComm per group of two or more ranks, made collectively over the group
+// (comm_create in comm.cu calls create() for every group of the mesh, in the same order on every
+// rank): group rank 0 draws an ncclUniqueId, MPI_Bcast hands it to the group over the group's MPI
+// communicator, and every member calls ncclCommInitRank. The device must already be selected
+// (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
+//
+// All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
+// concurrently. send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a
+// pipeline stage may post its send and go on.
+#include <nccl.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "parallel/comm.h"
+
+#define NCCL_CHECK(call)                                                                      \
+  do {                                                                                        \
+    ncclResult_t r_ = (call);                                                                 \
+    if (r_ != ncclSuccess) fatal_error(__FILE__, __LINE__, "NCCL: %s", ncclGetErrorString(r_)); \
+  } while (0)
+
+namespace comm_nccl {
+namespace {
+
+ncclComm_t handle(const Comm& c) {
+  CHECK(c.nccl, "NCCL backend: axis %s has no NCCL communicator", axis_name(c.axis));
+  return static_cast<ncclComm_t>(c.nccl);
+}
+// ops::Stream is the CUDA backend's StreamImpl; nullptr means the legacy default stream.
+cudaStream_t cuda_stream(ops::Stream s) { return s ? s->stream : nullptr; }
+ncclDataType_t nccl_type(DType dt) { return dt == DType::F32 ? ncclFloat32 : ncclBfloat16; }
+
+}  // namespace
+
+void require() {}  // this binary has NCCL
+
+void* create(MPI_Comm group, int group_rank, int group_size) {
+  ncclUniqueId id;
+  if (group_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, group);
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRank(&comm, group_size, id, group_rank);
+  if (r != ncclSuccess)
+    FATAL("NCCL: cannot create a communicator of %d ranks: %s (%s). NCCL needs one GPU per rank; "
+          "when several ranks share a GPU use [parallel] backend = \"mpi\"",
+          group_size, ncclGetErrorString(r), ncclGetLastError(nullptr));
+  return comm;
+}
+
+void destroy(void* nccl) { NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl))); }
+
+void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
+  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, handle(c), cuda_stream(s)));
+}
+
+void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                        ops::Stream s) {
+  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dt), ncclSum, handle(c),
+                               cuda_stream(s)));
+}
+
+void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                ops::Stream s) {
+  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dt), handle(c), cuda_stream(s)));
+}
+
+void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
+  NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, handle(c), cuda_stream(s)));
+}
+
+void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
+  NCCL_CHECK(ncclSend(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
+}
+
+void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
+  NCCL_CHECK(ncclRecv(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
+}
+
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
+  const size_t block = count * dtype_size(dt);
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  ncclComm_t comm = handle(c);
+  NCCL_CHECK(ncclGroupStart());
+  for (int peer = 0; peer < c.size; ++peer) {
+    NCCL_CHECK(ncclSend(in + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
+    NCCL_CHECK(ncclRecv(out + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+}
+
+}  // namespace comm_nccl

@@ -1,0 +1,56 @@
+// parallel/ddp.cu - distributed data parallel: every rank a full replica, gradients averaged.
+//
+// The idea. Each of the dp ranks runs the same model on a different slice of the global batch,
+// so each holds the gradient of its own slice. The gradient of the global batch is their sum
+// (the loss is scaled by 1/(global batch) before the backward, so a sum is the mean):
+//
+//     g = sum_r g_r          one all-reduce over the dp group, per step
+//
+// after which every rank applies the same AdamW update to the same weights, and the replicas
+// stay identical without ever exchanging weights.
+//
+// Who talks to whom: all dp ranks, in a ring (NCCL) or whatever MPI picks. Bytes per step: one
+// all-reduce of the fp32 gradients, 4*N bytes of payload, of which a ring puts 2(dp-1)/dp on the
+// wire per rank.
+//
+// Overlap. The gradients are reduced in buckets - one per unit (a transformer block, or the
+// root: embeddings + final LayerNorm) - and a bucket is launched on the comm stream the moment
+// the backward of its unit is done, so the all-reduce of block l runs while blocks l-1 ... 0
+// compute their backward. With gradient accumulation only the last micro-step reduces; the
+// earlier ones accumulate locally (PyTorch's no_sync).
+//
+//   compute  |bwd L|bwd L-1|bwd L-2| ... |bwd 0|emb|        |optimizer
+//   comm           |AR L   |AR L-1 | ...       |AR 0|AR root|
+#include "parallel/param_store.h"
+
+void ddp_init(ParamStore& st) {
+  for (UnitState& us : st.units) {
+    us.grad_full = us.grad;
+    if (st.dt == DType::F32) {
+      us.params = us.master;  // fp32: the working copy is the master itself
+    } else {
+      us.params = ops::alloc(us.numel * dtype_size(st.dt));
+      st.state_bytes += us.numel * dtype_size(st.dt);
+    }
+    us.reduce_done = ops::event_create();
+  }
+}
+
+void ddp_destroy(ParamStore& st) {
+  for (UnitState& us : st.units) {
+    if (us.params != (void*)us.master) ops::release(us.params);
+    ops::event_destroy(us.reduce_done);
+  }
+}
+
+void* ddp_params_acquire(ParamStore& st, int unit) { return st.units[unit].params; }
+
+float* ddp_grads_acquire(ParamStore& st, int unit) { return st.units[unit].grad; }
+
+void ddp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
+  if (!last_micro_step) return;
+  UnitState& us = st.units[unit];
+  ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
+  ops::stream_wait_event(st.comm, us.reduce_done);
+  all_reduce_sum(*st.dp, us.grad, us.numel, DType::F32, st.comm);
+}

@@ -1,0 +1,168 @@
+// parallel/fsdp.cu - Fully Sharded Data Parallel (ZeRO-3): each of the dp ranks keeps 1/dp of
+// every weight, gradient and optimizer moment, and sees a full layer only while computing it.
+//
+// The idea. Data parallelism replicates the model: with N parameters, every rank holds the fp32
+// weights, gradients and both Adam moments, 16N bytes, however many ranks there are. But a rank
+// needs the full weights of a layer only while that layer runs, and the optimizer update is
+// elementwise, so each rank can own one slice (a shard) of everything and borrow the rest:
+//
+//   forward, layer l:   all-gather layer l's weights from all shards -> compute -> free them
+//   backward, layer l:  all-gather again -> compute -> free; reduce-scatter the layer's
+//                       gradient so that each rank receives the summed gradient of its shard
+//   step:               AdamW on the shard only (fp32 master, m, v of N/dp elements)
+//
+// Who holds what, per rank (dp ranks, N parameters, compute dtype of b bytes):
+//   always:      fp32 master, m, v and gradient of its shard: 16N/dp bytes (+ bN/dp working copy
+//                of the shard in bf16 mode; in fp32 the master is the working copy)
+//   transiently: the root unit (embeddings + final LayerNorm) in full from the start of the
+//                forward to the end of the backward (the tied embedding is used at both ends),
+//                two block-sized weight buffers (the block computing + the one being fetched) and
+//                two block-sized fp32 gradient buffers (the block computing + the one being
+//                reduce-scattered).
+// Shards are flat and padded: a unit's buffer is padded to a multiple of dp*64 elements and
+// rank r owns the r-th equal slice, regardless of tensor boundaries (parallel/param_store.cu).
+//
+// Who talks to whom: all ranks of the dp group. Bytes per micro-batch, fp32, ring algorithms,
+// per rank on the wire: all-gather (dp-1)/dp * 4N forward, the same in the backward (the root
+// is not gathered twice), reduce-scatter (dp-1)/dp * 4N: about 3 * (dp-1)/dp * 4N against DDP's
+// all-reduce of 2 * (dp-1)/dp * 4N, i.e. 1.5x DDP. In bf16 the gathers move bf16 weights
+// (half the bytes) while gradients are reduced in fp32.
+//
+// Overlap. Collectives run on a second stream. When the model acquires unit u, the gather of the
+// next unit (u+1 in the forward, u-1 in the backward) is started at once, so it runs while u
+// computes; the reduce-scatter of u's gradient starts as soon as u's backward is queued:
+//
+//   compute  |emb|blk 0 |blk 1 |blk 2 | ... |head|  |bwd 2 |bwd 1 |bwd 0 |emb|
+//   comm     |AG 1|AG 2  |AG 3  |            ...|AG 2|AG 1  |AG 0  |
+//                                                     |RS 2  |RS 1  |RS 0|RS root|
+//
+// Ordering without host waits: a gather waits (on the comm stream) for everything queued on
+// the compute stream before it was issued - which includes the optimizer step that produced
+// the shard and the last use of the buffer it overwrites - and the compute stream waits for
+// the gather's event before the unit's kernels. On the CPU backend all of this is synchronous.
+#include "parallel/param_store.h"
+
+#include <algorithm>
+
+static const int kPoolSlots = 2;
+
+static int take_slot(std::vector<int>& owner, int unit) {
+  for (size_t i = 0; i < owner.size(); i++)
+    if (owner[i] < 0) {
+      owner[i] = unit;
+      return (int)i;
+    }
+  FATAL("FSDP: no free buffer for unit %d: units must be acquired and released in order", unit);
+}
+
+void fsdp_init(ParamStore& st) {
+  const size_t elem = dtype_size(st.dt);
+  size_t largest_block = 0, largest_shard = 0;
+  for (size_t u = 0; u < st.units.size(); u++) {
+    UnitState& us = st.units[u];
+    if (st.dt == DType::F32) {
+      us.param_shard = us.master;
+    } else {
+      us.param_shard = ops::alloc(us.shard_numel * elem);
+      st.state_bytes += us.shard_numel * elem;
+    }
+    us.gather_done = ops::event_create();
+    us.reduce_done = ops::event_create();
+    if (u > 0) largest_block = std::max(largest_block, us.padded_numel);
+    largest_shard = std::max(largest_shard, us.shard_numel);
+  }
+  UnitState& root = st.units[0];  // the root keeps its own buffers
+  root.params = ops::alloc(root.padded_numel * elem);
+  root.grad_full = (float*)ops::alloc(root.padded_numel * sizeof(float));
+  for (int i = 0; i < kPoolSlots; i++) {
+    st.gather_pool.push_back(ops::alloc(largest_block * elem));
+    st.gather_owner.push_back(-1);
+    st.grad_pool.push_back((float*)ops::alloc(largest_block * sizeof(float)));
+    st.grad_owner.push_back(-1);
+    st.grad_slot_reduced.push_back(ops::event_create());
+  }
+  st.reduce_scratch = (float*)ops::alloc(largest_shard * sizeof(float));
+  st.issue_point = ops::event_create();
+}
+
+void fsdp_destroy(ParamStore& st) {
+  for (UnitState& us : st.units) {
+    if (us.param_shard != us.master) ops::release(us.param_shard);
+    ops::event_destroy(us.gather_done);
+    ops::event_destroy(us.reduce_done);
+  }
+  ops::release(st.units[0].params);
+  ops::release(st.units[0].grad_full);
+  for (int i = 0; i < kPoolSlots; i++) {
+    ops::release(st.gather_pool[i]);
+    ops::release(st.grad_pool[i]);
+    ops::event_destroy(st.grad_slot_reduced[i]);
+  }
+  ops::release(st.reduce_scratch);
+  ops::event_destroy(st.issue_point);
+}
+
+// The comm stream waits for all work queued so far on the compute stream.
+static void comm_after_compute(ParamStore& st) {
+  ops::event_record(st.issue_point, st.compute);
+  ops::stream_wait_event(st.comm, st.issue_point);
+}
+
+// Starts the all-gather of unit u's weights into its buffer (no-op if already under way).
+static void start_gather(ParamStore& st, int u) {
+  UnitState& us = st.units[u];
+  if (us.gathered) return;
+  if (u > 0) {
+    us.gather_slot = take_slot(st.gather_owner, u);
+    us.params = st.gather_pool[us.gather_slot];
+  }
+  comm_after_compute(st);
+  all_gather(*st.dp, us.param_shard, us.params, us.shard_numel, st.dt, st.comm);
+  ops::event_record(us.gather_done, st.comm);
+  us.gathered = true;
+}
+
+void* fsdp_params_acquire(ParamStore& st, int unit, Phase phase) {
+  UnitState& us = st.units[unit];
+  start_gather(st, unit);
+  ops::stream_wait_event(st.compute, us.gather_done);
+  const int next = phase == Phase::Forward ? unit + 1 : unit - 1;
+  if (next >= 1 && next < (int)st.units.size()) start_gather(st, next);  // prefetch
+  return us.params;
+}
+
+void fsdp_params_release(ParamStore& st, int unit, Phase phase) {
+  UnitState& us = st.units[unit];
+  us.gathered = false;
+  if (unit == 0) return;  // the root's buffer is its own
+  st.gather_owner[us.gather_slot] = -1;
+  us.gather_slot = -1;
+  us.params = nullptr;
+}
+
+float* fsdp_grads_acquire(ParamStore& st, int unit) {
+  UnitState& us = st.units[unit];
+  if (unit > 0) {
+    us.grad_slot = take_slot(st.grad_owner, unit);
+    us.grad_full = st.grad_pool[us.grad_slot];
+    // the previous reduce-scatter out of this buffer must be done before we overwrite it
+    ops::stream_wait_event(st.compute, st.grad_slot_reduced[us.grad_slot]);
+  }
+  ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
+  return us.grad_full;
+}
+
+// Reduce-scatter the unit's full gradient; each rank adds the sum of its shard to its
+// accumulated shard gradient (gradient accumulation over micro-steps happens on shards).
+void fsdp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
+  UnitState& us = st.units[unit];
+  comm_after_compute(st);
+  reduce_scatter_sum(*st.dp, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
+                     st.comm);
+  ops::add_inplace(us.grad, st.reduce_scratch, us.shard_numel, st.comm);
+  if (unit == 0) return;
+  ops::event_record(st.grad_slot_reduced[us.grad_slot], st.comm);
+  st.grad_owner[us.grad_slot] = -1;
+  us.grad_slot = -1;
+  us.grad_full = nullptr;
+}

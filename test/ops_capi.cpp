@@ -1,0 +1,104 @@
+// test/ops_capi.cpp - a C interface to the CPU backend for Python's ctypes (test/test_ops.py).
+//
+// Each op_<name> forwards to ops::<name> with the same arguments, except that the dtype is an int
+// (0 = fp32, 1 = bf16) and the stream is implicit: one stream, created on first use (a
+// function-local static) and never destroyed. Tensors are raw host pointers (numpy buffers).
+// op_set_num_threads sets the OpenMP thread count, so that the test can check that results are
+// bitwise the same on 1 and 2 threads.
+#include <omp.h>
+
+#include "kernels/ops.h"
+
+namespace {
+ops::Stream test_stream() {
+  static ops::Stream stream = ops::stream_create(StreamOptions{});
+  return stream;
+}
+DType dtype_of(int dt) { return dt == 0 ? DType::F32 : DType::BF16; }
+}  // namespace
+
+extern "C" {
+
+void op_set_num_threads(int n) { omp_set_num_threads(n); }
+int op_get_max_threads() { return omp_get_max_threads(); }
+const char* op_backend_name() { return ops::backend_name(); }
+
+void* op_alloc(size_t bytes) { return ops::alloc(bytes); }
+void op_release(void* p) { ops::release(p); }
+size_t op_memory_in_use() { return ops::memory_in_use(); }
+size_t op_memory_peak() { return ops::memory_peak(); }
+
+void op_encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B,
+                        int T, int C, int dt) {
+  ops::encoder_forward(out, tokens, wte, wpe, B, T, C, dtype_of(dt), test_stream());
+}
+void op_encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B,
+                         int T, int C, int dt) {
+  ops::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, dtype_of(dt), test_stream());
+}
+
+void op_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
+                          const void* weight, const void* bias, int N, int C, int dt) {
+  ops::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, dtype_of(dt), test_stream());
+}
+void op_layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
+                           const void* inp, const void* weight, const float* mean,
+                           const float* rstd, int N, int C, int dt) {
+  ops::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dtype_of(dt),
+                          test_stream());
+}
+
+void op_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
+                       const void* bias, const void* residual, int N, int C, int OC, int dt) {
+  ops::matmul_forward(out, pre_gelu, inp, weight, bias, residual, N, C, OC, dtype_of(dt),
+                      test_stream());
+}
+void op_matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
+                        const void* inp, const void* weight, const void* gelu_input, int N, int C,
+                        int OC, int dt) {
+  ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, gelu_input, N, C, OC,
+                       dtype_of(dt), test_stream());
+}
+
+void op_gelu_forward(void* out, const void* inp, size_t n, int dt) {
+  ops::gelu_forward(out, inp, n, dtype_of(dt), test_stream());
+}
+void op_gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, int dt) {
+  ops::gelu_backward(dinp, inp, dout, n, dtype_of(dt), test_stream());
+}
+
+void op_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+                          int dt) {
+  ops::attention_forward(out, lse, qkv, B, T, NH, HS, dtype_of(dt), test_stream());
+}
+void op_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                           const float* lse, int B, int T, int NH, int HS, int dt) {
+  ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, dtype_of(dt), test_stream());
+}
+
+void op_classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
+                                    int N, int V, int Vp, int dt) {
+  ops::classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp, dtype_of(dt),
+                                   test_stream());
+}
+
+void op_adamw_update(float* master, void* param_out, const float* grad, float* m, float* v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                     float grad_scale, int t, int param_dt) {
+  AdamWStep step{lr, beta1, beta2, eps, weight_decay, grad_scale, t};
+  ops::adamw_update(master, param_out, grad, m, v, n, step, dtype_of(param_dt), test_stream());
+}
+void op_sum_squares_accumulate(float* out, const float* x, size_t n) {
+  ops::sum_squares_accumulate(out, x, n, test_stream());
+}
+void op_sum_accumulate(float* out, const float* x, size_t n, float scale) {
+  ops::sum_accumulate(out, x, n, scale, test_stream());
+}
+void op_add_inplace(float* dst, const float* src, size_t n) {
+  ops::add_inplace(dst, src, n, test_stream());
+}
+void op_cast(void* dst, int dst_dt, const void* src, int src_dt, size_t n) {
+  ops::cast(dst, dtype_of(dst_dt), src, dtype_of(src_dt), n, test_stream());
+}
+
+}  // extern "C"

@@ -1,0 +1,411 @@
+#!/usr/bin/python3
+"""test/test_config.py - the config loader (model/config.cu) end to end, through a binary.
+
+Runs the binary named by env CONFIG_BIN (default ./train_cpu; may hold extra words, e.g.
+"mpirun -n 1 ./train_cpu") as [bin..., config.toml, overrides..., "--check-config"] on configs
+generated in a temp dir (with tiny llm.c token shards for the globs and tiny llm.c model files for
+[init] from), at world size 1 (env WORLD_SIZE=1 for the stand-in driver test/config_main.cpp).
+
+Every error case asserts: exit status > 0 (an error, not a crash), the message names the key,
+and its file:line:col with the right line (or the override text). The good configs assert exit
+status 0, that the printed resolved TOML parses (tomllib) to exactly the expected keys and values
+(defaults from model/config.h, the file, the overrides; floats compared as float32), and that
+feeding the printed text back in prints the same text again (round trip).
+"""
+import os
+import shlex
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+BIN = shlex.split(os.environ.get("CONFIG_BIN", "./train_cpu"))
+FAILURES = []
+CHECKS = [0]
+
+# The defaults of model/config.h; "model" keys have none (required unless [init] from).
+DEFAULTS = {
+    "model": {},
+    "init": {"from": ""},
+    "data": {"train": None, "val": "", "shuffle": False, "tokenizer": ""},
+    "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
+              "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
+              "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none"},
+    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "fsdp": False, "backend": ""},
+    "precision": {"compute": "fp32"},
+    "kernels": {"attention": "auto"},
+    "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": ""},
+    "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
+            "sample_tokens": 64, "peak_tflops": 0.0},
+}
+MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]
+FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps"}
+
+
+def check(ok, what):
+    CHECKS[0] += 1
+    if not ok:
+        FAILURES.append(what)
+        print("FAIL:", what)
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Files: llm.c token shards and model files
+
+
+def write_shard(path, ntok=64):
+    header = [0] * 256
+    header[0:3] = [20240520, 1, ntok]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header) + struct.pack(f"<{ntok}H", *range(ntok)))
+
+
+def write_model(path, L=2, NH=2, C=8, maxT=16, V=100, version=3, magic=20240326, cut=0):
+    Vp = (V + 127) // 128 * 128
+    params = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+    header = [0] * 256
+    header[0:8] = [magic, version, maxT, V, L, NH, C, Vp]
+    body = bytes(params * (4 if version == 3 else 2))
+    with open(path, "wb") as f:
+        f.write((struct.pack("<256i", *header) + body)[: len(body) + 1024 - cut])
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs: a base config, edited per case; the positions of every key are returned
+
+
+def base_sections(tmp):
+    return [
+        ("model", [("n_layer", "2"), ("n_head", "2"), ("d_model", "8"), ("seq_len", "16"),
+                   ("vocab_size", "100")]),
+        ("data", [("train", f'"{tmp}/train_*.bin"')]),
+        ("train", [("steps", "10"), ("lr", "1e-3")]),
+    ]
+
+
+def render(sections, edits=None, head=""):
+    """edits: {"section.key": value text, or None to delete}; new keys/sections are appended.
+    Returns (text, {"section.key": (line, key_col, value_col)}, {"section": line})."""
+    sections = [(s, list(kv)) for s, kv in sections]
+    for dotted, value in (edits or {}).items():
+        sec, key = dotted.split(".", 1)
+        entry = next((kv for s, kv in sections if s == sec), None)
+        if entry is None:
+            entry = []
+            sections.append((sec, entry))
+        idx = next((i for i, (k, _) in enumerate(entry) if k == key), None)
+        if value is None:
+            entry.pop(idx)
+        elif idx is None:
+            entry.append((key, value))
+        else:
+            entry[idx] = (key, value)
+    lines = head.splitlines()
+    keys, headers = {}, {}
+    for sec, kv in sections:
+        lines.append(f"[{sec}]")
+        headers[sec] = len(lines)
+        for key, value in kv:
+            line = f"{key} = {value}"
+            lines.append(line)
+            keys[f"{sec}.{key}"] = (len(lines), 1, line.index("= ") + 3)
+        lines.append("")
+    return "\n".join(lines) + "\n", keys, headers
+
+
+class Case:
+    counter = [0]
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+
+    def write(self, text):
+        Case.counter[0] += 1
+        path = os.path.join(self.tmp, f"case{Case.counter[0]}.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+def run(path, overrides=()):
+    env = dict(os.environ, WORLD_SIZE="1")
+    p = subprocess.run(BIN + [path, *overrides, "--check-config"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_error(name, path, overrides=(), names=(), at=()):
+    """`names`: strings the message must contain; `at`: (line, col) or (line,) locations in
+    `path` the message must give."""
+    rc, _, err = run(path, overrides)
+    check(rc > 0, f"{name}: expected an error exit, got status {rc}\n{err}")
+    for s in names:
+        check(s in err, f"{name}: message does not name {s!r}:\n{err}")
+    for loc in at:
+        want = f"{path}:" + ":".join(str(x) for x in loc) + (":" if len(loc) == 1 else "")
+        check(want in err, f"{name}: message does not give the location {want}:\n{err}")
+
+
+def expect_good(name, path, overrides=(), expected=None):
+    """Exit 0; the printed TOML has every key with the expected values; it round-trips."""
+    rc, out, err = run(path, overrides)
+    check(rc == 0, f"{name}: exit status {rc}\n{err}")
+    if rc != 0:
+        return None
+    try:
+        got = tomllib.loads(out)
+    except tomllib.TOMLDecodeError as e:
+        check(False, f"{name}: printed config is not TOML ({e}):\n{out}")
+        return None
+    for sec, keys in DEFAULTS.items():
+        want_keys = set(MODEL_KEYS) if sec == "model" else set(keys)
+        check(set(got.get(sec, {})) == want_keys,
+              f"{name}: [{sec}] printed keys {sorted(got.get(sec, {}))} != {sorted(want_keys)}")
+    check(list(got) == list(DEFAULTS), f"{name}: section order {list(got)}")
+    for dotted, want in (expected or {}).items():
+        sec, key = dotted.split(".")
+        have = got.get(sec, {}).get(key)
+        if key in FLOAT32_KEYS:
+            same = isinstance(have, float) and f32(have) == f32(want)
+        else:
+            same = have == want and type(have) is type(want)
+        check(same, f"{name}: [{sec}] {key} = {have!r}, expected {want!r}")
+    resolved = os.path.join(os.path.dirname(path), f"resolved_{os.path.basename(path)}")
+    with open(resolved, "w") as f:
+        f.write(out)
+    rc2, out2, err2 = run(resolved)
+    check(rc2 == 0 and out2 == out, f"{name}: the printed config does not round-trip "
+          f"(status {rc2}):\n{err2}\n--- first ---\n{out}\n--- again ---\n{out2}")
+    return got
+
+
+def full_expected(overrides):
+    """Every key's expected value: the defaults with `overrides` ({"section.key": value})."""
+    want = {f"{s}.{k}": v for s, kv in DEFAULTS.items() for k, v in kv.items() if v is not None}
+    want["parallel.backend"] = "mpi"  # ./train_cpu's default, and the stand-in driver's
+    want.update(overrides)
+    return want
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases
+
+
+def good_cases(tmp):
+    c = Case(tmp)
+    secs = base_sections(tmp)
+    text, _, _ = render(secs)
+    path = c.write(text)
+    # Awkward floats (many digits) catch a resolved text that rounds them.
+    overrides = ["--train.lr=6.12345e-4", "--data.shuffle=true", "--checkpoint.dir=out/run",
+                 "--train.seed=42", '--log.metrics="m.jsonl"', "--parallel.fsdp=true",
+                 "--train.recompute=gelu", "--log.peak_tflops=989.4321987654321",
+                 "--train.min_lr=3e-5", "--train.beta2=0.987654", "--train.steps=20",
+                 f"--data.val={tmp}/val_*.bin",
+                 "--log.val_every=5", "--checkpoint.resume=latest", "--train.eps=1e-10",
+                 "--precision.compute=bf16", "--kernels.attention=flash", "--train.grad_clip=0"]
+    want = full_expected({
+        "model.n_layer": 2, "model.n_head": 2, "model.d_model": 8, "model.seq_len": 16,
+        "model.vocab_size": 100, "data.train": f"{tmp}/train_*.bin", "train.lr": 6.12345e-4,
+        "data.shuffle": True, "checkpoint.dir": "out/run", "train.seed": 42,
+        "log.metrics": "m.jsonl", "parallel.fsdp": True, "train.recompute": "gelu",
+        "log.peak_tflops": 989.4321987654321, "train.min_lr": 3e-5, "train.beta2": 0.987654,
+        "train.steps": 20,
+        "data.val": f"{tmp}/val_*.bin", "log.val_every": 5, "checkpoint.resume": "latest",
+        "train.eps": 1e-10, "precision.compute": "bf16", "kernels.attention": "flash",
+        "train.grad_clip": 0.0})
+    expect_good("good config + overrides (fsdp with dp=1 is a no-op)", path, overrides, want)
+
+    # An integer literal is fine for a float key; every key set in the file; odd strings.
+    text, _, _ = render(secs, {"train.lr": "1", "train.weight_decay": "0.1",
+                               "data.tokenizer": r'"tok \"q\" \\ é.bin"',
+                               "parallel.backend": '"nccl"', "checkpoint.keep": "1"})
+    got = expect_good("integer literal for a float key", c.write(text), (), {
+        "train.lr": 1.0, "train.weight_decay": 0.1, "data.tokenizer": 'tok "q" \\ é.bin',
+        "parallel.backend": "nccl", "checkpoint.keep": 1})
+
+    # [init] from gives the shape (fp32 v3 and bf16 v5 files); given keys that agree are fine.
+    for version in (3, 5):
+        model = os.path.join(tmp, f"model_v{version}.bin")
+        write_model(model, L=3, NH=4, C=16, maxT=32, V=300, version=version)
+        text, _, _ = render(secs, {f"model.{k}": None for k in MODEL_KEYS} |
+                            {"init.from": f'"{model}"'})
+        expect_good(f"shape from an llm.c v{version} model file", c.write(text), (), {
+            "model.n_layer": 3, "model.n_head": 4, "model.d_model": 16, "model.seq_len": 32,
+            "model.vocab_size": 300, "init.from": model})
+        text, _, _ = render(secs, {"model.n_layer": "3", "model.n_head": None,
+                                   "model.d_model": "16", "model.seq_len": None,
+                                   "model.vocab_size": "300", "init.from": f'"{model}"'})
+        expect_good(f"agreeing [model] keys with a v{version} model file", c.write(text), (),
+                    {"model.n_layer": 3, "model.n_head": 4})
+
+
+def file_error_cases(tmp):
+    c = Case(tmp)
+    secs = base_sections(tmp)
+
+    def case(name, edits, names, key=None, col="value", head=""):
+        text, keys, _ = render(secs, edits, head)
+        path = c.write(text)
+        at = ()
+        if key:
+            line, key_col, value_col = keys[key]
+            at = ((line, value_col if col == "value" else key_col),)
+        expect_error(name, path, (), names, at)
+
+    # Parse errors: toml::parse_error's description and line:col.
+    text, keys, _ = render(secs, {"train.lr": "= 3"})
+    expect_error("parse error", c.write(text), (), ["TOML parse error"], ((keys["train.lr"][0],),))
+    text, keys, _ = render(secs)
+    text = text.replace("lr = 1e-3\n", "lr = 1e-3\nlr = 2e-3\n")
+    expect_error("duplicate key", c.write(text), (), ["lr"], ((keys["train.lr"][0] + 1,),))
+
+    # Unknown sections and keys, wrong types.
+    text, _, headers = render(secs, {"trian.lr": "1"})
+    expect_error("unknown section", c.write(text), (), ["[trian]", "unknown section"],
+                 ((headers["trian"], 2),))
+    text, _, _ = render(secs, head="lr = 1")
+    expect_error("key outside any section", c.write(text), (), ["'lr'", "outside"], ((1, 1),))
+    text, _, _ = render(secs, head="precision = 5")
+    expect_error("section that is not a table", c.write(text), (), ["[precision]", "table"],
+                 ((1, 1),))
+    case("unknown key", {"train.lrr": "1"}, ["lrr", "[train]", "unknown key"], "train.lrr", "key")
+    case("sub-table in a section", {"train.opt": "{ a = 1 }"}, ["'opt'"], "train.opt", "key")
+    case("int for a string key", {"precision.compute": "16"}, ["compute", "expects a string"],
+         "precision.compute")
+    case("float for an int key", {"train.steps": "10.5"}, ["steps", "expects an integer"],
+         "train.steps")
+    case("string for a float key", {"train.lr": '"abc"'}, ["lr", "expects a number"], "train.lr")
+    case("int for a bool key", {"data.shuffle": "1"}, ["shuffle", "true or false"], "data.shuffle")
+    case("array for an int key", {"parallel.dp": "[1, 2]"}, ["dp", "an array"], "parallel.dp")
+    case("int out of range", {"train.steps": "3000000000"}, ["steps", "out of range"],
+         "train.steps")
+    case("negative seed", {"train.seed": "-1"}, ["seed", "out of range"], "train.seed")
+    case("nan lr", {"train.lr": "nan"}, ["lr", "finite"], "train.lr")
+    case("float overflow", {"train.eps": "1e300"}, ["eps", "out of range"], "train.eps")
+
+    # Missing required keys.
+    case("missing [data] train", {"data.train": None}, ["missing", "[data] train"])
+    case("missing [train] steps", {"train.steps": None}, ["missing", "[train] steps"])
+    case("missing [model] d_model", {"model.d_model": None}, ["missing", "[model] d_model"])
+
+    # Impossible values.
+    for key, value in [("model.n_layer", "0"), ("model.seq_len", "-4"), ("model.vocab_size", "0"),
+                       ("train.micro_batch", "0"), ("train.grad_accum", "0"),
+                       ("train.steps", "-1"), ("parallel.tp", "0"), ("log.every", "0")]:
+        case(f"non-positive {key}", {key: value}, [key.split(".")[1], "must be positive"], key)
+    for key, value in [("train.lr", "-1e-3"), ("train.grad_clip", "-1"),
+                       ("train.weight_decay", "-0.1"), ("train.warmup_steps", "-5"),
+                       ("log.peak_tflops", "-1.0")]:
+        case(f"negative {key}", {key: value}, [key.split(".")[1], ">= 0"], key)
+    case("beta1 = 1", {"train.beta1": "1.0"}, ["beta1", "[0, 1)"], "train.beta1")
+    case("beta2 < 0", {"train.beta2": "-0.1"}, ["beta2", "[0, 1)"], "train.beta2")
+    case("eps = 0", {"train.eps": "0"}, ["eps", "> 0"], "train.eps")
+    case("keep = 0", {"checkpoint.keep": "0"}, ["keep", ">= 1"], "checkpoint.keep")
+    text, keys, _ = render(secs, {"model.n_head": "3"})
+    expect_error("n_head does not divide d_model", c.write(text), (), ["n_head", "d_model"],
+                 ((keys["model.n_head"][0], keys["model.n_head"][2]),
+                  (keys["model.d_model"][0], keys["model.d_model"][2])))
+    text, keys, _ = render(secs, {"train.min_lr": "0.01"})
+    expect_error("min_lr > lr", c.write(text), (), ["min_lr", "[train] lr"],
+                 ((keys["train.min_lr"][0], keys["train.min_lr"][2]),
+                  (keys["train.lr"][0], keys["train.lr"][2])))
+    for key, value, allowed in [
+            ("train.lr_schedule", '"linear"', '"cosine", "constant"'),
+            ("train.recompute", '"all"', '"none", "gelu", "block"'),
+            ("precision.compute", '"fp16"', '"fp32", "bf16"'),
+            ("kernels.attention", '"xformers"', '"auto", "flash", "cudnn"'),
+            ("parallel.backend", '"gloo"', '"nccl", "mpi", ""')]:
+        case(f"unknown {key}", {key: value}, [key.split(".")[1], allowed], key)
+    text, keys, _ = render(secs, {"parallel.tp": "2", "parallel.pp": "3"})
+    expect_error("degrees vs world size", c.write(text), (),
+                 ["dp = 1", "tp = 2", "pp = 3", "cp = 1", "world size 1"],
+                 ((keys["parallel.tp"][0], keys["parallel.tp"][2]),
+                  (keys["parallel.pp"][0], keys["parallel.pp"][2])))
+    case("ep does not divide dp*cp", {"parallel.ep": "2"}, ["ep = 2", "dp*cp"], "parallel.ep")
+    case("train glob matches nothing", {"data.train": f'"{tmp}/nothing_*.bin"'},
+         ["[data] train", f"{tmp}/nothing_*.bin", "matches no file"], "data.train")
+    case("val glob matches nothing", {"data.val": f'"{tmp}/nothing_*.bin"'},
+         ["[data] val", "matches no file"], "data.val")
+    case("val_every without val", {"log.val_every": "5"}, ["val_every", "[data] val"],
+         "log.val_every")
+    case("resume latest without dir", {"checkpoint.resume": '"latest"'}, ["resume", "dir"],
+         "checkpoint.resume")
+    case("resume path missing", {"checkpoint.resume": f'"{tmp}/no_such_ckpt"'},
+         ["resume", "no_such_ckpt"], "checkpoint.resume")
+
+
+def model_file_cases(tmp):
+    c = Case(tmp)
+    secs = base_sections(tmp)
+    no_model = {f"model.{k}": None for k in MODEL_KEYS}
+    files = {
+        "missing": (os.path.join(tmp, "absent.bin"), None, "cannot open"),
+        "bad magic": (os.path.join(tmp, "magic.bin"), dict(magic=20240520), "magic"),
+        "bad version": (os.path.join(tmp, "version.bin"), dict(version=4), "version 4"),
+        "truncated": (os.path.join(tmp, "cut.bin"), dict(cut=100), "bytes"),
+        "short header": (os.path.join(tmp, "short.bin"), dict(cut=12000), "shorter"),
+    }
+    for name, (path, kwargs, says) in files.items():
+        if kwargs is not None:
+            write_model(path, **kwargs)
+        text, keys, _ = render(secs, no_model | {"init.from": f'"{path}"'})
+        expect_error(f"model file {name}", c.write(text), (), ["[init] from", path, says],
+                     ((keys["init.from"][0], keys["init.from"][2]),))
+    good = os.path.join(tmp, "model.bin")
+    write_model(good, L=2, NH=2, C=8, maxT=16, V=100)
+    text, keys, _ = render(secs, {"model.n_layer": "3", "init.from": f'"{good}"'})
+    expect_error("[model] disagrees with the model file", c.write(text), (),
+                 ["n_layer=2", "n_layer=3", good],
+                 ((keys["model.n_layer"][0], keys["model.n_layer"][2]),))
+
+
+def override_error_cases(tmp):
+    c = Case(tmp)
+    text, _, _ = render(base_sections(tmp))
+    path = c.write(text)
+    missing = os.path.join(tmp, "no_such_config.toml")
+    expect_error("missing config file", missing, (), [missing, "cannot read"])
+    for arg, names in [
+            ("--train.lr=abc", ["lr", "not a TOML value"]),
+            ("--train.steps=1.5", ["steps", "expects an integer"]),
+            ('--train.lr="x"', ["lr", "expects a number"]),
+            ("--data.shuffle=yes", ["shuffle", "true or false"]),
+            ("--train.lrr=1", ["unknown key", "lrr"]),
+            ("--trian.lr=1", ["unknown section", "trian"]),
+            ("--trainlr=1", ["malformed"]),
+            ("--train.lr", ["malformed"]),
+            ("train.lr=1", ["malformed"]),
+            ("--train.lr=-1", ["lr", ">= 0"]),
+            ("--train.min_lr=0.1", ["min_lr", "[train] lr"]),
+            ("--parallel.dp=2", ["dp = 2", "world size 1"]),
+            ("--precision.compute=fp8", ['"fp32", "bf16"']),
+            ("--data.train=/nonexistent/*.bin", ["matches no file"]),
+            ("--train.micro_batch=0", ["micro_batch", "must be positive"])]:
+        expect_error(f"override {arg}", path, [arg], names + [arg])
+
+
+def main():
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(3):
+            write_shard(os.path.join(tmp, f"train_{i:03d}.bin"))
+        write_shard(os.path.join(tmp, "val_000.bin"))
+        good_cases(tmp)
+        file_error_cases(tmp)
+        model_file_cases(tmp)
+        override_error_cases(tmp)
+    took = time.time() - start
+    print(f"test_config: {CHECKS[0] - len(FAILURES)}/{CHECKS[0]} checks passed "
+          f"({Case.counter[0]} configs, {took:.1f} s, binary: {' '.join(BIN)})")
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()

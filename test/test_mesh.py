@@ -1,0 +1,187 @@
+#!/usr/bin/python3
+"""test/test_mesh.py - the communicator and the device mesh under mpirun, through test_comm.
+
+Drives the binaries built from test/test_comm.cpp (see its header for the modes):
+  <build>/test_comm              CPU backend buffers (MPI reads the caller's buffers)
+  <build>/test_comm_fake_device  a pretend GPU: the MPI backend must stage through host memory
+<build> is the first argument, else env BUILD, else "build".
+
+Checks:
+  - the full suite (every layout, every collective on every axis, fp32 and bf16, exact values,
+    groups, coordinates, counters, printed summary) at 1, 2, 3 and 4 ranks: exit 0, "0 failures"
+    and a plausible number of checks; the staged variant at 2 ranks;
+  - failure handling at 3 ranks: rank 1 calls FATAL, throws, or SIGKILLs itself while the others
+    wait in an all-reduce: mpirun exits non-zero within 60 s and the output names rank 1;
+  - mesh_validate's message for each rule (test_comm validate ...), and mesh_init's handling of a
+    bad layout (message printed once, by rank 0, non-zero exit) and of backend = nccl in a binary
+    built without NCCL.
+The whole file takes about 20 s on 2 cores.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("BUILD", "build")
+TEST_COMM = os.path.join(BUILD, "test_comm")
+FAKE_DEVICE = os.path.join(BUILD, "test_comm_fake_device")
+# Root in a container needs --allow-run-as-root; 4 ranks on 2 cores need --oversubscribe, and
+# waiting ranks should yield the core instead of busy-polling (REFERENCE.md section 14).
+MPIRUN = ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+if os.geteuid() == 0:
+    MPIRUN.insert(1, "--allow-run-as-root")
+FAILURES = []
+CHECKS = [0]
+
+
+def check(ok, what, output=""):
+    CHECKS[0] += 1
+    if not ok:
+        FAILURES.append(what)
+        print("FAIL:", what)
+        if output:
+            print("  " + output.strip().replace("\n", "\n  ")[-3000:])
+
+
+def run(cmd, timeout):
+    """Runs cmd in its own process group; returns (exit status or None on timeout, output, s)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out, time.monotonic() - start
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpirun and every rank it started
+        out, _ = proc.communicate()
+        return None, out, time.monotonic() - start
+
+
+def mpi(np, *args, binary=TEST_COMM, timeout=60):
+    return run(MPIRUN + ["-np", str(np), binary] + list(args), timeout)
+
+
+# ----------------------------------------------------------------------------------------------
+# The suite
+# ----------------------------------------------------------------------------------------------
+def test_suite(binary, np, min_checks):
+    rc, out, secs = mpi(np, binary=binary, timeout=40)
+    name = f"{os.path.basename(binary)} at {np} rank(s)"
+    last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
+    print(f"{name}: {last} [{secs:.1f} s]")
+    check(rc == 0, f"{name}: exit status {rc}", out)
+    summary = [l for l in out.splitlines() if l.startswith("test_comm (")]
+    check(len(summary) == 1 and ", 0 failures" in summary[0], f"{name}: summary line", out)
+    if summary:
+        checks = int(summary[0].split(" checks")[0].split()[-1])
+        check(checks >= min_checks, f"{name}: only {checks} checks ran (expected >= {min_checks})")
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank fails
+# ----------------------------------------------------------------------------------------------
+def test_failure(mode, expect_text):
+    rc, out, secs = mpi(3, mode, timeout=60)
+    print(f"{mode}: exit status {rc} after {secs:.1f} s")
+    check(rc is not None, f"{mode}: the job did not end within 60 s", out)
+    check(rc is not None and rc != 0, f"{mode}: exit status {rc}, expected non-zero", out)
+    check(expect_text in out, f"{mode}: output lacks {expect_text!r}", out)
+    check("survived" not in out, f"{mode}: a rank went on after rank 1 failed", out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+# (world, dp, tp, pp, cp, ep, n_head, seq_len, n_layer) -> the lines expected ("ok" if valid)
+VALIDATE_CASES = [
+    ((1, 1, 1, 1, 1, 1, 12, 1024, 12), ["ok"]),
+    ((8, 2, 2, 1, 2, 4, 12, 1024, 12), ["ok"]),
+    ((4, 1, 1, 4, 1, 1, 12, 1024, 4), ["ok"]),
+    ((3, 1, 3, 1, 1, 1, 12, 1024, 12), [
+        "[parallel] tp = 3 does not divide [model] seq_len = 1024 (sequence parallelism gives "
+        "each tensor-parallel rank seq_len/tp positions)"]),
+    ((3, 1, 3, 1, 1, 1, 16, 48, 12), [
+        "[parallel] tp = 3 does not divide [model] n_head = 16 (each tensor-parallel rank holds "
+        "n_head/tp heads)"]),
+    ((4, 2, 1, 1, 1, 1, 12, 1024, 12), [
+        "[parallel] dp*pp*cp*tp = 2*1*1*1 = 2 does not equal the 4 rank(s) launched (the product "
+        "of the degrees must equal the world size: launch with mpirun -np 2 or change the "
+        "degrees)"]),
+    ((3, 1, 1, 1, 3, 1, 12, 1024, 12), [
+        "[parallel] cp = 3: 2*cp = 6 does not divide [model] seq_len = 1024 (zigzag context "
+        "parallelism cuts each sequence into 2*cp chunks, two per rank)"]),
+    ((8, 1, 4, 1, 2, 1, 12, 20, 12), [
+        "[parallel] tp = 4 does not divide seq_len/cp = 20/2 = 10 (sequence parallelism splits "
+        "each context-parallel rank's positions over tp)"]),
+    ((8, 1, 1, 8, 1, 1, 12, 1024, 6), [
+        "[parallel] pp = 8 exceeds [model] n_layer = 6 (each pipeline stage needs at least one "
+        "layer)"]),
+    ((4, 2, 1, 1, 2, 3, 12, 1024, 12), [
+        "[parallel] ep = 3 does not divide dp*cp = 2*2 = 4 (expert parallelism shards the experts "
+        "over blocks of ep ranks inside dp x cp)"]),
+    ((2, 2, 1, 1, 1, 0, 12, 1024, 12), ["[parallel] ep = 0 must be at least 1"]),
+    # several rules broken at once: every one is reported, one per line
+    ((5, 1, 5, 2, 1, 1, 12, 1024, 1), [
+        "[parallel] dp*pp*cp*tp = 1*2*1*5 = 10 does not equal the 5 rank(s) launched (the product "
+        "of the degrees must equal the world size: launch with mpirun -np 10 or change the "
+        "degrees)",
+        "[parallel] tp = 5 does not divide [model] n_head = 12 (each tensor-parallel rank holds "
+        "n_head/tp heads)",
+        "[parallel] tp = 5 does not divide [model] seq_len = 1024 (sequence parallelism gives "
+        "each tensor-parallel rank seq_len/tp positions)",
+        "[parallel] pp = 2 exceeds [model] n_layer = 1 (each pipeline stage needs at least one "
+        "layer)"]),
+]
+
+
+def test_validate():
+    for args, want in VALIDATE_CASES:
+        rc, out, _ = run([TEST_COMM, "validate"] + [str(a) for a in args], timeout=10)
+        check(rc == 0 and out.splitlines() == want,
+              f"validate {args}: got {out.splitlines()}, want {want}")
+
+
+def test_bad_layouts():
+    # mesh_init on a layout that does not fit the world: rank 0 alone reports it, the job ends.
+    rc, out, _ = mpi(2, "layout", "3", "1", "1", "1", "1", timeout=30)
+    want = "[rank 0] error: [parallel] dp*pp*cp*tp = 3*1*1*1 = 3 does not equal the 2 rank(s)"
+    check(rc not in (0, None), f"layout 3 on 2 ranks: exit status {rc}", out)
+    check(out.count(want) == 1 and out.count("error:") == 1,
+          "layout 3 on 2 ranks: the message is not printed exactly once by rank 0", out)
+    # a good layout
+    rc, out, _ = mpi(4, "layout", "1", "2", "2", "1", "1", timeout=30)
+    check(rc == 0 and out.strip() == "ok", f"layout tp=2 pp=2 on 4 ranks: {rc}", out)
+    # backend = nccl in a binary without NCCL, on one rank (no NCCL communicator would be made)
+    # and on two
+    want = 'error: this binary was built without NCCL; use [parallel] backend = "mpi"'
+    rc, out, _ = run([TEST_COMM, "layout", "1", "1", "1", "1", "1", "nccl"], timeout=30)
+    check(rc not in (0, None) and want in out, f"nccl requested on 1 rank: {rc}", out)
+    rc, out, _ = mpi(2, "layout", "2", "1", "1", "1", "1", "nccl", timeout=30)
+    check(rc not in (0, None) and want in out, f"nccl requested on 2 ranks: {rc}", out)
+
+
+def main():
+    start = time.monotonic()
+    if not os.path.exists(TEST_COMM):
+        sys.exit(f"test_mesh.py: {TEST_COMM} not found (build it first)")
+    # Lower bounds a little under what the suite runs today (515, 6900, 9630, 45544 checks), so
+    # that a suite silently doing less fails.
+    for np, min_checks in [(1, 500), (2, 6000), (3, 9000), (4, 40000)]:
+        test_suite(TEST_COMM, np, min_checks)
+    if os.path.exists(FAKE_DEVICE):
+        test_suite(FAKE_DEVICE, 2, 6000)
+    else:
+        print(f"SKIPPED the staged (fake device) suite: {FAKE_DEVICE} not built")
+    test_failure("fatal", "[rank 1] error: deliberate failure of rank 1 (test_comm fatal)")
+    test_failure("throw", "[rank 1] error: uncaught exception: deliberate exception of rank 1")
+    test_failure("hang", "process rank 1")
+    test_validate()
+    test_bad_layouts()
+    secs = time.monotonic() - start
+    print(f"test_mesh.py: {CHECKS[0]} checks, {len(FAILURES)} failures, {secs:.1f} s")
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()

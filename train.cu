@@ -1,0 +1,238 @@
+// train.cu - the training loop.
+//
+//   mpirun -np N ./train config.toml [--section.key=value ...] [--check-config]
+//
+// One optimizer step = grad_accum micro-steps of forward + backward on this rank's slice of the
+// global batch, gradients reduced across the data-parallel group (DDP or FSDP, inside the
+// ParamStore), then the global gradient norm, clipping, AdamW, and the logs. Everything device-
+// or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
+// which weights), model/ (GPT-2 itself), data/ and checkpoint/.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "data/tokenizer.h"
+#include "model/config.h"
+#include "model/evaluate.h"
+#include "model/gpt.h"
+#include "model/init.h"
+#include "model/metrics.h"
+#include "model/optimizer.h"
+#include "parallel/mesh.h"
+#include "parallel/param_store.h"
+
+struct Run {
+  Config cfg;
+  Mesh mesh;
+  DeviceInfo device;
+  ops::Stream compute = nullptr, comm = nullptr;
+  GPTLayout layout;
+  GPT model;
+  ParamStore store;
+  DataLoader train_data, val_data;
+  Tokenizer tokenizer;
+  MetricsLog metrics;
+  CommStats comm_total{};
+  double peak_tflops = 0;
+  bool rank0 = false;
+};
+
+static bool has_flag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; i++)
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  return false;
+}
+
+static void require_implemented_axes(const ParallelConfig& p) {
+  CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1,
+        "[parallel] tp = %d, pp = %d, cp = %d, ep = %d: only data parallelism (dp, fsdp) is "
+        "supported so far; tensor, pipeline, context and expert parallelism are not yet",
+        p.tp, p.pp, p.cp, p.ep);
+}
+
+static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
+  if (!cfg.data.tokenizer.empty()) return cfg.data.tokenizer;
+  const std::string& first = train.files.front();
+  size_t slash = first.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) +
+         "/tokenizer.bin";
+}
+
+// Everything a step needs: device, mesh, weights, activations, data, logs.
+static void setup(Run& r, int world_rank, int world_size, int local_rank) {
+  const Config& cfg = r.cfg;
+  r.device = ops::device_init(local_rank);
+  CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
+  mesh_init(r.mesh, cfg, world_rank, world_size, local_rank, backend);
+  const DType dt = cfg.precision.compute == "bf16" ? DType::BF16 : DType::F32;
+  StreamOptions so;
+  so.allow_tf32 = dt != DType::F32;
+  so.attention = cfg.kernels.attention == "flash"   ? AttentionImpl::Flash
+                 : cfg.kernels.attention == "cudnn" ? AttentionImpl::Cudnn
+                                                    : AttentionImpl::Auto;
+  r.compute = ops::stream_create(so);
+  r.comm = ops::stream_create(so);
+
+  r.layout = gpt_layout(cfg.model);
+  const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  if (cfg.init.from.empty()) {
+    param_store_init(r.store, r.layout, mode, dt, &r.mesh.dp_comm, r.compute, r.comm,
+                     random_init_fill(cfg.train.seed));
+  } else {
+    LlmcModelFile f = llmc_open(cfg.init.from, r.layout);
+    param_store_init(r.store, r.layout, mode, dt, &r.mesh.dp_comm, r.compute, r.comm,
+                     llmc_fill(f, r.layout));
+    llmc_close(f);
+  }
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
+  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T);
+
+  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
+                  r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
+  if (!cfg.data.val.empty())
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, r.mesh.dp_rank, r.mesh.dp,
+                    false, 0);
+  tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
+  r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
+  metrics_open(r.metrics, cfg.log.metrics, r.rank0);
+}
+
+static void print_banner(const Run& r) {
+  if (!r.rank0) return;
+  const Config& c = r.cfg;
+  std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
+              ops::backend_name(), r.mesh.world_size, c.parallel.backend.c_str());
+  std::printf("model    GPT-2 L=%d H=%d C=%d T=%d V=%d (padded %d): %zu parameters, %s\n",
+              r.layout.L, r.layout.NH, r.layout.C, r.layout.T, r.layout.V, r.layout.Vp,
+              r.layout.num_parameters(), c.precision.compute.c_str());
+  std::printf("layout   dp=%d %s, micro-batch %d x grad-accum %d = %d tokens per step\n",
+              r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)",
+              c.train.micro_batch, c.train.grad_accum,
+              c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
+  std::printf("memory   weights+grads+optimizer %.1f MiB per rank, activations %.1f MiB, "
+              "attention kernel: %s\n",
+              r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0,
+              ops::attention_impl_name(r.compute));
+  if (r.peak_tflops > 0)
+    std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
+                "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
+  else
+    std::printf("MFU      not reported: no peak known for this device (set [log] peak_tflops)\n");
+  std::fflush(stdout);
+}
+
+static void add_comm(CommStats& total, const CommStats& step) {
+  for (int a = 0; a < (int)Axis::Count; a++)
+    for (int k = 0; k < (int)CollectiveKind::Count; k++) {
+      total.axis[a].calls[k] += step.axis[a].calls[k];
+      total.axis[a].bytes[k] += step.axis[a].bytes[k];
+    }
+}
+
+// One optimizer step. Returns the report for the logs.
+static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
+                             std::vector<int>& targets) {
+  const Config& c = r.cfg;
+  const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
+  const auto t0 = std::chrono::steady_clock::now();
+  comm_stats_reset(r.mesh.stats);
+  grads_zero(r.store);
+  ops::fill_zero(r.model.loss_sum, sizeof(float), r.compute);
+  // The loss is the mean over the global batch, so each token's gradient is scaled by
+  // 1/(tokens in the global batch); the dp reduction then sums the ranks' contributions.
+  const float dloss = 1.0f / ((float)B * T * accum * r.mesh.dp);
+  for (int micro = 0; micro < accum; micro++) {
+    dataloader_next(r.train_data, inputs.data(), targets.data());
+    gpt_forward_backward(r.model, r.store, inputs.data(), targets.data(), B, T, dloss,
+                         1.0f / ((float)B * T * accum), micro == accum - 1, r.compute);
+  }
+  grads_wait(r.store);
+  StepReport rep;
+  rep.step = step;
+  rep.steps = c.train.steps;
+  rep.grad_norm = grad_norm(r.store);
+  rep.lr = learning_rate(c.train, step);
+  optimizer_step(r.store, r.layout, c.train, step, (float)rep.lr,
+                 clip_factor(c.train, rep.grad_norm));
+  float local_loss = 0;
+  ops::stream_sync(r.compute);
+  ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
+  rep.loss = all_reduce_host_sum(r.mesh.dp_comm, local_loss) / r.mesh.dp;
+  CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
+        "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
+
+  rep.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double tokens = (double)B * T * accum * r.mesh.dp;
+  rep.tokens_per_s = tokens / (rep.ms / 1000.0);
+  if (r.peak_tflops > 0) {
+    const double peak = r.peak_tflops * 1e12 * r.mesh.world_size;
+    const Recompute rc = r.model.recompute;
+    rep.mfu = rep.tokens_per_s * model_flops_per_token(r.layout) / peak;
+    rep.hfu = rep.tokens_per_s * hardware_flops_per_token(r.layout, rc) / peak;
+  }
+  rep.mem_bytes = ops::memory_in_use();
+  rep.mem_peak_bytes = ops::memory_peak();
+  return rep;
+}
+
+// Validation and samples, every so many steps (and after the last).
+static void evaluate(Run& r, int step) {
+  const Config& c = r.cfg;
+  const bool last = step == c.train.steps;
+  if (c.log.val_every > 0 && (step % c.log.val_every == 0 || last)) {
+    double v = validation_loss(r.model, r.store, r.val_data, c.log.val_batches,
+                               r.mesh.dp_comm, r.compute);
+    if (r.rank0) std::printf("step %5d | val loss %.6f\n", step, v);
+    metrics_val(r.metrics, step, v);
+  }
+  if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
+    const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
+    std::string text = sample_text(r.model, r.store, r.tokenizer, eot, c.log.sample_tokens,
+                                   c.train.seed + step, r.compute);
+    if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  int world_rank = 0, world_size = 1, local_rank = 0;
+  runtime_init(&argc, &argv, &world_rank, &world_size, &local_rank);
+  Run r;
+  r.rank0 = world_rank == 0;
+  CHECK(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
+  const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
+  r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
+  const std::string layout_problem = mesh_validate(r.cfg, world_size);
+  CHECK(layout_problem.empty(), "%s", layout_problem.c_str());
+  if (r.rank0) std::printf("# resolved config (%s)\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
+  if (has_flag(argc, argv, "--check-config")) {
+    runtime_finalize();
+    return 0;
+  }
+  require_implemented_axes(r.cfg.parallel);
+
+  setup(r, world_rank, world_size, local_rank);
+  print_banner(r);
+  std::vector<int> inputs((size_t)r.cfg.train.micro_batch * r.cfg.model.seq_len);
+  std::vector<int> targets(inputs.size());
+  for (int step = 1; step <= r.cfg.train.steps; step++) {
+    StepReport rep = train_step(r, step, inputs, targets);
+    add_comm(r.comm_total, r.mesh.stats);
+    const bool print = step % r.cfg.log.every == 0 || step == 1 || step == r.cfg.train.steps;
+    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    evaluate(r, step);
+  }
+  if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps, stdout);
+
+  metrics_close(r.metrics);
+  gpt_destroy(r.model);
+  param_store_destroy(r.store);
+  ops::stream_destroy(r.compute);
+  ops::stream_destroy(r.comm);
+  mesh_destroy(r.mesh);
+  runtime_finalize();
+  return 0;
+}
