@@ -52,7 +52,7 @@ CPU_OBJ    := $(call obj,host,$(CPU_SRC))
 CUDA_OBJ   := $(call obj,cuda,$(CUDA_SRC))
 NCCL_OBJ   := $(call obj,cuda,$(NCCL_SRC))
 
-.PHONY: all cpu cuda test test-gpu run bench bundle clean deps tools
+.PHONY: all cpu cuda test test-gpu run bench bundle clean deps tools test-bins
 all: train_cpu train tools
 cpu: train_cpu tools
 cuda: train
@@ -91,7 +91,14 @@ TEST_SRC  := $(wildcard test/test_*.cpp)
 TEST_BINS := $(patsubst test/%.cpp,$(BUILD)/%,$(TEST_SRC))
 $(BUILD)/test_%: $(BUILD)/host/test/test_%.cpp.o $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(CPU_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
-test-bins: $(TEST_BINS) $(BUILD)/libops_cpu.so
+# The communicator's test again, over a pretend GPU whose memory only ops::copy_* may touch:
+# proves the MPI backend stages device buffers through the host.
+COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_nccl_absent.cu \
+                        parallel/mesh.cu kernels/common.cpp
+$(BUILD)/test_comm_fake_device: test/test_comm.cpp $(call obj,host,$(COMM_FAKE_DEVICE_SRC))
+	$(CXX) $(CXXFLAGS) -DCOMM_TEST_FAKE_DEVICE -o $@ $< $(filter %.o,$^) $(LDLIBS)
+
+test-bins: $(TEST_BINS) $(BUILD)/libops_cpu.so $(BUILD)/test_comm_fake_device
 
 # GPU tests: the CUDA backend next to the CPU backend renamed to namespace ref (kernels/ops.h).
 GPU_TEST_SRC := $(wildcard test/gpu/*.cu)

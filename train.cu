@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
@@ -37,6 +38,7 @@ struct Run {
   MetricsLog metrics;
   CommStats comm_total{};
   double peak_tflops = 0;
+  int resumed_step = 0;  // steps done before this run (0 = fresh start; checkpoint/)
   bool rank0 = false;
 };
 
@@ -88,7 +90,7 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
     llmc_close(f);
   }
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T);
+  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T, r.compute);
 
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
                   r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
@@ -96,6 +98,7 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
     dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, r.mesh.dp_rank, r.mesh.dp,
                     false, 0);
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
+  r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0);
 }
@@ -207,25 +210,27 @@ int main(int argc, char** argv) {
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
   const std::string layout_problem = mesh_validate(r.cfg, world_size);
   CHECK(layout_problem.empty(), "%s", layout_problem.c_str());
-  if (r.rank0) std::printf("# resolved config (%s)\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
-  if (has_flag(argc, argv, "--check-config")) {
+  if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
+    if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();
     return 0;
   }
+  if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
   require_implemented_axes(r.cfg.parallel);
 
   setup(r, world_rank, world_size, local_rank);
   print_banner(r);
   std::vector<int> inputs((size_t)r.cfg.train.micro_batch * r.cfg.model.seq_len);
   std::vector<int> targets(inputs.size());
-  for (int step = 1; step <= r.cfg.train.steps; step++) {
+  for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     StepReport rep = train_step(r, step, inputs, targets);
     add_comm(r.comm_total, r.mesh.stats);
     const bool print = step % r.cfg.log.every == 0 || step == 1 || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
     evaluate(r, step);
+    checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
   }
-  if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps, stdout);
+  if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - r.resumed_step, stdout);
 
   metrics_close(r.metrics);
   gpt_destroy(r.model);

@@ -41,12 +41,14 @@ struct DeviceInfo {
 };
 
 // One AdamW update, PyTorch's formula (torch.optim.AdamW, foreach=False), with the gradient
-// first multiplied by grad_scale (1, or the clipping factor):
+// first multiplied by grad_scale (1, or the clipping factor). In fp32, in this rounding order
+// (both backends follow it, so they agree to the last bit; the per-step scalars are computed in
+// double and rounded once, as PyTorch does in Python):
 //   g = grad * grad_scale
 //   p = p * (1 - lr * weight_decay)
-//   m = beta1 * m + (1 - beta1) * g
-//   v = beta2 * v + (1 - beta2) * g^2
-//   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//   m = m * beta1 + (1 - beta1) * g
+//   v = v * beta2 + ((1 - beta2) * g) * g
+//   p = p - (lr / (1 - beta1^t)) * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps))
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int t;  // 1-based step number, for the bias corrections

@@ -17,8 +17,9 @@ bool device_memory_is_host();             // true on the CPU backend (no staging
 
 void* alloc(size_t bytes);                // aborts with a clear message when out of memory
 void release(void* p);                    // nullptr is fine
-void copy_to_device(void* dst, const void* src, size_t bytes);  // synchronous
-void copy_to_host(void* dst, const void* src, size_t bytes);    // synchronous
+// Synchronous: they wait for all work on every stream of the device first.
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s);
 void fill_zero(void* p, size_t bytes, Stream s);
 size_t memory_in_use();                   // bytes currently allocated through alloc()

@@ -101,7 +101,7 @@ Recompute parse_recompute(const std::string& s) {
 template <typename Ptr>
 static Ptr new_buffer(GPT& m, size_t bytes) {
   void* p = ops::alloc(bytes);
-  ops::fill_zero(p, bytes, nullptr);
+  ops::fill_zero(p, bytes, m.stream);
   m.owned.push_back(p);
   m.activation_bytes += bytes;
   return (Ptr)p;
@@ -126,7 +126,9 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu) {
   return x;
 }
 
-void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T) {
+void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
+                ops::Stream s) {
+  m.stream = s;
   m.layout = layout;
   m.dt = dt;
   m.recompute = recompute;
@@ -159,6 +161,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.datty = new_buffer<void*>(m, N * C * a);
   m.dqkv = new_buffer<void*>(m, N * 3 * C * a);
   m.dfch = new_buffer<void*>(m, N * 4 * C * a);
+  ops::stream_sync(s);
 }
 
 void gpt_destroy(GPT& m) {

@@ -71,6 +71,7 @@ struct GPT {
   DType dt = DType::F32;
   Recompute recompute = Recompute::None;
   int B = 0, T = 0;               // largest micro-batch the buffers hold
+  ops::Stream stream = nullptr;   // the stream the buffers were zeroed on
   std::vector<LayerActs> layers;
   void* encoded = nullptr;        // (B,T,C) = input of block 0
   void* lnf = nullptr;            // (B,T,C)
@@ -85,7 +86,8 @@ struct GPT {
   size_t activation_bytes = 0;    // their total size
 };
 
-void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T);
+void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
+                ops::Stream s);
 void gpt_destroy(GPT& model);
 
 // One micro-batch: copies tokens/targets (host, B*T each) to the device, runs forward, and if

@@ -28,14 +28,25 @@ static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill
   }
 }
 
-void param_store_load(ParamStore& st, const GPTLayout& layout, const ParamFill& fill) {
+const char* state_kind_name(StateKind k) {
+  return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
+}
+
+float* store_state(ParamStore& st, int unit, StateKind k) {
+  UnitState& us = st.units[unit];
+  return k == StateKind::Master ? us.master : k == StateKind::AdamM ? us.adam_m : us.adam_v;
+}
+
+void param_store_load(ParamStore& st, const GPTLayout& layout, const ParamFill& fill,
+                      StateKind kind) {
   std::vector<float> host;
   for (size_t u = 0; u < st.units.size(); u++) {
     UnitState& us = st.units[u];
     host.resize(us.shard_numel);
     fill_shard(layout.units[u], us, fill, host.data());
-    ops::copy_to_device(us.master, host.data(), us.shard_numel * sizeof(float));
-    if (store_needs_param_copy(st))
+    ops::copy_to_device(store_state(st, (int)u, kind), host.data(),
+                        us.shard_numel * sizeof(float));
+    if (kind == StateKind::Master && store_needs_param_copy(st))
       ops::cast(store_param_copy(st, (int)u), st.dt, us.master, DType::F32, us.shard_numel,
                 st.compute);
   }

@@ -72,8 +72,14 @@ typedef std::function<void(const ParamTensor& t, size_t first, size_t count, flo
 void param_store_init(ParamStore& store, const GPTLayout& layout, ShardingMode mode, DType dt,
                       Comm* dp, ops::Stream compute, ops::Stream comm, const ParamFill& fill);
 void param_store_destroy(ParamStore& store);
-// Overwrites the master weights (and working copies) from `fill`, e.g. when resuming.
-void param_store_load(ParamStore& store, const GPTLayout& layout, const ParamFill& fill);
+// The three fp32 states a shard carries; checkpoints save and load all three.
+enum class StateKind { Master, AdamM, AdamV };
+const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
+float* store_state(ParamStore& store, int unit, StateKind k);  // this rank's shard, on the device
+// Overwrites one state of every shard from `fill` (loading the master also refreshes the
+// compute-dtype working copies).
+void param_store_load(ParamStore& store, const GPTLayout& layout, const ParamFill& fill,
+                      StateKind kind = StateKind::Master);
 
 // The model's side.
 void* params_acquire(ParamStore& store, int unit, Phase phase);

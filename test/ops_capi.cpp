@@ -37,8 +37,8 @@ void op_encoder_backward(float* dwte, float* dwpe, const void* dout, const int* 
   ops::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, dtype_of(dt), test_stream());
 }
 
-void op_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
-                          const void* weight, const void* bias, int N, int C, int dt) {
+void op_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                          const void* bias, int N, int C, int dt) {
   ops::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, dtype_of(dt), test_stream());
 }
 void op_layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
@@ -53,11 +53,10 @@ void op_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* w
   ops::matmul_forward(out, pre_gelu, inp, weight, bias, residual, N, C, OC, dtype_of(dt),
                       test_stream());
 }
-void op_matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, const void* gelu_input, int N, int C,
-                        int OC, int dt) {
-  ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, gelu_input, N, C, OC,
-                       dtype_of(dt), test_stream());
+void op_matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                        const void* weight, const void* gelu_input, int N, int C, int OC, int dt) {
+  ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, gelu_input, N, C, OC, dtype_of(dt),
+                       test_stream());
 }
 
 void op_gelu_forward(void* out, const void* inp, size_t n, int dt) {

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
                    llmc_fill(mf, layout));
   llmc_close(mf);
   GPT model;
-  gpt_create(model, layout, dt, parse_recompute(argv[6]), B, T);
+  gpt_create(model, layout, dt, parse_recompute(argv[6]), B, T, s);
   grads_zero(store);
   const float scale = 1.0f / (B * T);
   gpt_forward_backward(model, store, tokens.data(), tokens.data() + (size_t)B * T, B, T, scale,

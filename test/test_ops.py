@@ -13,7 +13,9 @@ Tolerances, relative error ||got - ref|| / ||ref||:
   bf16 runs, fp32 outputs (weight grads, lse, losses)  1e-5 (exact bf16 inputs, fp32 sums)
 Outputs that are written are first poisoned with NaN; outputs that accumulate ("+=") start at
 random values and the test compares got - start with the reference. Bitwise checks: 1 vs 2
-OpenMP threads, bf16 casts against torch's rounding, AdamW against torch.optim.AdamW.
+OpenMP threads, pieces of a batch / of the output columns / of the heads computed alone against
+the same pieces of the whole, bf16 casts against torch's rounding, AdamW against
+torch.optim.AdamW.
 
 Run: OPS_LIB=build/libops_cpu.so /usr/bin/python3 test/test_ops.py   (exit status 1 on failure)
 """
@@ -41,7 +43,6 @@ def load_library(path):
     P, I, Z, Fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_float
     signatures = {
         "op_set_num_threads": [I],
-        "op_get_max_threads": [],
         "op_alloc": [Z],
         "op_release": [P],
         "op_memory_in_use": [],
@@ -67,7 +68,6 @@ def load_library(path):
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = None
-    lib.op_get_max_threads.restype = I
     lib.op_alloc.restype = P
     lib.op_memory_in_use.restype = Z
     lib.op_memory_peak.restype = Z
@@ -144,14 +144,14 @@ class Report:
         ok = finite and err < tol
         self.record(name, ok, f"rel err {err:.2e} (tol {tol:.0e})" + ("" if finite else " non-finite"))
 
-    def exact(self, name, ok, detail=""):
-        self.record(name, bool(ok), detail or ("bitwise equal" if ok else "differs"))
+    def exact(self, name, ok):
+        self.record(name, bool(ok), "")
 
     def record(self, name, ok, detail):
         self.checks += 1
         if not ok:
             self.failures.append(name)
-        print(f"  {name:<58} {detail} {'ok' if ok else 'FAIL'}")
+        print(f"  {name:<58} {detail}{' ' if detail else ''}{'ok' if ok else 'FAIL'}")
 
 
 def accumulated(report, name, got, start, ref, tol):
@@ -212,8 +212,7 @@ def test_layernorm(lib, r, dt):
         dinp0 = host(dinp, dt)
         dw, db = device(randn(C), F32), device(randn(C), F32)
         dw0, db0 = dw.copy(), db.copy()
-        lib.op_layernorm_backward(dinp, dw, db, device(dout, dt), x_d,
-                                  w_d, mean, rstd, N, C, dt)
+        lib.op_layernorm_backward(dinp, dw, db, device(dout, dt), x_d, w_d, mean, rstd, N, C, dt)
         if dt == F32:
             r.close(tag + " dinp (+=)", host(dinp) - dinp0, xr.grad, TOL[dt])
         else:  # a bf16 sum is rounded: compare the stored sum
@@ -226,8 +225,9 @@ def test_matmul(lib, r, dt):
     # (bias, residual, gelu) epilogues; the GELU epilogue takes no residual
     every = [(True, False, False), (True, True, False), (False, True, False), (True, False, True),
              (False, False, True), (False, False, False)]
+    # sums longer than 256 (the GEMM's k-chunk): 517 in the forward, 300 and 270 in the backward
     cases = [((21, 37, 53), every), ((67, 130, 200), every[1::2]), ((1, 5, 3), every[0::2]),
-             ((40, 64, 9), every[1::2])]
+             ((40, 64, 9), every[1::2]), ((37, 517, 45), every[0:2]), ((300, 20, 270), every[3:4])]
     for (N, C, OC), variants in cases:
         for has_bias, has_res, has_gelu in variants:
             tag = (f"matmul {DT_NAME[dt]} N={N} C={C} OC={OC}" + (" bias" if has_bias else "")
@@ -263,8 +263,7 @@ def test_matmul(lib, r, dt):
             dw0, db0 = dw.copy(), (db.copy() if has_bias else None)
             g = randn(N, C, scale=2.0) if has_gelu else None
             g_d = device(g, dt) if has_gelu else None
-            lib.op_matmul_backward(dinp, dw, db, device(dout, dt), x_d,
-                                   w_d, g_d, N, C, OC, dt)
+            lib.op_matmul_backward(dinp, dw, db, device(dout, dt), x_d, w_d, g_d, N, C, OC, dt)
             dinp_ref = xr.grad
             if has_gelu:
                 gr = rounded(g, dt).requires_grad_()
@@ -301,7 +300,7 @@ def test_gelu(lib, r, dt):
     r.close(f"gelu {DT_NAME[dt]} backward", host(dinp, dt), xr.grad, TOL[dt])
     inplace = device(dout, dt)  # dinp aliasing dout
     lib.op_gelu_backward(inplace, x_d, inplace, n, dt)
-    r.exact(f"gelu {DT_NAME[dt]} backward in place (dinp = dout)", np.array_equal(inplace, dinp))
+    r.exact(f"gelu {DT_NAME[dt]} backward in place (dinp = dout), bitwise", np.array_equal(inplace, dinp))
 
 
 def attention_ref(qkv, B, T, NH, HS):
@@ -330,8 +329,7 @@ def test_attention(lib, r, dt):
         dout = randn(B, T, C)
         out_ref.backward(rounded(dout, dt))
         dqkv = poisoned(B * T * 3 * C, dt)
-        lib.op_attention_backward(dqkv, device(dout, dt), qkv_d, out, lse,
-                                  B, T, NH, HS, dt)
+        lib.op_attention_backward(dqkv, device(dout, dt), qkv_d, out, lse, B, T, NH, HS, dt)
         r.close(tag + " dqkv", host(dqkv, dt), qr.grad, TOL[dt])
 
 
@@ -356,7 +354,7 @@ def test_classifier(lib, r, dt):
         x = lr_[:, :V].clone().requires_grad_()
         ref = F.cross_entropy(x, torch.from_numpy(targets).long(), ignore_index=-1, reduction="none")
         r.close(tag + " losses", host(losses), ref.detach(), TOL_FP32_OUT)
-        r.exact(tag + " dloss=0 leaves logits", np.array_equal(buf, before))
+        r.exact(tag + " dloss=0 leaves logits (bitwise)", np.array_equal(buf, before))
 
         # forward and backward: gradient of dloss * sum(losses) in place
         dloss = 0.37
@@ -385,15 +383,16 @@ def test_adamw(lib, r):
             grad = (torch.randn(n, dtype=torch.float32) * 0.1).numpy()
             param.grad = torch.from_numpy(grad * np.float32(grad_scale))  # exact: power of 2
             opt.step()
-            lib.op_adamw_update(master, out_bf16, grad, m, v, n, lr, beta1,
-                                beta2, eps, wd, grad_scale, step, BF16)
+            lib.op_adamw_update(master, out_bf16, grad, m, v, n, lr, beta1, beta2, eps, wd,
+                                grad_scale, step, BF16)
         tag = f"adamw 5 steps grad_scale={grad_scale}"
         st = opt.state[param]
         r.close(tag + " params", host(master), param.detach().double(), 1e-7)
         # m, v: PyTorch's vectorised add fuses a multiply-add, so these differ in the last bit
         r.close(tag + " m", host(m), st["exp_avg"].double(), 1e-6)
         r.close(tag + " v", host(v), st["exp_avg_sq"].double(), 1e-6)
-        r.exact(tag + " bf16 params = RNE(master)", np.array_equal(out_bf16, bf16_bits(torch.from_numpy(master))))
+        r.exact(tag + " bf16 params = RNE(master), bitwise",
+                np.array_equal(out_bf16, bf16_bits(torch.from_numpy(master))))
 
 
 def test_reductions(lib, r):
@@ -410,7 +409,7 @@ def test_reductions(lib, r):
     dst = torch.randn(n, dtype=torch.float32).numpy()
     expect = dst + xs
     lib.op_add_inplace(dst, xs, n)
-    r.exact("add_inplace", np.array_equal(dst, expect))
+    r.exact("add_inplace, bitwise", np.array_equal(dst, expect))
 
     # casts: random values, exact ties (low 16 bits 0x8000) both ways, specials
     bits = np.random.randint(0, 2 ** 32, size=4096, dtype=np.uint64).astype(np.uint32)
@@ -426,10 +425,11 @@ def test_reductions(lib, r):
             np.array_equal(got, bf16_bits(torch.from_numpy(vals))))
     back = poisoned(m)
     lib.op_cast(back, F32, got, BF16, m)
-    r.exact("cast bf16 -> fp32 exact", np.array_equal(back.view(np.uint32), got.astype(np.uint32) << 16))
+    r.exact("cast bf16 -> fp32, bitwise",
+            np.array_equal(back.view(np.uint32), got.astype(np.uint32) << 16))
     same = poisoned(m)
     lib.op_cast(same, F32, vals, F32, m)
-    r.exact("cast fp32 -> fp32 copy", np.array_equal(same, vals))
+    r.exact("cast fp32 -> fp32 copy, bitwise", np.array_equal(same, vals))
     nan = np.array([np.nan], np.float32)
     nan_bf = poisoned(1, BF16)
     lib.op_cast(nan_bf, BF16, nan, F32, 1)
@@ -438,62 +438,122 @@ def test_reductions(lib, r):
 
 def test_runtime(lib, r):
     in_use = lib.op_memory_in_use()
-    p = lib.op_alloc(1000)
-    q = lib.op_alloc(3)
-    ok = p % 64 == 0 and q % 64 == 0
-    grew = lib.op_memory_in_use() - in_use == 1003 and lib.op_memory_peak() >= in_use + 1003
-    ctypes.memset(p, 0, 1000)
+    p, q = lib.op_alloc(1000), lib.op_alloc(3)
+    r.exact("alloc: 64-byte aligned", p % 64 == 0 and q % 64 == 0)
+    r.exact("alloc: fresh memory poisoned with 0xFF (NaN)",
+            all(b == 0xFF for b in ctypes.string_at(p, 1000)))
+    r.exact("alloc: memory_in_use and memory_peak count the bytes",
+            lib.op_memory_in_use() - in_use == 1003 and lib.op_memory_peak() >= in_use + 1003)
     lib.op_release(p)
     lib.op_release(q)
     lib.op_release(None)
-    r.exact("alloc: 64-byte aligned, counted, released", ok and grew and lib.op_memory_in_use() == in_use)
+    r.exact("release: memory_in_use back where it was", lib.op_memory_in_use() == in_use)
 
 
 # ------------------------------------------------------------------------------------------------
-# Thread-count independence: the same call on 1 and 2 OpenMP threads, outputs bitwise equal
+# Split invariance: the parallelisms cut batches (DP, PP micro-batches), output columns and heads
+# (TP); the oracle must give the same bits for a piece computed alone as inside the whole.
 # ------------------------------------------------------------------------------------------------
-def run_on_threads(lib, threads, fn):
-    lib.op_set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        lib.op_set_num_threads(2)
+def same_bits(a, b):
+    return np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
 
 
+def test_split_invariance(lib, r):
+    every = slice(None)
+    for dt in (F32, BF16):
+        N, C, OC, cut_n, cut_o = 50, 300, 70, 23, 40
+        top, bottom, left, right = slice(0, cut_n), slice(cut_n, N), slice(0, cut_o), slice(cut_o, OC)
+        x, w, b = device(randn(N, C), dt), device(randn(OC, C), dt), device(randn(OC), dt)
+        x, w = x.reshape(N, C), w.reshape(OC, C)
+        res, dout = device(randn(N, OC), dt).reshape(N, OC), device(randn(N, OC), dt).reshape(N, OC)
+        for gelu in (False, True):
+            def forward(rows, cols):
+                n, o = len(range(N)[rows]), len(range(OC)[cols])
+                rs = None if gelu else np.ascontiguousarray(res[rows, cols])
+                out, pre = poisoned(n * o, dt), (poisoned(n * o, dt) if gelu else None)
+                lib.op_matmul_forward(out, pre, np.ascontiguousarray(x[rows]), np.ascontiguousarray(w[cols]),
+                                      np.ascontiguousarray(b[cols]), rs, n, C, o, dt)
+                return out.reshape(n, o)
+
+            full = forward(every, every)
+            tag = f"split {DT_NAME[dt]} matmul forward{' gelu' if gelu else ''}"
+            r.exact(tag + ": rows alone = rows of the whole, bitwise",
+                    same_bits(full, np.concatenate([forward(top, every), forward(bottom, every)])))
+            r.exact(tag + ": columns alone = columns of the whole, bitwise",
+                    same_bits(full, np.concatenate([forward(every, left), forward(every, right)], 1)))
+
+        def backward(rows, cols):
+            n, o = len(range(N)[rows]), len(range(OC)[cols])
+            dinp, dw = poisoned(n * C, dt), np.zeros(o * C, np.float32)
+            lib.op_matmul_backward(dinp, dw, None, np.ascontiguousarray(dout[rows, cols]),
+                                   np.ascontiguousarray(x[rows]), np.ascontiguousarray(w[cols]), None,
+                                   n, C, o, dt)
+            return dinp.reshape(n, C), dw.reshape(o, C)
+
+        dinp, dw = backward(every, every)
+        tag = f"split {DT_NAME[dt]} matmul backward"
+        r.exact(tag + ": dinp of rows alone, bitwise",
+                same_bits(dinp, np.concatenate([backward(top, every)[0], backward(bottom, every)[0]])))
+        r.exact(tag + ": dweight of output columns alone, bitwise",
+                same_bits(dw, np.concatenate([backward(every, left)[1], backward(every, right)[1]])))
+
+    B, T, NH, HS, cut_b, cut_h = 3, 11, 4, 8, 1, 2
+    C = NH * HS
+    qkv = device(randn(B, T, 3 * C), F32).reshape(B, T, 3, NH, HS)
+    dout = device(randn(B, T, C), F32).reshape(B, T, NH, HS)
+
+    def attention(batches, heads):
+        q = np.ascontiguousarray(qkv[batches][:, :, :, heads])
+        d = np.ascontiguousarray(dout[batches][:, :, heads])
+        b, nh = q.shape[0], q.shape[3]
+        out, lse, dq = poisoned(b * T * nh * HS), poisoned(b * nh * T), poisoned(q.size)
+        lib.op_attention_forward(out, lse, q, b, T, nh, HS, F32)
+        lib.op_attention_backward(dq, d, q, out, lse, b, T, nh, HS, F32)
+        return out.reshape(b, T, nh, HS), lse.reshape(b, nh, T), dq.reshape(b, T, 3, nh, HS)
+
+    full = attention(every, every)
+    pieces = [attention(slice(0, cut_b), every), attention(slice(cut_b, B), every)]
+    r.exact("split attention: batches alone (out, lse, dqkv), bitwise",
+            all(same_bits(f, np.concatenate([p[i] for p in pieces])) for i, f in enumerate(full)))
+    pieces = [attention(every, slice(0, cut_h)), attention(every, slice(cut_h, NH))]
+    head_axis = [2, 1, 3]  # of out, lse, dqkv
+    r.exact("split attention: heads alone (out, lse, dqkv), bitwise",
+            all(same_bits(f, np.concatenate([p[i] for p in pieces], head_axis[i])) for i, f in enumerate(full)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Thread-count independence: the same calls on 1 and 2 OpenMP threads, outputs bitwise equal.
+# Sizes are above the ops' thresholds for going parallel.
+# ------------------------------------------------------------------------------------------------
 def test_threads(lib, r):
-    dt = F32
     N, C, OC = 130, 200, 300
-    x, w, dout = device(randn(N, C), dt), device(randn(OC, C), dt), device(randn(N, OC), dt)
-    g = device(randn(N, C), dt)
+    x, w, dout, g = (device(randn(*shape), F32) for shape in [(N, C), (OC, C), (N, OC), (N, C)])
     dw0, db0 = device(randn(OC, C), F32), device(randn(OC), F32)
 
     def matmul():
         dinp, dw, db, out = poisoned(N * C), dw0.copy(), db0.copy(), poisoned(N * OC)
-        lib.op_matmul_backward(dinp, dw, db, dout, x, w, g, N, C, OC, dt)
-        lib.op_matmul_forward(out, None, x, w, None, None, N, C, OC, dt)
+        lib.op_matmul_backward(dinp, dw, db, dout, x, w, g, N, C, OC, F32)
+        lib.op_matmul_forward(out, None, x, w, None, None, N, C, OC, F32)
         return [dinp, dw, db, out]
 
     Nl, Cl = 64, 777
     xl, wl, dl = device(randn(Nl, Cl), BF16), device(randn(Cl), BF16), device(randn(Nl, Cl), BF16)
     mean, rstd = poisoned(Nl), poisoned(Nl)
-    lib.op_layernorm_forward(poisoned(Nl * Cl, BF16), mean, rstd, xl, wl,
-                             wl, Nl, Cl, BF16)
+    lib.op_layernorm_forward(poisoned(Nl * Cl, BF16), mean, rstd, xl, wl, wl, Nl, Cl, BF16)
     dinp0, dwl0 = device(randn(Nl, Cl), BF16), device(randn(Cl), F32)
 
     def layernorm():
         dinp, dw, db = dinp0.copy(), dwl0.copy(), dwl0.copy()
-        lib.op_layernorm_backward(dinp, dw, db, dl, xl, wl, mean,
-                                  rstd, Nl, Cl, BF16)
+        lib.op_layernorm_backward(dinp, dw, db, dl, xl, wl, mean, rstd, Nl, Cl, BF16)
         return [dinp, dw, db]
 
     B, T, Ce, V = 4, 64, 300, 50
     tokens = torch.randint(0, V, (B, T), dtype=torch.int32).numpy()
-    de = device(randn(B, T, Ce), dt)
-    dwte0, dwpe0 = device(randn(V, Ce), F32), device(randn(T, Ce), F32)
+    de, dwte0, dwpe0 = device(randn(B, T, Ce), F32), device(randn(V, Ce), F32), device(randn(T, Ce), F32)
 
     def encoder():
         dwte, dwpe = dwte0.copy(), dwpe0.copy()
-        lib.op_encoder_backward(dwte, dwpe, de, tokens, B, T, Ce, dt)
+        lib.op_encoder_backward(dwte, dwpe, de, tokens, B, T, Ce, F32)
         return [dwte, dwpe]
 
     xs = torch.randn(1000003, dtype=torch.float32).numpy()
@@ -504,21 +564,22 @@ def test_threads(lib, r):
         return [out]
 
     Ba, Ta, NH, HS = 2, 40, 3, 16
-    qkv, da = device(randn(Ba, Ta, 3 * NH * HS), dt), device(randn(Ba, Ta, NH * HS), dt)
+    qkv, da = device(randn(Ba, Ta, 3 * NH * HS), F32), device(randn(Ba, Ta, NH * HS), F32)
 
     def attention():
-        out, lse, dqkv = poisoned(Ba * Ta * NH * HS), poisoned(Ba * NH * Ta), poisoned(Ba * Ta * 3 * NH * HS)
-        lib.op_attention_forward(out, lse, qkv, Ba, Ta, NH, HS, dt)
-        lib.op_attention_backward(dqkv, da, qkv, out, lse, Ba, Ta, NH, HS, dt)
+        out, lse, dqkv = poisoned(Ba * Ta * NH * HS), poisoned(Ba * NH * Ta), poisoned(qkv.size)
+        lib.op_attention_forward(out, lse, qkv, Ba, Ta, NH, HS, F32)
+        lib.op_attention_backward(dqkv, da, qkv, out, lse, Ba, Ta, NH, HS, F32)
         return [out, lse, dqkv]
 
     for name, fn in [("matmul forward+backward (gelu)", matmul), ("layernorm backward bf16", layernorm),
                      ("encoder backward", encoder), ("sum_squares_accumulate", sum_squares),
                      ("attention forward+backward", attention)]:
-        one = run_on_threads(lib, 1, fn)
-        two = run_on_threads(lib, 2, fn)
-        same = all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(one, two))
-        r.exact(f"threads 1 vs 2: {name}", same)
+        results = []
+        for threads in (1, 2):
+            lib.op_set_num_threads(threads)
+            results.append(fn())
+        r.exact(f"threads 1 vs 2, bitwise: {name}", all(map(same_bits, *results)))
 
 
 def main():
@@ -536,7 +597,7 @@ def main():
         for test in (test_encoder, test_layernorm, test_matmul, test_gelu, test_attention, test_classifier):
             print(f"{test.__name__} {DT_NAME[dt]}")
             test(lib, r, dt)
-    for test in (test_adamw, test_reductions, test_runtime, test_threads):
+    for test in (test_adamw, test_reductions, test_runtime, test_split_invariance, test_threads):
         print(test.__name__)
         test(lib, r)
     print(f"{r.checks} checks, {len(r.failures)} failures, {time.time() - start:.1f} s, seed {seed}")

@@ -1,14 +1,15 @@
 // kernels/cpu/classifier.cpp - softmax cross-entropy over the first V of Vp logit columns, loss
 // and (optionally) its gradient written over the logits, one pass per row.
 //
-// Rows in parallel. Per row: m = max of the first V logits, l = sum exp(x - m) in double,
-// lse = m + log l, loss = lse - x[target]. With dloss != 0 the row becomes
-// (softmax - onehot) * dloss for the first V columns and 0 for the padded ones, so nothing in
-// columns >= V (which hold whatever the padded rows of wte produced) reaches the loss or the
-// gradient. A target < 0 is ignored: loss 0 and, with dloss != 0, an all-zero gradient row.
+// Rows in parallel. Per row (vectorised loops of vector_math.h): m = max of the first V logits,
+// e = exp(x - m) kept in a row buffer, l = sum e in double, loss = m + log l - x[target],
+// softmax = e / l. With dloss != 0 the row becomes (softmax - onehot) * dloss for the first V
+// columns and 0 for the padded ones, so nothing in columns >= V (which hold whatever the padded
+// rows of wte produced) reaches the loss or the gradient. A target < 0 is ignored: loss 0 and,
+// with dloss != 0, an all-zero gradient row.
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ops {
 namespace cpu {
@@ -19,7 +20,7 @@ void classifier_typed(T* logits, float* losses, const int* targets, float dloss,
                       int Vp) {
 #pragma omp parallel if ((size_t)N * V > CPU_PARALLEL_MIN)
   {
-    std::vector<float> x(V);
+    std::vector<float> x(V), e(V);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; n++) {
       T* row = logits + (size_t)n * Vp;
@@ -31,17 +32,14 @@ void classifier_typed(T* logits, float* losses, const int* targets, float dloss,
         continue;
       }
       load_row(x.data(), row, V);
-      float max = x[0];
-      for (int v = 1; v < V; v++) max = std::max(max, x[v]);
-      double sum = 0.0;
-      for (int v = 0; v < V; v++) sum += expf(x[v] - max);
-      const float lse = max + (float)std::log(sum);
-      losses[n] = lse - x[target];
+      const float max = max_span(x.data(), V);
+      exp_shifted(e.data(), x.data(), max, V);
+      const double sum = sum_span(e.data(), V);
+      losses[n] = max + (float)std::log(sum) - x[target];
       if (dloss == 0.0f) continue;
-      for (int v = 0; v < V; v++) {
-        const float p = expf(x[v] - lse);
-        store(row, v, (p - (v == target ? 1.0f : 0.0f)) * dloss);
-      }
+      const float inv_sum = (float)(1.0 / sum);
+      for (int v = 0; v < V; v++) store(row, v, e[v] * inv_sum * dloss);
+      store(row, target, (e[target] * inv_sum - 1.0f) * dloss);
       for (int v = V; v < Vp; v++) store(row, v, 0.0f);
     }
   }

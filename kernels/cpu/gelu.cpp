@@ -1,22 +1,30 @@
-// kernels/cpu/gelu.cpp - elementwise tanh-GELU, forward and backward, in fp32 (cpu_common.h holds
-// the formulas, shared with the fused epilogues of matmul.cpp). Elements in parallel; each
-// element is read before it is written, so dinp may alias dout.
-#include "kernels/cpu/cpu_common.h"
+// kernels/cpu/gelu.cpp - elementwise tanh-GELU, forward and backward, in fp32 (the formulas are in
+// cpu_common.h, shared with the fused epilogues of matmul.cpp). The array is cut into slices of
+// kSlice elements, in parallel; a slice is widened to fp32, run through the vectorised loop of
+// vector_math.h and stored (rounded once). Each element is read before it is written, so dinp
+// may alias dout.
+#include "kernels/cpu/vector_math.h"
 
 namespace ops {
 namespace cpu {
 namespace {
 
-template <typename T>
-void gelu_forward_typed(T* out, const T* inp, size_t n) {
-#pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8)
-  for (size_t i = 0; i < n; i++) store(out, i, gelu(load(inp, i)));
-}
+constexpr size_t kSlice = 1024;
 
-template <typename T>
-void gelu_backward_typed(T* dinp, const T* inp, const T* dout, size_t n) {
+// Calls fn(y, x, dy, len) on fp32 copies of each slice of x (and dy) and stores y into out.
+template <typename T, typename Fn>
+void map_slices(T* out, const T* x, const T* dy, size_t n, Fn&& fn) {
+  const size_t slices = ceil_div(n, kSlice);
 #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8)
-  for (size_t i = 0; i < n; i++) store(dinp, i, load(dout, i) * gelu_grad(load(inp, i)));
+  for (size_t s = 0; s < slices; s++) {
+    const size_t begin = s * kSlice;
+    const int len = (int)std::min(kSlice, n - begin);
+    float xs[kSlice], dys[kSlice], ys[kSlice];
+    load_row(xs, x + begin, len);
+    if (dy) load_row(dys, dy + begin, len);
+    fn(ys, xs, dys, len);
+    store_row(out + begin, ys, len);
+  }
 }
 
 }  // namespace
@@ -25,14 +33,19 @@ void gelu_backward_typed(T* dinp, const T* inp, const T* dout, size_t n) {
 void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    cpu::gelu_forward_typed((S*)out, (const S*)inp, n);
+    cpu::map_slices(
+        (S*)out, (const S*)inp, (const S*)nullptr, n,
+        [](float* y, const float* x, const float*, int len) { cpu::gelu_span(y, x, len); });
   });
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dt, Stream s) {
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    cpu::gelu_backward_typed((S*)dinp, (const S*)inp, (const S*)dout, n);
+    cpu::map_slices((S*)dinp, (const S*)inp, (const S*)dout, n,
+                    [](float* dx, const float* x, const float* dy, int len) {
+                      cpu::gelu_backward_span(dx, x, dy, len);
+                    });
   });
 }
 

@@ -113,15 +113,14 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
   });
 }
 
-void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, const float* mean, const float* rstd,
-                        int N, int C, DType dt, Stream s) {
+void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* mean, const float* rstd, int N, int C,
+                        DType dt, Stream s) {
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    cpu::layernorm_backward_inputs((S*)dinp, (const S*)dout, (const S*)inp, (const S*)weight,
-                                   mean, rstd, N, C);
-    cpu::layernorm_backward_params(dweight, dbias, (const S*)dout, (const S*)inp, mean, rstd, N,
-                                   C);
+    cpu::layernorm_backward_inputs((S*)dinp, (const S*)dout, (const S*)inp, (const S*)weight, mean,
+                                   rstd, N, C);
+    cpu::layernorm_backward_params(dweight, dbias, (const S*)dout, (const S*)inp, mean, rstd, N, C);
   });
 }
 

@@ -9,6 +9,7 @@
 // Parallelism and determinism come from gemm(): tiles are independent and every sum runs over k
 // in order. dbias splits the columns between threads, each summing its columns over all rows.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ops {
 namespace cpu {
@@ -23,31 +24,35 @@ void matmul_forward_typed(T* out, T* pre_gelu, const T* inp, const T* weight, co
   const MatrixRef b{weight, dt, 1, (size_t)C};  // weight^T: (C, OC)
   gemm(s, a, b, N, OC, C, [&](int row, int col0, const float* sums, int ncols) {
     const size_t base = (size_t)row * OC + col0;
-    for (int j = 0; j < ncols; j++) {
-      float y = sums[j];
-      if (bias) y += load(bias, col0 + j);
-      if (residual) y += load(residual, base + j);
-      if (pre_gelu) {
-        store(pre_gelu, base + j, y);
-        y = gelu(y);
-      }
-      store(out, base + j, y);
+    float y[kTileCols];
+    for (int j = 0; j < ncols; j++) y[j] = sums[j];
+    if (bias)
+      for (int j = 0; j < ncols; j++) y[j] += load(bias, col0 + j);
+    if (residual)
+      for (int j = 0; j < ncols; j++) y[j] += load(residual, base + j);
+    if (pre_gelu) {
+      store_row(pre_gelu + base, y, ncols);
+      gelu_span(y, y, ncols);
     }
+    store_row(out + base, y, ncols);
   });
 }
 
 template <typename T>
 void matmul_backward_inputs(T* dinp, const T* dout, const T* weight, const T* gelu_input, int N,
                             int C, int OC, DType dt, Stream s) {
-  const MatrixRef a{dout, dt, (size_t)OC, 1};  // (N, OC)
+  const MatrixRef a{dout, dt, (size_t)OC, 1};   // (N, OC)
   const MatrixRef b{weight, dt, (size_t)C, 1};  // (OC, C)
   gemm(s, a, b, N, C, OC, [&](int row, int col0, const float* sums, int ncols) {
     const size_t base = (size_t)row * C + col0;
-    for (int j = 0; j < ncols; j++) {
-      float g = sums[j];
-      if (gelu_input) g *= gelu_grad(load(gelu_input, base + j));
-      store(dinp, base + j, g);
+    if (!gelu_input) {
+      store_row(dinp + base, sums, ncols);
+      return;
     }
+    float x[kTileCols], g[kTileCols];
+    load_row(x, gelu_input + base, ncols);
+    gelu_backward_span(g, x, sums, ncols);
+    store_row(dinp + base, g, ncols);
   });
 }
 
@@ -98,8 +103,8 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     if (dinp)
-      cpu::matmul_backward_inputs((S*)dinp, (const S*)dout, (const S*)weight,
-                                  (const S*)gelu_input, N, C, OC, dt, s);
+      cpu::matmul_backward_inputs((S*)dinp, (const S*)dout, (const S*)weight, (const S*)gelu_input,
+                                  N, C, OC, dt, s);
     cpu::matmul_backward_weight(dweight, (const S*)dout, (const S*)inp, N, C, OC, dt, s);
     if (dbias) cpu::matmul_backward_bias(dbias, (const S*)dout, N, OC);
   });

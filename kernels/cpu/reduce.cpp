@@ -2,38 +2,19 @@
 // norm), scaled sum (loss), in-place add, dtype cast.
 //
 // Determinism trick for the sums: the input is cut into fixed chunks of kChunk elements (the cut
-// depends only on n). Each chunk is summed in double by kLanes interleaved partial sums (lane
-// i takes the elements i, i + kLanes, ...), which the compiler may vectorise without changing
-// any rounding; the lanes, then the chunks, are added in a fixed order. So the result is bitwise
-// the same for any thread count and instruction set.
+// depends only on n). Each chunk is summed in double by interleaved partial sums (vector_math.h;
+// lane l takes the elements l, l + 16, ...), vectorised without changing any rounding; the
+// lanes, then the chunks, are added in a fixed order. So the result is bitwise the same for any
+// thread count and instruction set.
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ops {
 namespace cpu {
 namespace {
 
 constexpr size_t kChunk = 1 << 14;
-constexpr int kLanes = 8;
-
-template <bool kSquare>
-double chunk_sum(const float* x, size_t n) {
-  double lanes[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; l++) {
-      const double xi = x[i + l];
-      lanes[l] += kSquare ? xi * xi : xi;
-    }
-  for (; i < n; i++) {
-    const double xi = x[i];
-    lanes[i % kLanes] += kSquare ? xi * xi : xi;
-  }
-  double total = 0.0;
-  for (int l = 0; l < kLanes; l++) total += lanes[l];
-  return total;
-}
 
 template <bool kSquare>
 double deterministic_sum(const float* x, size_t n) {
@@ -42,7 +23,8 @@ double deterministic_sum(const float* x, size_t n) {
 #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
   for (size_t c = 0; c < chunks; c++) {
     const size_t begin = c * kChunk;
-    partial[c] = chunk_sum<kSquare>(x + begin, std::min(kChunk, n - begin));
+    const size_t len = std::min(kChunk, n - begin);
+    partial[c] = kSquare ? sum_squares_span(x + begin, len) : sum_span(x + begin, len);
   }
   double total = 0.0;
   for (double p : partial) total += p;

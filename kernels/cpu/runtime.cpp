@@ -57,7 +57,8 @@ const char* backend_name() { return "cpu"; }
 DeviceInfo device_init(int local_rank) {
   DeviceInfo info{};
   const int threads = omp_get_max_threads();
-  std::snprintf(info.name, sizeof(info.name), "cpu (%d thread%s)", threads, threads == 1 ? "" : "s");
+  std::snprintf(info.name, sizeof(info.name), "cpu (%d thread%s)", threads,
+                threads == 1 ? "" : "s");
   info.total_memory = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
   info.multiprocessors = threads;
   return info;

@@ -13,6 +13,7 @@
 // practical through the cudnn_frontend headers, which are not installed - so Flash, Cudnn and Auto
 // all resolve to the flash kernels and s->attention_resolved says so.
 #include <cmath>
+#include <cstdio>
 
 #include "kernels/cuda/attention_flash_backward.cuh"
 #include "kernels/cuda/attention_flash_forward.cuh"
@@ -131,9 +132,14 @@ void generic_backward(void* dqkv, const void* dout, const void* qkv, const float
 }
 
 // What StreamOptions::attention resolves to (see the top of the file), recorded on the stream
-// for attention_impl_name().
+// for attention_impl_name() at the first attention call on it.
 void resolve_impl(Stream s) {
-  if (s->attention_resolved == AttentionImpl::Auto) s->attention_resolved = AttentionImpl::Flash;
+  if (s->attention_resolved != AttentionImpl::Auto) return;
+  if (s->options.attention == AttentionImpl::Cudnn)
+    std::fprintf(stderr,
+                 "warning: attention = cudnn requested, but this build has no cuDNN SDPA "
+                 "path; using the flash kernels\n");
+  s->attention_resolved = AttentionImpl::Flash;
 }
 
 }  // namespace

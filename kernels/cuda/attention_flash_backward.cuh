@@ -7,12 +7,12 @@
 //   dV = P^T dO,   dK = scale * dS^T Q,   dQ = scale * dS K.
 // Two kernels, each owning what it writes, so nothing is accumulated across blocks and the result
 // is deterministic:
-//   flash_backward_dkdv_kernel: one block per (tile of kBlockN keys, batch * head), each warp
+//   flash_backward_dkdv_kernel: one block per (kKeysPerBlock keys, batch * head), each warp
 //     owning 16 keys. It walks the query tiles from the diagonal to the end (queries before the
 //     first key see none of them), double-buffering Q, dO, lse and Delta with cp.async, and
 //     computes the transposed products directly: S^T = K Q^T, dP^T = V dO^T, so that P^T and
 //     dS^T sit in registers as the A operands of dV += P^T dO and dK += dS^T Q.
-//   flash_backward_dq_kernel: one block per (tile of kBlockM queries, batch * head), each warp
+//   flash_backward_dq_kernel: one block per (kQueriesPerBlock queries, batch * head), each warp
 //     owning 16 queries; walks the key tiles up to the diagonal: S = Q K^T, dP = dO V^T,
 //     dQ += dS K. It recomputes S and dP (7 tile products instead of 5 in total), the price of
 //     determinism.

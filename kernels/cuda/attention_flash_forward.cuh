@@ -5,8 +5,8 @@
 // 16 * kMTiles query rows (two m-tiles for D = 64, so that each K/V fragment read from shared
 // memory feeds two mma's, as in FlashAttention-2). The block walks the key/value tiles of
 // kBlockN rows from position 0 up to its last query row (causal block skipping: later tiles are
-// never loaded), double-buffering them in
-// shared memory with cp.async so that the copy of tile n+1 overlaps the math on tile n.
+// never loaded), double-buffering them in shared memory with cp.async so that the copy of tile
+// n+1 overlaps the math on tile n.
 // Per tile and warp: S = Q K^T (mma.sync, fp32), the causal mask on the diagonal tiles, the
 // online softmax in fp32 (running max m and sum l per row, exp2f with log2(e) folded into the
 // scale), then O += P V with P taken straight from the score registers. At the end

@@ -112,7 +112,7 @@ const Case kCases[] = {
     {2, 5, 37, 11, false},       // scalar path, odd everything
     {3, 7, 36, 19, false},       // fp32: vector (36 % 4 == 0); bf16: scalar (36 % 8 != 0)
     {2, 33, 40, 3, false},       // vector path, few packs per row: many lanes per run
-    {4, 64, 8, 128, true},       // one run of 256 rows: the multi-step row loop
+    {4, 65, 96, 128, true},      // one run of 260 rows: several steps of every lane
     {4, 1024, 768, 50304, false},  // GPT-2 124M
 };
 

@@ -1,0 +1,293 @@
+// checkpoint/checkpoint.cu - the save and resume protocols of checkpoint/checkpoint.h: who writes
+// what when, how the ranks agree, how a checkpoint is committed and how one is found, verified
+// and loaded. The bytes on disk are checkpoint/hdf5_format.cu's business, the durable file
+// operations and the manifest checkpoint/files.cu's.
+//
+// Agreeing. Every step that can fail on one rank (a full disk, a corrupt file only one rank was
+// asked to checksum) ends in fail_together: all ranks agree whether everyone succeeded
+// (all_agree over the world); if not, the ranks' messages are gathered (MPI_Allgatherv on the
+// world communicator) and rank 0 stops the job with the first one. No rank ever leaves the
+// others waiting in a collective they will not reach.
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "checkpoint/files.h"
+#include "checkpoint/hdf5_format.h"
+
+static const StateKind kStates[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV};
+
+static std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%06lld", (long long)step);
+  return name;
+}
+
+// "step_000123" -> 123; false for anything else (temporaries included).
+static bool parse_step_dir(const std::string& name, int64_t* step) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return false;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return false;
+  *step = std::stoll(name.substr(5));
+  return true;
+}
+
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The first non-empty message over the ranks, in rank order ("" if every rank succeeded).
+static std::string first_problem(Comm& world, const std::string& mine) {
+  if (all_agree(world, mine.empty())) return "";
+  int len = (int)mine.size();
+  std::vector<int> lens(world.size), displs(world.size);
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world.mpi);
+  int total = 0;
+  for (int r = 0; r < world.size; r++) displs[r] = total, total += lens[r];
+  std::string all(total, '\0');
+  MPI_Allgatherv(mine.data(), len, MPI_CHAR, &all[0], lens.data(), displs.data(), MPI_CHAR,
+                 world.mpi);
+  for (int r = 0; r < world.size; r++)
+    if (lens[r] > 0) return all.substr(displs[r], lens[r]);
+  return "";
+}
+
+// Stops the job with `what` + the first problem of any rank; returns if there is none.
+static void fail_together(Comm& world, const std::string& problem, const std::string& what) {
+  const std::string first = first_problem(world, problem);
+  if (first.empty()) return;
+  if (world.rank == 0) FATAL("%s%s", what.c_str(), first.c_str());
+  barrier(world);  // rank 0's FATAL ends the job while the others wait here
+  FATAL("%s%s", what.c_str(), first.c_str());
+}
+
+static void require_data_parallel_only(const Mesh& mesh) {
+  CHECK(mesh.world_size == mesh.dp,
+        "checkpoints cover data parallelism (dp, fsdp) only so far: world %d != dp %d",
+        mesh.world_size, mesh.dp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Saving
+// ---------------------------------------------------------------------------------------------
+void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
+                            ParamStore& store, const DataLoader& train_data, Mesh& mesh) {
+  const CheckpointConfig& c = cfg.checkpoint;
+  if (c.dir.empty()) return;
+  if ((c.every > 0 && step % c.every == 0) || step == cfg.train.steps)
+    checkpoint_save(cfg, step, layout, store, train_data, mesh);
+}
+
+// Every rank's file digest, on rank 0 (in writer order: writer = world rank here).
+static std::vector<FileDigest> gather_digests(Comm& world, const FileDigest& mine) {
+  uint64_t send[2] = {mine.bytes, mine.crc32};
+  std::vector<uint64_t> recv(2 * (size_t)world.size);
+  MPI_Gather(send, 2, MPI_UINT64_T, recv.data(), 2, MPI_UINT64_T, 0, world.mpi);
+  std::vector<FileDigest> all(world.size);
+  for (int r = 0; r < world.size; r++) {
+    all[r].bytes = recv[2 * r];
+    all[r].crc32 = (uint32_t)recv[2 * r + 1];
+  }
+  return all;
+}
+
+// Deletes the oldest checkpoints of this run's history beyond `keep`: directories step_N with
+// N <= step (higher ones belong to a run abandoned by resuming an older checkpoint; each is
+// replaced when this run reaches its step). Each is renamed to a temporary first.
+static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
+  std::vector<int64_t> steps;
+  for (const std::string& name : list_dir(dir)) {
+    int64_t s;
+    if (parse_step_dir(name, &s) && s <= step && is_directory(dir + "/" + name)) steps.push_back(s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = (size_t)keep; i < steps.size(); i++) {
+    const std::string victim = dir + "/" + step_dir_name(steps[i]);
+    const std::string doomed = victim + ".deleted.tmp";
+    if (rename(victim.c_str(), doomed.c_str()) == 0) remove_tree(doomed);
+  }
+  sync_dir(dir);
+}
+
+// Rank 0, after every rank file is on disk: index, manifest, rename, `latest`, keep.
+static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
+                          const DataLoader& train_data, const std::string& tmp,
+                          const std::vector<FileDigest>& rank_digests) {
+  const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.seed = cfg.train.seed;
+  meta.data = train_data.pos;
+  meta.config_toml = cfg.toml_text;
+  meta.writers = (int)rank_digests.size();
+  meta.L = layout.L, meta.NH = layout.NH, meta.C = layout.C;
+  meta.T = layout.T, meta.V = layout.V, meta.Vp = layout.Vp;
+  std::vector<ManifestEntry> entries(1);
+  entries[0].file = kIndexFileName;
+  std::string problem = h5_write_index(tmp + "/" + kIndexFileName, layout, meta);
+  if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
+  for (size_t w = 0; w < rank_digests.size(); w++)
+    entries.push_back({rank_file_name((int)w), rank_digests[w]});
+  if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
+  if (problem.empty()) problem = sync_dir(tmp);
+  // Commit: from here on the checkpoint is complete under its final name.
+  if (problem.empty()) problem = rename_replacing(tmp, dir + "/" + name);
+  if (problem.empty()) problem = sync_dir(dir);
+  if (problem.empty()) problem = write_file_atomically(dir + "/latest", name + "\n");
+  if (!problem.empty()) return problem;
+  remove_tree(tmp);  // what a swap left there: a same-named checkpoint of an abandoned run
+  remove_beyond_keep(dir, step, cfg.checkpoint.keep);
+  return "";
+}
+
+void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
+                     const DataLoader& train_data, Mesh& mesh) {
+  require_data_parallel_only(mesh);
+  const auto t0 = std::chrono::steady_clock::now();
+  Comm& world = mesh.world;
+  const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
+  const std::string tmp = dir + "/" + name + ".tmp";
+  const std::string not_saved = "checkpoint " + dir + "/" + name + " not saved: ";
+  std::string problem;
+  if (world.rank == 0) {
+    problem = make_dir(dir);
+    remove_tree(tmp);
+    if (problem.empty()) problem = make_dir(tmp);
+  }
+  fail_together(world, problem, not_saved);
+
+  ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
+  const std::string file = tmp + "/" + rank_file_name(mesh.dp_rank);
+  FileDigest digest;
+  problem = h5_write_rank_file(file, store, layout, mesh.dp_rank, mesh.dp);
+  if (problem.empty()) problem = sync_and_digest(file, &digest);
+  if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
+  fail_together(world, problem, not_saved);
+  const double written = seconds_since(t0);
+
+  const std::vector<FileDigest> digests = gather_digests(world, digest);
+  if (world.rank == 0) problem = commit(cfg, step, layout, train_data, tmp, digests);
+  fail_together(world, problem, not_saved);
+  if (world.rank == 0) {
+    uint64_t bytes = 0;
+    for (const FileDigest& d : digests) bytes += d.bytes;
+    std::printf("checkpoint %s/%s saved in %.3f s (%d rank files, %.1f MiB, written in %.3f s)\n",
+                dir.c_str(), name.c_str(), seconds_since(t0), world.size, bytes / 1048576.0,
+                written);
+    std::fflush(stdout);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resuming
+// ---------------------------------------------------------------------------------------------
+// Leftovers of interrupted saves and deletions: step_*.tmp directories and latest.tmp.
+static void remove_stale_temporaries(const std::string& dir) {
+  for (const std::string& name : list_dir(dir)) {
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    if (tmp && (name.compare(0, 5, "step_") == 0 || name == "latest.tmp")) {
+      std::printf("checkpoint: removing %s/%s, left by an interrupted save\n", dir.c_str(),
+                  name.c_str());
+      remove_tree(dir + "/" + name);
+    }
+  }
+  sync_dir(dir);
+}
+
+// The checkpoint directory that [checkpoint] resume names; "" in *ckpt for "latest" when there
+// is none yet. Returns "" or the problem.
+static std::string resolve(const CheckpointConfig& c, std::string* ckpt) {
+  ckpt->clear();
+  if (c.resume == "latest") {
+    std::string name;
+    if (!read_text_file(c.dir + "/latest", &name)) return "";
+    name.erase(name.find_last_not_of(" \n\r\t") + 1);
+    *ckpt = c.dir + "/" + name;
+    if (!is_directory(*ckpt))
+      return c.dir + "/latest names " + name + ", which does not exist";
+    return "";
+  }
+  if (is_directory(c.resume)) *ckpt = c.resume;
+  else if (base_name(c.resume) == kIndexFileName) *ckpt = parent_dir(c.resume);
+  else return "[checkpoint] resume = " + c.resume + ": not a checkpoint directory or " +
+              kIndexFileName;
+  return "";
+}
+
+static std::string shape_text(int L, int NH, int C, int T, int V) {
+  char s[160];
+  std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, seq_len %d, vocab_size %d)",
+                L, NH, C, T, V);
+  return s;
+}
+
+// The index against the model and the manifest: same shape; every writer file listed.
+static std::string check_index(const CheckpointMeta& m, const GPTLayout& g,
+                               const std::vector<ManifestEntry>& entries,
+                               const std::string& ckpt) {
+  if (m.L != g.L || m.NH != g.NH || m.C != g.C || m.T != g.T || m.V != g.V)
+    return ckpt + " holds a model of shape " + shape_text(m.L, m.NH, m.C, m.T, m.V) +
+           " but the config asks for " + shape_text(g.L, g.NH, g.C, g.T, g.V);
+  for (int w = 0; w < m.writers; w++) {
+    const std::string f = rank_file_name(w);
+    if (std::none_of(entries.begin(), entries.end(),
+                     [&](const ManifestEntry& e) { return e.file == f; }))
+      return ckpt + "/manifest.txt does not list " + f + ", which the index reads";
+  }
+  return "";
+}
+
+// Verifies the manifest (ranks share the checksums) and opens the index on every rank.
+static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm& world,
+                          CheckpointIndex* index, CheckpointMeta* meta) {
+  std::vector<ManifestEntry> entries;
+  std::string problem = manifest_read(ckpt, &entries);
+  if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
+        return e.file == kIndexFileName;
+      }))
+    problem = ckpt + "/manifest.txt does not list " + kIndexFileName;
+  if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
+  fail_together(world, problem, "cannot resume: ");
+  problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
+  if (problem.empty()) problem = check_index(*meta, layout, entries, ckpt);
+  fail_together(world, problem, "cannot resume: ");
+}
+
+int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
+                      DataLoader& train_data, Mesh& mesh) {
+  require_data_parallel_only(mesh);
+  Comm& world = mesh.world;
+  const CheckpointConfig& c = cfg.checkpoint;
+  if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
+  barrier(world);
+  if (c.resume.empty()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string ckpt;
+  fail_together(world, resolve(c, &ckpt), "cannot resume: ");
+  if (ckpt.empty()) {
+    if (world.rank == 0)
+      std::printf("resume   no checkpoint in %s yet: starting from step 0\n", c.dir.c_str());
+    return 0;
+  }
+  CheckpointIndex index;
+  CheckpointMeta meta;
+  open_verified(ckpt, layout, world, &index, &meta);
+  for (StateKind kind : kStates) param_store_load(store, layout, h5_index_fill(index, kind), kind);
+  h5_close_index(index);
+
+  if (meta.seed != cfg.train.seed && world.rank == 0)
+    std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",
+                (unsigned long long)meta.seed, (unsigned long long)cfg.train.seed);
+  cfg.train.seed = meta.seed;
+  train_data.seed = meta.seed;
+  dataloader_seek(train_data, meta.data);
+  if (world.rank == 0) {
+    std::printf("resume   %s: step %lld, written by %d rank(s), loaded by %d in %.3f s\n",
+                ckpt.c_str(), (long long)meta.step, meta.writers, world.size, seconds_since(t0));
+    if (meta.step >= cfg.train.steps)
+      std::printf("resume   [train] steps = %d: nothing left to do\n", cfg.train.steps);
+    std::fflush(stdout);
+  }
+  return (int)meta.step;
+}

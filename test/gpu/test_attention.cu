@@ -1,0 +1,199 @@
+// test/gpu/test_attention.cu - causal attention on the GPU (kernels/cuda/attention.cu) against the
+// CPU backend: forward (out and lse) and backward (dqkv), fp32 and bf16, each implementation
+// forced through StreamOptions::attention (Flash, Cudnn - which falls back to flash where cuDNN
+// cannot run - and Auto).
+//
+// The oracle is ref:: in fp32 on the inputs as the GPU sees them (rounded to bf16 for bf16 runs),
+// so the bf16 tolerance only has to cover the GPU's own bf16 roundings. Backward is checked in
+// isolation: it gets the oracle's out (stored as dt) and lse, not the GPU forward's.
+// Tolerances (relative L2 error): fp32 1e-5 everywhere; bf16 1e-2 for out and dqkv, 1e-4 for lse
+// (fp32 math on exact bf16 inputs). dq and dk are analytically zero at T = 1, so dqkv is also
+// checked as a whole. The bf16 GPT-2 shape additionally checks that backward is bitwise
+// deterministic and prints kernel times.
+#include <cstring>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "test/gpu/harness.h"
+
+namespace {
+
+struct Shape {
+  int B, T, NH, HS;
+  size_t qkv() const { return (size_t)B * T * 3 * NH * HS; }
+  size_t out() const { return (size_t)B * T * NH * HS; }
+  size_t lse() const { return (size_t)B * NH * T; }
+};
+
+// The CPU oracle's results for one set of inputs.
+struct Expected {
+  std::vector<float> qkv, dout;  // inputs, already rounded to the dtype under test
+  std::vector<float> out, lse, dqkv;
+};
+
+Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt) {
+  Expected e;
+  e.qkv = rounded(random_vector(ctx, sh.qkv()), dt);
+  e.dout = rounded(random_vector(ctx, sh.out()), dt);
+  e.out.assign(sh.out(), 0.f);
+  e.lse.assign(sh.lse(), 0.f);
+  e.dqkv.assign(sh.qkv(), 0.f);
+  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.HS,
+                         DType::F32, ctx.ref_stream);
+  ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
+                          sh.B, sh.T, sh.NH, sh.HS, DType::F32, ctx.ref_stream);
+  return e;
+}
+
+// Elements of the q (part 0), k (1) or v (2) columns of a (B*T, 3C) matrix.
+std::vector<float> qkv_part(const std::vector<float>& x, const Shape& sh, int part) {
+  size_t C = (size_t)sh.NH * sh.HS, rows = (size_t)sh.B * sh.T;
+  std::vector<float> r(rows * C);
+  for (size_t i = 0; i < rows; i++)
+    std::memcpy(&r[i * C], &x[i * 3 * C + part * C], C * sizeof(float));
+  return r;
+}
+
+const char* impl_label(AttentionImpl impl) {
+  return impl == AttentionImpl::Flash ? "flash" : impl == AttentionImpl::Cudnn ? "cudnn" : "auto";
+}
+
+struct DeviceBuffers {
+  void *qkv, *dout, *out, *dqkv, *ref_out;
+  float *lse, *ref_lse;
+};
+
+DeviceBuffers upload(const Shape& sh, const Expected& e, DType dt) {
+  DeviceBuffers d;
+  d.qkv = to_device(e.qkv, dt);
+  d.dout = to_device(e.dout, dt);
+  d.ref_out = to_device(e.out, dt);
+  d.ref_lse = (float*)to_device(e.lse, DType::F32);
+  d.out = ops::alloc(sh.out() * dtype_size(dt));
+  d.dqkv = ops::alloc(sh.qkv() * dtype_size(dt));
+  d.lse = (float*)ops::alloc(sh.lse() * sizeof(float));
+  return d;
+}
+void release(DeviceBuffers& d) {
+  for (void* p : {d.qkv, d.dout, d.out, d.dqkv, d.ref_out, (void*)d.lse, (void*)d.ref_lse})
+    ops::release(p);
+}
+
+void run_backward(const DeviceBuffers& d, const Shape& sh, DType dt, ops::Stream s) {
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.HS, dt,
+                          s);
+}
+
+// Backward twice on poisoned outputs: the two results must agree bit for bit.
+void check_deterministic(TestContext& ctx, const DeviceBuffers& d, const Shape& sh, DType dt,
+                         ops::Stream s, const std::string& tag) {
+  size_t bytes = sh.qkv() * dtype_size(dt);
+  std::vector<unsigned char> first(bytes), second(bytes);
+  ops::copy_to_host(first.data(), d.dqkv, bytes);
+  poison(d.dqkv, bytes);
+  run_backward(d, sh, dt, s);
+  ops::stream_sync(s);
+  ops::copy_to_host(second.data(), d.dqkv, bytes);
+  bool same = std::memcmp(first.data(), second.data(), bytes) == 0;
+  ctx.checks++;
+  if (!same) ctx.failures++;
+  std::printf("  %-48s %s\n", (tag + " dqkv deterministic").c_str(), same ? "ok" : "FAIL");
+}
+
+// Average milliseconds of fn over a few runs (after one warm-up), reported with TFLOP/s.
+template <typename Fn>
+void report_time(const char* what, double flops, ops::Stream s, Fn&& fn) {
+  const int reps = 10;
+  fn();
+  ops::Event start = ops::event_create(), end = ops::event_create();
+  ops::event_record(start, s);
+  for (int i = 0; i < reps; i++) fn();
+  ops::event_record(end, s);
+  ops::event_sync(end);
+  double ms = ops::event_elapsed_ms(start, end) / reps;
+  std::printf("  info: %-42s %8.3f ms  %6.1f TFLOP/s\n", what, ms, flops / (ms * 1e9));
+  ops::event_destroy(start);
+  ops::event_destroy(end);
+}
+
+void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl, const Expected& e,
+                bool extras) {
+  StreamOptions options;
+  options.attention = impl;
+  ops::Stream s = ops::stream_create(options);
+  DeviceBuffers d = upload(sh, e, dt);
+  poison(d.out, sh.out() * dtype_size(dt));
+  poison(d.lse, sh.lse() * sizeof(float));
+  poison(d.dqkv, sh.qkv() * dtype_size(dt));
+
+  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.HS, dt, s);
+  ops::stream_sync(s);
+  const bool f32 = dt == DType::F32;
+  std::string tag = std::string(impl_label(impl)) + "->" + ops::attention_impl_name(s);
+  check_close(ctx, tag + " out", to_host(d.out, sh.out(), dt).data(), e.out.data(), sh.out(),
+              f32 ? 1e-5 : 1e-2);
+  check_close(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(), e.lse.data(),
+              sh.lse(), f32 ? 1e-5 : 1e-4);
+  ctx.checks++;
+  if (s->attention_resolved == AttentionImpl::Auto) {
+    ctx.failures++;
+    std::printf("  %-48s FAIL (still auto after a call)\n", (tag + " resolved").c_str());
+  }
+
+  run_backward(d, sh, dt, s);
+  ops::stream_sync(s);
+  std::vector<float> dqkv = to_host(d.dqkv, sh.qkv(), dt);
+  const double tol = f32 ? 1e-5 : 1e-2;
+  check_close(ctx, tag + " dqkv", dqkv.data(), e.dqkv.data(), sh.qkv(), tol);
+  if (sh.T > 1) {
+    const char* names[3] = {" dq", " dk", " dv"};
+    for (int part = 0; part < 3; part++) {
+      std::vector<float> got = qkv_part(dqkv, sh, part), want = qkv_part(e.dqkv, sh, part);
+      check_close(ctx, tag + names[part], got.data(), want.data(), got.size(), tol);
+    }
+  }
+
+  if (extras) {
+    check_deterministic(ctx, d, sh, dt, s, tag);
+    double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS / 2;
+    report_time((tag + " forward").c_str(), fwd_flops, s, [&] {
+      ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.HS, dt, s);
+    });
+    report_time((tag + " backward").c_str(), 2.5 * fwd_flops, s,
+                [&] { run_backward(d, sh, dt, s); });
+  }
+  release(d);
+  ops::stream_destroy(s);
+}
+
+void run_case(TestContext& ctx, const Shape& sh, DType dt, bool extras = false) {
+  std::printf("  B=%d T=%d NH=%d HS=%d %s\n", sh.B, sh.T, sh.NH, sh.HS, dtype_name(dt));
+  Expected e = cpu_reference(ctx, sh, dt);
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Cudnn, AttentionImpl::Auto})
+    check_impl(ctx, sh, dt, impl, e, extras);
+}
+
+}  // namespace
+
+GPU_TEST(attention_awkward) {
+  for (DType dt : {DType::F32, DType::BF16}) run_case(ctx, {2, 37, 3, 20}, dt);
+}
+GPU_TEST(attention_single_token) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    run_case(ctx, {3, 1, 2, 64}, dt);
+    run_case(ctx, {1, 1, 1, 128}, dt);
+  }
+}
+GPU_TEST(attention_ragged_tiles) {  // T not a multiple of any tile size, several query tiles
+  for (DType dt : {DType::F32, DType::BF16}) {
+    run_case(ctx, {2, 200, 2, 64}, dt);
+    run_case(ctx, {1, 333, 3, 128}, dt);
+  }
+}
+GPU_TEST(attention_gpt2) {
+  run_case(ctx, {4, 1024, 12, 64}, DType::F32);
+  run_case(ctx, {4, 1024, 12, 64}, DType::BF16, /*extras=*/true);
+}
+GPU_TEST(attention_head_size_128) {
+  run_case(ctx, {2, 512, 4, 128}, DType::F32);
+  run_case(ctx, {2, 512, 4, 128}, DType::BF16, /*extras=*/true);
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# test/run_all.sh - the whole CPU test suite (`make test`, and what CI runs through .ci/run).
+#
+# Builds both binaries (./train with nvcc when the CUDA toolkit is present: CI compiles and links
+# the CUDA backend on every run even though it has no GPU to run it), the test programs and the
+# bundled dataset, then runs every test and prints a summary. Exit status 1 if any test failed.
+# Every test compares against a reference (PyTorch float64, the one-rank run, exact analytic
+# values) with a stated tolerance; see the docstring at the top of each.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export BUILD=${BUILD:-build}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+PY=/usr/bin/python3
+
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  targets="all"
+else
+  echo "run_all: no CUDA toolkit found: building ./train_cpu only"
+  targets="cpu"
+fi
+make -j2 BUILD="$BUILD" $targets test-bins || { echo "run_all: BUILD FAILED"; exit 1; }
+tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
+
+failed=()
+passed=0
+run() {  # run NAME COMMAND...
+  local name=$1; shift
+  local start=$SECONDS
+  echo "=== $name"
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "=== $name: passed ($((SECONDS - start)) s)"
+  else
+    failed+=("$name")
+    echo "=== $name: FAILED ($((SECONDS - start)) s)"
+  fi
+}
+
+run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
+run model       $PY test/test_model.py
+run train       $PY test/test_train.py
+run data        "$BUILD/test_data"
+run tokenize    $PY test/test_tokenize.py
+run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
+run mesh        $PY test/test_mesh.py "$BUILD"
+for t in test/test_distributed.py test/test_checkpoint.py test/test_export.py; do
+  [ -f "$t" ] && run "$(basename "$t" .py | sed 's/^test_//')" $PY "$t"
+done
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "run_all: all $passed test groups passed in $SECONDS s"
+else
+  echo "run_all: ${#failed[@]} FAILED (${failed[*]}), $passed passed, $SECONDS s"
+  exit 1
+fi

@@ -1,0 +1,119 @@
+"""test/trainer.py - helpers shared by the trainer-level tests: write a tiny experiment (llm.c
+model file, token shards, config), run ./train_cpu (optionally under mpirun) and read back its
+JSONL metrics."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+
+TRAIN_CPU = os.environ.get("TRAIN_CPU", "./train_cpu")
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+
+
+def learnable_tokens(rng, n, V):
+    """A token stream with structure (each token mostly determined by the previous one), so
+    that losses fall quickly and a wrong update shows in them."""
+    tokens = np.empty(n, dtype=np.int64)
+    tokens[0] = rng.integers(0, V)
+    noise = rng.integers(0, 3, size=n)
+    for i in range(1, n):
+        tokens[i] = (tokens[i - 1] * 7 + 3 + noise[i]) % V
+    return tokens
+
+
+def make_experiment(tmp, rng, L=2, NH=3, C=36, T=16, V=101, n_tokens=4000, shard_version=1,
+                    model=True):
+    """Random llm.c model file (if model) and one train + one val shard in tmp."""
+    if model:
+        params = ref.random_params(L, C, T, V, rng)
+        ref.write_model(os.path.join(tmp, "model.bin"), params, L, NH, C, T, V)
+    tokens = learnable_tokens(rng, n_tokens, V)
+    ref.write_shard(os.path.join(tmp, "train_000.bin"), tokens, shard_version)
+    ref.write_shard(os.path.join(tmp, "val_000.bin"), learnable_tokens(rng, 2000, V),
+                    shard_version)
+    return tokens
+
+
+def write_config(tmp, name, sections):
+    """sections: {"model": {...}, ...}; strings are quoted, bools lower-case."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+    lines = []
+    for sec, kv in sections.items():
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {value(v)}" for k, v in kv.items()]
+        lines.append("")
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def run(config, overrides=(), np_ranks=0, timeout=600, check=True, env=None):
+    """Runs the trainer; returns the CompletedProcess. np_ranks > 0 launches under mpirun."""
+    cmd = [TRAIN_CPU, config, *overrides]
+    if np_ranks > 0:
+        cmd = MPIRUN + ["-np", str(np_ranks)] + cmd
+    full_env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    full_env.update(env or {})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and r.returncode != 0:
+        print(r.stdout[-3000:])
+        print(r.stderr[-3000:])
+        raise RuntimeError(f"trainer failed ({r.returncode}): {' '.join(cmd)}")
+    return r
+
+
+def read_metrics(path):
+    """(step records, val records) from a JSONL metrics file."""
+    steps, vals = [], []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            (vals if "val_loss" in rec else steps).append(rec)
+    return steps, vals
+
+
+def base_sections(tmp, steps, **train):
+    sec = {
+        "init": {"from": os.path.join(tmp, "model.bin")},
+        "data": {"train": os.path.join(tmp, "train_*.bin"), "shuffle": False},
+        "train": {"micro_batch": 2, "grad_accum": 1, "steps": steps, "lr": 1e-3,
+                  "warmup_steps": 0, "lr_schedule": "constant", "weight_decay": 0.0,
+                  "grad_clip": 0.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
+        "log": {"every": 1, "metrics": os.path.join(tmp, "metrics.jsonl")},
+    }
+    sec["train"].update(train)
+    return sec
+
+
+class Checks:
+    """Collects named pass/fail checks; report() exits non-zero if any failed."""
+
+    def __init__(self, name):
+        self.name, self.failed = name, []
+
+    def check(self, what, ok, detail=""):
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
+        if not ok:
+            self.failed.append(what)
+
+    def report(self):
+        if self.failed:
+            print(f"{self.name}: {len(self.failed)} FAILED: {', '.join(self.failed)}")
+            sys.exit(1)
+        print(f"{self.name}: all passed")
+
+
+def max_rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b) / np.abs(b)))
