@@ -101,6 +101,14 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0);
+  RunInfo info;
+  info.parameters = r.layout.num_parameters();
+  info.state_bytes = r.store.state_bytes;
+  info.activation_bytes = r.model.activation_bytes;
+  info.world_size = world_size;
+  info.flops_per_token = model_flops_per_token(r.layout);
+  info.peak_tflops = r.peak_tflops;
+  metrics_run(r.metrics, info);
 }
 
 static void print_banner(const Run& r) {

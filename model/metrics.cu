@@ -39,6 +39,16 @@ void metrics_close(MetricsLog& log) {
   log.jsonl = nullptr;
 }
 
+void metrics_run(MetricsLog& log, const RunInfo& i) {
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl,
+               "{\"run\":{\"parameters\":%zu,\"state_bytes\":%zu,\"activation_bytes\":%zu,"
+               "\"world_size\":%d,\"flops_per_token\":%.0f,\"peak_tflops\":%.1f}}\n",
+               i.parameters, i.state_bytes, i.activation_bytes, i.world_size, i.flops_per_token,
+               i.peak_tflops);
+  std::fflush(log.jsonl);
+}
+
 static void print_fraction(FILE* f, const char* key, double x) {
   if (x < 0) std::fprintf(f, ",\"%s\":null", key);
   else std::fprintf(f, ",\"%s\":%.6f", key, x);

@@ -33,6 +33,15 @@ struct MetricsLog {
 };
 void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0);
 void metrics_close(MetricsLog& log);
+// The first record of a run: sizes that do not change from step to step.
+struct RunInfo {
+  size_t parameters = 0;       // N
+  size_t state_bytes = 0;      // this rank's weights + gradients + optimizer state
+  size_t activation_bytes = 0; // this rank's activations and backward scratch
+  int world_size = 1;
+  double flops_per_token = 0, peak_tflops = 0;
+};
+void metrics_run(MetricsLog& log, const RunInfo& info);
 // Prints the step line (rank 0) and appends the JSON object, with this step's communication.
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
 void metrics_val(MetricsLog& log, int step, double val_loss);

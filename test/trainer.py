@@ -79,8 +79,19 @@ def read_metrics(path):
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            (vals if "val_loss" in rec else steps).append(rec)
+            if "run" not in rec:
+                (vals if "val_loss" in rec else steps).append(rec)
     return steps, vals
+
+
+def read_run_info(path):
+    """The {"run": ...} record a run writes first."""
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "run" in rec:
+                return rec["run"]
+    return None
 
 
 def base_sections(tmp, steps, **train):

@@ -1,0 +1,185 @@
+#!/usr/bin/python3
+"""tools/export.py - a training checkpoint (checkpoint/checkpoint.h) to other formats, using
+only h5py and numpy: the checkpoint's index presents every tensor whole, so nothing here knows
+how many ranks wrote it.
+
+    /usr/bin/python3 tools/export.py hf   CKPT OUT_DIR   Hugging Face GPT-2: model.safetensors
+                                                         + config.json (GPT2LMHeadModel)
+    /usr/bin/python3 tools/export.py llmc CKPT OUT.bin   llm.c model file, fp32 (version 3);
+                                                         ./train_cpu reads it with [init] from
+
+CKPT is a checkpoint directory (dir/step_000123), its checkpoint.h5, or a [checkpoint] dir, in
+which case the checkpoint that dir/latest names is taken. Every file is checked against the
+manifest (size and CRC32) first: a missing source file of a virtual dataset would otherwise
+read as NaN.
+
+Conversions. llm.c keeps our layout: linear weights (out, in), wte with the padded vocabulary,
+tensors of one kind stacked over the layers. Hugging Face's GPT-2 uses Conv1D, whose weights are
+stored (in, out), i.e. transposed; wte has exactly vocab_size rows; lm_head is tied to wte and
+not stored (tie_word_embeddings). safetensors is written by hand: an 8-byte little-endian header
+length, a JSON header {name: {dtype, shape, data_offsets}} padded with spaces to 8 bytes, then
+the raw little-endian tensors back to back.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+import zlib
+
+import h5py
+import numpy as np
+
+BLOCK_KINDS = ("ln_1/weight", "ln_1/bias", "attn/qkv/weight", "attn/qkv/bias",
+               "attn/proj/weight", "attn/proj/bias", "ln_2/weight", "ln_2/bias",
+               "mlp/fc/weight", "mlp/fc/bias", "mlp/proj/weight", "mlp/proj/bias")
+
+# Ours -> Hugging Face GPT-2 (per block), and whether the weight is transposed (Conv1D).
+HF_BLOCK = {"ln_1/weight": ("ln_1.weight", False), "ln_1/bias": ("ln_1.bias", False),
+            "attn/qkv/weight": ("attn.c_attn.weight", True),
+            "attn/qkv/bias": ("attn.c_attn.bias", False),
+            "attn/proj/weight": ("attn.c_proj.weight", True),
+            "attn/proj/bias": ("attn.c_proj.bias", False),
+            "ln_2/weight": ("ln_2.weight", False), "ln_2/bias": ("ln_2.bias", False),
+            "mlp/fc/weight": ("mlp.c_fc.weight", True), "mlp/fc/bias": ("mlp.c_fc.bias", False),
+            "mlp/proj/weight": ("mlp.c_proj.weight", True),
+            "mlp/proj/bias": ("mlp.c_proj.bias", False)}
+
+
+def checkpoint_dir(path):
+    """The checkpoint directory a CKPT argument names."""
+    if os.path.basename(path) == "checkpoint.h5":
+        return os.path.dirname(path) or "."
+    if os.path.isfile(os.path.join(path, "latest")):
+        with open(os.path.join(path, "latest")) as f:
+            return os.path.join(path, f.read().strip())
+    return path
+
+
+def verify_manifest(ckpt):
+    """Every file listed in manifest.txt is present with its size and CRC32."""
+    path = os.path.join(ckpt, "manifest.txt")
+    if not os.path.isfile(path):
+        sys.exit(f"error: {path} is missing: not a complete checkpoint")
+    with open(path, "rb") as f:
+        text = f.read()
+    end = text.rfind(b"end ")
+    if end < 0 or int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
+        sys.exit(f"error: {path} is damaged (its own checksum line does not match)")
+    for line in text[:end].decode().splitlines()[1:]:
+        size, crc, name = line.split()
+        file = os.path.join(ckpt, name)
+        if not os.path.isfile(file):
+            sys.exit(f"error: {file} is missing (listed in the manifest)")
+        if os.path.getsize(file) != int(size):
+            sys.exit(f"error: {file} is {os.path.getsize(file)} bytes, the manifest says {size}")
+        c = 0
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 24):
+                c = zlib.crc32(chunk, c)
+        if c != int(crc, 16):
+            sys.exit(f"error: {file} fails its checksum (the file is corrupt)")
+
+
+def open_checkpoint(path):
+    ckpt = checkpoint_dir(path)
+    verify_manifest(ckpt)
+    f = h5py.File(os.path.join(ckpt, "checkpoint.h5"), "r")
+    shape = {k: int(f.attrs[k]) for k in ("n_layer", "n_head", "d_model", "seq_len",
+                                          "vocab_size", "padded_vocab")}
+    return f, shape
+
+
+def model_tensor(f, name):
+    a = np.asarray(f["model/" + name][...], dtype=np.float32)
+    if np.isnan(a).any():
+        sys.exit(f"error: model/{name} holds NaN (a source file of the index is unreadable)")
+    return a
+
+
+def llmc_order(L):
+    names = ["wte", "wpe"]
+    for kind in BLOCK_KINDS:
+        names += [f"h.{l}/{kind}" for l in range(L)]
+    return names + ["ln_f/weight", "ln_f/bias"]
+
+
+def export_llmc(f, s, out):
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20240326, 3, s["seq_len"], s["vocab_size"], s["n_layer"], s["n_head"],
+                  s["d_model"], s["padded_vocab"]]
+    with open(out, "wb") as o:
+        o.write(header.tobytes())
+        for name in llmc_order(s["n_layer"]):
+            o.write(model_tensor(f, name).astype("<f4").tobytes())
+
+
+def hf_tensors(f, s):
+    """(name, array) in Hugging Face GPT-2 naming and layout."""
+    V, L = s["vocab_size"], s["n_layer"]
+    out = [("transformer.wte.weight", model_tensor(f, "wte")[:V]),
+           ("transformer.wpe.weight", model_tensor(f, "wpe"))]
+    for l in range(L):
+        for ours, (theirs, transpose) in HF_BLOCK.items():
+            a = model_tensor(f, f"h.{l}/{ours}")
+            out.append((f"transformer.h.{l}.{theirs}", a.T if transpose else a))
+    out += [("transformer.ln_f.weight", model_tensor(f, "ln_f/weight")),
+            ("transformer.ln_f.bias", model_tensor(f, "ln_f/bias"))]
+    return out
+
+
+def write_safetensors(path, tensors, metadata):
+    header, offset = {"__metadata__": metadata}, 0
+    blobs = []
+    for name, a in sorted(tensors, key=lambda kv: kv[0]):
+        blob = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as o:
+        o.write(struct.pack("<Q", len(text)))
+        o.write(text)
+        for blob in blobs:
+            o.write(blob)
+
+
+def hf_config(s):
+    V = s["vocab_size"]
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V,
+            "n_positions": s["seq_len"], "n_ctx": s["seq_len"], "n_embd": s["d_model"],
+            "n_layer": s["n_layer"], "n_head": s["n_head"], "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+            "tie_word_embeddings": True, "bos_token_id": V - 1, "eos_token_id": V - 1,
+            "torch_dtype": "float32"}
+
+
+def export_hf(f, s, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), hf_tensors(f, s),
+                      {"format": "pt", "step": str(int(f.attrs["step"]))})
+    with open(os.path.join(out_dir, "config.json"), "w") as o:
+        json.dump(hf_config(s), o, indent=2)
+        o.write("\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("format", choices=["hf", "llmc"])
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    args = p.parse_args()
+    f, shape = open_checkpoint(args.checkpoint)
+    if args.format == "llmc":
+        export_llmc(f, shape, args.out)
+    else:
+        export_hf(f, shape, args.out)
+    print(f"exported step {int(f.attrs['step'])} of {f.filename} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
