@@ -118,7 +118,7 @@ test-gpu: all $(BUILD)/test_gpu
 	test/run_gpu.sh
 
 run: deps
-	tools/run_demo.sh
+	tools/run_demo.sh $(ARGS)
 
 bench:
 	bench/run_all.sh

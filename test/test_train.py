@@ -5,7 +5,8 @@
    1e-4 for all 20, against test/gpt2_reference.py.
 2. Warmup + cosine schedule, weight decay on 2-D weights, clipping that bites, gradient
    accumulation and uint32 (v7) shards: 8 steps within 1e-5.
-3. bf16 (emulated storage) follows the fp32 run: 20 steps within 2% of the reference.
+3. bf16 (emulated storage) follows the fp32 run: 20 steps within 2% of the reference; an llm.c
+   bf16 (version 5) model file imports exactly (5 steps within 1e-5).
 4. Overfitting one batch from random init drives the loss under 0.05.
 5. The metrics file has the documented keys; MFU is null on the CPU without a peak and a
    number with [log] peak_tflops; validation lines appear every val_every steps.
@@ -78,6 +79,20 @@ def test_schedule_decay_clip_accum(rng):
                      f"max rel err {r:.2e}, lr rel err {lrs:.1e}, clipping active {clipped}")
 
 
+def test_bf16_model_file(rng):
+    """An llm.c bf16 (version 5) model file imports to the same weights PyTorch reads."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = make_experiment(tmp, rng, L=1, NH=2, C=32, T=8, V=90)
+        params, cfg = ref.read_model(os.path.join(tmp, "model.bin"))
+        ref.write_model(os.path.join(tmp, "model.bin"),
+                        {k: v.numpy() for k, v in params.items()}, 1, 2, 32, 8, 90, version=5)
+        run(write_config(tmp, "c.toml", base_sections(tmp, 5, lr=1e-2)))
+        ours = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
+        theirs = torch_losses(tmp, tokens, 5, B=2, T=8, lr=1e-2)
+        r = max_rel(ours, theirs)
+        checks.check("llm.c bf16 (v5) model file", r < 1e-5, f"5 steps, max rel err {r:.2e}")
+
+
 def test_overfit(rng):
     with tempfile.TemporaryDirectory() as tmp:
         B, T = 2, 16
@@ -124,6 +139,7 @@ def main():
     rng = np.random.default_rng(seed)
     test_matches_pytorch(rng)
     test_schedule_decay_clip_accum(rng)
+    test_bf16_model_file(rng)
     test_overfit(rng)
     test_metrics_file(rng)
     checks.report()

@@ -1,0 +1,341 @@
+"""test/test_checkpoint.py - sharded HDF5 checkpoints (checkpoint/checkpoint.h) end to end.
+
+Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101: rows that FSDP shards split mid-row), fixed global
+batch of 4 sequences (np=4 x 1, np=2 x 2, np=1 x 4), shuffled data.
+1. Same layout, bit for bit: a np=4 FSDP run saves at steps 5 and 10; resuming step 5 at np=4
+   FSDP gives steps 6-10 losses, gradient norms and the step-10 validation loss exactly equal
+   to the uninterrupted run, in fp32 and in bf16. The resumed run saves step 10 again into the
+   same directory (the swap that replaces a same-named checkpoint).
+2. Resharding: np=4 FSDP -> np=2 DDP -> np=1 FSDP, and np=4 DDP -> np=2 FSDP -> np=1 DDP, each
+   leg resumed from the previous leg's checkpoint: losses within 1e-5 of the uninterrupted run.
+3. kill -9 of the whole job at random moments while it saves every step, several times: after
+   each kill `latest` names a checkpoint whose files all match the manifest (checked here with
+   zlib's CRC32, independently of the trainer), the next run resumes from it, and every step's
+   loss, whichever run computed it, equals the uninterrupted run's exactly; at the end only
+   `keep` checkpoints and no temporaries remain.
+4. A truncated file, a flipped byte, a missing file and an interrupted save (no manifest) are
+   each refused with a message naming the file; a model shape other than the checkpoint's is
+   refused naming both shapes.
+5. h5py reads the checkpoint without our code: after one lr = 0 step from an llm.c file at np=4
+   FSDP, the names and shapes are the model's, model/* equals the llm.c file exactly, optim/m
+   and optim/v equal (1-beta1) g and (1-beta2) g^2 for the PyTorch float64 gradient g (1e-4
+   relative), and step, seed, data position, writers and the stored config are right; h5dump
+   reads a tensor too.
+"""
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zlib
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
+                     read_metrics, run, write_config)
+
+checks = Checks("test_checkpoint")
+L, NH, C, T, V = 2, 3, 36, 16, 101
+GLOBAL_ROWS = 4
+
+
+def layout(np_ranks, fsdp):
+    return [f"--parallel.dp={np_ranks}", f"--parallel.fsdp={'true' if fsdp else 'false'}",
+            f"--train.micro_batch={GLOBAL_ROWS // np_ranks}"]
+
+
+def trainer(config, np_ranks, fsdp, *overrides, check=True):
+    return run(config, layout(np_ranks, fsdp) + list(overrides), np_ranks=np_ranks, check=check)
+
+
+def losses(path, key="loss"):
+    """{step: value} of the step records of a metrics file."""
+    return {r["step"]: r[key] for r in read_metrics(path)[0]}
+
+
+def experiment(tmp, rng, steps, n_tokens=4000):
+    make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, n_tokens=n_tokens)
+    sec = base_sections(tmp, steps, micro_batch=1)
+    sec["data"]["shuffle"] = True
+    sec["data"]["val"] = os.path.join(tmp, "val_*.bin")
+    sec["log"].update({"val_every": 5, "val_batches": 2})
+    return write_config(tmp, "c.toml", sec)
+
+
+def verify_manifest(ckpt):
+    """Every manifest entry present with its size and zlib CRC32: "" or the problem."""
+    with open(os.path.join(ckpt, "manifest.txt"), "rb") as f:
+        text = f.read()
+    end = text.rfind(b"end ")
+    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
+        return "manifest's own checksum"
+    for line in text[:end].decode().splitlines()[1:]:
+        size, crc, name = line.split()
+        with open(os.path.join(ckpt, name), "rb") as f:
+            data = f.read()
+        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
+            return name
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+def test_bit_exact(tmp, rng):
+    cfg = experiment(tmp, rng, 10)
+    for dt in ("fp32", "bf16"):
+        ck = os.path.join(tmp, "ck_" + dt)
+        common = [f"--precision.compute={dt}", f"--checkpoint.dir={ck}", "--checkpoint.every=5"]
+        trainer(cfg, 4, True, *common, f"--log.metrics={tmp}/ref_{dt}.jsonl")
+        out = trainer(cfg, 4, True, *common, f"--checkpoint.resume={ck}/step_000005",
+                      f"--log.metrics={tmp}/res_{dt}.jsonl").stdout
+        ref_l, res_l = losses(f"{tmp}/ref_{dt}.jsonl"), losses(f"{tmp}/res_{dt}.jsonl")
+        ref_n = losses(f"{tmp}/ref_{dt}.jsonl", "grad_norm")
+        res_n = losses(f"{tmp}/res_{dt}.jsonl", "grad_norm")
+        ref_v = read_metrics(f"{tmp}/ref_{dt}.jsonl")[1][-1]["val_loss"]
+        res_v = read_metrics(f"{tmp}/res_{dt}.jsonl")[1][-1]["val_loss"]
+        same = (sorted(res_l) == list(range(6, 11)) and
+                all(res_l[s] == ref_l[s] and res_n[s] == ref_n[s] for s in res_l) and
+                res_v == ref_v)
+        checks.check(f"np=4 FSDP {dt} resume at step 5 is bit-exact", same,
+                     f"steps 6-10 losses {[res_l.get(s) for s in range(6, 11)]} vs "
+                     f"{[ref_l[s] for s in range(6, 11)]}, val {res_v} vs {ref_v}")
+        swapped = (open(f"{ck}/latest").read().strip() == "step_000010" and
+                   verify_manifest(f"{ck}/step_000010") == "" and
+                   not glob.glob(f"{ck}/*.tmp") and "resume" in out)
+        checks.check(f"{dt}: re-saving step 10 over the old one", swapped,
+                     f"{sorted(os.listdir(ck))}")
+    return cfg, os.path.join(tmp, "ck_fp32")
+
+
+def test_reshard(tmp, cfg, fsdp_ck):
+    """Two chains of three layouts; each leg resumes the last leg's checkpoint."""
+    ddp_ck = os.path.join(tmp, "ck_ddp4")
+    trainer(cfg, 4, False, f"--checkpoint.dir={ddp_ck}", "--checkpoint.every=5",
+            f"--log.metrics={tmp}/ref_ddp4.jsonl")
+    ref_fsdp, ref_ddp = losses(f"{tmp}/ref_fp32.jsonl"), losses(f"{tmp}/ref_ddp4.jsonl")
+    d = max(abs(ref_fsdp[s] - ref_ddp[s]) for s in ref_fsdp)
+    checks.check("np=4 DDP and FSDP runs agree", d < 1e-5, f"max |diff| {d:.2e}")
+    chains = [("FSDP4 -> DDP2 -> FSDP1", fsdp_ck, ref_fsdp, [(2, False), (1, True)]),
+              ("DDP4 -> FSDP2 -> DDP1", ddp_ck, ref_ddp, [(2, True), (1, False)])]
+    for name, start, reference, legs in chains:
+        got, ckpt = {}, f"{start}/step_000005"
+        for i, ((np_ranks, fsdp), last) in enumerate(zip(legs, (7, 10))):
+            leg_dir = os.path.join(tmp, f"leg_{name[:4]}_{i}")
+            metrics = f"{leg_dir}.jsonl"
+            trainer(cfg, np_ranks, fsdp, f"--checkpoint.dir={leg_dir}", f"--train.steps={last}",
+                    f"--checkpoint.resume={ckpt}", f"--log.metrics={metrics}")
+            got.update(losses(metrics))
+            ckpt = f"{leg_dir}/step_{last:06d}"
+        d = max(abs(got[s] - reference[s]) for s in range(6, 11)) if len(got) == 5 else 1.0
+        checks.check(f"reshard {name}", sorted(got) == list(range(6, 11)) and d < 1e-5,
+                     f"steps 6-10 max |loss - uninterrupted| {d:.2e}")
+
+
+def processes_with(marker):
+    pids = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(os.path.basename(d)))
+        except OSError:
+            pass
+    return pids
+
+
+def kill_job(p, marker):
+    """SIGKILL to mpirun's process group and to any rank of this job outside it."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        left = processes_with(marker)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def test_kill(tmp, rng):
+    steps = 30
+    cfg = experiment(tmp, rng, steps, n_tokens=1200)  # ~18 steps per epoch: epochs roll over
+    ck = os.path.join(tmp, "ck")
+    trainer(cfg, 2, True, f"--log.metrics={tmp}/uninterrupted.jsonl")
+    reference = losses(f"{tmp}/uninterrupted.jsonl")
+    args = [f"--checkpoint.dir={ck}", "--checkpoint.every=1", "--checkpoint.keep=2",
+            "--checkpoint.resume=latest"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    bad, mid_save, resumed_from = [], 0, []
+    for attempt in range(6):
+        log = open(f"{tmp}/kill_{attempt}.log", "w")
+        cmd = MPIRUN + ["-np", "2", TRAIN_CPU, cfg] + layout(2, True) + args + \
+            [f"--log.metrics={tmp}/kill_{attempt}.jsonl"]
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        time.sleep(random.uniform(0.6, 2.2))
+        if p.poll() is not None and p.returncode != 0:
+            bad.append(f"run {attempt} failed by itself (rc {p.returncode})")
+        kill_job(p, cfg)
+        log.close()
+        mid_save += bool(glob.glob(f"{ck}/*.tmp"))
+        if os.path.exists(f"{ck}/latest"):
+            name = open(f"{ck}/latest").read().strip()
+            resumed_from.append(name)
+            problem = verify_manifest(f"{ck}/{name}")
+            if problem:
+                bad.append(f"after kill {attempt}: latest -> {name}: {problem} fails")
+    final = run(cfg, layout(2, True) + args + [f"--log.metrics={tmp}/kill_final.jsonl"],
+                np_ranks=2, check=False)
+    if final.returncode != 0:
+        bad.append("the final resume failed: " + final.stderr[-500:])
+    mismatched = set()
+    seen = set()
+    for path in sorted(glob.glob(f"{tmp}/kill_*.jsonl")):
+        for line in open(path):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+            if "step" in rec and "loss" in rec and "val_loss" not in rec:
+                seen.add(rec["step"])
+                if rec["loss"] != reference[rec["step"]]:
+                    mismatched.add(rec["step"])
+    left = sorted(os.listdir(ck))
+    checks.check("kill -9 while saving: latest always resumes, bit-exact", not bad and
+                 not mismatched and seen == set(range(1, steps + 1)) and
+                 left == ["latest", f"step_{steps - 1:06d}", f"step_{steps:06d}"],
+                 f"6 kills ({mid_save} left a save half-done), latest after each: "
+                 f"{resumed_from}; problems {bad}; steps differing {sorted(mismatched)}; "
+                 f"at the end {left}")
+
+
+def expect_refusal(what, cfg, np_ranks, overrides, needles):
+    r = trainer(cfg, np_ranks, True, *overrides, check=False)
+    text = r.stdout + r.stderr
+    found = [n for n in needles if n in text]
+    message = next((l for l in text.splitlines() if "error:" in l), "")[:400]
+    checks.check(what, r.returncode != 0 and len(found) == len(needles),
+                 f"rc {r.returncode}: {message}")
+
+
+def test_refusals(tmp, cfg, good):
+    cases = [("truncated", "rank_00001.h5", "truncated"),
+             ("flipped", "rank_00002.h5", "checksum"),
+             ("missing", "rank_00003.h5", "missing"),
+             ("interrupted", "manifest.txt", "missing")]
+    for kind, victim, word in cases:
+        bad = os.path.join(tmp, "bad_" + kind)
+        shutil.copytree(good, bad)
+        path = os.path.join(bad, victim)
+        if kind == "truncated":
+            os.truncate(path, os.path.getsize(path) - 1000)
+        elif kind == "flipped":
+            with open(path, "r+b") as f:
+                f.seek(os.path.getsize(path) // 2)
+                b = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([b[0] ^ 0x10]))
+        else:
+            os.remove(path)
+        expect_refusal(f"{kind} {victim} refused naming it", cfg, 2,
+                       [f"--checkpoint.resume={bad}"], [path, word])
+    sec = base_sections(tmp, 10, micro_batch=1)
+    del sec["init"]
+    sec["model"] = {"n_layer": L + 1, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V}
+    other = write_config(tmp, "other_shape.toml", sec)
+    expect_refusal("model shape mismatch names both shapes", other, 2,
+                   [f"--checkpoint.resume={good}"],
+                   [f"(n_layer {L}, n_head {NH}, d_model {C}, seq_len {T}, vocab_size {V})",
+                    f"(n_layer {L + 1}, n_head {NH}, d_model {C}, seq_len {T}, vocab_size {V})"])
+
+
+def test_h5py(tmp, rng):
+    tokens = make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+    sec = base_sections(tmp, 1, micro_batch=1, lr=0.0)
+    sec["checkpoint"] = {"dir": os.path.join(tmp, "ck")}
+    cfg = write_config(tmp, "c.toml", sec)
+    trainer(cfg, 4, True)
+    params, _ = ref.read_model(os.path.join(tmp, "model.bin"))
+    P = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    x, y = next(ref.llmc_batches(tokens, GLOBAL_ROWS, T))
+    ref.gpt2_loss(P, x, y, L, NH, V).backward()
+    ckpt = os.path.join(tmp, "ck", "step_000001")
+    f = h5py.File(os.path.join(ckpt, "checkpoint.h5"), "r")
+    shapes = dict(ref.param_shapes(L, C, T, ref.padded_vocab(V)))
+    names_ok, exact, worst = True, True, 0.0
+    for group in ("model", "optim/m", "optim/v"):
+        found = {}
+        f[group].visititems(lambda n, o: found.__setitem__(n, o.shape)
+                            if isinstance(o, h5py.Dataset) else None)
+        names_ok &= found == shapes
+    for name in shapes:
+        exact &= np.array_equal(f["model/" + name][...], params[name].numpy().astype(np.float32))
+        g = P[name].grad.numpy()
+        for group, want in (("optim/m", 0.1 * g), ("optim/v", 0.05 * g * g)):
+            got = f[f"{group}/{name}"][...]
+            worst = max(worst, float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)))
+    pad_zero = not f["optim/m/wte"][V:].any() and not f["optim/v/wte"][V:].any()
+    checks.check("h5py: names and shapes of model/, optim/m/, optim/v/", names_ok,
+                 f"{len(shapes)} tensors each, e.g. model/h.1/attn/qkv/weight "
+                 f"{f['model/h.1/attn/qkv/weight'].shape}")
+    checks.check("h5py: model/* equals the llm.c file bit for bit after an lr=0 step", exact, "")
+    checks.check("h5py: optim/m, optim/v = 0.1 g, 0.05 g^2 (PyTorch float64 g)",
+                 worst < 1e-4 and pad_zero, f"max relative error {worst:.2e}")
+    config = tomllib.loads(f["config"].asstr()[()])
+    meta = (int(f.attrs["step"]), int(f.attrs["format_version"]), int(f.attrs["writers"]),
+            int(f["rng"].attrs["seed"]), [int(f["data"].attrs[k]) for k in ("epoch", "shard", "row")],
+            config["parallel"]["dp"], config["train"]["lr"])
+    checks.check("h5py: step, version, writers, seed, data position, config", meta ==
+                 (1, 1, 4, 1337, [0, 0, GLOBAL_ROWS], 4, 0.0), f"{meta}")
+    f.close()
+    dump = subprocess.run(["h5dump", "-d", "/model/ln_f/bias", os.path.join(ckpt, "checkpoint.h5")],
+                          capture_output=True, text=True)
+    data = re.sub(r"\(\d+\):", " ", dump.stdout.split("DATA {", 1)[-1].split("}", 1)[0])
+    values = np.array([float(v) for v in data.replace(",", " ").split()])
+    want = params["ln_f/bias"].numpy()
+    checks.check("h5dump reads a tensor through the index", dump.returncode == 0 and
+                 values.shape == want.shape and np.allclose(values, want, rtol=1e-5, atol=0),
+                 f"ln_f/bias: {values.size} values, first {values[:2] if values.size else None}")
+    return ckpt
+
+
+def main():
+    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
+    print(f"test_checkpoint: seed {seed} (SEED={seed} reproduces)")
+    rng = np.random.default_rng(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        a = os.path.join(tmp, "a")
+        os.makedirs(a)
+        cfg, fsdp_ck = test_bit_exact(a, rng)
+        test_reshard(a, cfg, fsdp_ck)
+        test_refusals(a, cfg, os.path.join(fsdp_ck, "step_000010"))
+        k = os.path.join(tmp, "kill")
+        os.makedirs(k)
+        test_kill(k, rng)
+        h = os.path.join(tmp, "h5py")
+        os.makedirs(h)
+        test_h5py(h, rng)
+    checks.report()
+
+
+if __name__ == "__main__":
+    main()
