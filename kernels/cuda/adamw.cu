@@ -62,31 +62,7 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   p = __fsub_rn(p, __fmul_rn(k.step_size, __fdiv_rn(m, denom)));
 }
 
-template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x = load128cs(p + j * P);  // every input is read exactly once
-#pragma unroll
-    for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
-    store128(p + j * P, x);
-  }
-}
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // P: the type of param_out (ignored when param_out is nullptr).
 template <typename P>

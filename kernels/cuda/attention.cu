@@ -38,7 +38,6 @@ void check_shape(const Shape& sh) {
         (long)sh.B * sh.NH);
 }
 
-bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 // The flash kernels read 16-byte rows with cp.async and store bf16 pairs; row starts are multiples
 // of HS elements, so aligned base pointers are enough.

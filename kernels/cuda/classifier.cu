@@ -21,30 +21,7 @@ namespace {
 
 constexpr int kThreads = 512;
 
-template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  if constexpr (W == 1) {
-    f[0] = to_float(*p);
-  } else {
-    static_assert(W == Pack128<T>::size, "one 16-byte pack");
-    Pack128<T> x = load128(p);
-#pragma unroll
-    for (int k = 0; k < W; k++) f[k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  if constexpr (W == 1) {
-    *p = from_float<T>(f[0]);
-  } else {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < W; k++) x[k] = from_float<T>(f[k]);
-    store128(p, x);
-  }
-}
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // (m, s) <- the softmax state of the union of (m, s) and (m2, s2).
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/ops.h"
 
 #define CUDA_CHECK(call)                                                                    \
@@ -96,6 +98,43 @@ template <typename T>
 __device__ __forceinline__ void store128(T* p, const Pack128<T>& x) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&x);
 }
+
+// W consecutive elements of T as floats, and back: one plain access when W == 1, otherwise W / P
+// 16-byte packs (p must then be 16-byte aligned). Kernels template their inner loop on W so
+// that one body serves the vector path and the scalar path for awkward sizes.
+template <int W, typename T>
+__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
+  if constexpr (W == 1) {
+    f[0] = to_float(*p);
+  } else {
+    constexpr int P = Pack128<T>::size;
+    static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+    for (int j = 0; j < W / P; j++) {
+      Pack128<T> x = load128(p + j * P);
+#pragma unroll
+      for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
+    }
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
+  if constexpr (W == 1) {
+    *p = from_float<T>(f[0]);
+  } else {
+    constexpr int P = Pack128<T>::size;
+    static_assert(W % P == 0, "whole 16-byte packs");
+#pragma unroll
+    for (int j = 0; j < W / P; j++) {
+      Pack128<T> x;
+#pragma unroll
+      for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
+      store128(p + j * P, x);
+    }
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 __device__ __forceinline__ float warp_reduce_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

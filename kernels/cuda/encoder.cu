@@ -29,29 +29,6 @@ constexpr int kWteThreads = 512;       // dwte kernel: one block per run of equa
 constexpr int kWteRowsPerStep = 4;     // rows a lane loads before adding them
 constexpr int kWteMaxBlocks = 1024;    // blocks loop over the sorted positions
 
-// W consecutive elements of T (16-byte aligned when W > 1) as floats, and back.
-template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  if constexpr (W == 1) {
-    f[0] = to_float(*p);
-  } else {
-    static_assert(W == Pack128<T>::size, "one 16-byte pack");
-    Pack128<T> x = load128(p);
-#pragma unroll
-    for (int k = 0; k < W; k++) f[k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  if constexpr (W == 1) {
-    *p = from_float<T>(f[0]);
-  } else {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < W; k++) x[k] = from_float<T>(f[k]);
-    store128(p, x);
-  }
-}
 // fp32 accumulator[0..W) += f (plain loads: W consecutive floats, no alignment assumed).
 template <int W>
 __device__ __forceinline__ void add_to_fp32(float* acc, const float (&f)[W]) {
@@ -59,7 +36,6 @@ __device__ __forceinline__ void add_to_fp32(float* acc, const float (&f)[W]) {
   for (int k = 0; k < W; k++) acc[k] += f[k];
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int grid_for(size_t work, int threads, size_t max_blocks = 1 << 16) {
   size_t blocks = ceil_div(work, (size_t)threads);

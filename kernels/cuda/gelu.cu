@@ -19,29 +19,6 @@ constexpr int kElems = 8;  // elements per thread and step on the vector path
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x = load128(p + j * P);
-#pragma unroll
-    for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
-    store128(p + j * P, x);
-  }
-}
 
 __device__ __forceinline__ float gelu(float x) {
   float u = kSqrt2OverPi * (x + kCubic * x * x * x);
@@ -55,7 +32,6 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The split of n elements: packs [0, packs) on the vector path, [tail, n) scalar.
 struct Split {

@@ -34,17 +34,6 @@ constexpr size_t kBackwardSmemLimit = 200 * 1024;     // under the 227 KiB opt-i
 constexpr int kReduceLanes = 8;                       // partial reduction: 32 channels x 8 lanes
 
 template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  if constexpr (W == 1) {
-    f[0] = to_float(*p);
-  } else {
-    static_assert(W == Pack128<T>::size, "one 16-byte pack");
-    Pack128<T> x = load128(p);
-#pragma unroll
-    for (int k = 0; k < W; k++) f[k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
 __device__ __forceinline__ void load_floats_streaming(float (&f)[W], const T* p) {
   if constexpr (W == 1) {
     f[0] = to_float(__ldcs(p));
@@ -54,19 +43,7 @@ __device__ __forceinline__ void load_floats_streaming(float (&f)[W], const T* p)
     for (int k = 0; k < W; k++) f[k] = to_float(x[k]);
   }
 }
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  if constexpr (W == 1) {
-    *p = from_float<T>(f[0]);
-  } else {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < W; k++) x[k] = from_float<T>(f[k]);
-    store128(p, x);
-  }
-}
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---------------------------------------------------------------------------------------------
 // Forward

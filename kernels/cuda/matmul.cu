@@ -153,7 +153,6 @@ __global__ void dgelu_inplace_kernel(T* dinp, const T* gelu_input, size_t n) {
   store_floats<kVec>(dinp, g, i0, n);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 unsigned elementwise_blocks(size_t n) {
   return (unsigned)ceil_div(n, (size_t)kElementwiseThreads * kElemsPerThread);
 }

@@ -23,7 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kReduceMaxBlocks = 1024;  // stage-2 block size, so G <= 1024
 constexpr int kElems = 8;               // elementwise ops: elements per thread and step
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Sum over the block with a fixed tree; the result is valid in thread 0.
 __device__ float block_reduce_sum(float x) {
@@ -98,29 +97,6 @@ void reduce_accumulate(float* out, const float* x, size_t n, float scale, Stream
 // ---------------------------------------------------------------------------------------------
 // Elementwise
 // ---------------------------------------------------------------------------------------------
-template <int W, typename T>
-__device__ __forceinline__ void load_floats(float (&f)[W], const T* p) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x = load128(p + j * P);
-#pragma unroll
-    for (int k = 0; k < P; k++) f[j * P + k] = to_float(x[k]);
-  }
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
-  constexpr int P = Pack128<T>::size;
-  static_assert(W % P == 0, "whole 16-byte packs");
-#pragma unroll
-  for (int j = 0; j < W / P; j++) {
-    Pack128<T> x;
-#pragma unroll
-    for (int k = 0; k < P; k++) x[k] = from_float<T>(f[j * P + k]);
-    store128(p + j * P, x);
-  }
-}
 
 // Packs [0, packs) vectorised, elements [tail, n) scalar.
 struct Split {
