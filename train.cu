@@ -135,14 +135,6 @@ static void print_banner(const Run& r) {
   std::fflush(stdout);
 }
 
-static void add_comm(CommStats& total, const CommStats& step) {
-  for (int a = 0; a < (int)Axis::Count; a++)
-    for (int k = 0; k < (int)CollectiveKind::Count; k++) {
-      total.axis[a].calls[k] += step.axis[a].calls[k];
-      total.axis[a].bytes[k] += step.axis[a].bytes[k];
-    }
-}
-
 // One optimizer step. Returns the report for the logs.
 static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
                              std::vector<int>& targets) {
@@ -232,7 +224,7 @@ int main(int argc, char** argv) {
   std::vector<int> targets(inputs.size());
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     StepReport rep = train_step(r, step, inputs, targets);
-    add_comm(r.comm_total, r.mesh.stats);
+    comm_stats_add(r.comm_total, r.mesh.stats);
     const bool print = step % r.cfg.log.every == 0 || step == 1 || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
     evaluate(r, step);

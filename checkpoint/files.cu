@@ -242,12 +242,13 @@ std::string manifest_read(const std::string& dir, std::vector<ManifestEntry>* en
     return path + " is missing: not a complete checkpoint (an interrupted save, or not a "
                   "checkpoint directory)";
   const size_t end = text.rfind("end ");
+  const size_t body = sizeof(kManifestHeader) - 1;  // entries start after the header line
   unsigned stored = 0;
-  if (end == std::string::npos || std::sscanf(text.c_str() + end, "end %8x", &stored) != 1 ||
-      crc32_update(0, text.data(), end) != stored || text.compare(0, sizeof(kManifestHeader) - 1,
-                                                                  kManifestHeader) != 0)
+  if (end == std::string::npos || end < body ||
+      std::sscanf(text.c_str() + end, "end %8x", &stored) != 1 ||
+      crc32_update(0, text.data(), end) != stored || text.compare(0, body, kManifestHeader) != 0)
     return path + " is damaged (its own checksum line does not match)";
-  std::istringstream in(text.substr(sizeof(kManifestHeader) - 1, end - (sizeof(kManifestHeader) - 1)));
+  std::istringstream in(text.substr(body, end - body));
   std::string line;
   entries->clear();
   while (std::getline(in, line)) {

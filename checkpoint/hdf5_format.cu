@@ -342,7 +342,8 @@ static void read_flat_range(hid_t ds, const ParamTensor& t, size_t first, size_t
   const int rank = ok(H5Sget_simple_extent_ndims(fspace), "H5Sget_simple_extent_ndims");
   hsize_t dims[2] = {0, 1};
   ok(H5Sget_simple_extent_dims(fspace, dims, nullptr), "H5Sget_simple_extent_dims");
-  if (rank < 1 || rank > 2 || (int64_t)dims[0] != t.rows || (rank == 2 ? (int64_t)dims[1] : 1) != t.cols)
+  const int64_t cols = rank == 2 ? (int64_t)dims[1] : 1;
+  if (rank < 1 || rank > 2 || (int64_t)dims[0] != t.rows || cols != t.cols)
     throw H5Failure("has shape (" + std::to_string(dims[0]) +
                     (rank == 2 ? ", " + std::to_string(dims[1]) : std::string()) +
                     "), the model's tensor is (" + std::to_string(t.rows) + ", " +

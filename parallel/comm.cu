@@ -198,6 +198,16 @@ static double wire_factor(CollectiveKind kind, int n) {
 //   comm dp (n=4): all-reduce 12 calls/step 497.42 MB/step (wire 746.13 MB/rank); barrier ...
 // MB = 1e6 bytes. "wire" is what the ring algorithm sends per rank per step (for a recv: what
 // the rank receives).
+void comm_stats_add(CommStats& total, const CommStats& step) {
+  for (int a = 0; a < (int)Axis::Count; a++) {
+    total.group_size[a] = step.group_size[a];
+    for (int k = 0; k < (int)CollectiveKind::Count; k++) {
+      total.axis[a].calls[k] += step.axis[a].calls[k];
+      total.axis[a].bytes[k] += step.axis[a].bytes[k];
+    }
+  }
+}
+
 void comm_stats_print(const CommStats& st, int steps, FILE* out) {
   const double per_step = 1.0 / (steps > 0 ? steps : 1);
   for (int a = 0; a < (int)Axis::Count; ++a) {

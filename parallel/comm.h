@@ -71,6 +71,7 @@ double all_reduce_host_max(Comm& c, double x);
 bool all_agree(Comm& c, bool ok);  // true iff ok on every rank
 
 void comm_stats_reset(CommStats& st);  // zeroes the counters, keeps the group sizes
+void comm_stats_add(CommStats& total, const CommStats& step);  // counters summed, sizes copied
 // Prints one line per axis that was used: calls and bytes per step, and ring wire bytes.
 void comm_stats_print(const CommStats& st, int steps, FILE* out);
 
