@@ -20,6 +20,9 @@ void release(void* p);                    // nullptr is fine
 // Synchronous: they wait for all work on every stream of the device first.
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// Host to device in stream order, with no wait on other streams; src may be reused as soon as
+// the call returns (the CUDA backend stages pageable memory). For per-step inputs.
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s);
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s);
 void fill_zero(void* p, size_t bytes, Stream s);
 size_t memory_in_use();                   // bytes currently allocated through alloc()

@@ -236,15 +236,16 @@ static void forward_to_logits(GPT& m, ParamStore& store, void* root, int B, int 
   ops::range_pop();
 }
 
-static void upload_batch(GPT& m, const int* tokens, const int* targets, int B, int T) {
+static void upload_batch(GPT& m, const int* tokens, const int* targets, int B, int T,
+                         ops::Stream s) {
   CHECK(B <= m.B && T <= m.T, "batch %dx%d exceeds the model's buffers %dx%d", B, T, m.B, m.T);
-  ops::copy_to_device(m.tokens, tokens, (size_t)B * T * sizeof(int));
-  if (targets) ops::copy_to_device(m.targets, targets, (size_t)B * T * sizeof(int));
+  ops::copy_to_device_async(m.tokens, tokens, (size_t)B * T * sizeof(int), s);
+  if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
 }
 
 void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
                  ops::Stream s) {
-  upload_batch(m, tokens, targets, B, T);
+  upload_batch(m, tokens, targets, B, T, s);
   void* root = params_acquire(store, 0, Phase::Forward);
   forward_to_logits(m, store, root, B, T, s);
   if (targets)
@@ -291,7 +292,7 @@ void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const in
   const ParamUnit& ru = g.units[0];
   const size_t e = dtype_size(m.dt);
   const int N = B * T;
-  upload_batch(m, tokens, targets, B, T);
+  upload_batch(m, tokens, targets, B, T, s);
   void* root = params_acquire(store, 0, Phase::Forward);
   forward_to_logits(m, store, root, B, T, s);
 

@@ -93,6 +93,9 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
   if (bytes) std::memmove(dst, src, bytes);
 }

@@ -117,6 +117,12 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  // From pageable memory, CUDA copies src into a staging buffer before returning.
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
+}
+
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
