@@ -130,3 +130,31 @@ bundle: all $(BUILD)/test_gpu
 
 clean:
 	rm -rf $(BUILD) train train_cpu
+
+# ---------------------------------------------------------------------------------------------
+# GPU test programs, kernel benchmark, offline bundle (owner: test/run_gpu.sh, bench/, tools/
+# make_bundle.sh). Only additions: extra prerequisites of test-gpu, bench and bundle, new targets.
+# ---------------------------------------------------------------------------------------------
+# test_model_grads again on the CUDA backend: test/test_gpu_train.py compares it with the CPU one.
+$(BUILD)/cuda_test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(CUDA_OBJ) $(NCCL_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+# The kernel benchmark: plain C++ over the seam (bench/*.cu hold no device code), so it links with
+# either backend; the CPU build is its smoke test on machines without a GPU (--quick).
+BENCH_OBJ := $(call obj,host,$(wildcard bench/*.cu) kernels/common.cpp)
+$(BUILD)/bench_kernels: $(BENCH_OBJ) $(CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+$(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/*.cpp))
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+GPU_PROGRAMS := $(BUILD)/test_gpu $(BUILD)/test_model_grads $(BUILD)/cuda_test_model_grads \
+                $(BUILD)/bench_kernels
+.PHONY: gpu-programs
+gpu-programs: all $(GPU_PROGRAMS)
+test-gpu: $(GPU_PROGRAMS)
+bench: all $(BUILD)/bench_kernels
+bundle: $(GPU_PROGRAMS)
+.PHONY: bundle-check
+bundle-check: bundle
+	tools/check_bundle.sh

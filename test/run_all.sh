@@ -14,12 +14,13 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 PY=/usr/bin/python3
 
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  targets="all"
+  # ./train plus the GPU test and benchmark programs: they cannot run here, but must build.
+  targets="all gpu-programs"
 else
   echo "run_all: no CUDA toolkit found: building ./train_cpu only"
   targets="cpu"
 fi
-make -j2 BUILD="$BUILD" $targets test-bins || { echo "run_all: BUILD FAILED"; exit 1; }
+make -j2 BUILD="$BUILD" $targets test-bins "$BUILD/bench_kernels_cpu" || { echo "run_all: BUILD FAILED"; exit 1; }
 tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
 
 failed=()
@@ -44,6 +45,7 @@ run data        "$BUILD/test_data"
 run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
+run bench-smoke "$BUILD/bench_kernels_cpu" --quick
 for t in test/test_distributed.py test/test_checkpoint.py test/test_export.py; do
   [ -f "$t" ] && run "$(basename "$t" .py | sed 's/^test_//')" $PY "$t"
 done
