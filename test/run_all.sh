@@ -23,20 +23,7 @@ fi
 make -j2 BUILD="$BUILD" $targets test-bins "$BUILD/bench_kernels_cpu" || { echo "run_all: BUILD FAILED"; exit 1; }
 tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
 
-failed=()
-passed=0
-run() {  # run NAME COMMAND...
-  local name=$1; shift
-  local start=$SECONDS
-  echo "=== $name"
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "=== $name: passed ($((SECONDS - start)) s)"
-  else
-    failed+=("$name")
-    echo "=== $name: FAILED ($((SECONDS - start)) s)"
-  fi
-}
+source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run model       $PY test/test_model.py
@@ -46,14 +33,8 @@ run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke "$BUILD/bench_kernels_cpu" --quick
-for t in test/test_distributed.py test/test_checkpoint.py test/test_export.py; do
-  [ -f "$t" ] && run "$(basename "$t" .py | sed 's/^test_//')" $PY "$t"
-done
+run distributed $PY test/test_distributed.py
+run checkpoint  $PY test/test_checkpoint.py
+run export      $PY test/test_export.py
 
-echo
-if [ ${#failed[@]} -eq 0 ]; then
-  echo "run_all: all $passed test groups passed in $SECONDS s"
-else
-  echo "run_all: ${#failed[@]} FAILED (${failed[*]}), $passed passed, $SECONDS s"
-  exit 1
-fi
+suite_finish run_all

@@ -45,30 +45,15 @@ pick_python() {
 }
 PY=$(pick_python)
 
-failed=()
-skipped=()
-passed=0
-run() {  # run NAME COMMAND...
-  local name=$1; shift
-  local start=$SECONDS
-  echo "=== $name"
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "=== $name: passed ($((SECONDS - start)) s)"
-  else
-    failed+=("$name")
-    echo "=== $name: FAILED ($((SECONDS - start)) s)"
-  fi
-}
+source test/suite.sh
 
 for g in "${groups[@]}"; do
   case $g in
     kernels) run kernels "$BUILD/test_gpu" ;;
     train)
       if [ -z "$PY" ]; then
-        echo "=== train: SKIPPED: no Python with numpy and torch (tried ${PYTHON:-}" \
-             "/usr/bin/python3 python3; set PYTHON=...); test/test_gpu_train.py did not run"
-        skipped+=(train)
+        skip train "no Python with numpy and torch (tried ${PYTHON:-} /usr/bin/python3 python3;
+          set PYTHON=...); test/test_gpu_train.py did not run"
       else
         run train env PYTHONUNBUFFERED=1 "$PY" test/test_gpu_train.py
       fi ;;
@@ -76,12 +61,4 @@ for g in "${groups[@]}"; do
   esac
 done
 
-echo
-summary="$passed passed"
-[ ${#skipped[@]} -gt 0 ] && summary="$summary, SKIPPED: ${skipped[*]}"
-if [ ${#failed[@]} -eq 0 ]; then
-  echo "run_gpu: all run groups passed ($summary) in $SECONDS s"
-else
-  echo "run_gpu: ${#failed[@]} FAILED (${failed[*]}), $summary, $SECONDS s"
-  exit 1
-fi
+suite_finish run_gpu

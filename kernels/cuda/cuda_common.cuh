@@ -134,6 +134,19 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
   }
 }
 
+// GELU, tanh approximation (REFERENCE.md section 2), and its derivative, in fp32. Shared by the
+// standalone GELU kernels and the hand-written GEMM epilogues.
+__device__ __forceinline__ float gelu(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // sqrt(2/pi) (x + c x^3)
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  const float t = tanhf(u);
+  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 __device__ __forceinline__ float warp_reduce_sum(float x) {

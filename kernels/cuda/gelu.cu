@@ -16,21 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kElems = 8;  // elements per thread and step on the vector path
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
-
-
-__device__ __forceinline__ float gelu(float x) {
-  float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-
-__device__ __forceinline__ float gelu_grad(float x) {
-  float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-  float t = tanhf(u);
-  float sech2 = 1.0f - t * t;
-  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-}
 
 
 // The split of n elements: packs [0, packs) on the vector path, [tail, n) scalar.

@@ -62,19 +62,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Hand-written epilogues: GELU, dGELU, bias add (elementwise, in place)
 // ---------------------------------------------------------------------------------------------
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float gelu(float x) {
-  float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-__device__ __forceinline__ float gelu_derivative(float x) {
-  float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  float t = tanhf(u);
-  float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
 
 constexpr int kElemsPerThread = 8;  // one 16-byte access of bf16, two of fp32
 constexpr int kElementwiseThreads = 256;
@@ -149,7 +136,7 @@ __global__ void dgelu_inplace_kernel(T* dinp, const T* gelu_input, size_t n) {
   load_floats<kVec>(g, dinp, i0, n);
   load_floats<kVec>(x, gelu_input, i0, n);
 #pragma unroll
-  for (int j = 0; j < kElemsPerThread; j++) g[j] *= gelu_derivative(x[j]);
+  for (int j = 0; j < kElemsPerThread; j++) g[j] *= gelu_grad(x[j]);
   store_floats<kVec>(dinp, g, i0, n);
 }
 
