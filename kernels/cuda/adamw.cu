@@ -105,14 +105,11 @@ void adamw_update(float* master, void* param_out, const float* grad, float* m, f
   const AdamWScalars k = adamw_scalars(step);
   const bool vec = aligned16(master) && aligned16(grad) && aligned16(m) && aligned16(v) &&
                    aligned16(param_out);  // nullptr counts as aligned
-  const size_t packs = vec ? n / kElems : 0;
-  const size_t tail = packs * kElems;
-  const size_t work = packs > n - tail ? packs : n - tail;
-  const int blocks = (int)std::min<size_t>(std::max<size_t>(ceil_div(work, kThreads), 1), 1 << 16);
+  const ElementwiseSplit sp = elementwise_split(n, vec, kThreads, kElems);
   dispatch_dtype(param_dt, [&](auto tag) {
     using P = decltype(tag);
-    adamw_kernel<P><<<blocks, kThreads, 0, s->stream>>>(master, static_cast<P*>(param_out), grad,
-                                                        m, v, packs, tail, n, k);
+    adamw_kernel<P><<<sp.blocks, kThreads, 0, s->stream>>>(
+        master, static_cast<P*>(param_out), grad, m, v, sp.packs, sp.tail, n, k);
     LAUNCH_CHECK();
   });
 }

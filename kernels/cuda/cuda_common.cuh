@@ -149,6 +149,24 @@ __device__ __forceinline__ float gelu_grad(float x) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// How an elementwise grid-stride kernel covers n elements: `packs` groups of `elems` on the
+// 16-byte vector path (elements [0, tail)), then [tail, n) one by one; enough blocks of
+// `threads` for the larger of the two parts, at most 65536. vectorised = false (a misaligned
+// pointer) sends everything down the scalar path.
+struct ElementwiseSplit {
+  size_t packs, tail;
+  int blocks;
+};
+inline ElementwiseSplit elementwise_split(size_t n, bool vectorised, int threads, int elems) {
+  ElementwiseSplit sp;
+  sp.packs = vectorised ? n / elems : 0;
+  sp.tail = sp.packs * elems;
+  const size_t work = sp.packs > n - sp.tail ? sp.packs : n - sp.tail;
+  const size_t blocks = (work + threads - 1) / threads;
+  sp.blocks = (int)(blocks < 1 ? 1 : blocks > 65536 ? 65536 : blocks);
+  return sp;
+}
+
 __device__ __forceinline__ float warp_reduce_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;

@@ -18,20 +18,6 @@ constexpr int kThreads = 256;
 constexpr int kElems = 8;  // elements per thread and step on the vector path
 
 
-// The split of n elements: packs [0, packs) on the vector path, [tail, n) scalar.
-struct Split {
-  size_t packs, tail;
-};
-Split split(size_t n, bool vec) {
-  size_t packs = vec ? n / kElems : 0;
-  return {packs, packs * kElems};
-}
-int grid_for(const Split& sp, size_t n) {
-  size_t work = sp.packs > n - sp.tail ? sp.packs : n - sp.tail;
-  size_t blocks = ceil_div(work, (size_t)kThreads);
-  return (int)(blocks < 1 ? 1 : (blocks > (1 << 16) ? (1 << 16) : blocks));
-}
-
 template <typename T>
 __global__ void gelu_forward_kernel(T* __restrict__ out, const T* __restrict__ inp, size_t packs,
                                     size_t tail, size_t n) {
@@ -70,8 +56,9 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    Split sp = split(n, aligned16(out) && aligned16(inp));
-    gelu_forward_kernel<S><<<grid_for(sp, n), kThreads, 0, s->stream>>>(
+    const ElementwiseSplit sp =
+        elementwise_split(n, aligned16(out) && aligned16(inp), kThreads, kElems);
+    gelu_forward_kernel<S><<<sp.blocks, kThreads, 0, s->stream>>>(
         static_cast<S*>(out), static_cast<const S*>(inp), sp.packs, sp.tail, n);
     LAUNCH_CHECK();
   });
@@ -81,8 +68,9 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DTyp
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    Split sp = split(n, aligned16(dinp) && aligned16(inp) && aligned16(dout));
-    gelu_backward_kernel<S><<<grid_for(sp, n), kThreads, 0, s->stream>>>(
+    const ElementwiseSplit sp = elementwise_split(
+        n, aligned16(dinp) && aligned16(inp) && aligned16(dout), kThreads, kElems);
+    gelu_backward_kernel<S><<<sp.blocks, kThreads, 0, s->stream>>>(
         static_cast<S*>(dinp), static_cast<const S*>(inp), static_cast<const S*>(dout), sp.packs,
         sp.tail, n);
     LAUNCH_CHECK();

@@ -98,20 +98,6 @@ void reduce_accumulate(float* out, const float* x, size_t n, float scale, Stream
 // Elementwise
 // ---------------------------------------------------------------------------------------------
 
-// Packs [0, packs) vectorised, elements [tail, n) scalar.
-struct Split {
-  size_t packs, tail;
-  int blocks;
-};
-Split split(size_t n, bool vec) {
-  Split sp;
-  sp.packs = vec ? n / kElems : 0;
-  sp.tail = sp.packs * kElems;
-  const size_t work = std::max(sp.packs, n - sp.tail);
-  sp.blocks = (int)std::min<size_t>(std::max<size_t>(ceil_div(work, kThreads), 1), 1 << 16);
-  return sp;
-}
-
 __global__ void add_inplace_kernel(float* __restrict__ dst, const float* __restrict__ src,
                                    size_t packs, size_t tail, size_t n) {
   const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -152,7 +138,8 @@ void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s)
 
 void add_inplace(float* dst, const float* src, size_t n, Stream s) {
   if (n == 0) return;
-  Split sp = split(n, aligned16(dst) && aligned16(src));
+  const ElementwiseSplit sp =
+      elementwise_split(n, aligned16(dst) && aligned16(src), kThreads, kElems);
   add_inplace_kernel<<<sp.blocks, kThreads, 0, s->stream>>>(dst, src, sp.packs, sp.tail, n);
   LAUNCH_CHECK();
 }
@@ -163,7 +150,8 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
     copy_on_device(dst, src, n * dtype_size(dst_dt), s);
     return;
   }
-  Split sp = split(n, aligned16(dst) && aligned16(src));
+  const ElementwiseSplit sp =
+      elementwise_split(n, aligned16(dst) && aligned16(src), kThreads, kElems);
   dispatch_dtype(dst_dt, [&](auto dst_tag) {
     dispatch_dtype(src_dt, [&](auto src_tag) {
       using D = decltype(dst_tag);
