@@ -108,6 +108,10 @@ $(BUILD)/ref/%.o: %
 $(BUILD)/test_gpu: $(call obj,cuda,$(GPU_TEST_SRC)) $(CUDA_OBJ) $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) $(call obj,host,kernels/common.cpp)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
+# The cuDNN attention graphs, validated on the host (test/test_cudnn_graph.cu; no GPU needed).
+$(BUILD)/test_cudnn_graph: $(BUILD)/cuda/test/test_cudnn_graph.cu.o $(CUDA_OBJ) $(call obj,host,kernels/common.cpp)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
 deps:
 	tools/install_deps.sh
 
@@ -149,7 +153,7 @@ $(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/
 	$(CXX) -o $@ $^ $(LDLIBS)
 
 GPU_PROGRAMS := $(BUILD)/test_gpu $(BUILD)/test_model_grads $(BUILD)/cuda_test_model_grads \
-                $(BUILD)/bench_kernels
+                $(BUILD)/bench_kernels $(BUILD)/test_cudnn_graph
 .PHONY: gpu-programs
 gpu-programs: all $(GPU_PROGRAMS)
 test-gpu: $(GPU_PROGRAMS)

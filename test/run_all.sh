@@ -36,5 +36,8 @@ run bench-smoke "$BUILD/bench_kernels_cpu" --quick
 run distributed $PY test/test_distributed.py
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
+if [ -x "$BUILD/test_cudnn_graph" ]; then
+  run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
+fi
 
 suite_finish run_all

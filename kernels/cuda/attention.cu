@@ -8,13 +8,18 @@
 // Backward runs three kernels on the stream: Delta = rowsum(dO * O) into stream scratch, then the
 // dQ pass and the dK/dV pass, each writing its own columns of dqkv (no atomics, deterministic).
 //
-// Implementation choice (StreamOptions::attention): this backend has no cuDNN SDPA path - cuDNN
-// 9.19's native SDPA operation has no causal mask, and the causal composite graph it fuses is only
-// practical through the cudnn_frontend headers, which are not installed - so Flash, Cudnn and Auto
-// all resolve to the flash kernels and s->attention_resolved says so.
+// Implementation choice (StreamOptions::attention, [kernels] attention in the config): "flash"
+// runs the kernels above, "cudnn" cuDNN's fused flash attention (attention_cudnn.cu) wherever it
+// can run, and "auto" times both at the stream's first forward and first backward call and keeps
+// the faster for each direction (they are interchangeable: both produce the same lse). The choice
+// and the timings are in attention_impl_name(s), which the trainer logs.
 #include <cmath>
 #include <cstdio>
 
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/attention_flash_backward.cuh"
 #include "kernels/cuda/attention_flash_forward.cuh"
 #include "kernels/cuda/attention_generic.cuh"
@@ -130,28 +135,74 @@ void generic_backward(void* dqkv, const void* dout, const void* qkv, const float
   LAUNCH_CHECK();
 }
 
-// What StreamOptions::attention resolves to (see the top of the file), recorded on the stream
-// for attention_impl_name() at the first attention call on it.
-void resolve_impl(Stream s) {
-  if (s->attention_resolved != AttentionImpl::Auto) return;
-  if (s->options.attention == AttentionImpl::Cudnn)
-    std::fprintf(stderr,
-                 "warning: attention = cudnn requested, but this build has no cuDNN SDPA "
-                 "path; using the flash kernels\n");
-  s->attention_resolved = AttentionImpl::Flash;
+// --- choosing between the hand-written kernels and cuDNN ---------------------------------------
+
+// Runs fn a few times on the stream and returns its average milliseconds (after one warm-up).
+template <typename Fn>
+float time_ms(Stream s, Fn&& fn) {
+  const int reps = 3;
+  fn();
+  Event start = event_create(), end = event_create();
+  event_record(start, s);
+  for (int i = 0; i < reps; i++) fn();
+  event_record(end, s);
+  float ms = event_elapsed_ms(start, end) / reps;
+  event_destroy(start);
+  event_destroy(end);
+  return ms;
 }
 
-}  // namespace
+const char* impl_name(AttentionImpl impl) {
+  return impl == AttentionImpl::Cudnn ? "cudnn" : "flash";
+}
 
-void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
-                       DType dt, Stream s) {
-  Shape sh{B, T, NH, HS};
-  check_shape(sh);
-  resolve_impl(s);
-  const float scale = 1.0f / std::sqrt((float)HS);
-  cudaStream_t st = s->stream;
+// Appends one direction's decision to the stream's note, which attention_impl_name() returns.
+void note_choice(Stream s, const char* direction, AttentionImpl impl, const std::string& detail) {
+  size_t used = std::strlen(s->attention_note);
+  std::snprintf(s->attention_note + used, sizeof(s->attention_note) - used, "%s%s %s%s%s",
+                used ? ", " : "", direction, impl_name(impl), detail.empty() ? "" : " ",
+                detail.c_str());
+}
+
+// Decides, at the stream's first call in one direction, which implementation that direction
+// uses from then on. `run_cudnn` runs the cuDNN path (false: cuDNN cannot run this shape, `why`
+// says why) and `run_flash` the hand-written kernels, both on the caller's real buffers: the
+// caller then runs the winner once more, so timing costs a few extra calls and no memory.
+//   flash: the hand-written kernels, always.
+//   cudnn: cuDNN where it applies; else (fp32, odd head sizes, no engine) flash, with a warning.
+//   auto:  whichever of the two was faster on this first call's shape.
+template <typename RunCudnn, typename RunFlash>
+AttentionImpl choose(Stream s, AttentionImpl* decided, const char* direction, bool cudnn_applies,
+                     RunCudnn&& run_cudnn, RunFlash&& run_flash) {
+  if (*decided != AttentionImpl::Auto) return *decided;
+  const AttentionImpl wanted = s->options.attention;
+  AttentionImpl impl = AttentionImpl::Flash;
+  std::string detail, why = "not bf16 with a head size that is a multiple of 8 up to 128";
+  if (wanted != AttentionImpl::Flash && cudnn_applies && run_cudnn(&why)) {
+    impl = AttentionImpl::Cudnn;
+    if (wanted == AttentionImpl::Auto) {
+      float cudnn_ms = time_ms(s, [&] { run_cudnn(nullptr); });
+      float flash_ms = time_ms(s, run_flash);
+      impl = cudnn_ms < flash_ms ? AttentionImpl::Cudnn : AttentionImpl::Flash;
+      char line[96];
+      std::snprintf(line, sizeof(line), "(auto: cudnn %.3f ms, flash %.3f ms)", cudnn_ms,
+                    flash_ms);
+      detail = line;
+    }
+  } else if (wanted == AttentionImpl::Cudnn) {
+    std::fprintf(stderr, "warning: attention = cudnn requested, but cuDNN cannot run the %s here "
+                         "(%s); using the hand-written kernels\n", direction, why.c_str());
+    detail = "(cudnn unavailable)";
+  }
+  *decided = impl;
+  note_choice(s, direction, impl, detail);
+  return impl;
+}
+
+void hand_written_forward(void* out, float* lse, const void* qkv, const Shape& sh, DType dt,
+                          float scale, cudaStream_t st) {
   if (flash_applies(sh, dt, {out, qkv})) {
-    if (HS == 64)
+    if (sh.HS == 64)
       flash_forward<64>((bf16*)out, lse, (const bf16*)qkv, sh, scale, st);
     else
       flash_forward<128>((bf16*)out, lse, (const bf16*)qkv, sh, scale, st);
@@ -160,17 +211,13 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
   }
 }
 
-void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, int B, int T, int NH, int HS, DType dt, Stream s) {
-  Shape sh{B, T, NH, HS};
-  check_shape(sh);
-  resolve_impl(s);
-  const float scale = 1.0f / std::sqrt((float)HS);
+void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                           const float* lse, const Shape& sh, DType dt, float scale, Stream s) {
   cudaStream_t st = s->stream;
-  float* delta = (float*)stream_scratch(s, (size_t)B * NH * T * sizeof(float));
+  float* delta = (float*)stream_scratch(s, (size_t)sh.B * sh.NH * sh.T * sizeof(float));
   backward_delta(delta, dout, out, sh, dt, st);
   if (flash_applies(sh, dt, {dqkv, dout, qkv})) {
-    if (HS == 64)
+    if (sh.HS == 64)
       flash_backward<64>((bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, delta, sh, scale,
                          st);
     else
@@ -179,6 +226,41 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
   } else {
     generic_backward(dqkv, dout, qkv, lse, delta, sh, scale, dt, st);
   }
+}
+
+}  // namespace
+
+void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+                       DType dt, Stream s) {
+  Shape sh{B, T, NH, HS};
+  check_shape(sh);
+  const float scale = 1.0f / std::sqrt((float)HS);
+  auto run_flash = [&] { hand_written_forward(out, lse, qkv, sh, dt, scale, s->stream); };
+  auto run_cudnn = [&](std::string* why) {
+    return cudnn_sdpa::forward(s, out, lse, qkv, B, T, NH, HS, why);
+  };
+  const bool cudnn_applies = cudnn_sdpa::applies(HS, dt, {out, qkv});
+  AttentionImpl impl = choose(s, &s->attention_forward_impl, "forward", cudnn_applies, run_cudnn,
+                              run_flash);
+  // A later shape cuDNN cannot run (or a dtype it does not take) falls back per call.
+  if (impl == AttentionImpl::Cudnn && cudnn_applies && run_cudnn(nullptr)) return;
+  run_flash();
+}
+
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                        const float* lse, int B, int T, int NH, int HS, DType dt, Stream s) {
+  Shape sh{B, T, NH, HS};
+  check_shape(sh);
+  const float scale = 1.0f / std::sqrt((float)HS);
+  auto run_flash = [&] { hand_written_backward(dqkv, dout, qkv, out, lse, sh, dt, scale, s); };
+  auto run_cudnn = [&](std::string* why) {
+    return cudnn_sdpa::backward(s, dqkv, dout, qkv, out, lse, B, T, NH, HS, why);
+  };
+  const bool cudnn_applies = cudnn_sdpa::applies(HS, dt, {dqkv, dout, qkv, out});
+  AttentionImpl impl = choose(s, &s->attention_backward_impl, "backward", cudnn_applies,
+                              run_cudnn, run_flash);
+  if (impl == AttentionImpl::Cudnn && cudnn_applies && run_cudnn(nullptr)) return;
+  run_flash();
 }
 
 }  // namespace ops

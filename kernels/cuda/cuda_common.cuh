@@ -44,8 +44,12 @@ struct StreamImpl {
   size_t workspace_bytes = 0;
   void* scratch = nullptr;         // reductions' partial results; grows on demand
   size_t scratch_bytes = 0;
-  void* cudnn = nullptr;           // cudnnHandle_t, created on first use
-  AttentionImpl attention_resolved = AttentionImpl::Auto;  // what Auto turned into
+  void* cudnn_plans = nullptr;     // cuDNN handle and attention plans (attention_cudnn.cu)
+  // What StreamOptions::attention turned into at the first forward and the first backward call
+  // (Auto: whichever was faster there), and a line saying so for the log.
+  AttentionImpl attention_forward_impl = AttentionImpl::Auto;
+  AttentionImpl attention_backward_impl = AttentionImpl::Auto;
+  char attention_note[256] = {0};
 };
 struct EventImpl {
   cudaEvent_t event = nullptr;

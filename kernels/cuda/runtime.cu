@@ -13,13 +13,13 @@
 //   scratch buffer for reductions that grows on demand, and the cuDNN handle that attention
 //   creates on first use (destroyed here, with the stream).
 // - Events are created with timing enabled; ranges go to NVTX3 (header-only, no library to link).
-#include <cudnn.h>
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/cuda/attention_cudnn.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace ops {
@@ -161,10 +161,7 @@ Stream stream_create(const StreamOptions& options) {
 void stream_destroy(Stream s) {
   if (!s) return;
   stream_sync(s);
-  if (s->cudnn) {
-    cudnnStatus_t st = cudnnDestroy(static_cast<cudnnHandle_t>(s->cudnn));
-    CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN: cudnnDestroy failed: %s", cudnnGetErrorString(st));
-  }
+  cudnn_sdpa::release_stream_state(s);
   release(s->scratch);
   release(s->workspace);
   CUBLAS_CHECK(cublasLtDestroy(s->lt));
@@ -192,12 +189,9 @@ void* stream_scratch(Stream s, size_t bytes) {
   return s->scratch;
 }
 
+// "auto" until the first attention call on the stream, then the note attention.cu leaves.
 const char* attention_impl_name(Stream s) {
-  switch (s->attention_resolved) {
-    case AttentionImpl::Flash: return "flash";
-    case AttentionImpl::Cudnn: return "cudnn";
-    default: return "auto";  // no attention op has run on this stream yet
-  }
+  return s->attention_note[0] ? s->attention_note : "auto";
 }
 
 // ---------------------------------------------------------------------------------------------

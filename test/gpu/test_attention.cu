@@ -1,7 +1,7 @@
 // test/gpu/test_attention.cu - causal attention on the GPU (kernels/cuda/attention.cu) against the
 // CPU backend: forward (out and lse) and backward (dqkv), fp32 and bf16, each implementation
-// forced through StreamOptions::attention (Flash, Cudnn - which falls back to flash where cuDNN
-// cannot run - and Auto).
+// forced through StreamOptions::attention (Flash; Cudnn, which must really run cuDNN on the bf16
+// shapes it supports and falls back to the hand-written kernels elsewhere; and Auto).
 //
 // The oracle is ref:: in fp32 on the inputs as the GPU sees them (rounded to bf16 for bf16 runs),
 // so the bf16 tolerance only has to cover the GPU's own bf16 roundings. Backward is checked in
@@ -55,6 +55,23 @@ std::vector<float> qkv_part(const std::vector<float>& x, const Shape& sh, int pa
 
 const char* impl_label(AttentionImpl impl) {
   return impl == AttentionImpl::Flash ? "flash" : impl == AttentionImpl::Cudnn ? "cudnn" : "auto";
+}
+
+// After a call the direction must have resolved, and an explicit "cudnn" on a shape cuDNN
+// supports (bf16, head size a multiple of 8) must really have run cuDNN, not the fallback:
+// otherwise these tests would pass without ever exercising the cuDNN graphs.
+void expect_resolved(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl wanted,
+                     AttentionImpl got, const std::string& what) {
+  ctx.checks++;
+  const char* problem = nullptr;
+  const bool cudnn_supported = dt == DType::BF16 && sh.HS % 8 == 0 && sh.HS <= 128;
+  if (got == AttentionImpl::Auto) problem = "still auto after a call";
+  if (wanted == AttentionImpl::Cudnn && cudnn_supported && got != AttentionImpl::Cudnn)
+    problem = "cuDNN could not run a shape it supports (see the warning above)";
+  if (problem) {
+    ctx.failures++;
+    std::printf("  %-48s FAIL (%s)\n", (what + " resolved").c_str(), problem);
+  }
 }
 
 struct DeviceBuffers {
@@ -133,14 +150,12 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
               f32 ? 1e-5 : 1e-2);
   check_close(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(), e.lse.data(),
               sh.lse(), f32 ? 1e-5 : 1e-4);
-  ctx.checks++;
-  if (s->attention_resolved == AttentionImpl::Auto) {
-    ctx.failures++;
-    std::printf("  %-48s FAIL (still auto after a call)\n", (tag + " resolved").c_str());
-  }
+  expect_resolved(ctx, sh, dt, impl, s->attention_forward_impl, tag + " forward");
 
   run_backward(d, sh, dt, s);
   ops::stream_sync(s);
+  tag = std::string(impl_label(impl)) + "->" + ops::attention_impl_name(s);
+  expect_resolved(ctx, sh, dt, impl, s->attention_backward_impl, tag + " backward");
   std::vector<float> dqkv = to_host(d.dqkv, sh.qkv(), dt);
   const double tol = f32 ? 1e-5 : 1e-2;
   check_close(ctx, tag + " dqkv", dqkv.data(), e.dqkv.data(), sh.qkv(), tol);
