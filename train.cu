@@ -123,10 +123,8 @@ static void print_banner(const Run& r) {
               r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
-  std::printf("memory   weights+grads+optimizer %.1f MiB per rank, activations %.1f MiB, "
-              "attention kernel: %s\n",
-              r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0,
-              ops::attention_impl_name(r.compute));
+  std::printf("memory   weights+grads+optimizer %.1f MiB per rank, activations %.1f MiB\n",
+              r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
                 "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
@@ -227,6 +225,8 @@ int main(int argc, char** argv) {
     comm_stats_add(r.comm_total, r.mesh.stats);
     const bool print = step % r.cfg.log.every == 0 || step == 1 || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    if (r.rank0 && step == r.resumed_step + 1)  // "auto" decides at the first call
+      std::printf("attention %s\n", ops::attention_impl_name(r.compute));
     evaluate(r, step);
     checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
   }

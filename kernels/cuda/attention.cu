@@ -193,6 +193,10 @@ AttentionImpl choose(Stream s, AttentionImpl* decided, const char* direction, bo
     std::fprintf(stderr, "warning: attention = cudnn requested, but cuDNN cannot run the %s here "
                          "(%s); using the hand-written kernels\n", direction, why.c_str());
     detail = "(cudnn unavailable)";
+  } else if (wanted == AttentionImpl::Auto && cudnn_applies) {
+    std::fprintf(stderr, "note: attention = auto: cuDNN cannot run the %s here (%s)\n", direction,
+                 why.c_str());
+    detail = "(auto: cudnn unavailable)";
   }
   *decided = impl;
   note_choice(s, direction, impl, detail);
