@@ -42,10 +42,11 @@ bool matmul_finalizes(int64_t k) {
   cudnnBackendSetAttribute(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math);
   cudnnBackendFinalize(mm);
   cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op);
-  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
-  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+  const cudnnBackendAttributeType_t desc = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc, 1, &mm);
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, desc, 1, &a);
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, desc, 1, &b);
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, desc, 1, &c);
   bool ok = cudnnBackendFinalize(op) == CUDNN_STATUS_SUCCESS;
   for (cudnnBackendDescriptor_t d : {op, mm, c, b, a}) cudnnBackendDestroyDescriptor(d);
   return ok;

@@ -117,7 +117,7 @@ struct GraphBuilder {
     finalize(t.desc, "tensor");
     return t;
   }
-  // A virtual tensor shaped like `like`: the intermediate results between fused operations.
+  // A virtual tensor: an intermediate result between fused operations, never stored.
   Tensor scratch(const Dims& dims, const Dims& strides, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     return tensor(dims, strides, type, Kind::Virtual);
   }
@@ -189,7 +189,8 @@ struct GraphBuilder {
 
   // The causal mask: s where row >= col, else -inf (after exp: 0).
   Tensor causal_mask(Tensor s, const Dims& dims, const Dims& strides, Tensor minus_infinity) {
-    Tensor row = scratch(dims, strides, CUDNN_DATA_INT32), col = scratch(dims, strides, CUDNN_DATA_INT32);
+    Tensor row = scratch(dims, strides, CUDNN_DATA_INT32);
+    Tensor col = scratch(dims, strides, CUDNN_DATA_INT32);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, row, nullptr, nullptr, CUDNN_DATA_INT32, 2);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, col, nullptr, nullptr, CUDNN_DATA_INT32, 3);
     Tensor keep = scratch(dims, strides, CUDNN_DATA_BOOLEAN);
@@ -481,6 +482,23 @@ bool execute(Stream s, Plan& p, std::vector<void*> pointers, void* workspace, st
   return false;
 }
 
+// The plan for this call's shape, or null (and *why) if cuDNN cannot run it.
+Plan* ready_plan(Stream s, bool backward, int B, int T, int NH, int HS, std::string* why) {
+  Plan& p = plan_for(s, backward, B, T, NH, HS);
+  if (p.plan) return &p;
+  if (why) *why = p.error;
+  return nullptr;
+}
+
+// The q, k and v columns of a packed (B,T,3C) bf16 buffer: C elements apart.
+struct Columns {
+  void *q, *k, *v;
+  Columns(const void* packed, size_t C) {
+    __nv_bfloat16* x = static_cast<__nv_bfloat16*>(const_cast<void*>(packed));
+    q = x, k = x + C, v = x + 2 * C;
+  }
+};
+
 }  // namespace
 
 bool applies(int HS, DType dt, std::initializer_list<const void*> pointers) {
@@ -492,37 +510,29 @@ bool applies(int HS, DType dt, std::initializer_list<const void*> pointers) {
 
 bool forward(Stream s, void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
              std::string* why) {
-  Plan& p = plan_for(s, false, B, T, NH, HS);
-  if (!p.plan) {
-    if (why) *why = p.error;
-    return false;
-  }
-  const size_t C = (size_t)NH * HS;
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(qkv);
-  void* workspace = p.engine_workspace > 0 ? stream_scratch(s, (size_t)p.engine_workspace) : nullptr;
-  return execute(s, p, {(void*)x, (void*)(x + C), (void*)(x + 2 * C), out, lse}, workspace, why);
+  Plan* p = ready_plan(s, false, B, T, NH, HS, why);
+  if (!p) return false;
+  const Columns x(qkv, (size_t)NH * HS);
+  void* workspace = p->engine_workspace > 0 ? stream_scratch(s, (size_t)p->engine_workspace)
+                                            : nullptr;
+  return execute(s, *p, {x.q, x.k, x.v, out, lse}, workspace, why);
 }
 
 bool backward(Stream s, void* dqkv, const void* dout, const void* qkv, const void* out,
               const float* lse, int B, int T, int NH, int HS, std::string* why) {
-  Plan& p = plan_for(s, true, B, T, NH, HS);
-  if (!p.plan) {
-    if (why) *why = p.error;
-    return false;
-  }
-  const size_t C = (size_t)NH * HS;
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(qkv);
-  __nv_bfloat16* dx = static_cast<__nv_bfloat16*>(dqkv);
-  const size_t engine_bytes = round_up((size_t)p.engine_workspace, 256);
-  char* workspace = (char*)stream_scratch(s, engine_bytes + p.extra_workspace);
+  Plan* p = ready_plan(s, true, B, T, NH, HS, why);
+  if (!p) return false;
+  const Columns x(qkv, (size_t)NH * HS), dx(dqkv, (size_t)NH * HS);
+  const size_t engine_bytes = round_up((size_t)p->engine_workspace, 256);
+  char* workspace = (char*)stream_scratch(s, engine_bytes + p->extra_workspace);
   char* delta = workspace + engine_bytes;
-  char* dq_accum = delta + p.dq_accum_offset;
+  char* dq_accum = delta + p->dq_accum_offset;
   // cuDNN >= 9.6 clears the dQ accumulator itself; clearing it here too costs one memset and
   // keeps the result right whatever the engine assumes.
-  CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, p.extra_workspace - p.dq_accum_offset, s->stream));
-  return execute(s, p,
-                 {(void*)x, (void*)(x + C), (void*)(x + 2 * C), (void*)out, (void*)dout,
-                  (void*)lse, (void*)dx, (void*)(dx + C), (void*)(dx + 2 * C), delta, dq_accum},
+  CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, p->extra_workspace - p->dq_accum_offset, s->stream));
+  return execute(s, *p,
+                 {x.q, x.k, x.v, (void*)out, (void*)dout, (void*)lse, dx.q, dx.k, dx.v, delta,
+                  dq_accum},
                  workspace, why);
 }
 
