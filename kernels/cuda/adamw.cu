@@ -103,8 +103,7 @@ void adamw_update(float* master, void* param_out, const float* grad, float* m, f
   if (n == 0) return;
   CHECK(step.t >= 1, "adamw_update: step t=%d must be 1-based", step.t);
   const AdamWScalars k = adamw_scalars(step);
-  const bool vec = aligned16(master) && aligned16(grad) && aligned16(m) && aligned16(v) &&
-                   aligned16(param_out);  // nullptr counts as aligned
+  const bool vec = aligned16({master, grad, m, v, param_out});  // nullptr counts as aligned
   const ElementwiseSplit sp = elementwise_split(n, vec, kThreads, kElems);
   dispatch_dtype(param_dt, [&](auto tag) {
     using P = decltype(tag);

@@ -47,10 +47,7 @@ void check_shape(const Shape& sh) {
 // The flash kernels read 16-byte rows with cp.async and store bf16 pairs; row starts are multiples
 // of HS elements, so aligned base pointers are enough.
 bool flash_applies(const Shape& sh, DType dt, std::initializer_list<const void*> pointers) {
-  if (dt != DType::BF16 || (sh.HS != 64 && sh.HS != 128)) return false;
-  for (const void* p : pointers)
-    if (!aligned16(p)) return false;
-  return true;
+  return dt == DType::BF16 && (sh.HS == 64 || sh.HS == 128) && aligned16(pointers);
 }
 
 // Kernels with more than 48 KB of dynamic shared memory must opt in, once per kernel (and device:

@@ -37,6 +37,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention_cudnn.cuh"
@@ -125,11 +126,17 @@ struct GraphBuilder {
     return tensor({1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, Kind::ByValue);
   }
 
-  void add_operation(cudnnBackendDescriptor_t op, const char* what) {
+  // An operation node: a descriptor of `type` whose attributes point at other descriptors (its
+  // settings descriptor and its tensors), finalized and appended to the graph.
+  using Link = std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>;
+  using Links = std::initializer_list<Link>;
+  void add_operation(cudnnBackendDescriptorType_t type, Links links, const char* what) {
+    cudnnBackendDescriptor_t op = create(type);
+    for (const auto& link : links)
+      if (link.second) set_desc(op, link.first, link.second);
     finalize(op, what);
     if (ok()) operations.push_back(op);
   }
-
   // y = mode(x, b, t); GEN_INDEX takes an axis, BINARY_SELECT a predicate t (y = t ? x : b).
   void pointwise(cudnnPointwiseMode_t mode, Tensor x, Tensor y, const Tensor* b = nullptr,
                  const Tensor* t = nullptr, cudnnDataType_t math = CUDNN_DATA_FLOAT,
@@ -139,13 +146,13 @@ struct GraphBuilder {
     set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math);
     if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     finalize(pw, "pointwise descriptor");
-    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x.desc);
-    if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b->desc);
-    if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t->desc);
-    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y.desc);
-    add_operation(op, "pointwise operation");
+    add_operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x.desc},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b ? b->desc : nullptr},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t ? t->desc : nullptr},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y.desc}},
+                  "pointwise operation");
   }
   void binary(cudnnPointwiseMode_t mode, Tensor x, Tensor b, Tensor y) {
     pointwise(mode, x, y, &b);
@@ -158,11 +165,11 @@ struct GraphBuilder {
     set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
     set(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math);
     finalize(red, "reduction descriptor");
-    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x.desc);
-    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y.desc);
-    add_operation(op, "reduction operation");
+    add_operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_REDUCTION_DESC, red},
+                   {CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x.desc},
+                   {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y.desc}},
+                  "reduction operation");
   }
 
   // Batched c = a @ b over the two leading dimensions, fp32 accumulation.
@@ -171,20 +178,20 @@ struct GraphBuilder {
     cudnnDataType_t math = CUDNN_DATA_FLOAT;
     set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math);
     finalize(mm, "matmul descriptor");
-    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a.desc);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b.desc);
-    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c.desc);
-    add_operation(op, "matmul operation");
+    add_operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_MATMUL_DESC, mm},
+                   {CUDNN_ATTR_OPERATION_MATMUL_ADESC, a.desc},
+                   {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b.desc},
+                   {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c.desc}},
+                  "matmul operation");
   }
 
   // y is x seen through other dims/strides (a transpose of the last two axes here).
   void reshape(Tensor x, Tensor y) {
-    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x.desc);
-    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y.desc);
-    add_operation(op, "reshape operation");
+    add_operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x.desc},
+                   {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y.desc}},
+                  "reshape operation");
   }
 
   // The causal mask: s where row >= col, else -inf (after exp: 0).
@@ -425,8 +432,8 @@ std::unique_ptr<Plan> describe(bool backward, int B, int T, int NH, int HS) {
 }
 
 // The stream's plans and cuDNN handle, created at the first use. A node whose cuDNN is missing
-// or broken (only the loader stub of the offline bundle, say) gets no handle and every plan
-// reports why, so "auto" quietly keeps the hand-written kernels.
+// or broken (the offline bundle carries only its small loader library, say) gets no handle and
+// every plan reports why, so "auto" quietly keeps the hand-written kernels.
 PlanCache& cache_of(Stream s) {
   if (!s->cudnn_plans) {
     PlanCache* c = new PlanCache;
@@ -502,10 +509,7 @@ struct Columns {
 }  // namespace
 
 bool applies(int HS, DType dt, std::initializer_list<const void*> pointers) {
-  if (dt != DType::BF16 || HS % 8 != 0 || HS > 128) return false;
-  for (const void* p : pointers)
-    if (!aligned16(p)) return false;
-  return true;
+  return dt == DType::BF16 && HS % 8 == 0 && HS <= 128 && aligned16(pointers);
 }
 
 bool forward(Stream s, void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/ops.h"
 
@@ -152,6 +153,12 @@ __device__ __forceinline__ float gelu_grad(float x) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// All of them 16-byte aligned (what a kernel needs before it uses 16-byte vector access).
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (!aligned16(p)) return false;
+  return true;
+}
 
 // How an elementwise grid-stride kernel covers n elements: `packs` groups of `elems` on the
 // 16-byte vector path (elements [0, tail)), then [tail, n) one by one; enough blocks of

@@ -209,7 +209,7 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     constexpr int P = Pack128<S>::size;
-    const bool vec = C % P == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+    const bool vec = C % P == 0 && aligned16({out, wte, wpe});
     auto* o = static_cast<S*>(out);
     auto* e = static_cast<const S*>(wte);
     auto* p = static_cast<const S*>(wpe);

@@ -57,7 +57,7 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     const ElementwiseSplit sp =
-        elementwise_split(n, aligned16(out) && aligned16(inp), kThreads, kElems);
+        elementwise_split(n, aligned16({out, inp}), kThreads, kElems);
     gelu_forward_kernel<S><<<sp.blocks, kThreads, 0, s->stream>>>(
         static_cast<S*>(out), static_cast<const S*>(inp), sp.packs, sp.tail, n);
     LAUNCH_CHECK();
@@ -69,7 +69,7 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DTyp
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     const ElementwiseSplit sp = elementwise_split(
-        n, aligned16(dinp) && aligned16(inp) && aligned16(dout), kThreads, kElems);
+        n, aligned16({dinp, inp, dout}), kThreads, kElems);
     gelu_backward_kernel<S><<<sp.blocks, kThreads, 0, s->stream>>>(
         static_cast<S*>(dinp), static_cast<const S*>(inp), static_cast<const S*>(dout), sp.packs,
         sp.tail, n);
