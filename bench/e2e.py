@@ -161,8 +161,8 @@ def main():
     print_table(rows, sys.stdout)
     print("note: MFU = tokens/s x (6N + 6LCT) / dense BF16 peak (H100 SXM and H200: 989.4 "
           "TFLOP/s); HFU adds the recomputed forward. B = the largest power-of-two micro-batch "
-          "that fit. llm.c for scale (REFERENCE.md section 4): 124M ~38% MFU on 8xH100, 1.5B "
-          "~46-50%.")
+          "that fit. For scale, llm.c's published GPT-2 runs and their MFU: "
+          "https://github.com/karpathy/llm.c/discussions")
     with open(os.path.join(a.out, "e2e.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(a.out, "e2e_table.txt"), "w") as f:

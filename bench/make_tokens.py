@@ -2,7 +2,7 @@
 
     python3 bench/make_tokens.py OUT.bin [--tokens N] [--vocab V] [--seed S]
 
-Writes an llm.c GPT-2 shard (REFERENCE.md section 1: 256 int32 header words, magic 20240520,
+Writes an llm.c GPT-2 shard (llm.c's format: 256 int32 header words, magic 20240520,
 version 1, token count; then uint16 tokens) of N tokens drawn uniformly from [0, V). Throughput
 does not depend on what the tokens mean, only on their number (and, slightly, on how many distinct
 ones a batch holds: uniform draws are the worst case for the embedding's backward). Standard

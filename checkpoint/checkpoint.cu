@@ -6,8 +6,8 @@
 // Agreeing. Every step that can fail on one rank (a full disk, a corrupt file only one rank was
 // asked to checksum) ends in fail_together: all ranks agree whether everyone succeeded
 // (all_agree over the world); if not, the ranks' messages are gathered (MPI_Allgatherv on the
-// world communicator) and rank 0 stops the job with the first one. No rank ever leaves the
-// others waiting in a collective they will not reach.
+// world communicator) and every rank stops with the first one (FATAL_ALL: rank 0 prints it).
+// No rank ever leaves the others waiting in a collective they will not reach.
 #include "checkpoint/checkpoint.h"
 
 #include <algorithm>
@@ -57,15 +57,27 @@ static std::string first_problem(Comm& world, const std::string& mine) {
 static void fail_together(Comm& world, const std::string& problem, const std::string& what) {
   const std::string first = first_problem(world, problem);
   if (first.empty()) return;
-  if (world.rank == 0) FATAL("%s%s", what.c_str(), first.c_str());
-  barrier(world);  // rank 0's FATAL ends the job while the others wait here
-  FATAL("%s%s", what.c_str(), first.c_str());
+  FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
-static void require_data_parallel_only(const Mesh& mesh) {
-  CHECK(mesh.world_size == mesh.dp,
-        "checkpoints cover data parallelism (dp, fsdp) only so far: world %d != dp %d",
-        mesh.world_size, mesh.dp);
+// Writers are numbered by world rank = dp_rank * tp + tp_rank (hdf5_format.h): the layouts that
+// checkpoints cover so far.
+static void require_dp_tp_only(const Mesh& mesh) {
+  CHECK_ALL(mesh.world_size == mesh.dp * mesh.tp,
+        "checkpoints cover data and tensor parallelism (dp, fsdp, tp) only so far: world %d != "
+        "dp %d x tp %d", mesh.world_size, mesh.dp, mesh.tp);
+}
+
+// The layouts of every tp rank, which the index maps the writers' files with.
+static std::vector<GPTLayout> tp_layouts(const Config& cfg, const GPTLayout& mine) {
+  std::vector<GPTLayout> all;
+  for (int r = 0; r < mine.tp.size; r++) {
+    TensorParallel tp = mine.tp;
+    tp.comm = nullptr;
+    tp.rank = r;
+    all.push_back(gpt_layout(cfg.model, tp));
+  }
+  return all;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -121,11 +133,12 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.data = train_data.pos;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
+  meta.writer_tp = layout.tp.size;
   meta.L = layout.L, meta.NH = layout.NH, meta.C = layout.C;
-  meta.T = layout.T, meta.V = layout.V, meta.Vp = layout.Vp;
+  meta.T = layout.T, meta.V = layout.V, meta.Vp = layout.Vp, meta.maxT = layout.maxT;
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
-  std::string problem = h5_write_index(tmp + "/" + kIndexFileName, layout, meta);
+  std::string problem = h5_write_index(tmp + "/" + kIndexFileName, tp_layouts(cfg, layout), meta);
   if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
@@ -143,7 +156,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
 
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
                      const DataLoader& train_data, Mesh& mesh) {
-  require_data_parallel_only(mesh);
+  require_dp_tp_only(mesh);
   const auto t0 = std::chrono::steady_clock::now();
   Comm& world = mesh.world;
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
@@ -158,7 +171,7 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   fail_together(world, problem, not_saved);
 
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
-  const std::string file = tmp + "/" + rank_file_name(mesh.dp_rank);
+  const std::string file = tmp + "/" + rank_file_name(world.rank);
   FileDigest digest;
   problem = h5_write_rank_file(file, store, layout, mesh.dp_rank, mesh.dp);
   if (problem.empty()) problem = sync_and_digest(file, &digest);
@@ -215,20 +228,21 @@ static std::string resolve(const CheckpointConfig& c, std::string* ckpt) {
   return "";
 }
 
-static std::string shape_text(int L, int NH, int C, int T, int V) {
+static std::string shape_text(int L, int NH, int C, int maxT, int V) {
   char s[160];
-  std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, seq_len %d, vocab_size %d)",
-                L, NH, C, T, V);
+  std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, max_seq_len %d, "
+                "vocab_size %d)", L, NH, C, maxT, V);
   return s;
 }
 
-// The index against the model and the manifest: same shape; every writer file listed.
+// The index against the model and the manifest: same shape (max_seq_len, not the seq_len it was
+// trained at: any seq_len <= max_seq_len resumes it); every writer file listed.
 static std::string check_index(const CheckpointMeta& m, const GPTLayout& g,
                                const std::vector<ManifestEntry>& entries,
                                const std::string& ckpt) {
-  if (m.L != g.L || m.NH != g.NH || m.C != g.C || m.T != g.T || m.V != g.V)
-    return ckpt + " holds a model of shape " + shape_text(m.L, m.NH, m.C, m.T, m.V) +
-           " but the config asks for " + shape_text(g.L, g.NH, g.C, g.T, g.V);
+  if (m.L != g.L || m.NH != g.NH || m.C != g.C || m.maxT != g.maxT || m.V != g.V)
+    return ckpt + " holds a model of shape " + shape_text(m.L, m.NH, m.C, m.maxT, m.V) +
+           " but the config asks for " + shape_text(g.L, g.NH, g.C, g.maxT, g.V);
   for (int w = 0; w < m.writers; w++) {
     const std::string f = rank_file_name(w);
     if (std::none_of(entries.begin(), entries.end(),
@@ -256,7 +270,7 @@ static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh) {
-  require_data_parallel_only(mesh);
+  require_dp_tp_only(mesh);
   Comm& world = mesh.world;
   const CheckpointConfig& c = cfg.checkpoint;
   if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
@@ -273,7 +287,8 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   CheckpointIndex index;
   CheckpointMeta meta;
   open_verified(ckpt, layout, world, &index, &meta);
-  for (StateKind kind : kStates) param_store_load(store, layout, h5_index_fill(index, kind), kind);
+  for (StateKind kind : kStates)
+    param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
   h5_close_index(index);
 
   if (meta.seed != cfg.train.seed && world.rank == 0)

@@ -2,8 +2,9 @@
 // layout can write and any layout can read, written so that a crash never costs the last good one.
 //
 // What a checkpoint is. A directory [checkpoint] dir/step_000123 holding
-//   rank_00000.h5 ... rank_<W-1>.h5   each writer's flat ranges of the fp32 master weights and
-//                                     both Adam moments (checkpoint/hdf5_format.h)
+//   rank_00000.h5 ... rank_<W-1>.h5   each rank's flat ranges of the fp32 master weights and
+//                                     both Adam moments, each element of the model written by
+//                                     exactly one rank (checkpoint/hdf5_format.h)
 //   checkpoint.h5                     the index: the step, the resolved config, the seed, the
 //                                     data position, the model shape, and every tensor as a
 //                                     virtual dataset of its logical shape: model/wte,
@@ -27,7 +28,7 @@
 // - Layout independence: nothing in the index depends on who wrote it. A reader asks for "rows
 //   [a, b) of h.3/attn/qkv/weight" (a ParamFill, parallel/param_store.h: exactly how random init
 //   and llm.c import fill a shard) and HDF5 finds which writer files hold them. So any dp, FSDP
-//   on or off (and later any tensor-parallel slice) reads its own hyperslabs and nothing else.
+//   on or off, any tensor-parallel degree reads its own hyperslabs and nothing else.
 // In replicated mode (DDP) every rank holds everything, but each writes only 1/dp, the slice
 // FSDP would own, so a save is as parallel as in FSDP.
 //

@@ -27,30 +27,8 @@ std::string rank_file_name(int writer) {
   return name;
 }
 
-FlatRange writer_range(size_t unit_numel, int writer, int writers) {
-  const size_t slice = round_up(unit_numel, (size_t)writers * kTensorAlign) / writers;
-  FlatRange r;
-  r.first = std::min(unit_numel, (size_t)writer * slice);
-  r.end = std::min(unit_numel, r.first + slice);
-  return r;
-}
-
-std::vector<RowPiece> flat_range_pieces(size_t first, size_t count, size_t width) {
-  std::vector<RowPiece> pieces;
-  size_t at = first;
-  const size_t end = first + count;
-  if (at < end && at % width != 0) {  // partial first row
-    const size_t n = std::min(width - at % width, end - at);
-    pieces.push_back({at / width, at % width, 1, n, at});
-    at += n;
-  }
-  if (end - at >= width) {  // full rows
-    const size_t rows = (end - at) / width;
-    pieces.push_back({at / width, 0, rows, width, at});
-    at += rows * width;
-  }
-  if (at < end) pieces.push_back({at / width, 0, 1, end - at, at});  // partial last row
-  return pieces;
+FlatRange writer_range(const ParamUnit& u, int dp_rank, int dp, int tp_rank) {
+  return clip(shard_range(u.numel, dp_rank, dp), owned_end(u, tp_rank));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -192,20 +170,21 @@ static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind 
 }
 
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, int writer, int writers) {
+                               const GPTLayout& layout, int dp_rank, int dp) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
-    write_attr_i64(file, "writer", writer);
-    write_attr_i64(file, "writers", writers);
+    write_attr_i64(file, "dp_rank", dp_rank);
+    write_attr_i64(file, "tp_rank", layout.tp.rank);
+    const int tp_rank = layout.tp.rank;
     size_t largest = 0;
     for (const ParamUnit& pu : layout.units)
-      largest = std::max(largest, writer_range(pu.numel, writer, writers).size());
+      largest = std::max(largest, writer_range(pu, dp_rank, dp, tp_rank).size());
     std::vector<float> host(largest);
     for (StateKind kind : kAllKinds)
       for (size_t u = 0; u < layout.units.size(); u++) {
-        const FlatRange range = writer_range(layout.units[u].numel, writer, writers);
+        const FlatRange range = writer_range(layout.units[u], dp_rank, dp, tp_rank);
         if (range.size() > 0) write_unit_range(file, store, u, kind, range, host);
       }
     close_file(file, path);
@@ -215,40 +194,48 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
   return "";
 }
 
-// Maps writer w's part of tensor t (flat range [a, b) of the unit) into the virtual dataset.
-static void map_writer_part(hid_t dcpl, hid_t vspace, int rank, const ParamTensor& t,
-                            const FlatRange& wr, size_t a, size_t b, const std::string& source,
+// Selects block b of a logical tensor in `space` (rank 2: a matrix; rank 1: a vector).
+static void select_block(hid_t space, int rank, const Block& b) {
+  if (rank == 2) {
+    hsize_t start[2] = {(hsize_t)b.row, (hsize_t)b.col}, count[2] = {(hsize_t)b.rows, (hsize_t)b.cols};
+    ok(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr), "select");
+  } else {
+    hsize_t start = (hsize_t)b.row, count = (hsize_t)b.rows;
+    ok(H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &count, nullptr), "select");
+  }
+}
+
+// Maps the blocks of tensor t that writer range wr holds into the virtual dataset.
+static void map_writer_part(hid_t dcpl, hid_t vspace, int rank, const TensorPlacement& t,
+                            const FlatRange& wr, const std::string& source,
                             const std::string& source_dataset) {
   hsize_t src_len = wr.size();
   H5Id sspace(ok(H5Screate_simple(1, &src_len, nullptr), "H5Screate_simple"));
-  for (const RowPiece& p : flat_range_pieces(a - t.offset, b - a, (size_t)t.cols)) {
-    if (rank == 2) {
-      hsize_t start[2] = {p.row, p.col}, count[2] = {p.rows, p.cols};
-      ok(H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start, nullptr, count, nullptr), "select");
-    } else {
-      hsize_t start = p.flat, count = p.rows * p.cols;
-      ok(H5Sselect_hyperslab(vspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr), "select");
-    }
-    hsize_t sstart = t.offset + p.flat - wr.first, scount = p.rows * p.cols;
+  for (const Block& b : blocks_in_range(t, wr)) {
+    select_block(vspace, rank, b);
+    hsize_t sstart = b.local - wr.first, scount = b.numel();
     ok(H5Sselect_hyperslab(sspace, H5S_SELECT_SET, &sstart, nullptr, &scount, nullptr), "select");
     ok(H5Pset_virtual(dcpl, vspace, source.c_str(), source_dataset.c_str(), sspace),
        "H5Pset_virtual " + t.name);
   }
 }
 
-static void write_virtual_tensor(hid_t file, const ParamTensor& t, size_t u, size_t unit_numel,
-                                 StateKind kind, int writers) {
+// Tensor i of unit u, as a virtual dataset over every writer's file.
+static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& tp_layouts, size_t u,
+                                 size_t i, StateKind kind, const CheckpointMeta& meta) {
+  const TensorPlacement& t = tp_layouts[0].units[u].tensors[i];
   const int rank = t.cols == 1 ? 1 : 2;
   hsize_t dims[2] = {(hsize_t)t.rows, (hsize_t)t.cols};
   H5Id vspace(ok(H5Screate_simple(rank, dims, nullptr), "H5Screate_simple"));
   H5Id dcpl(ok(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"));
   const float nan = NAN;
   ok(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "H5Pset_fill_value");
-  for (int w = 0; w < writers; w++) {
-    const FlatRange wr = writer_range(unit_numel, w, writers);
-    const size_t a = std::max(wr.first, t.offset), b = std::min(wr.end, t.offset + t.numel());
-    if (a < b)
-      map_writer_part(dcpl, vspace, rank, t, wr, a, b, rank_file_name(w), unit_dataset(kind, u));
+  const int tp = meta.writer_tp, dp = meta.writers / tp;
+  for (int w = 0; w < meta.writers; w++) {
+    const ParamUnit& pu = tp_layouts[w % tp].units[u];
+    const FlatRange wr = writer_range(pu, w / tp, dp, w % tp);
+    map_writer_part(dcpl, vspace, rank, pu.tensors[i], wr, rank_file_name(w),
+                    unit_dataset(kind, u));
   }
   ok(H5Sselect_all(vspace), "select");
   const std::string name = std::string(state_kind_name(kind)) + "/" + t.name;
@@ -261,9 +248,11 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "format_version", m.format_version);
   write_attr_i64(file, "step", m.step);
   write_attr_i64(file, "writers", m.writers);
+  write_attr_i64(file, "writer_tp", m.writer_tp);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
                                                {"d_model", m.C}, {"seq_len", m.T},
-                                               {"vocab_size", m.V}, {"padded_vocab", m.Vp}};
+                                               {"vocab_size", m.V}, {"padded_vocab", m.Vp},
+                                               {"max_seq_len", m.maxT}};
   for (const auto& kv : shape) write_attr_i64(file, kv.first, kv.second);
   write_string(file, "config", m.config_toml);
   H5Id rng(create_group(file, "rng"));
@@ -279,17 +268,18 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(data, "row", m.data.row);
 }
 
-std::string h5_write_index(const std::string& path, const GPTLayout& layout,
+std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& tp_layouts,
                            const CheckpointMeta& meta) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
     write_meta(file, meta);
+    const std::vector<ParamUnit>& units = tp_layouts[0].units;
     for (StateKind kind : kAllKinds)
-      for (size_t u = 0; u < layout.units.size(); u++)
-        for (const ParamTensor& t : layout.units[u].tensors)
-          write_virtual_tensor(file, t, u, layout.units[u].numel, kind, meta.writers);
+      for (size_t u = 0; u < units.size(); u++)
+        for (size_t i = 0; i < units[u].tensors.size(); i++)
+          write_virtual_tensor(file, tp_layouts, u, i, kind, meta);
     close_file(file, path);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();
@@ -310,10 +300,13 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
              ", this trainer reads version " + std::to_string(kCheckpointFormatVersion);
     m->step = read_attr_i64(file, "step");
     m->writers = (int)read_attr_i64(file, "writers");
+    m->writer_tp = H5Aexists(file, "writer_tp") > 0 ? (int)read_attr_i64(file, "writer_tp") : 1;
     int* shape[] = {&m->L, &m->NH, &m->C, &m->T, &m->V, &m->Vp};
     const char* names[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size",
                            "padded_vocab"};
     for (int i = 0; i < 6; i++) *shape[i] = (int)read_attr_i64(file, names[i]);
+    const bool has_max = H5Aexists(file, "max_seq_len") > 0;  // older checkpoints: = seq_len
+    m->maxT = has_max ? (int)read_attr_i64(file, "max_seq_len") : m->T;
     m->config_toml = read_string(file, "config");
     H5Id rng(ok(H5Gopen2(file, "rng", H5P_DEFAULT), "no group rng"));
     H5Id seed(ok(H5Aopen(rng, "seed", H5P_DEFAULT), "no attribute rng/seed"));
@@ -335,9 +328,8 @@ void h5_close_index(CheckpointIndex& index) {
   index.file = -1;
 }
 
-// Reads elements [first, first + count) of the logical tensor behind `ds` into dst.
-static void read_flat_range(hid_t ds, const ParamTensor& t, size_t first, size_t count,
-                            float* dst) {
+// Reads block b of the logical tensor behind `ds` into dst (b.rows x b.cols, row-major).
+static void read_block(hid_t ds, const TensorPlacement& t, const Block& b, float* dst) {
   H5Id fspace(ok(H5Dget_space(ds), "H5Dget_space"));
   const int rank = ok(H5Sget_simple_extent_ndims(fspace), "H5Sget_simple_extent_ndims");
   hsize_t dims[2] = {0, 1};
@@ -348,29 +340,20 @@ static void read_flat_range(hid_t ds, const ParamTensor& t, size_t first, size_t
                     (rank == 2 ? ", " + std::to_string(dims[1]) : std::string()) +
                     "), the model's tensor is (" + std::to_string(t.rows) + ", " +
                     std::to_string(t.cols) + ")");
-  for (const RowPiece& p : flat_range_pieces(first, count, (size_t)t.cols)) {
-    hsize_t n = p.rows * p.cols;
-    if (rank == 2) {
-      hsize_t start[2] = {p.row, p.col}, cnt[2] = {p.rows, p.cols};
-      ok(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr), "select");
-    } else {
-      hsize_t start = p.flat;
-      ok(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &n, nullptr), "select");
-    }
-    H5Id mspace(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
-    ok(H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst + (p.flat - first)),
-       "cannot read");
-  }
+  select_block(fspace, rank, b);
+  hsize_t n = b.numel();
+  H5Id mspace(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
+  ok(H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst), "cannot read");
 }
 
 ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind) {
   const hid_t file = index.file;
   const std::string path = index.path;
-  return [file, path, kind](const ParamTensor& t, size_t first, size_t count, float* dst) {
+  return [file, path, kind](const TensorPlacement& t, const Block& b, float* dst) {
     const std::string name = std::string(state_kind_name(kind)) + "/" + t.name;
     try {
       H5Id ds(ok(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "no such dataset"));
-      read_flat_range(ds, t, first, count, dst);
+      read_block(ds, t, b, dst);
     } catch (const H5Failure& e) {
       FATAL("checkpoint %s: /%s: %s", path.c_str(), name.c_str(), e.what());
     }

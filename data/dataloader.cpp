@@ -206,17 +206,17 @@ void dataloader_init(DataLoader& dl, const std::string& pattern, const char* wha
   dl.B = B, dl.T = T, dl.dp_rank = dp_rank, dl.dp_size = dp_size;
   dl.shuffle = shuffle, dl.seed = seed;
   dl.files = glob_files(pattern);
-  CHECK(!dl.files.empty(), "%s: no file matches '%s'", what, pattern.c_str());
+  CHECK_ALL(!dl.files.empty(), "%s: no file matches '%s'", what, pattern.c_str());
   int64_t G = global_rows(dl);
   for (const std::string& path : dl.files) {
     int64_t ntok = 0;
     int tb = 0;
     std::string err = shard_check(path, &ntok, &tb);
-    CHECK(err.empty(), "%s: %s", what, err.c_str());
-    CHECK((ntok - 1) / T >= G,
-          "%s: shard '%s' has %lld tokens, too few for one global micro-batch of dp*B = %lld rows "
-          "of T+1 = %d tokens (needs at least %lld tokens)",
-          what, path.c_str(), (long long)ntok, (long long)G, T + 1, (long long)(G * T + 1));
+    CHECK_ALL(err.empty(), "%s: %s", what, err.c_str());
+    CHECK_ALL((ntok - 1) / T >= G,
+              "%s: shard '%s' has %lld tokens, too few for one global micro-batch of dp*B = "
+              "%lld rows of T+1 = %d tokens (needs at least %lld tokens)",
+              what, path.c_str(), (long long)ntok, (long long)G, T + 1, (long long)(G * T + 1));
     dl.num_tokens.push_back(ntok);
     dl.token_bytes.push_back(tb);
   }
@@ -246,9 +246,10 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
 void dataloader_reset(DataLoader& dl) { dataloader_seek(dl, DataPosition()); }
 
 void dataloader_seek(DataLoader& dl, const DataPosition& pos) {
-  CHECK(pos.epoch >= 0 && pos.shard >= 0 && pos.shard < (int64_t)dl.files.size() && pos.row >= 0,
-        "data position (epoch %lld, shard %lld, row %lld) is out of range for %zu shard(s)",
-        (long long)pos.epoch, (long long)pos.shard, (long long)pos.row, dl.files.size());
+  CHECK_ALL(pos.epoch >= 0 && pos.shard >= 0 && pos.shard < (int64_t)dl.files.size() &&
+                pos.row >= 0,
+            "data position (epoch %lld, shard %lld, row %lld) is out of range for %zu shard(s)",
+            (long long)pos.epoch, (long long)pos.shard, (long long)pos.row, dl.files.size());
   dl.pos = pos;
   build_orders(dl);
 }

@@ -19,23 +19,23 @@ bool tokenizer_load(Tokenizer& tok, const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
   int32_t header[256];
-  CHECK(std::fread(header, sizeof(header), 1, f) == 1,
-        "tokenizer '%s': shorter than the 1024-byte header", path.c_str());
-  CHECK(header[0] == kTokenizerMagic, "tokenizer '%s': bad magic %d, expected %d", path.c_str(),
-        header[0], kTokenizerMagic);
-  CHECK(header[1] == 1 || header[1] == 2, "tokenizer '%s': bad version %d, expected 1 or 2",
-        path.c_str(), header[1]);
+  CHECK_ALL(std::fread(header, sizeof(header), 1, f) == 1,
+            "tokenizer '%s': shorter than the 1024-byte header", path.c_str());
+  CHECK_ALL(header[0] == kTokenizerMagic, "tokenizer '%s': bad magic %d, expected %d", path.c_str(),
+            header[0], kTokenizerMagic);
+  CHECK_ALL(header[1] == 1 || header[1] == 2, "tokenizer '%s': bad version %d, expected 1 or 2",
+            path.c_str(), header[1]);
   int vocab = header[2];
-  CHECK(vocab > 0, "tokenizer '%s': bad vocabulary size %d", path.c_str(), vocab);
+  CHECK_ALL(vocab > 0, "tokenizer '%s': bad vocabulary size %d", path.c_str(), vocab);
   tok.eot = header[1] == 1 ? kGpt2Eot : header[3];
   tok.pieces.resize(vocab);
   for (int i = 0; i < vocab; i++) {
     unsigned char len = 0;
-    CHECK(std::fread(&len, 1, 1, f) == 1 && len > 0,
-          "tokenizer '%s': token %d of %d is truncated or empty", path.c_str(), i, vocab);
+    CHECK_ALL(std::fread(&len, 1, 1, f) == 1 && len > 0,
+              "tokenizer '%s': token %d of %d is truncated or empty", path.c_str(), i, vocab);
     tok.pieces[i].resize(len);
-    CHECK(std::fread(&tok.pieces[i][0], 1, len, f) == len,
-          "tokenizer '%s': token %d of %d is truncated", path.c_str(), i, vocab);
+    CHECK_ALL(std::fread(&tok.pieces[i][0], 1, len, f) == len,
+              "tokenizer '%s': token %d of %d is truncated", path.c_str(), i, vocab);
   }
   std::fclose(f);
   tok.loaded = true;

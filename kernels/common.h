@@ -1,32 +1,57 @@
-// kernels/common.h - what every file of the trainer shares: fatal errors that name file and line,
-// the element types tensors are stored in, and bf16 rounding on the host.
+// kernels/common.h - what every file of the trainer shares: the ways to stop on an error, the
+// element types tensors are stored in, and bf16 rounding on the host.
 //
-// Errors: FATAL/CHECK print "error: <msg> (<file>:<line>)" and stop the whole job. Under MPI the
-// communicator installs an abort hook (MPI_Abort) so that one failing rank ends every rank;
-// without it the process exits with status 1. Messages meant for users name the config key, file
-// or line themselves; file:line of the source is only the trailer.
+// Errors. Messages meant for users name the config key, file or value themselves and carry no
+// source location of ours. Three ways to stop:
+//   FATAL / CHECK          a failure this rank found, maybe alone (a full disk, a diverged loss,
+//                          a device error): "error: <msg>" on stderr, "[rank r] " before it when
+//                          there are several ranks, then the whole job is aborted (the hook
+//                          parallel/mesh.cu installs calls MPI_Abort, so one failing rank ends
+//                          every rank). Without the hook the process exits with status 1.
+//   FATAL_ALL / CHECK_ALL  an error every rank finds alike, at the same point of the code (the
+//                          config, the layout, the data and model files): rank 0 alone prints
+//                          "error: <msg>", every rank leaves MPI cleanly and exits with status 1,
+//                          so the job ends without an abort. Only for errors that truly every
+//                          rank reaches: a rank that reaches it alone waits for the others.
+//   BUG                    a broken internal invariant: as FATAL, with the source file and line.
+#pragma once
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+// `file` = nullptr: no source location in the message (FATAL, CHECK); the CUDA, cuBLAS, cuDNN
+// and NCCL status checks pass theirs, as BUG does.
 [[noreturn]] void fatal_error(const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
-// The communicator calls this once MPI is up: `abort_job` ends every rank, `rank_prefix` (e.g.
-// "[rank 3] ") is printed before each fatal message.
+[[noreturn]] void fatal_all_ranks(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// The runtime calls these once MPI is up (parallel/mesh.cu). `abort_job` ends every rank,
+// `rank_prefix` (e.g. "[rank 3] ") is printed before each FATAL message. `finish_job` leaves MPI
+// cleanly (all ranks call it for FATAL_ALL); `prints` is true on the one rank that prints
+// FATAL_ALL messages (rank 0).
 void set_fatal_handler(void (*abort_job)(int exit_code), const char* rank_prefix);
+void set_shared_error_handler(void (*finish_job)(), bool prints);
 
-#define FATAL(...) fatal_error(__FILE__, __LINE__, __VA_ARGS__)
+#define FATAL(...) fatal_error(nullptr, 0, __VA_ARGS__)
 #define CHECK(cond, ...)                                                   \
   do {                                                                     \
-    if (!(cond)) fatal_error(__FILE__, __LINE__, __VA_ARGS__);             \
+    if (!(cond)) fatal_error(nullptr, 0, __VA_ARGS__);                     \
   } while (0)
+#define FATAL_ALL(...) fatal_all_ranks(__VA_ARGS__)
+#define CHECK_ALL(cond, ...)                                               \
+  do {                                                                     \
+    if (!(cond)) fatal_all_ranks(__VA_ARGS__);                             \
+  } while (0)
+#define BUG(...) fatal_error(__FILE__, __LINE__, "internal error: " __VA_ARGS__)
 
 // Element types of stored tensors. Master weights, Adam moments and weight gradients are always
 // F32; activations and the working copy of the weights use the compute dtype ([precision]).
-enum class DType : int { F32 = 0, BF16 = 1 };
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
+// E4M3 and E5M2 are FP8 storage (kernels/fp8.h): GEMM operands only, never a compute dtype.
+enum class DType : int { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
+// A switch, not a ternary, in every place that maps a DType: a third type (FP8) must stop the
+// program where nobody handled it, never quietly pass as bf16.
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
 
 // bf16 = the top 16 bits of an IEEE float. Rounding to nearest, ties to even, is what the GPU's
 // __float2bfloat16 does; the CPU backend stores every bf16 tensor through this function so that
@@ -46,6 +71,9 @@ inline float bf16_to_f32(uint16_t h) {
 }
 // Round a float to the nearest bf16 value, kept as a float.
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Element i of a host array of dtype dt, as a float.
+float element_as_float(const void* data, size_t i, DType dt);
 
 inline size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 inline size_t ceil_div(size_t x, size_t m) { return (x + m - 1) / m; }

@@ -25,6 +25,9 @@
 #pragma once
 #include "kernels/common.h"
 
+// encoder_forward/backward's default vocabulary range: every row of wte (no tensor parallelism).
+constexpr int kAllVocabRows = 1 << 30;
+
 // Which attention kernel the CUDA backend runs ("auto" = the faster one on this device).
 enum class AttentionImpl : int { Auto = 0, Flash = 1, Cudnn = 2 };
 

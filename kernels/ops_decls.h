@@ -38,6 +38,9 @@ void stream_wait_event(Stream s, Event e);  // later work on s waits for e (no h
 void event_sync(Event e);
 float event_elapsed_ms(Event start, Event end);  // CPU backend: host wall time between records
 const char* attention_impl_name(Stream s);        // what AttentionImpl::Auto resolved to
+// The backend's own stream handle (a cudaStream_t on CUDA, nullptr on the CPU), for libraries
+// that launch on it themselves (NCCL). Nothing above the seam looks inside it.
+void* native_stream(Stream s);
 void range_push(const char* name);        // NVTX range for profiles; no-op on the CPU
 void range_pop();
 
@@ -45,11 +48,22 @@ void range_pop();
 // Kernels of the GPT forward and backward
 // ---------------------------------------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]            out (B,T,C), wte (Vp,C), wpe (maxT,C)
+// Vocabulary-parallel form: wte holds only the rows [vocab_first, vocab_first + vocab_rows) of
+// the full table; a token outside that range contributes zeros. wpe == nullptr adds no position.
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s);
-// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:]    (deterministic order)
+                     int C, DType dt, Stream s, int vocab_first = 0,
+                     int vocab_rows = kAllVocabRows);
+// dwte[tokens[b,t] - vocab_first,:] += dout[b,t,:] for tokens in the range (above);
+// dwpe[t,:] += sum_b dout[b,t,:] when dwpe != nullptr.                  (deterministic order)
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
-                      int C, DType dt, Stream s);
+                      int C, DType dt, Stream s, int vocab_first = 0,
+                      int vocab_rows = kAllVocabRows);
+
+// out = inp + bias + residual, summed in fp32 and rounded once. bias (C) and residual (N,C) may
+// each be nullptr; out may be inp. What a GEMM epilogue does, for the row-parallel GEMMs of
+// tensor parallelism, whose bias and residual must wait until the partial sums are reduced.
+void add_bias_residual(void* out, const void* inp, const void* bias, const void* residual, int N,
+                       int C, DType dt, Stream s);
 
 // out = (inp - mean) * rstd * weight + bias over the last dim (eps 1e-5); mean, rstd (N) saved.
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
@@ -86,6 +100,21 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 // dqkv (B,T,3C) is written (not accumulated).
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int HS, DType dt, Stream s);
+// Ring attention's merge (parallel/context_parallel_plan.h): folds a partial attention result
+// over one block of keys, out_b (B,T,C) with its log-sum-exp lse_b (B,NH,T), into the result
+// accumulated over other, disjoint keys, out (B,T,C) and lse (B,NH,T), in place. For every
+// (b, t, head h), with hi = max(lse, lse_b) and lo = min(lse, lse_b):
+//   lse_new = hi + log1p(exp(lo - hi))                     (= log(exp(lse) + exp(lse_b)), stably)
+//   out     = out * exp(lse - lse_new) + out_b * exp(lse_b - lse_new)   over columns h*HS..+HS
+//   lse     = lse_new
+// The two weights are computed from the difference alone, e = exp(lo - hi): the larger side
+// weighs 1/(1 + e), the smaller e/(1 + e) (the same numbers, without rounding lse_new first).
+// An empty block (lse_b = -inf) leaves the row alone; an empty accumulator (lse = -inf) takes
+// out_b and lse_b as they are (whatever out held); both -inf: unchanged. No NaN from -inf.
+// out, out_b in dt (fp32 or bf16), math in fp32, out rounded once; lse, lse_b fp32, natural log,
+// as attention_forward writes them. out_b and lse_b are only read.
+void attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B, int T,
+                     int NH, int HS, DType dt, Stream s);
 
 // The classifier, one pass per row over logits (N,Vp): softmax over the first V columns,
 // losses[n] = -log p[targets[n]]. If dloss != 0 the logits are overwritten in place with the
@@ -93,6 +122,98 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
 // ones. A target < 0 is ignored (loss 0, gradient row 0). Probabilities are never stored.
 void classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                  int N, int V, int Vp, DType dt, Stream s);
+// The same classifier over a vocabulary shard (tensor parallelism): logits (N, Vs) are the
+// columns [col0, col0 + Vs) of the full (N, Vp) logits; columns >= V are padding. Three steps,
+// with the communication of a few floats per row between the first two:
+//   1. classifier_shard_stats: per row of this shard, stats (N,3) fp32 = {max over its valid
+//      columns (-inf if it has none), sum of exp(x - that max), the target's logit if the target
+//      lies in this shard else 0}.
+//   2. classifier_merge_stats: parts_stats (parts, N, 3) holds every shard's stats in shard
+//      order (an all-gather); writes the global stats (N,3) = {max M, sum of exp(x - M), target
+//      logit} and losses[n] = M + log(sum) - target logit. Every rank merges in the same order,
+//      so all ranks hold the same losses bit for bit.
+//   3. classifier_shard_backward (if training): the shard's logits become the gradient of
+//      dloss * sum_n losses[n]: (exp(x - M) / sum - onehot) * dloss on valid columns, 0 on
+//      padding. A target < 0 is ignored (loss 0, gradient 0), as above.
+void classifier_shard_stats(float* stats, const void* logits, const int* targets, int N, int Vs,
+                            int col0, int V, DType dt, Stream s);
+void classifier_merge_stats(float* stats, float* losses, const float* parts_stats,
+                            const int* targets, int parts, int N, Stream s);
+void classifier_shard_backward(void* logits, const float* stats, const int* targets, float dloss,
+                               int N, int Vs, int col0, int V, DType dt, Stream s);
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts: the router (kernels/cpu/moe_router.cpp, kernels/cuda/moe_router.cu)
+// ---------------------------------------------------------------------------------------------
+// The router's logits z (N,E) = x W_r^T come from matmul_forward (fp32 out); everything here is
+// fp32. E experts, each token chooses top_k of them (1 <= top_k <= E).
+//
+// moe_router_forward, per token row n:
+//   lse[n]      = logsumexp(z[n,:])                   (for the z-loss, mean_n lse^2)
+//   probs[n,e]  = p_e = exp(z[n,e] - lse[n])          (softmax over all E; saved for backward)
+//   expert[n,j] = the top_k experts by p, in decreasing p; a tie goes to the lower index. The
+//                 choice is made on z, which orders the experts as p does (softmax is monotonic)
+//                 but without p's rounding: so both backends choose alike, ties are exact ties of
+//                 z, and the choice is the one float64 arithmetic would make.
+//   gate[n,j]   = p_{expert[n,j]} / S with S = sum_j p_{expert[n,j]} (summed in slot order)
+//                 when top_k > 1; the raw p_{expert[n,0]} when top_k == 1.
+void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
+                        float* probs, float* lse, Stream s);
+// dlogits (N,E) is written: the gradient of
+//   L = sum_{n,j} dgate[n,j] * gate[n,j]  +  sum_{n,e} dprobs_aux[n,e] * p[n,e]
+//       + z_coef * sum_n lse[n]^2
+// with respect to z, where dgate (N,top_k) is the gradient of the loss w.r.t. the gates,
+// dprobs_aux (N,E) the gradient of the load-balancing loss w.r.t. p (moe_aux_loss; nullptr: none)
+// and z_coef the z-loss coefficient per token (coefficient / N for a mean; 0: no z-loss). The
+// choice of experts is piecewise constant: it has no gradient. Per row, with e_j = expert[n,j]:
+//   gradient w.r.t. p, dp (E):
+//     dp_e  = dprobs_aux[n,e]                                     (0 without it), and then
+//     top_k == 1: dp_{e_0} += dgate_0
+//     top_k  > 1: dp_{e_i} += (dgate_i - G) / S,  S = sum_j p_{e_j},  G = sum_j dgate_j gate_j
+//                 (from gate_i = p_{e_i} / S: d gate_i / d p_{e_m} = (delta_im - gate_i) / S)
+//   through the softmax and the z-loss (d lse / d z_e = p_e):
+//     dlogits_e = p_e * (dp_e - sum_f p_f dp_f)  +  2 * z_coef * lse * p_e
+void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
+                         const float* dgate, const float* dprobs_aux, const float* lse,
+                         float z_coef, int N, int E, int top_k, Stream s);
+// The load-balancing loss of B sequences of T tokens (N = B*T rows of expert and probs, as the
+// forward wrote them). Per sequence s and expert e:
+//   f_{s,e} = (number of slots (t, j) of s with expert[t,j] == e) / (T * top_k)   (no gradient)
+//   P_{s,e} = (1/T) sum_{t in s} p_{t,e}
+//   aux[s]  = E * sum_e f_{s,e} P_{s,e}       (written, (B); the layer's aux is their mean)
+// If dprobs_aux (N,E) is given it is written with the gradient of aux_coef * mean_s aux[s]
+// w.r.t. p, which is the same for every token t of a sequence s:
+//   dprobs_aux[t,e] = aux_coef * E * f_{s,e} / (T * B)
+// One op for statistics, value and gradient: exact (counts are integers), deterministic (every
+// sum runs in a fixed order, no atomics). Sequences are whole on this rank (no context parallel).
+void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
+                  float aux_coef, int B, int T, int E, int top_k, Stream s);
+
+// ---------------------------------------------------------------------------------------------
+// FP8 GEMMs (model/fp8.h drives them; formats and rounding in kernels/fp8.h)
+// ---------------------------------------------------------------------------------------------
+bool device_supports_fp8();  // FP8 tensor cores (sm_89+); the CPU emulates them: true
+// *amax = max_i |x[i]| (0 when n == 0), fp32 on the device. NaN propagates.
+void amax(float* amax, const void* x, size_t n, DType dt, Stream s);
+// The scale of the next cast, on the device (no host sync). With history_len == 0 (current,
+// "tensorwise" scaling) from *amax; otherwise ("delayed") from the largest amax in history
+// (history_len floats, newest first; all zero at the start: then *amax), after which history
+// rolls by one and history[0] = *amax. scale = fp8_max / a / 2^margin for a finite a > 0, else
+// 1; scale_inv = 1 / scale (what the GEMM multiplies by to undo it).
+void fp8_update_scale(float* scale, float* scale_inv, float* history, int history_len,
+                      const float* amax, float fp8_max, int margin, Stream s);
+// out (rows x cols, FP8 format `fp8`) = x * (*scale), rounded to nearest even and saturated
+// (kernels/fp8.h); if out_t is given it receives the same values transposed (cols x rows), the
+// layout Hopper's FP8 GEMM wants for the other two GEMMs of a linear layer. Either output may be
+// nullptr (not both): the backward needs some tensors only transposed.
+void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int rows, int cols,
+              const float* scale, Stream s);
+// out (M x N, row-major, dtype out_dt: F32 or BF16) = (a (M x K) @ b (N x K)^T) * (*a_scale_inv)
+// * (*b_scale_inv), both operands FP8 and K-contiguous, products accumulated in fp32. With
+// accumulate, out += instead (out_dt F32: weight gradients).
+void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+              const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
+              const float* b_scale_inv, Stream s);
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer and reductions (fp32)
@@ -107,6 +228,8 @@ void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s);
 void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s);
 // dst[i] += src[i]
 void add_inplace(float* dst, const float* src, size_t n, Stream s);
+// dbias (OC) += sum_n dout[n, :] (fp32), dout (N, OC): the bias gradient alone.
+void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stream s);
 // dst = src converted (rounded to nearest even when narrowing).
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s);
 

@@ -11,11 +11,12 @@
 // of the layout against the model (n_head % tp, seq_len % (2*cp), ...) are parallel/mesh.cu's.
 //
 // Errors. The problems of a phase (schema walk and overrides, then the value checks) are
-// reported together through FATAL: "error: ..." on stderr, exit status 1 (MPI_Abort under MPI).
+// reported together through FATAL_ALL: every rank finds the same ones, rank 0 prints
+// "error: ..." on stderr once, and the job exits with status 1.
 //
 // [init] from: missing [model] keys are read from the llm.c model file header (magic 20240326,
 // version 3 = fp32 or 5 = bf16, maxT, V, L, NH, C, Vp), given ones must agree with it, and the
-// file's size must match its header.
+// file's size must match its header. The file's maxT is max_seq_len; seq_len may be shorter.
 //
 // Checks of this job and machine: globs must match files, a resume path must exist, and
 // dp*tp*pp*cp must equal world_size. world_size <= 0 (re-reading a config stored in a checkpoint,
@@ -66,10 +67,10 @@ struct Problems {
   void add(const std::string& msg) { list.push_back(msg); }
   void stop_if_any() const {
     if (list.empty()) return;
-    if (list.size() == 1) FATAL("%s", list[0].c_str());
+    if (list.size() == 1) FATAL_ALL("%s", list[0].c_str());
     std::string all = strf("invalid configuration, %zu problems:", list.size());
     for (const std::string& msg : list) all += "\n  - " + msg;
-    FATAL("%s", all.c_str());
+    FATAL_ALL("%s", all.c_str());
   }
 };
 
@@ -80,6 +81,14 @@ using Origins = std::map<std::string, std::string>;
 std::string origin_of(const Origins& origins, const std::string& id) {
   auto it = origins.find(id);
   return it == origins.end() ? "default" : it->second;
+}
+
+// TOML++'s description of a syntax error, worded so that a message holds one spelling of
+// "error": "Error while parsing value: ..." -> "TOML parse error while parsing value: ...".
+std::string parse_problem(const toml::parse_error& e) {
+  std::string d(e.description());
+  if (d.compare(0, 6, "Error ") == 0) return "TOML parse error " + d.substr(6);
+  return "TOML parse error: " + d;
 }
 
 std::string location(const std::string& source, const toml::source_region& region) {
@@ -106,7 +115,7 @@ struct Key {
 const std::vector<Key>& schema() {  // function-local static: built once, read-only
   static const std::vector<Key> keys = {
       KEY(model, n_layer), KEY(model, n_head), KEY(model, d_model), KEY(model, seq_len),
-      KEY(model, vocab_size),
+      KEY(model, max_seq_len), KEY(model, vocab_size),
       KEY(init, from),
       KEY(data, train), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
       KEY(train, micro_batch), KEY(train, grad_accum), KEY(train, steps), KEY(train, lr),
@@ -115,8 +124,11 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(train, beta2), KEY(train, eps), KEY(train, seed),
       KEY(train, recompute, "none", "gelu", "block"),
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
-      KEY(parallel, ep), KEY(parallel, fsdp), KEY(parallel, backend, "nccl", "mpi", ""),
-      KEY(precision, compute, "fp32", "bf16"),
+      KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, fsdp),
+      KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved"), KEY(parallel, pp_virtual), KEY(parallel, backend, "nccl", "mpi", ""),
+      KEY(precision, compute, "fp32", "bf16", "fp8"),
+      KEY(precision, fp8_recipe, "tensorwise", "delayed"), KEY(precision, fp8_amax_history),
+      KEY(precision, fp8_margin),
       KEY(kernels, attention, "auto", "flash", "cudnn"),
       KEY(checkpoint, dir), KEY(checkpoint, every), KEY(checkpoint, keep),
       KEY(checkpoint, resume),
@@ -143,7 +155,7 @@ const Key* find_key(const std::string& section, const std::string& name) {
 const Key& key_by_id(const std::string& id) {
   for (const Key& k : schema())
     if (id == k.id()) return k;
-  FATAL("config.cu: no key '%s' in the schema", id.c_str());
+  BUG("no key '%s' in the config schema", id.c_str());
 }
 
 // The keys of `section`, or with "" the sections, as a list for messages.
@@ -361,7 +373,7 @@ void apply_override(const std::string& arg, Config& cfg, Origins& origins, Probl
     doc = toml::parse(std::string_view("v = " + value), std::string_view(arg));
     if (doc.size() != 1) parse_err = "more than one value";
   } catch (const toml::parse_error& e) {
-    parse_err = std::string(e.description());
+    parse_err = parse_problem(e);
   }
   const toml::node* node = doc.get("v");
   std::string err;
@@ -415,21 +427,27 @@ std::string read_model_header(const std::string& path, ModelFileShape* shape) {
   return "";
 }
 
-// Fills missing [model] keys from the model file and checks that given ones agree with it.
+// Fills missing [model] keys from the model file and checks that given ones agree with it. The
+// file's maxT is the model's max_seq_len (its wpe rows); seq_len, the length trained at, may be
+// anything up to it and defaults to it. Without a file, max_seq_len defaults to seq_len.
 // `check_files` false: a model file is opened only when a key is missing.
 void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Problems& problems) {
-  const char* names[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"};
+  const char* names[] = {"n_layer", "n_head", "d_model", "max_seq_len", "vocab_size"};
   int* fields[] = {&cfg.model.n_layer, &cfg.model.n_head, &cfg.model.d_model,
-                   &cfg.model.seq_len, &cfg.model.vocab_size};
-  bool all_given = true;
-  for (const char* name : names) {
-    bool given = origins.count(std::string("model.") + name) > 0;
-    all_given &= given;
-    if (!given && cfg.init.from.empty())
+                   &cfg.model.max_seq_len, &cfg.model.vocab_size};
+  auto given = [&](const char* name) { return origins.count(std::string("model.") + name) > 0; };
+  bool all_given = given("seq_len");
+  for (const char* name : {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"}) {
+    all_given &= given(name);
+    if (!given(name) && cfg.init.from.empty())
       problems.add(strf("missing required key [model] %s in %s (required unless [init] from "
                         "names an llm.c model file)", name, cfg.path.c_str()));
   }
-  if (cfg.init.from.empty() || (all_given && !check_files)) return;
+  if (cfg.init.from.empty()) {
+    if (!given("max_seq_len")) cfg.model.max_seq_len = cfg.model.seq_len;
+    return;
+  }
+  if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
   if (!err.empty()) {
@@ -454,6 +472,10 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     problems.add(strf("[model] disagrees with the model file %s: the file has%s; the config "
                       "has%s", mention(cfg, origins, "init.from").c_str(), file_shape.c_str(),
                       config_shape.c_str()));
+  if (!given("seq_len")) {
+    cfg.model.seq_len = s.maxT;
+    origins["model.seq_len"] = "read from " + cfg.init.from;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,16 +495,36 @@ struct Checker {
   }
 };
 
+// FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):
+// the channels per tensor-parallel rank d_model/tp (then also 3 and 4 times it) and the tokens
+// of a micro-batch, micro_batch * seq_len (the depth of the weight-gradient GEMM).
+void check_fp8_shapes(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.precision.compute != "fp8") return;
+  const int tp = std::max(1, cfg.parallel.tp);
+  if (cfg.model.d_model > 0 && (cfg.model.d_model % tp != 0 || (cfg.model.d_model / tp) % 16))
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs d_model/tp to be a "
+                   "multiple of 16 (FP8 GEMM dimensions), got " +
+                   mention(cfg, c.origins, "model.d_model") + " / " +
+                   mention(cfg, c.origins, "parallel.tp"));
+  const long tokens = (long)cfg.train.micro_batch * cfg.model.seq_len;
+  if (tokens > 0 && tokens % 16 != 0)
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs micro_batch * seq_len "
+                   "to be a multiple of 16 (the depth of the FP8 weight-gradient GEMM), got " +
+                   mention(cfg, c.origins, "train.micro_batch") + " * " +
+                   mention(cfg, c.origins, "model.seq_len"));
+}
+
 void check_values(Checker& c) {
   const Config& cfg = c.cfg;
   for (const char* id : {"model.n_layer", "model.n_head", "model.d_model", "model.seq_len",
-                         "model.vocab_size", "train.micro_batch", "train.grad_accum",
-                         "train.steps", "parallel.dp", "parallel.tp", "parallel.pp",
-                         "parallel.cp", "parallel.ep", "log.every", "log.val_batches",
-                         "log.sample_tokens"})
+                         "model.max_seq_len", "model.vocab_size", "train.micro_batch",
+                         "train.grad_accum", "train.steps", "parallel.dp", "parallel.tp",
+                         "parallel.pp", "parallel.cp", "parallel.ep", "log.every",
+                         "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history", "parallel.pp_virtual"})
     c.require(c.int_value(id) > 0, id, "must be positive");
   for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
-                         "log.sample_every"})
+                         "log.sample_every", "precision.fp8_margin"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
                          "log.peak_tflops"})
@@ -494,6 +536,11 @@ void check_values(Checker& c) {
   if (cfg.model.n_head > 0 && cfg.model.d_model % cfg.model.n_head != 0)
     c.problems.add(mention(cfg, c.origins, "model.n_head") + " does not divide " +
                    mention(cfg, c.origins, "model.d_model"));
+  if (cfg.model.seq_len > 0 && cfg.model.seq_len > cfg.model.max_seq_len)
+    c.problems.add(mention(cfg, c.origins, "model.seq_len") + " exceeds " +
+                   mention(cfg, c.origins, "model.max_seq_len") + ": a run uses the first "
+                   "seq_len rows of the position table (wpe), which has max_seq_len rows, so "
+                   "seq_len must be <= max_seq_len (for random init, raise [model] max_seq_len)");
   if (cfg.train.min_lr > cfg.train.lr)
     c.problems.add(mention(cfg, c.origins, "train.min_lr") + " is greater than " +
                    mention(cfg, c.origins, "train.lr"));
@@ -502,6 +549,7 @@ void check_values(Checker& c) {
                    "shards), which is not set");
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
+  check_fp8_shapes(c);
   const ParallelConfig& p = cfg.parallel;
   if (p.ep > 0 && p.dp > 0 && p.cp > 0 && (p.dp * p.cp) % p.ep != 0)
     c.problems.add(mention(cfg, c.origins, "parallel.ep") + strf(" does not divide dp*cp = %d",
@@ -559,8 +607,8 @@ toml::table parse_document(const std::string& text, const std::string& source) {
   try {
     return toml::parse(std::string_view(text), std::string_view(source));
   } catch (const toml::parse_error& e) {
-    FATAL("%s: TOML parse error: %s", location(source, e.source()).c_str(),
-          std::string(e.description()).c_str());
+    FATAL_ALL("%s: %s", location(source, e.source()).c_str(),
+              parse_problem(e).c_str());
   }
 }
 
@@ -568,8 +616,8 @@ Config build_config(const std::string& text, const std::string& source,
                     const std::vector<std::string>& overrides, int world_size,
                     const char* default_backend) {
   std::string backend = default_backend ? default_backend : "";
-  CHECK(backend == "nccl" || backend == "mpi", "default backend must be \"nccl\" or \"mpi\", "
-        "got \"%s\"", backend.c_str());
+  if (backend != "nccl" && backend != "mpi")
+    BUG("default backend must be \"nccl\" or \"mpi\", got \"%s\"", backend.c_str());
   Config cfg;
   cfg.path = source;
   Origins origins;
@@ -607,10 +655,10 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
   for (int i = 0; i < argc; i++)
     if (std::string(argv[i]) != "--check-config") args.push_back(argv[i]);  // the caller's flag
   if (args.empty() || args[0].compare(0, 2, "--") == 0)
-    FATAL("usage: <config.toml> [--section.key=value ...] [--check-config]: the first argument "
+    FATAL_ALL("usage: <config.toml> [--section.key=value ...] [--check-config]: the first argument "
           "must be the config file%s", args.empty() ? "" : (", got '" + args[0] + "'").c_str());
   std::ifstream in(args[0], std::ios::binary);
-  if (!in) FATAL("cannot read the config file '%s': %s", args[0].c_str(), std::strerror(errno));
+  if (!in) FATAL_ALL("cannot read the config file '%s': %s", args[0].c_str(), std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   std::vector<std::string> overrides(args.begin() + 1, args.end());

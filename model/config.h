@@ -12,7 +12,8 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
   int n_layer = 0;
   int n_head = 0;
   int d_model = 0;
-  int seq_len = 0;
+  int seq_len = 0;        // T: the length of the sequences trained on
+  int max_seq_len = 0;    // rows of the position table wpe, >= seq_len (0 here = seq_len)
   int vocab_size = 0;     // padded internally to a multiple of 128 (padded_vocab())
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
 };
@@ -47,12 +48,18 @@ struct TrainConfig {      // [train]
 
 struct ParallelConfig {   // [parallel]
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  bool sp = true;         // sequence parallel (meaningful when tp > 1)
+  std::string pp_schedule = "1f1b";  // "1f1b" | "gpipe" | "interleaved" (pp > 1)
+  int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2)
   bool fsdp = false;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
 };
 
 struct PrecisionConfig {  // [precision]
-  std::string compute = "fp32";  // "fp32" | "bf16"
+  std::string compute = "fp32";  // "fp32" | "bf16" | "fp8" (block GEMMs in FP8, the rest bf16)
+  std::string fp8_recipe = "tensorwise";  // "tensorwise" (current scaling) | "delayed"
+  int fp8_amax_history = 16;  // delayed: casts of amax history per tensor
+  int fp8_margin = 0;         // scales divided by 2^margin
 };
 
 struct KernelsConfig {    // [kernels]

@@ -26,17 +26,6 @@ double validation_loss(GPT& m, ParamStore& store, DataLoader& val, int batches, 
   return all_reduce_host_sum(dp, local) / dp.size;
 }
 
-// Logits of position t of sequence 0, as fp32, first V entries.
-static std::vector<float> logits_row(const GPT& m, int t) {
-  const size_t Vp = m.layout.Vp, e = dtype_size(m.dt);
-  std::vector<unsigned char> raw(Vp * e);
-  ops::copy_to_host(raw.data(), (const char*)m.logits + (size_t)t * Vp * e, Vp * e);
-  std::vector<float> row(m.layout.V);
-  for (int j = 0; j < m.layout.V; j++)
-    row[j] = m.dt == DType::F32 ? ((float*)raw.data())[j] : bf16_to_f32(((uint16_t*)raw.data())[j]);
-  return row;
-}
-
 static int sample_from_logits(const std::vector<float>& logits, std::mt19937_64& rng) {
   double maxv = logits[0];
   for (float x : logits) maxv = std::max(maxv, (double)x);
@@ -60,7 +49,7 @@ std::string sample_text(GPT& m, ParamStore& store, const Tokenizer& tok, int eot
     for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
     gpt_forward(m, store, window.data(), nullptr, 1, T, s);
     ops::stream_sync(s);
-    generated.push_back(sample_from_logits(logits_row(m, len - 1), rng));
+    generated.push_back(sample_from_logits(gpt_logits_row(m, len - 1, s), rng));
   }
   return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);
 }

@@ -1,6 +1,7 @@
 // model/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (model/metrics.h).
 #include "model/metrics.h"
 
+#include <cmath>
 #include <cstring>
 
 double model_flops_per_token(const GPTLayout& g) {
@@ -12,7 +13,7 @@ double hardware_flops_per_token(const GPTLayout& g, Recompute r) {
   if (r == Recompute::Block) {
     double block_params = 0;
     for (size_t u = 1; u < g.units.size(); u++)
-      for (const ParamTensor& t : g.units[u].tensors) block_params += (double)t.numel();
+      for (const TensorPlacement& t : g.units[u].tensors) block_params += (double)t.numel();
     f += 2.0 * block_params + 2.0 * g.L * g.C * (double)g.T;
   }
   return f;
@@ -81,17 +82,33 @@ static void print_comm_json(FILE* f, const CommStats& st) {
   std::fprintf(f, "}");
 }
 
+// "m:ss" or "h:mm:ss".
+static std::string duration_text(double seconds) {
+  const long s = std::lround(seconds > 0 ? seconds : 0);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else std::snprintf(buf, sizeof(buf), "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+static void print_step_line(const StepReport& r) {
+  char mfu[64] = "MFU n/a";
+  if (r.mfu >= 0)
+    std::snprintf(mfu, sizeof(mfu), "MFU %.1f%% (HFU %.1f%%)", 100 * r.mfu, 100 * r.hfu);
+  std::string progress;
+  if (r.elapsed_s >= 0)
+    progress = " | " + duration_text(r.elapsed_s) + " elapsed, " +
+               (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
+  std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
+              "mem %.2f GiB (peak %.2f)%s%s%s\n",
+              r.step, r.steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, mfu,
+              r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0, progress.c_str(),
+              r.note.empty() ? "" : " | ", r.note.c_str());
+  std::fflush(stdout);
+}
+
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line) {
-  if (print_line) {
-    char mfu[64] = "MFU n/a";
-    if (r.mfu >= 0)
-      std::snprintf(mfu, sizeof(mfu), "MFU %.1f%% (HFU %.1f%%)", 100 * r.mfu, 100 * r.hfu);
-    std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
-                "mem %.2f GiB (peak %.2f)\n",
-                r.step, r.steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, mfu,
-                r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0);
-    std::fflush(stdout);
-  }
+  if (print_line) print_step_line(r);
   if (!log.jsonl) return;
   std::fprintf(log.jsonl,
                "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,"
@@ -101,6 +118,14 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   print_fraction(log.jsonl, "hfu", r.hfu);
   std::fprintf(log.jsonl, ",\"mem_bytes\":%zu,\"mem_peak_bytes\":%zu", r.mem_bytes,
                r.mem_peak_bytes);
+  if (r.elapsed_s >= 0) std::fprintf(log.jsonl, ",\"elapsed_s\":%.3f", r.elapsed_s);
+  if (!r.fp8.empty()) {
+    std::fprintf(log.jsonl, ",\"fp8\":{");
+    for (size_t i = 0; i < r.fp8.size(); i++)
+      std::fprintf(log.jsonl, "%s\"%s\":{\"amax\":%.9g,\"scale\":%.9g}", i ? "," : "",
+                   r.fp8[i].name.c_str(), r.fp8[i].amax, r.fp8[i].scale);
+    std::fprintf(log.jsonl, "}");
+  }
   print_comm_json(log.jsonl, comm);
   std::fprintf(log.jsonl, "}\n");
   std::fflush(log.jsonl);

@@ -1,7 +1,8 @@
 // model/metrics.h - what a run reports: the per-step line, the JSONL metrics file, and the FLOP
 // accounting behind MFU.
 //
-// MFU (REFERENCE.md section 3) uses llm.c's count of model FLOPs per token,
+// MFU uses llm.c's count of model FLOPs per token (https://github.com/karpathy/llm.c,
+// gpt2_estimate_mfu in train_gpt2.cu),
 //     6 N + 6 L C T
 // with N every parameter including the embeddings (wte counted with its padded Vp rows, as llm.c
 // does) - this is PaLM's 6N + 12LCT with the attention term halved for the causal mask. MFU =
@@ -9,6 +10,9 @@
 // are still measured against the BF16 peak. HFU counts the FLOPs actually executed, i.e. adds
 // the recomputed forward of "block" recompute (2 N_blocks + 2 L C T per token).
 #pragma once
+#include <vector>
+
+#include "model/fp8.h"
 #include <cstdio>
 #include <string>
 
@@ -26,6 +30,10 @@ struct StepReport {
   double loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
   double mfu = -1, hfu = -1;  // fractions; < 0 = unknown
   size_t mem_bytes = 0, mem_peak_bytes = 0;
+  double elapsed_s = -1, eta_s = -1;  // wall time since the first step began, and the estimate
+                                      // of the time left at the mean pace so far; < 0 = unknown
+  std::string note;                   // appended to the step line ("attention flash")
+  std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
 };
 
 struct MetricsLog {
@@ -43,5 +51,6 @@ struct RunInfo {
 };
 void metrics_run(MetricsLog& log, const RunInfo& info);
 // Prints the step line (rank 0) and appends the JSON object, with this step's communication.
+// The line: step k/n | loss | lr | norm | ms | tok/s | MFU (HFU) | mem | elapsed, time left.
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
 void metrics_val(MetricsLog& log, int step, double val_loss);

@@ -2,6 +2,7 @@
 // whatever shards this rank owns.
 #pragma once
 #include "model/config.h"
+#include "model/gpt.h"
 #include "parallel/param_store.h"
 
 // Learning rate of optimizer step `step` (1-based): linear warmup over warmup_steps to lr, then

@@ -10,7 +10,9 @@
 //   run reports no communication at all, and a dp x tp run counts nothing on its size-1 axes.
 // - Payload bytes are the size of the buffer the caller hands in (see comm.h): the gathered
 //   output of an all-gather, the full input of a reduce-scatter, the send buffer of an
-//   all-to-all, the message of a send or a recv (both sides count it), 0 for a barrier.
+//   all-to-all, the message of a send or a recv (both sides count it), 0 for a barrier. A
+//   send_recv counts as a send (its send side) plus a recv (its receive side); an absent side
+//   counts nothing.
 // - all_reduce_host_sum/max and all_agree are control plane (a few bytes for logging and for
 //   agreeing on success); they go straight to MPI on the group's communicator and are not
 //   counted, so the counters describe only the training data plane.
@@ -93,6 +95,13 @@ void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   else comm_mpi::all_reduce_sum(c, buf, count, dt, s);
 }
 
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
+  if (c.size == 1) return;
+  tally(c, CollectiveKind::AllReduce, count * sizeof(float));
+  if (c.backend == CommBackend::NCCL) comm_nccl::all_reduce_max(c, buf, count, s);
+  else comm_mpi::all_reduce_max(c, buf, count, s);
+}
+
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, recv_count * dtype_size(dt), s);
@@ -132,6 +141,23 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
   tally(c, CollectiveKind::Recv, count * dtype_size(dt));
   if (c.backend == CommBackend::NCCL) comm_nccl::recv_from(c, buf, count, dt, peer, s);
   else comm_mpi::recv_from(c, buf, count, dt, peer, s);
+}
+
+// A side is absent when its peer is -1 or its count is 0 (the peer is then still checked); the
+// backends see absent sides as peer -1 and at least one present side.
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
+  if (send_peer != -1) check_peer(c, send_peer, "send_recv (send side)");
+  if (recv_peer != -1) check_peer(c, recv_peer, "send_recv (receive side)");
+  if (send_count == 0) send_peer = -1;
+  if (recv_count == 0) recv_peer = -1;
+  if (send_peer == -1 && recv_peer == -1) return;
+  if (send_peer != -1) tally(c, CollectiveKind::Send, send_count * dtype_size(dt));
+  if (recv_peer != -1) tally(c, CollectiveKind::Recv, recv_count * dtype_size(dt));
+  if (c.backend == CommBackend::NCCL)
+    comm_nccl::send_recv(c, send, send_count, send_peer, recv, recv_count, recv_peer, dt, s);
+  else
+    comm_mpi::send_recv(c, send, send_count, send_peer, recv, recv_count, recv_peer, dt, s);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
@@ -178,9 +204,11 @@ void comm_stats_reset(CommStats& st) {
   }
 }
 
-// Bytes a ring algorithm sends per rank, as a multiple of the payload, in a group of n ranks
-// (REFERENCE.md section 5). A broadcast is pipelined along the ring: every rank but the last
-// forwards the whole message once.
+// Bytes a ring algorithm sends per rank, as a multiple of the payload, in a group of n ranks: a
+// ring all-reduce is a reduce-scatter then an all-gather, each sending (n-1)/n of the payload
+// per rank, so 2(n-1)/n in all (NCCL's "bus bandwidth" factors:
+// https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). A broadcast is
+// pipelined along the ring: every rank but the last forwards the whole message once.
 static double wire_factor(CollectiveKind kind, int n) {
   switch (kind) {
     case CollectiveKind::AllReduce: return 2.0 * (n - 1) / n;

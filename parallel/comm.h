@@ -7,8 +7,17 @@
 //
 // Every call is counted per axis: calls and payload bytes (the size of the buffer the caller
 // hands in: for all-gather the gathered output, for reduce-scatter the full input, for
-// send/recv the message). Ring algorithms put 2(n-1)/n of an all-reduce's payload and (n-1)/n of
+// send/recv the message; a paired send_recv counts its send side as a send and its receive side as
+// a recv). Ring algorithms put 2(n-1)/n of an all-reduce's payload and (n-1)/n of
 // an all-gather's or reduce-scatter's on the wire per rank; the summary prints both.
+//
+// Point to point. send_to and recv_from are blocking on the MPI backend: two ranks that both
+// send a large message to each other first wait for each other forever. send_recv posts a send
+// and a receive as one operation (NCCL: one group; MPI: Isend + Irecv + Waitall), so a pipeline
+// stage can send its activation forward and receive a gradient backward in one call, whatever
+// order its neighbours reach theirs. All three match each other in posting order per pair of
+// ranks (MPI tag 0; NCCL orders point-to-point per peer): a send_recv's send may be received by
+// a recv_from, and so on.
 #pragma once
 #include <mpi.h>
 
@@ -50,8 +59,16 @@ struct Comm {
   size_t staging_bytes = 0;
 };
 
+// The communicators of the mesh by axis (parallel/mesh.h: mesh_comms).
+struct CommsByAxis {
+  Comm* axis[(int)Axis::Count] = {};
+  Comm* operator[](Axis a) const { return axis[(int)a]; }
+};
+
 // Sum over the group, in place. `count` elements of dtype dt.
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
+// Elementwise maximum over the group, in place, fp32 (FP8 scaling agrees on amaxes with it).
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s);
 // The input holds c.size * recv_count elements; rank r receives the sum of block r.
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s);
@@ -61,6 +78,15 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+// Sends send_count elements to send_peer and receives recv_count elements from recv_peer, both
+// posted before either is waited for. The two peers may be one rank or two different ones (never
+// this rank). A side
+// whose peer is -1 is absent (its buffer and count are ignored), and a side with count 0 posts
+// nothing (its peer is still checked): the matching rank must then skip its side too. Both sides
+// absent: a no-op, also on a one-rank group. Under MPI the call returns when both are complete;
+// under NCCL both are queued on s. send and recv must not overlap.
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
 // send holds c.size blocks of count elements; block j goes to rank j; recv block j comes from j.
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 void barrier(Comm& c);
@@ -84,7 +110,8 @@ void comm_create(Comm& c, Axis axis, MPI_Comm group, CommBackend backend, CommSt
 void comm_destroy(Comm& c);  // frees the MPI and NCCL communicators and the staging buffer
 
 // The backends see groups of at least two ranks, already counted and checked.
-namespace comm_mpi {  // parallel/comm_mpi.cu
+namespace comm_mpi {
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s);  // parallel/comm_mpi.cu
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s);
@@ -93,10 +120,14 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+// Each side present (peer >= 0, count > 0) or absent (peer -1); at least one present.
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 }  // namespace comm_mpi
 
-namespace comm_nccl {  // parallel/comm_nccl.cu in ./train, parallel/comm_nccl_absent.cu elsewhere
+namespace comm_nccl {
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s);  // parallel/comm_nccl.cu in ./train, parallel/comm_nccl_absent.cu elsewhere
 void require();  // stops the job with a clear message in a binary built without NCCL
 void* create(MPI_Comm group, int group_rank, int group_size);  // an ncclComm_t
 void destroy(void* nccl);
@@ -108,5 +139,8 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
+// Each side present (peer >= 0, count > 0) or absent (peer -1); at least one present.
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 }  // namespace comm_nccl

@@ -28,7 +28,15 @@
 namespace comm_mpi {
 namespace {
 
-MPI_Datatype mpi_type(DType dt) { return dt == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::BF16: return MPI_UINT16_T;
+    case DType::E4M3:
+    case DType::E5M2: return MPI_UINT8_T;  // moved as bytes, never summed
+  }
+  FATAL("MPI backend: no MPI type for dtype %d", (int)dt);
+}
 
 // inout[i] = bf16(float(in[i]) + float(inout[i])): commutative, so MPI may combine in any order.
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -38,13 +46,18 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 MPI_Op sum_op(DType dt) {
-  if (dt == DType::F32) return MPI_SUM;
   static MPI_Op bf16_op = [] {
     MPI_Op op;
     MPI_Op_create(bf16_sum, /*commute=*/1, &op);
     return op;
   }();
-  return bf16_op;
+  switch (dt) {
+    case DType::F32: return MPI_SUM;
+    case DType::BF16: return bf16_op;
+    case DType::E4M3:
+    case DType::E5M2: break;
+  }
+  FATAL("MPI backend: no sum for dtype %d", (int)dt);
 }
 
 int mpi_count(size_t n) {
@@ -107,6 +120,13 @@ void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   stage_out(v, buf, bytes);
 }
 
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
+  const size_t bytes = count * sizeof(float);
+  HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
+  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), MPI_FLOAT, MPI_MAX, c.mpi);
+  stage_out(v, buf, bytes);
+}
+
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
   const size_t out_bytes = recv_count * dtype_size(dt);
@@ -146,6 +166,31 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
   CHECK((size_t)received == count, "recv on axis %s from rank %d: got %d elements, expected %zu",
         axis_name(c.axis), peer, received, count);
   stage_out(v, buf, bytes);
+}
+
+// Both requests are posted before either is waited for, so two ranks exchanging with each other
+// (or a ring of ranks) never wait on one another whatever the message size. The receive is
+// posted first, so a message arriving early lands in place. Staging: [send | recv].
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
+  const size_t in_bytes = send_peer < 0 ? 0 : send_count * dtype_size(dt);
+  const size_t out_bytes = recv_peer < 0 ? 0 : recv_count * dtype_size(dt);
+  HostView v = stage_in(c, send_peer < 0 ? nullptr : send, in_bytes,
+                        recv_peer < 0 ? nullptr : recv, out_bytes, false, s);
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (recv_peer >= 0)
+    MPI_Irecv(v.out, mpi_count(recv_count), mpi_type(dt), recv_peer, /*tag=*/0, c.mpi, &req[0]);
+  if (send_peer >= 0)
+    MPI_Isend(v.in, mpi_count(send_count), mpi_type(dt), send_peer, /*tag=*/0, c.mpi, &req[1]);
+  MPI_Status status[2];
+  MPI_Waitall(2, req, status);
+  if (recv_peer < 0) return;
+  int received = 0;
+  MPI_Get_count(&status[0], mpi_type(dt), &received);
+  CHECK((size_t)received == recv_count,
+        "send_recv on axis %s from rank %d: got %d elements, expected %zu", axis_name(c.axis),
+        recv_peer, received, recv_count);
+  stage_out(v, recv, out_bytes);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {

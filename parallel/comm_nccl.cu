@@ -11,10 +11,13 @@
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
 // concurrently. send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a
-// pipeline stage may post its send and go on.
+// pipeline stage may post its send and go on. send_recv puts its ncclSend and ncclRecv (either
+// may be absent) in one group: NCCL starts them together, so neither waits for the other's
+// peer to be ready, and the group occupies the stream until both are done.
 #include <nccl.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include <cuda_runtime.h>
+
 #include "parallel/comm.h"
 
 #define NCCL_CHECK(call)                                                                      \
@@ -30,9 +33,17 @@ ncclComm_t handle(const Comm& c) {
   CHECK(c.nccl, "NCCL backend: axis %s has no NCCL communicator", axis_name(c.axis));
   return static_cast<ncclComm_t>(c.nccl);
 }
-// ops::Stream is the CUDA backend's StreamImpl; nullptr means the legacy default stream.
-cudaStream_t cuda_stream(ops::Stream s) { return s ? s->stream : nullptr; }
-ncclDataType_t nccl_type(DType dt) { return dt == DType::F32 ? ncclFloat32 : ncclBfloat16; }
+// The backend hands out its native stream through the seam; nullptr is the legacy default stream.
+cudaStream_t cuda_stream(ops::Stream s) { return static_cast<cudaStream_t>(ops::native_stream(s)); }
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::E4M3:
+    case DType::E5M2: return ncclUint8;  // moved as bytes; a sum of FP8 is never asked for
+  }
+  FATAL("NCCL backend: no NCCL type for dtype %d", (int)dt);
+}
 
 }  // namespace
 
@@ -57,6 +68,10 @@ void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, handle(c), cuda_stream(s)));
 }
 
+void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
+  NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclMax, handle(c), cuda_stream(s)));
+}
+
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
   NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dt), ncclSum, handle(c),
@@ -78,6 +93,17 @@ void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::St
 
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
   NCCL_CHECK(ncclRecv(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
+}
+
+void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
+               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
+  ncclComm_t comm = handle(c);
+  NCCL_CHECK(ncclGroupStart());
+  if (send_peer >= 0)
+    NCCL_CHECK(ncclSend(send, send_count, nccl_type(dt), send_peer, comm, cuda_stream(s)));
+  if (recv_peer >= 0)
+    NCCL_CHECK(ncclRecv(recv, recv_count, nccl_type(dt), recv_peer, comm, cuda_stream(s)));
+  NCCL_CHECK(ncclGroupEnd());
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {

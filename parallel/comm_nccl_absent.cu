@@ -18,11 +18,15 @@ void require() { absent(); }
 void* create(MPI_Comm, int, int) { absent(); }
 void destroy(void*) { absent(); }
 void all_reduce_sum(Comm&, void*, size_t, DType, ops::Stream) { absent(); }
+void all_reduce_max(Comm&, float*, size_t, ops::Stream) { absent(); }
 void reduce_scatter_sum(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(); }
 void all_gather(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(); }
 void broadcast(Comm&, void*, size_t, DType, int, ops::Stream) { absent(); }
 void send_to(Comm&, const void*, size_t, DType, int, ops::Stream) { absent(); }
 void recv_from(Comm&, void*, size_t, DType, int, ops::Stream) { absent(); }
+void send_recv(Comm&, const void*, size_t, int, void*, size_t, int, DType, ops::Stream) {
+  absent();
+}
 void all_to_all(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(); }
 
 }  // namespace comm_nccl

@@ -52,5 +52,5 @@ void ddp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
   ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
   ops::stream_wait_event(st.comm, us.reduce_done);
-  all_reduce_sum(*st.dp, us.grad, us.numel, DType::F32, st.comm);
+  all_reduce_sum(*us.group, us.grad, us.numel, DType::F32, st.comm);
 }

@@ -20,7 +20,9 @@
 //                two block-sized fp32 gradient buffers (the block computing + the one being
 //                reduce-scattered).
 // Shards are flat and padded: a unit's buffer is padded to a multiple of dp*64 elements and
-// rank r owns the r-th equal slice, regardless of tensor boundaries (parallel/param_store.cu).
+// rank r owns the r-th equal slice, regardless of tensor boundaries (shard_range in
+// parallel/placement.h). Under tensor parallelism the unit is this tp rank's part of it, and
+// FSDP shards that: the state per rank is divided by tp x dp.
 //
 // Who talks to whom: all ranks of the dp group. Bytes per micro-batch, fp32, ring algorithms,
 // per rank on the wire: all-gather (dp-1)/dp * 4N forward, the same in the backward (the root
@@ -117,7 +119,7 @@ static void start_gather(ParamStore& st, int u) {
     us.params = st.gather_pool[us.gather_slot];
   }
   comm_after_compute(st);
-  all_gather(*st.dp, us.param_shard, us.params, us.shard_numel, st.dt, st.comm);
+  all_gather(*us.group, us.param_shard, us.params, us.shard_numel, st.dt, st.comm);
   ops::event_record(us.gather_done, st.comm);
   us.gathered = true;
 }
@@ -157,7 +159,7 @@ float* fsdp_grads_acquire(ParamStore& st, int unit) {
 void fsdp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
   comm_after_compute(st);
-  reduce_scatter_sum(*st.dp, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
+  reduce_scatter_sum(*us.group, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
                      st.comm);
   ops::add_inplace(us.grad, st.reduce_scratch, us.shard_numel, st.comm);
   if (unit == 0) return;

@@ -3,7 +3,10 @@
 //
 // Failure handling: one failing rank must end the whole job, naming itself. runtime_init installs
 //   - the FATAL hook (kernels/common.h): prefix "[rank r] " on every message, then
-//     MPI_Abort(MPI_COMM_WORLD), which makes mpirun kill every other rank;
+//     MPI_Abort(MPI_COMM_WORLD), which makes mpirun kill every other rank (a one-rank job just
+//     leaves MPI and exits: there is no one to kill, and no abort banner to print);
+//   - the FATAL_ALL hook, for errors every rank finds alike (config, layout, files): rank 0
+//     prints, every rank calls MPI_Finalize and exits with status 1;
 //   - a std::terminate handler: an uncaught C++ exception goes through FATAL the same way;
 //   - an MPI error handler on MPI_COMM_WORLD (inherited by every group split from it): an MPI
 //     error is reported through FATAL with MPI's own text.
@@ -19,10 +22,26 @@
 #include <string>
 
 #include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace {
 
+// Leaves MPI cleanly (FATAL_ALL on every rank, or FATAL in a one-rank job).
+void finish_job() {
+  set_fatal_handler(nullptr, "");
+  set_shared_error_handler(nullptr, true);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
 [[noreturn]] void abort_job(int exit_code) {
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size == 1) {
+    finish_job();
+    std::exit(exit_code);
+  }
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this is for the compiler
 }
@@ -65,12 +84,9 @@ void make_comm(Comm& c, Axis axis, int color, int key, CommBackend backend, Comm
   comm_create(c, axis, group, backend, stats);
 }
 
-// Every rank reaches the same verdict. Rank 0 reports it and aborts the job; the others wait in
-// a barrier rank 0 never enters, so that the message is printed once.
-[[noreturn]] void stop_invalid_layout(const std::string& message, int world_rank) {
-  if (world_rank == 0) FATAL("%s", message.c_str());
-  MPI_Barrier(MPI_COMM_WORLD);
-  FATAL("%s", message.c_str());  // not reached
+// Every rank reaches the same verdict: rank 0 reports it once and every rank exits cleanly.
+[[noreturn]] void stop_invalid_layout(const std::string& message) {
+  FATAL_ALL("%s", message.c_str());
 }
 
 }  // namespace
@@ -88,6 +104,7 @@ void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int
   char prefix[32] = "";
   if (*world_size > 1) std::snprintf(prefix, sizeof(prefix), "[rank %d] ", *world_rank);
   set_fatal_handler(abort_job, prefix);
+  set_shared_error_handler(finish_job, *world_rank == 0);
   std::set_terminate(on_terminate);
   MPI_Errhandler handler;
   MPI_Comm_create_errhandler(on_mpi_error, &handler);
@@ -104,6 +121,7 @@ void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int
 
 void runtime_finalize() {
   set_fatal_handler(nullptr, "");  // MPI_Abort is no longer available
+  set_shared_error_handler(nullptr, true);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -111,7 +129,8 @@ void runtime_finalize() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation (REFERENCE.md section 11). All violated rules are reported, one per line.
+// Validation: every rule that ties the degrees to the model or the world size, checked before
+// any work. All violated rules are reported, one per line, each naming the degrees and the rule.
 // ---------------------------------------------------------------------------------------------
 std::string mesh_validate(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
@@ -132,17 +151,33 @@ std::string mesh_validate(const Config& cfg, int world_size) {
   if (m.n_head % p.tp != 0)
     fail(format("[parallel] tp = %d does not divide [model] n_head = %d (each tensor-parallel "
                 "rank holds n_head/tp heads)", p.tp, m.n_head));
-  if (m.seq_len % p.tp != 0)
+  if ((4L * m.d_model) % p.tp != 0)
+    fail(format("[parallel] tp = %d does not divide 4*d_model = 4*%d = %d (each tensor-parallel "
+                "rank holds 4*d_model/tp columns of the MLP)", p.tp, m.d_model, 4 * m.d_model));
+  if (m.padded_vocab() % p.tp != 0)
+    fail(format("[parallel] tp = %d does not divide the padded vocabulary %d (vocab_size %d "
+                "rounded up to a multiple of 128; each tensor-parallel rank holds padded/tp rows "
+                "of wte)", p.tp, m.padded_vocab(), m.vocab_size));
+  if (p.tp > 1 && p.sp && m.seq_len % p.tp != 0)
     fail(format("[parallel] tp = %d does not divide [model] seq_len = %d (sequence parallelism "
-                "gives each tensor-parallel rank seq_len/tp positions)", p.tp, m.seq_len));
+                "gives each tensor-parallel rank seq_len/tp positions; or set sp = false)",
+                p.tp, m.seq_len));
   if (p.cp > 1 && m.seq_len % (2 * p.cp) != 0)
     fail(format("[parallel] cp = %d: 2*cp = %d does not divide [model] seq_len = %d (zigzag "
                 "context parallelism cuts each sequence into 2*cp chunks, two per rank)",
                 p.cp, 2 * p.cp, m.seq_len));
-  else if (p.cp > 1 && (m.seq_len / p.cp) % p.tp != 0)
+  else if (p.cp > 1 && p.sp && (m.seq_len / p.cp) % p.tp != 0)
     fail(format("[parallel] tp = %d does not divide seq_len/cp = %d/%d = %d (sequence "
                 "parallelism splits each context-parallel rank's positions over tp)",
                 p.tp, m.seq_len, p.cp, m.seq_len / p.cp));
+  if (p.pp > 1 || p.pp_virtual > 1) {  // the schedule's rules (parallel/pipeline_schedule.h)
+    const std::string rules = pipeline_validate(p.pp_schedule, p.pp, cfg.train.grad_accum,
+                                                p.pp_virtual, m.n_layer);
+    if (!rules.empty())
+      fail(format("[parallel] pp = %d, pp_schedule = \"%s\", pp_virtual = %d, [train] "
+                  "grad_accum = %d (the micro-batches of a step): ", p.pp, p.pp_schedule.c_str(),
+                  p.pp_virtual, cfg.train.grad_accum) + rules);
+  }
   if (m.n_layer < p.pp)
     fail(format("[parallel] pp = %d exceeds [model] n_layer = %d (each pipeline stage needs at "
                 "least one layer)", p.pp, m.n_layer));
@@ -160,7 +195,7 @@ std::string mesh_validate(const Config& cfg, int world_size) {
 void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, int local_rank,
                CommBackend backend) {
   const std::string invalid = mesh_validate(cfg, world_size);
-  if (!invalid.empty()) stop_invalid_layout(invalid, world_rank);
+  if (!invalid.empty()) stop_invalid_layout(invalid);
   if (backend == CommBackend::NCCL) comm_nccl::require();
 
   mesh.world_size = world_size;
@@ -208,4 +243,17 @@ void mesh_destroy(Mesh& mesh) {
                   &mesh.dpcp_comm, &mesh.ep_comm, &mesh.epdp_comm})
     comm_destroy(*c);
   mesh.stats = CommStats{};
+}
+
+CommsByAxis mesh_comms(Mesh& mesh) {
+  CommsByAxis c;
+  c.axis[(int)Axis::World] = &mesh.world;
+  c.axis[(int)Axis::DP] = &mesh.dp_comm;
+  c.axis[(int)Axis::TP] = &mesh.tp_comm;
+  c.axis[(int)Axis::PP] = &mesh.pp_comm;
+  c.axis[(int)Axis::CP] = &mesh.cp_comm;
+  c.axis[(int)Axis::EP] = &mesh.ep_comm;
+  c.axis[(int)Axis::DPCP] = &mesh.dpcp_comm;
+  c.axis[(int)Axis::EPDP] = &mesh.epdp_comm;
+  return c;
 }

@@ -14,9 +14,9 @@
 //   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all)
 //   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
 //
-// Validation (REFERENCE.md section 11) runs before any work: product of degrees equals the world
-// size; n_head divisible by tp; seq_len divisible by tp and by 2*cp; n_layer >= pp; ep divides
-// dp*cp. Each failure names the degrees and the rule.
+// Validation runs before any work: the product of the degrees equals the world size; tp divides
+// n_head, 4*d_model and the padded vocabulary, and seq_len with sequence parallelism; 2*cp
+// divides seq_len; n_layer >= pp; ep divides dp*cp. Each failure names the degrees and the rule.
 #pragma once
 #include "model/config.h"
 #include "parallel/comm.h"
@@ -41,6 +41,8 @@ void runtime_finalize();
 void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, int local_rank,
                CommBackend backend);
 void mesh_destroy(Mesh& mesh);
+// The mesh's communicators by axis, for the parameter store.
+CommsByAxis mesh_comms(Mesh& mesh);
 // The validation alone (no MPI), used by mesh_init and by tests. Returns "" when the layout is
 // valid, else the message.
 std::string mesh_validate(const Config& cfg, int world_size);

@@ -1,11 +1,13 @@
 // parallel/param_store.cu - the parts of the ParamStore that do not depend on how weights are
-// distributed: shard geometry, filling shards from a ParamFill, zeroing gradients, the global
-// gradient norm, and the dispatch to DDP (parallel/ddp.cu) or FSDP (parallel/fsdp.cu).
+// distributed: shards, filling them from a ParamFill, zeroing gradients, the sum of the partial
+// gradients over tp, the global gradient norm, and the dispatch to DDP (parallel/ddp.cu) or FSDP
+// (parallel/fsdp.cu).
 //
-// Shard geometry. A unit of `numel` elements is padded to padded_numel, a multiple of
-// dp * kTensorAlign, and rank r owns [r * padded/dp, (r+1) * padded/dp). The padding is zero in
-// the weights, the gradients and both moments, and AdamW keeps it zero (g = 0 -> no update), so
-// it never shows in a norm or a checkpoint. Replicated mode is the same with one shard.
+// Shard geometry (shard_range, parallel/placement.h). A unit of `numel` elements is padded to a
+// multiple of group size * kTensorAlign, and rank r of the unit's group owns the r-th slice. The
+// padding is zero in the weights, the gradients and both moments, and AdamW keeps it zero (g = 0
+// -> no update), so it never shows in a norm or a checkpoint. Replicated mode is the same with
+// one shard.
 #include "parallel/param_store.h"
 
 #include <algorithm>
@@ -17,15 +19,14 @@ static float* alloc_zeroed_f32(size_t n, ops::Stream s) {
   return p;
 }
 
-// Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`.
+// Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`, one
+// global block of each tensor at a time.
 static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill& fill,
                        float* host) {
   std::fill(host, host + us.shard_numel, 0.0f);
-  const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
-  for (const ParamTensor& t : pu.tensors) {
-    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
-    if (a < b) fill(t, a - t.offset, b - a, host + (a - lo));
-  }
+  const FlatRange shard{us.shard_offset, us.shard_offset + us.shard_numel};
+  for (const TensorPlacement& t : pu.tensors)
+    for (const Block& b : blocks_in_range(t, shard)) fill(t, b, host + (b.local - shard.first));
 }
 
 const char* state_kind_name(StateKind k) {
@@ -37,13 +38,13 @@ float* store_state(ParamStore& st, int unit, StateKind k) {
   return k == StateKind::Master ? us.master : k == StateKind::AdamM ? us.adam_m : us.adam_v;
 }
 
-void param_store_load(ParamStore& st, const GPTLayout& layout, const ParamFill& fill,
-                      StateKind kind) {
+void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
+                      const ParamFill& fill, StateKind kind) {
   std::vector<float> host;
   for (size_t u = 0; u < st.units.size(); u++) {
     UnitState& us = st.units[u];
     host.resize(us.shard_numel);
-    fill_shard(layout.units[u], us, fill, host.data());
+    fill_shard(units[u], us, fill, host.data());
     ops::copy_to_device(store_state(st, (int)u, kind), host.data(),
                         us.shard_numel * sizeof(float));
     if (kind == StateKind::Master && store_needs_param_copy(st))
@@ -53,21 +54,29 @@ void param_store_load(ParamStore& st, const GPTLayout& layout, const ParamFill& 
   ops::stream_sync(st.compute);
 }
 
-void param_store_init(ParamStore& st, const GPTLayout& layout, ShardingMode mode, DType dt,
-                      Comm* dp, ops::Stream compute, ops::Stream comm, const ParamFill& fill) {
+void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, ShardingMode mode,
+                      DType dt, const CommsByAxis& comms, ops::Stream compute, ops::Stream comm,
+                      const ParamFill& fill) {
   st.mode = mode;
   st.dt = dt;
-  st.dp = dp;
+  st.tp = comms[Axis::TP];
+  st.world = comms[Axis::World];
   st.compute = compute;
   st.comm = comm;
   const bool sharded = mode == ShardingMode::FSDP;
-  const size_t ranks = sharded ? (size_t)dp->size : 1;
-  for (const ParamUnit& pu : layout.units) {
+  for (const ParamUnit& pu : units) {
     UnitState us;
+    us.group = comms[pu.grad_axis];
+    CHECK(us.group && st.tp && st.world, "param store: the mesh has no %s group",
+          axis_name(pu.grad_axis));
     us.numel = pu.numel;
-    us.padded_numel = sharded ? round_up(pu.numel, ranks * kTensorAlign) : pu.numel;
-    us.shard_numel = us.padded_numel / ranks;
-    us.shard_offset = sharded ? (size_t)dp->rank * us.shard_numel : 0;
+    us.owned_end = owned_end(pu, st.tp->rank);
+    us.partial_begin = pu.partial_begin;
+    const int ranks = sharded ? us.group->size : 1, rank = sharded ? us.group->rank : 0;
+    us.padded_numel = sharded ? padded_numel(pu.numel, ranks) : pu.numel;
+    const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
+    us.shard_offset = shard.first;
+    us.shard_numel = shard.size();
     us.master = alloc_zeroed_f32(us.shard_numel, compute);
     us.adam_m = alloc_zeroed_f32(us.shard_numel, compute);
     us.adam_v = alloc_zeroed_f32(us.shard_numel, compute);
@@ -79,7 +88,7 @@ void param_store_init(ParamStore& st, const GPTLayout& layout, ShardingMode mode
   st.comm_idle = ops::event_create();
   if (sharded) fsdp_init(st);
   else ddp_init(st);
-  param_store_load(st, layout, fill);
+  param_store_load(st, units, fill);
 }
 
 void param_store_destroy(ParamStore& st) {
@@ -112,6 +121,12 @@ float* grads_acquire(ParamStore& st, int unit) {
   return st.mode == ShardingMode::FSDP ? fsdp_grads_acquire(st, unit)
                                        : ddp_grads_acquire(st, unit);
 }
+// This rank's shard of the range of unit `us` whose gradients are partial over tp.
+static FlatRange partial_part(const UnitState& us) {
+  const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
+  return {std::max(lo, us.partial_begin), std::min(hi, us.numel)};
+}
+
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (st.mode == ShardingMode::FSDP) fsdp_grads_release(st, unit, last_micro_step);
   else ddp_grads_release(st, unit, last_micro_step);
@@ -124,21 +139,40 @@ void grads_zero(ParamStore& st) {
   for (UnitState& us : st.units) ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);
 }
 
+// Once the step's gradients are summed over each unit's group, the tp ranks' partial gradients
+// (sequence-parallel LayerNorms) are summed over tp, one all-reduce per unit. They wait for the
+// whole backward first: the model's own tp collectives run on the compute stream, and two
+// streams must never interleave collectives of one communicator (NCCL could deadlock).
+static void sum_partial_grads_over_tp(ParamStore& st) {
+  ops::event_record(st.comm_idle, st.compute);
+  ops::stream_wait_event(st.comm, st.comm_idle);
+  for (UnitState& us : st.units) {
+    const FlatRange part = partial_part(us);
+    if (part.size() > 0)
+      all_reduce_sum(*st.tp, us.grad + (part.first - us.shard_offset), part.size(), DType::F32,
+                     st.comm);
+  }
+}
+
 void grads_wait(ParamStore& st) {
+  if (st.tp->size > 1) sum_partial_grads_over_tp(st);
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
 }
 
+// Each logical element once: over tp the elements this rank owns (placement.h: owned_end); FSDP
+// shards are disjoint, DDP replicas count on group rank 0 only.
 double grad_norm(ParamStore& st) {
   ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
-  for (UnitState& us : st.units)
-    ops::sum_squares_accumulate(st.norm_scratch, us.grad, us.shard_numel, st.compute);
+  for (UnitState& us : st.units) {
+    const size_t lo = us.shard_offset, end = std::min(lo + us.shard_numel, us.owned_end);
+    if (end > lo) ops::sum_squares_accumulate(st.norm_scratch, us.grad, end - lo, st.compute);
+  }
   float local = 0;
   ops::stream_sync(st.compute);
   ops::copy_to_host(&local, st.norm_scratch, sizeof(float));
-  double total = local;
-  if (st.mode == ShardingMode::FSDP) total = all_reduce_host_sum(*st.dp, total);
-  return std::sqrt(total);
+  const bool group_owner = st.mode == ShardingMode::FSDP || st.units[0].group->rank == 0;
+  return std::sqrt(all_reduce_host_sum(*st.world, group_owner ? (double)local : 0.0));
 }
 
 bool store_needs_param_copy(const ParamStore& st) { return st.dt != DType::F32; }

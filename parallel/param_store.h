@@ -10,21 +10,31 @@
 //   FSDP / ZeRO-3 (parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded shards) of
 //     the master, m, v and the gradient; full weights exist only between acquire and release.
 //
-// Both keep the same flat layout (model/gpt.h), so the optimizer, the gradient norm and the
-// checkpoints work on "this rank's range [shard_offset, shard_offset + shard_numel) of unit u"
-// and never care which mode produced it.
+// Both keep the same flat layout (parallel/placement.h), so the optimizer, the gradient norm and
+// the checkpoints work on "this rank's range [shard_offset, shard_offset + shard_numel) of unit
+// u" and never care which mode produced it.
+//
+// Units are what the placement map says they are on this rank: under tensor parallelism a unit
+// holds this tp rank's blocks, and FSDP shards that local unit over the unit's own group
+// (ParamUnit::grad_axis: dp for dense weights). After the gradients of the step are reduced over
+// that group, the range whose gradients are partial over tp (LayerNorms under sequence
+// parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
+// once, whichever ranks hold copies of it.
 #pragma once
-#include <functional>
 #include <vector>
 
-#include "model/gpt.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/placement.h"
 
 enum class ShardingMode { Replicated, FSDP };
 enum class Phase { Forward, Backward };
 
 struct UnitState {
-  size_t numel = 0;         // the unit's flat length (model/gpt.h)
+  Comm* group = nullptr;    // sums the unit's gradient; FSDP shards over it
+  size_t numel = 0;         // the unit's flat length (parallel/placement.h)
+  size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
+  size_t partial_begin = 0; // [partial_begin, numel): gradients summed over tp
   size_t padded_numel = 0;  // numel rounded up so that it splits into dp equal aligned shards
   size_t shard_offset = 0;  // first element of the unit this rank owns
   size_t shard_numel = 0;   // elements this rank owns (Replicated: numel)
@@ -46,7 +56,8 @@ struct UnitState {
 struct ParamStore {
   ShardingMode mode = ShardingMode::Replicated;
   DType dt = DType::F32;   // compute dtype of the working copy
-  Comm* dp = nullptr;      // the group the weights are replicated or sharded over
+  Comm* tp = nullptr;      // the tensor-parallel group (sums the partial gradients)
+  Comm* world = nullptr;   // every rank (the gradient norm)
   std::vector<UnitState> units;
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
@@ -64,13 +75,11 @@ struct ParamStore {
   size_t state_bytes = 0;          // persistent bytes: master, m, v, grad, working copy
 };
 
-// Allocates the store for `layout` and fills this rank's master shard with `fill`, which writes
-// `count` consecutive elements of tensor `t` starting at element `first` (row-major logical
-// index) into host memory `dst`. Random init and checkpoint/llm.c loading are such fills.
-typedef std::function<void(const ParamTensor& t, size_t first, size_t count, float* dst)>
-    ParamFill;
-void param_store_init(ParamStore& store, const GPTLayout& layout, ShardingMode mode, DType dt,
-                      Comm* dp, ops::Stream compute, ops::Stream comm, const ParamFill& fill);
+// Allocates the store for `units` (this rank's placement) and fills this rank's master shard with
+// `fill` (parallel/placement.h: random init, llm.c import and checkpoints are fills).
+void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, ShardingMode mode,
+                      DType dt, const CommsByAxis& comms, ops::Stream compute, ops::Stream comm,
+                      const ParamFill& fill);
 void param_store_destroy(ParamStore& store);
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
@@ -78,8 +87,8 @@ const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
 float* store_state(ParamStore& store, int unit, StateKind k);  // this rank's shard, on the device
 // Overwrites one state of every shard from `fill` (loading the master also refreshes the
 // compute-dtype working copies).
-void param_store_load(ParamStore& store, const GPTLayout& layout, const ParamFill& fill,
-                      StateKind kind = StateKind::Master);
+void param_store_load(ParamStore& store, const std::vector<ParamUnit>& units,
+                      const ParamFill& fill, StateKind kind = StateKind::Master);
 
 // The model's side.
 void* params_acquire(ParamStore& store, int unit, Phase phase);
@@ -89,8 +98,10 @@ void grads_release(ParamStore& store, int unit, bool last_micro_step);
 
 // The optimizer's side (model/optimizer.cu).
 void grads_zero(ParamStore& store);
-void grads_wait(ParamStore& store);     // outstanding reductions finished on the compute stream
-double grad_norm(ParamStore& store);    // global L2 norm over all shards of all units
+// After the last micro-step: partial gradients summed over tp, and every outstanding reduction
+// finished on the compute stream.
+void grads_wait(ParamStore& store);
+double grad_norm(ParamStore& store);    // global L2 norm, each logical element counted once
 // After the optimizer updated the fp32 masters: refresh the working copies where needed.
 bool store_needs_param_copy(const ParamStore& store);  // adamw writes a compute-dtype copy?
 void* store_param_copy(ParamStore& store, int unit);   // where that copy of the shard lives

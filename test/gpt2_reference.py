@@ -1,9 +1,13 @@
 """test/gpt2_reference.py - an independent GPT-2 in PyTorch float64, and llm.c file helpers.
 
 The oracle for the model tests: it shares no code with the trainer. It reads and writes llm.c
-model files (REFERENCE.md section 1) and token shards, computes the loss and gradients of
-GPT-2 exactly as REFERENCE.md section 2 describes, and trains with torch.optim.AdamW in the
-llm.c unshuffled data order.
+model files (a header of 256 int32: magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V, L,
+NH, C, Vp; then wte, wpe, each block tensor stacked over the layers, ln_f) and token shards
+(256 int32: magic 20240520, version 1, token count; then uint16 tokens, or magic 20240801,
+version 7 and uint32), computes the loss and gradients of GPT-2 (pre-LayerNorm blocks with
+eps 1e-5, causal attention, tanh GELU, the head tied to wte, cross-entropy over the first V of
+the Vp logits; a run at T positions adds the first T rows of wpe), and trains with
+torch.optim.AdamW in the llm.c unshuffled data order.
 
 Parameter names match the trainer's ("h.3/attn/qkv/weight", ...), so gradients can be compared
 tensor by tensor.

@@ -1,7 +1,7 @@
 // test/ops_capi.cpp - a C interface to the CPU backend for Python's ctypes (test/test_ops.py).
 //
 // Each op_<name> forwards to ops::<name> with the same arguments, except that the dtype is an int
-// (0 = fp32, 1 = bf16) and the stream is implicit: one stream, created on first use (a
+// (0 = fp32, 1 = bf16, 2 = e4m3, 3 = e5m2) and the stream is implicit: one stream, created on first use (a
 // function-local static) and never destroyed. Tensors are raw host pointers (numpy buffers).
 // op_set_num_threads sets the OpenMP thread count, so that the test can check that results are
 // bitwise the same on 1 and 2 threads.
@@ -14,7 +14,15 @@ ops::Stream test_stream() {
   static ops::Stream stream = ops::stream_create(StreamOptions{});
   return stream;
 }
-DType dtype_of(int dt) { return dt == 0 ? DType::F32 : DType::BF16; }
+DType dtype_of(int dt) {
+  switch (dt) {
+    case 0: return DType::F32;
+    case 1: return DType::BF16;
+    case 2: return DType::E4M3;
+    case 3: return DType::E5M2;
+  }
+  FATAL("ops_capi: unknown dtype code %d", dt);
+}
 }  // namespace
 
 extern "C" {
@@ -74,11 +82,30 @@ void op_attention_backward(void* dqkv, const void* dout, const void* qkv, const 
                            const float* lse, int B, int T, int NH, int HS, int dt) {
   ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, dtype_of(dt), test_stream());
 }
+void op_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B,
+                        int T, int NH, int HS, int dt) {
+  ops::attention_merge(out, lse, out_b, lse_b, B, T, NH, HS, dtype_of(dt), test_stream());
+}
 
 void op_classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                     int N, int V, int Vp, int dt) {
   ops::classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp, dtype_of(dt),
                                    test_stream());
+}
+
+void op_moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
+                           float* probs, float* lse) {
+  ops::moe_router_forward(logits, N, E, top_k, expert, gate, probs, lse, test_stream());
+}
+void op_moe_router_backward(float* dlogits, const float* probs, const int* expert,
+                            const float* gate, const float* dgate, const float* dprobs_aux,
+                            const float* lse, float z_coef, int N, int E, int top_k) {
+  ops::moe_router_backward(dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E,
+                           top_k, test_stream());
+}
+void op_moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
+                     float aux_coef, int B, int T, int E, int top_k) {
+  ops::moe_aux_loss(aux, dprobs_aux, expert, probs, aux_coef, B, T, E, top_k, test_stream());
 }
 
 void op_adamw_update(float* master, void* param_out, const float* grad, float* m, float* v,
@@ -98,6 +125,28 @@ void op_add_inplace(float* dst, const float* src, size_t n) {
 }
 void op_cast(void* dst, int dst_dt, const void* src, int src_dt, size_t n) {
   ops::cast(dst, dtype_of(dst_dt), src, dtype_of(src_dt), n, test_stream());
+}
+
+void op_amax(float* out, const void* x, size_t n, int dt) {
+  ops::amax(out, x, n, dtype_of(dt), test_stream());
+}
+void op_fp8_update_scale(float* scale, float* scale_inv, float* history, int history_len,
+                         const float* amax, float fp8_max, int margin) {
+  ops::fp8_update_scale(scale, scale_inv, history, history_len, amax, fp8_max, margin,
+                        test_stream());
+}
+void op_fp8_cast(void* out, void* out_t, int fp8, const void* x, int dt, int rows, int cols,
+                 const float* scale) {
+  ops::fp8_cast(out, out_t, dtype_of(fp8), x, dtype_of(dt), rows, cols, scale, test_stream());
+}
+void op_gemm_fp8(void* out, int out_dt, int accumulate, const void* a, int a_fp8, const void* b,
+                 int b_fp8, int M, int N, int K, const float* a_scale_inv,
+                 const float* b_scale_inv) {
+  ops::gemm_fp8(out, dtype_of(out_dt), accumulate != 0, a, dtype_of(a_fp8), b, dtype_of(b_fp8),
+                M, N, K, a_scale_inv, b_scale_inv, test_stream());
+}
+void op_bias_backward(float* dbias, const void* dout, int N, int OC, int dt) {
+  ops::bias_backward(dbias, dout, N, OC, dtype_of(dt), test_stream());
 }
 
 }  // extern "C"

@@ -29,13 +29,21 @@ run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run model       $PY test/test_model.py
 run train       $PY test/test_train.py
 run data        "$BUILD/test_data"
+run pipeline-schedule "$BUILD/test_pipeline_schedule"
+run cp-plan     "$BUILD/test_context_parallel_plan"
+run expert-dispatch "$BUILD/test_expert_dispatch_plan"
+run ring-attention $PY test/test_ring_attention.py
+run moe-router  $PY test/test_moe_router.py
 run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke "$BUILD/bench_kernels_cpu" --quick
 run distributed $PY test/test_distributed.py
+run tensor-parallel $PY test/test_tensor_parallel.py
+run fp8         $PY test/test_fp8.py
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
+run usability   $PY test/test_usability.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
 fi

@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
                      read_metrics, run, write_config)
+from trainer import with_validation  # noqa: E402
 
 checks = Checks("test_checkpoint")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -69,8 +70,7 @@ def experiment(tmp, rng, steps, n_tokens=4000):
     make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, n_tokens=n_tokens)
     sec = base_sections(tmp, steps, micro_batch=1)
     sec["data"]["shuffle"] = True
-    sec["data"]["val"] = os.path.join(tmp, "val_*.bin")
-    sec["log"].update({"val_every": 5, "val_batches": 2})
+    with_validation(sec, tmp, 5, 2)
     return write_config(tmp, "c.toml", sec)
 
 
@@ -290,8 +290,9 @@ def test_refusals(tmp, cfg, good):
     other = write_config(tmp, "other_shape.toml", sec)
     expect_refusal("model shape mismatch names both shapes", other, 2,
                    [f"--checkpoint.resume={good}"],
-                   [f"(n_layer {L}, n_head {NH}, d_model {C}, seq_len {T}, vocab_size {V})",
-                    f"(n_layer {L + 1}, n_head {NH}, d_model {C}, seq_len {T}, vocab_size {V})"])
+                   [f"(n_layer {L}, n_head {NH}, d_model {C}, max_seq_len {T}, vocab_size {V})",
+                    f"(n_layer {L + 1}, n_head {NH}, d_model {C}, max_seq_len {T}, "
+                    f"vocab_size {V})"])
 
 
 def test_h5py(tmp, rng):

@@ -5,7 +5,9 @@
 //                                     N over dp, pp, cp, tp; every ep dividing dp*cp). For each:
 //                                     coordinates, group members (against the documented rank
 //                                     formula), every collective on every axis in fp32 and bf16
-//                                     (exact expected values), the host helpers, the counters
+//                                     (exact expected values), the paired send_recv (a ring, a
+//                                     pipeline-like exchange with both neighbours, one-sided
+//                                     calls, 1 MB messages), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
 //                                     prints mesh_validate's verdict ("ok" or the message)
@@ -249,7 +251,10 @@ std::vector<int> actual_members(const Comm& c) {
 // ---------------------------------------------------------------------------------------------
 // The collectives on one axis
 // ---------------------------------------------------------------------------------------------
-enum Tag { kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kRing, kAllToAll };
+enum Tag {
+  kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kRing, kAllToAll, kPairRing,
+  kActivation, kGradient, kChain
+};
 
 void test_all_reduce(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt,
                      bool exact) {
@@ -342,6 +347,79 @@ void test_ring(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt)
   ops::release(in);
 }
 
+// The ring again, but every rank posts its send to the next rank and its receive from the
+// previous one in one send_recv: no ordering by parity needed, even for messages far past the
+// eager limit. With two ranks both peers are the same rank. On one rank: a call with both sides
+// absent is a no-op and counts nothing.
+void test_pair_ring(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) {
+    send_recv(c, nullptr, n, -1, nullptr, n, -1, dt, nullptr);
+    return;
+  }
+  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
+  void* out = upload(values(ctx, ctx.world_rank, kPairRing, n, dt, true), dt);
+  void* in = poisoned(n, dt);
+  send_recv(c, out, n, next, in, n, prev, dt, nullptr);
+  expect_call(ctx, c, CollectiveKind::Send, n * dtype_size(dt));
+  expect_call(ctx, c, CollectiveKind::Recv, n * dtype_size(dt));
+  check_values(ctx, download(in, n, dt), values(ctx, M[prev], kPairRing, n, dt, true),
+               "send_recv ring");
+  ops::release(out);
+  ops::release(in);
+}
+
+// A pipeline's steady state: rank r sends its activation forward to r+1 and receives a gradient
+// backward from r+1 in one call, while r+1 makes the mirror call (gradient to r, activation from
+// r). Activations have n elements, gradients n+3 (the two sides of a call must not be mixed up).
+// Even ranks make the call with their next neighbour first, odd ranks with their previous one.
+void test_pipeline_exchange(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) return;
+  const size_t ng = n + 3;
+  void* act = upload(values(ctx, ctx.world_rank, kActivation, n, dt, true), dt);
+  void* grad = upload(values(ctx, ctx.world_rank, kGradient, ng, dt, true), dt);
+  void* act_in = poisoned(n, dt);
+  void* grad_in = poisoned(ng, dt);
+  for (int step = 0; step < 2; ++step) {
+    const bool downstream = (step == 0) == (c.rank % 2 == 0);
+    if (downstream && c.rank + 1 < c.size) {
+      send_recv(c, act, n, c.rank + 1, grad_in, ng, c.rank + 1, dt, nullptr);
+      check_values(ctx, download(grad_in, ng, dt),
+                   values(ctx, M[c.rank + 1], kGradient, ng, dt, true), "pipeline: gradient in");
+    } else if (!downstream && c.rank > 0) {
+      send_recv(c, grad, ng, c.rank - 1, act_in, n, c.rank - 1, dt, nullptr);
+      check_values(ctx, download(act_in, n, dt),
+                   values(ctx, M[c.rank - 1], kActivation, n, dt, true), "pipeline: activation in");
+    } else {
+      continue;
+    }
+    expect_call(ctx, c, CollectiveKind::Send, (downstream ? n : ng) * dtype_size(dt));
+    expect_call(ctx, c, CollectiveKind::Recv, (downstream ? ng : n) * dtype_size(dt));
+  }
+  for (void* p : {act, grad, act_in, grad_in}) ops::release(p);
+}
+
+// One-sided calls, a pipeline's warm-up: every rank sends to r+1 and receives from r-1 in one
+// call, so the first rank only sends and the last only receives. The first rank's absent side
+// is a count of 0 with a valid peer, the last rank's a peer of -1 (both forms of "absent").
+void test_chain(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) return;
+  const bool first = c.rank == 0, last = c.rank == c.size - 1;
+  void* out = upload(values(ctx, ctx.world_rank, kChain, n, dt, true), dt);
+  void* in = poisoned(n, dt);
+  send_recv(c, out, last ? 0 : n, last ? -1 : c.rank + 1, in, first ? 0 : n,
+            first ? c.size - 1 : c.rank - 1, dt, nullptr);
+  if (!last) expect_call(ctx, c, CollectiveKind::Send, n * dtype_size(dt));
+  if (!first) {
+    expect_call(ctx, c, CollectiveKind::Recv, n * dtype_size(dt));
+    check_values(ctx, download(in, n, dt), values(ctx, M[c.rank - 1], kChain, n, dt, true),
+                 "send_recv one-sided");
+  } else {
+    check(ctx, std::isnan(download(in, 1, dt)[0]), "send_recv: the absent receive wrote");
+  }
+  ops::release(out);
+  ops::release(in);
+}
+
 void test_all_to_all(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
   void* send = upload(values(ctx, ctx.world_rank, kAllToAll, c.size * n, dt, true), dt);
   void* recv = poisoned(c.size * n, dt);
@@ -368,6 +446,7 @@ void test_host_helpers(Ctx& ctx, Comm& c, const std::vector<int>& M) {
 // 4099 elements (8 kB in bf16) are past the 4 kB eager limit of OpenMPI's shared-memory
 // transport: the large calls use the rendezvous protocol, where blocking sends can deadlock.
 const size_t kSizes[] = {1, 7, 4099};
+const size_t kLargeP2P = 262144;  // 1 MB in fp32
 
 void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
                const std::string& layout) {
@@ -392,12 +471,23 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
       test_broadcast(ctx, c, M, n, dt, 0);
       test_broadcast(ctx, c, M, n, dt, c.size - 1);
       test_ring(ctx, c, M, n, dt);
+      test_pair_ring(ctx, c, M, n, dt);
+      test_pipeline_exchange(ctx, c, M, n, dt);
+      test_chain(ctx, c, M, n, dt);
       test_all_to_all(ctx, c, M, n, dt);
       if (c.size == 2) {  // one rounding per sum: general values
         test_all_reduce(ctx, c, M, n, dt, false);
         test_reduce_scatter(ctx, c, M, n, dt, false, false);
       }
     }
+  }
+  // 1 MB messages (fp32), far past every eager limit: a blocking send in send_recv would hang
+  // here. On the pipeline axis only (the one that will use them; every world size has a layout
+  // with pp = world), to keep the suite fast.
+  if (a == Axis::PP && c.size > 1) {
+    ctx.where = layout + " axis " + axis_name(a) + " fp32 1 MB";
+    test_pair_ring(ctx, c, M, kLargeP2P, DType::F32);
+    test_pipeline_exchange(ctx, c, M, kLargeP2P, DType::F32);
   }
   barrier(c);
   expect_call(ctx, c, CollectiveKind::Barrier, 0);
@@ -407,7 +497,8 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
 // ---------------------------------------------------------------------------------------------
 // Layouts
 // ---------------------------------------------------------------------------------------------
-Config make_config(const Layout& L, int n_head = 12, int seq_len = 48, int n_layer = 4) {
+// n_layer 12: every pp of the layouts tested (1 to 4) gets equal stages.
+Config make_config(const Layout& L, int n_head = 12, int seq_len = 48, int n_layer = 12) {
   Config cfg;
   cfg.parallel.dp = L.dp, cfg.parallel.tp = L.tp, cfg.parallel.pp = L.pp;
   cfg.parallel.cp = L.cp, cfg.parallel.ep = L.ep;

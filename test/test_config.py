@@ -6,8 +6,9 @@ Runs the binary named by env CONFIG_BIN (default ./train_cpu; may hold extra wor
 generated in a temp dir (with tiny llm.c token shards for the globs and tiny llm.c model files for
 [init] from), at world size 1 (env WORLD_SIZE=1 for the stand-in driver test/config_main.cpp).
 
-Every error case asserts: exit status > 0 (an error, not a crash), the message names the key,
-and its file:line:col with the right line (or the override text). The good configs assert exit
+Every error case asserts: exit status 1, one message starting "error: " that names the key, and
+its file:line:col with the right line (or the override text), with no source location of ours
+(".cu:", ".cpp:") and no MPI_ABORT banner. The good configs assert exit
 status 0, that the printed resolved TOML parses (tomllib) to exactly the expected keys and values
 (defaults from model/config.h, the file, the overrides; floats compared as float32), and that
 feeding the printed text back in prints the same text again (round trip).
@@ -33,14 +34,16 @@ DEFAULTS = {
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none"},
-    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "fsdp": False, "backend": ""},
-    "precision": {"compute": "fp32"},
+    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "backend": ""},
+    "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
+                  "fp8_margin": 0},
     "kernels": {"attention": "auto"},
     "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": ""},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0},
 }
-MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]
+MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
+PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len"]  # max_seq_len defaults to seq_len or maxT
 FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps"}
 
 
@@ -144,7 +147,11 @@ def expect_error(name, path, overrides=(), names=(), at=()):
     """`names`: strings the message must contain; `at`: (line, col) or (line,) locations in
     `path` the message must give."""
     rc, _, err = run(path, overrides)
-    check(rc > 0, f"{name}: expected an error exit, got status {rc}\n{err}")
+    check(rc == 1, f"{name}: expected exit status 1, got {rc}\n{err}")
+    check(err.startswith("error: ") and err.count("\nerror: ") == 0 and "Error" not in err,
+          f"{name}: expected one message starting with 'error: ':\n{err}")
+    check(".cu:" not in err and ".cpp:" not in err and "MPI_ABORT" not in err,
+          f"{name}: a source location of ours or MPI's abort banner in the message:\n{err}")
     for s in names:
         check(s in err, f"{name}: message does not name {s!r}:\n{err}")
     for loc in at:
@@ -164,7 +171,7 @@ def expect_good(name, path, overrides=(), expected=None):
         check(False, f"{name}: printed config is not TOML ({e}):\n{out}")
         return None
     for sec, keys in DEFAULTS.items():
-        want_keys = set(MODEL_KEYS) if sec == "model" else set(keys)
+        want_keys = set(PRINTED_MODEL_KEYS) if sec == "model" else set(keys)
         check(set(got.get(sec, {})) == want_keys,
               f"{name}: [{sec}] printed keys {sorted(got.get(sec, {}))} != {sorted(want_keys)}")
     check(list(got) == list(DEFAULTS), f"{name}: section order {list(got)}")
@@ -212,7 +219,8 @@ def good_cases(tmp):
                  "--precision.compute=bf16", "--kernels.attention=flash", "--train.grad_clip=0"]
     want = full_expected({
         "model.n_layer": 2, "model.n_head": 2, "model.d_model": 8, "model.seq_len": 16,
-        "model.vocab_size": 100, "data.train": f"{tmp}/train_*.bin", "train.lr": 6.12345e-4,
+        "model.max_seq_len": 16, "model.vocab_size": 100, "data.train": f"{tmp}/train_*.bin",
+        "train.lr": 6.12345e-4,
         "data.shuffle": True, "checkpoint.dir": "out/run", "train.seed": 42,
         "log.metrics": "m.jsonl", "parallel.fsdp": True, "train.recompute": "gelu",
         "log.peak_tflops": 989.4321987654321, "train.min_lr": 3e-5, "train.beta2": 0.987654,
@@ -238,12 +246,21 @@ def good_cases(tmp):
                             {"init.from": f'"{model}"'})
         expect_good(f"shape from an llm.c v{version} model file", c.write(text), (), {
             "model.n_layer": 3, "model.n_head": 4, "model.d_model": 16, "model.seq_len": 32,
-            "model.vocab_size": 300, "init.from": model})
+            "model.max_seq_len": 32, "model.vocab_size": 300, "init.from": model})
         text, _, _ = render(secs, {"model.n_layer": "3", "model.n_head": None,
                                    "model.d_model": "16", "model.seq_len": None,
                                    "model.vocab_size": "300", "init.from": f'"{model}"'})
         expect_good(f"agreeing [model] keys with a v{version} model file", c.write(text), (),
                     {"model.n_layer": 3, "model.n_head": 4})
+        # A shorter seq_len than the file's maxT: the run uses the first seq_len rows of wpe.
+        text, _, _ = render(secs, {f"model.{k}": None for k in MODEL_KEYS} |
+                            {"init.from": f'"{model}"', "model.seq_len": "8"})
+        expect_good(f"seq_len 8 < maxT 32 of a v{version} model file", c.write(text), (),
+                    {"model.seq_len": 8, "model.max_seq_len": 32, "model.n_layer": 3})
+    # Random init: max_seq_len sizes the position table, seq_len is trained at.
+    text, _, _ = render(secs, {"model.max_seq_len": "64"})
+    expect_good("random init with max_seq_len 64 > seq_len 16", c.write(text), (),
+                {"model.seq_len": 16, "model.max_seq_len": 64})
 
 
 def file_error_cases(tmp):
@@ -308,6 +325,11 @@ def file_error_cases(tmp):
     case("beta2 < 0", {"train.beta2": "-0.1"}, ["beta2", "[0, 1)"], "train.beta2")
     case("eps = 0", {"train.eps": "0"}, ["eps", "> 0"], "train.eps")
     case("keep = 0", {"checkpoint.keep": "0"}, ["keep", ">= 1"], "checkpoint.keep")
+    case("max_seq_len < seq_len", {"model.max_seq_len": "8"},
+         ["[model] seq_len = 16", "[model] max_seq_len = 8", "seq_len must be <= max_seq_len"],
+         "model.max_seq_len")
+    case("max_seq_len = 0", {"model.max_seq_len": "0"}, ["max_seq_len", "must be positive"],
+         "model.max_seq_len")
     text, keys, _ = render(secs, {"model.n_head": "3"})
     expect_error("n_head does not divide d_model", c.write(text), (), ["n_head", "d_model"],
                  ((keys["model.n_head"][0], keys["model.n_head"][2]),
@@ -364,6 +386,15 @@ def model_file_cases(tmp):
     expect_error("[model] disagrees with the model file", c.write(text), (),
                  ["n_layer=2", "n_layer=3", good],
                  ((keys["model.n_layer"][0], keys["model.n_layer"][2]),))
+    text, keys, _ = render(secs, {"model.seq_len": "32", "init.from": f'"{good}"'})
+    expect_error("seq_len longer than the model file's maxT", c.write(text), (),
+                 ["[model] seq_len = 32", "[model] max_seq_len = 16", "read from " + good,
+                  "seq_len must be <= max_seq_len"],
+                 ((keys["model.seq_len"][0], keys["model.seq_len"][2]),))
+    text, keys, _ = render(secs, {"model.max_seq_len": "32", "init.from": f'"{good}"'})
+    expect_error("max_seq_len disagrees with the model file", c.write(text), (),
+                 ["max_seq_len=16", "max_seq_len=32", good],
+                 ((keys["model.max_seq_len"][0], keys["model.max_seq_len"][2]),))
 
 
 def override_error_cases(tmp):
@@ -385,7 +416,7 @@ def override_error_cases(tmp):
             ("--train.lr=-1", ["lr", ">= 0"]),
             ("--train.min_lr=0.1", ["min_lr", "[train] lr"]),
             ("--parallel.dp=2", ["dp = 2", "world size 1"]),
-            ("--precision.compute=fp8", ['"fp32", "bf16"']),
+            ("--precision.compute=fp16", ['"fp32", "bf16", "fp8"']),
             ("--data.train=/nonexistent/*.bin", ["matches no file"]),
             ("--train.micro_batch=0", ["micro_batch", "must be positive"])]:
         expect_error(f"override {arg}", path, [arg], names + [arg])

@@ -34,23 +34,9 @@
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "kernels/common.h"
+#include "test/check_results.h"
 
 namespace {
-
-struct Results {
-  int failures = 0, checks = 0;
-  void check(bool ok, const char* fmt, ...) __attribute__((format(printf, 3, 4))) {
-    checks++;
-    if (ok) return;
-    failures++;
-    va_list args;
-    va_start(args, fmt);
-    std::fprintf(stderr, "FAIL ");
-    std::vfprintf(stderr, fmt, args);
-    std::fprintf(stderr, "\n");
-    va_end(args);
-  }
-};
 
 // ------------------------------------------------------------------ shards on disk
 
@@ -482,6 +468,7 @@ int main() {
   std::mt19937_64 rng(seed);
   std::string dir = temp_dir();
   Results r;
+  r.verbose = false;  // 234 checks: print the failures only
 
   const int T = 7;
   Dataset v1 = make_dataset(dir, "v1", 2, awkward_sizes(rng, 4, T, 6), rng);

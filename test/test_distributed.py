@@ -9,8 +9,9 @@ Per-rank weights + gradients + optimizer state under FSDP equal the analytic sha
 Communication counted per step equals the analytic value exactly: DDP one fp32 all-reduce per
   unit; FSDP per micro-step an all-gather per unit forward, another per block backward, and a
   reduce-scatter per unit.
-A rank killed mid-run (SIGKILL) makes mpirun exit non-zero within 60 s; bad degree combinations
-  and not-yet-supported axes are refused before any work.
+A rank killed mid-run (SIGKILL) makes mpirun exit non-zero within 60 s; bad degree combinations,
+  the pipeline schedule's rules ([parallel] pp_schedule, pp_virtual against n_layer and the
+  micro-batches of a step) and not-yet-supported axes are refused before any work.
 """
 import os
 import signal
@@ -22,8 +23,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     max_rel, read_metrics, read_run_info, run, write_config)
+from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, check_refused,  # noqa: E402
+                     make_experiment, max_rel, read_metrics, read_run_info, run, write_config)
+from trainer import seeded_rng  # noqa: E402
 
 checks = Checks("test_distributed")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -43,7 +45,8 @@ def unit_numels():
             n = round_up(n, 64) + k
         return round_up(n, 64)
     root = unit([Vp * C, T * C, C, C])
-    block = unit([3 * C * C, C * C, 4 * C * C, 4 * C * C, C, C, 3 * C, C, C, C, 4 * C, C])
+    # matrices, column-parallel biases, row-parallel biases, LayerNorms (model/gpt.cu)
+    block = unit([3 * C * C, C * C, 4 * C * C, 4 * C * C, 3 * C, 4 * C, C, C, C, C, C, C])
     return [root] + [block] * L
 
 
@@ -143,21 +146,22 @@ def test_refused_layouts(rng):
             ("dp*tp*pp*cp != world", 2, {"dp": 1}, ["dp", "2"]),
             ("tp must divide n_head", 2, {"tp": 2}, ["n_head", "tp"]),
             ("pp not supported yet", 2, {"pp": 2}, ["not yet"]),
+            ("unknown pipeline schedule", 2, {"pp": 2, "pp_schedule": "zigzag"},
+             ["pp_schedule", "zigzag"]),
+            ("pp_virtual > 1 without interleaving", 2, {"pp": 2, "pp_virtual": 2},
+             ["pp_virtual = 2", "needs the \"interleaved\" schedule"]),
+            ("interleaved: n_layer % (pp * pp_virtual), micro-batches % pp", 4,
+             {"pp": 4, "pp_schedule": "interleaved", "pp_virtual": 2},
+             ["n_layer = 2 is not a multiple of pp*v = 4*2 = 8", "multiple of pp = 4"]),
         ]
         for what, np_ranks, par, words in cases:
             sec = base_sections(tmp, 2)
             sec["parallel"] = par
-            r = run(write_config(tmp, "bad.toml", sec), np_ranks=np_ranks, check=False, timeout=60)
-            text = r.stdout + r.stderr
-            ok = r.returncode != 0 and all(w in text for w in words) and "| loss" not in r.stdout
-            checks.check(f"refused: {what}", ok,
-                         next((ln for ln in text.splitlines() if "error" in ln), "no error line"))
+            check_refused(checks, tmp, what, sec, np_ranks, words)
 
 
 def main():
-    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
-    print(f"test_distributed: seed {seed} (SEED={seed} reproduces)")
-    rng = np.random.default_rng(seed)
+    rng = seeded_rng("test_distributed")
     test_equivalence(rng, from_file=True)
     test_equivalence(rng, from_file=False)
     test_killed_rank(rng)

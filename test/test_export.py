@@ -31,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import Checks, base_sections, make_experiment, read_metrics, run  # noqa: E402
-from trainer import write_config  # noqa: E402
+from trainer import write_config, seeded_rng, with_validation  # noqa: E402
 
 checks = Checks("test_export")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -104,9 +104,8 @@ def test_llmc(tmp, ckpt, val_loss):
     checks.check("llm.c export: header, size and every tensor", same and header_ok, f"{hdr}")
     sec = base_sections(tmp, 1, micro_batch=MICRO, lr=0.0)
     sec["init"]["from"] = out
-    sec["data"]["val"] = os.path.join(tmp, "val_*.bin")
-    sec["log"].update({"val_every": 1, "val_batches": VAL_BATCHES,
-                       "metrics": os.path.join(tmp, "reload.jsonl")})
+    with_validation(sec, tmp, 1, VAL_BATCHES)
+    sec["log"]["metrics"] = os.path.join(tmp, "reload.jsonl")
     run(write_config(tmp, "reload.toml", sec), FSDP4, np_ranks=NP)
     again = read_metrics(os.path.join(tmp, "reload.jsonl"))[1][0]["val_loss"]
     checks.check("llm.c export loaded by ./train_cpu gives the same loss", again == val_loss,
@@ -170,14 +169,11 @@ def test_refuses_corrupt(tmp, ckpt):
 
 
 def main():
-    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
-    print(f"test_export: seed {seed} (SEED={seed} reproduces)")
-    rng = np.random.default_rng(seed)
+    rng = seeded_rng("test_export")
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
         sec = base_sections(tmp, 6, micro_batch=MICRO)
-        sec["data"]["val"] = os.path.join(tmp, "val_*.bin")
-        sec["log"].update({"val_every": 6, "val_batches": VAL_BATCHES})
+        with_validation(sec, tmp, 6, VAL_BATCHES)
         sec["checkpoint"] = {"dir": os.path.join(tmp, "ck")}
         run(write_config(tmp, "c.toml", sec), FSDP4, np_ranks=NP)
         val_loss = read_metrics(os.path.join(tmp, "metrics.jsonl"))[1][-1]["val_loss"]

@@ -13,8 +13,9 @@ test/run_gpu.sh, i.e. `make test-gpu` and bundle/run.sh).
    1e-4 relative.
 3. 100 steps of a 4-layer model (C = 256, HS = 64, T = 128) on learnable data: ./train bf16
    within 1% of ./train fp32 at every step.
-4. FSDP over 2 ranks on the one GPU with the MPI backend (mpirun) vs the one-rank CPU run with
-   the same global batch: 10 steps within 1e-5 (fp32). Skipped, saying so, without mpirun.
+4. FSDP over 2 ranks, and tensor parallel tp=2 with and without SP, on the one GPU with the MPI
+   backend (mpirun) vs the one-rank CPU run with the same global batch: 10 steps within 1e-5
+   (fp32). Skipped, saying so, without mpirun.
 5. Recompute through the trainer: 5 steps with recompute gelu and block give bitwise the losses
    and gradient norms of recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it
    is not bitwise by design (bitwise_expected).
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (MPIRUN, Checks, base_sections, learnable_tokens, make_experiment,  # noqa: E402
                      max_rel, read_metrics, write_config)
+from trainer import seeded_rng  # noqa: E402
 
 TRAIN = os.environ.get("TRAIN", "./train")
 TRAIN_CPU = os.environ.get("TRAIN_CPU", "./train_cpu")
@@ -197,7 +199,7 @@ def test_bf16_follows_fp32(rng):
 
 def test_fsdp_mpi(rng):
     if shutil.which(MPIRUN_CMD[0]) is None:
-        print(f"  SKIP FSDP np=2 over MPI: '{MPIRUN_CMD[0]}' not found on PATH (set MPIRUN, or "
+        print(f"  SKIP FSDP np=2 and tp=2 over MPI: '{MPIRUN_CMD[0]}' not found on PATH (set MPIRUN, or "
               "run from the bundle, whose bin/mpirun is the bundled OpenMPI)")
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,12 +208,17 @@ def test_fsdp_mpi(rng):
         sec = base_sections(tmp, steps, lr=1e-3, micro_batch=rows, weight_decay=0.1,
                             grad_clip=1.0)
         cpu = losses(train_records(TRAIN_CPU, tmp, "cpu", sec))
-        sec["train"]["micro_batch"] = rows // 2
-        sec["parallel"] = {"dp": 2, "fsdp": True, "backend": "mpi"}
-        gpu = losses(train_records(TRAIN, tmp, "fsdp", sec, np_ranks=2))
-        r = max_rel(gpu, cpu) if len(gpu) == len(cpu) == steps else float("inf")
-        checks.check("FSDP np=2 on one GPU (MPI) vs one-rank CPU", r < 1e-5,
-                     f"max rel err {r:.1e} over {steps} steps (tol 1e-5)")
+        layouts = [("FSDP np=2", rows // 2, {"dp": 2, "fsdp": True}),
+                   ("tp=2 sp", rows, {"tp": 2, "sp": True}),
+                   ("tp=2 no sp", rows, {"tp": 2, "sp": False})]
+        for label, micro_batch, parallel in layouts:
+            sec["train"]["micro_batch"] = micro_batch
+            sec["parallel"] = dict(parallel, backend="mpi")
+            gpu = losses(train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
+                                       np_ranks=2))
+            r = max_rel(gpu, cpu) if len(gpu) == len(cpu) == steps else float("inf")
+            checks.check(f"{label} on one GPU (MPI) vs one-rank CPU", r < 1e-5,
+                         f"max rel err {r:.1e} over {steps} steps (tol 1e-5)")
 
 
 # --- 5. recompute through the trainer ------------------------------------------------------------
@@ -242,10 +249,8 @@ def test_recompute_train(rng):
 
 
 def main():
-    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
-    print(f"test_gpu_train: seed {seed} (SEED={seed} reproduces); TRAIN={TRAIN} "
+    rng = seeded_rng("test_gpu_train", f"; TRAIN={TRAIN} "
           f"TRAIN_CPU={TRAIN_CPU} BUILD={BUILD}")
-    rng = np.random.default_rng(seed)
     for test in (test_model_grads, test_train_fp32_vs_cpu, test_bf16_follows_fp32,
                  test_fsdp_mpi, test_recompute_train):
         print(f"- {test.__name__}", flush=True)

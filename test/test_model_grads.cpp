@@ -36,10 +36,12 @@ int main(int argc, char** argv) {
   std::fclose(tf);
 
   ops::Stream s = ops::stream_create(StreamOptions{});
-  Comm single;  // a group of one: the store reduces nothing
+  Comm single;  // a group of one on every axis: the store reduces nothing
+  CommsByAxis comms;
+  for (Comm*& c : comms.axis) c = &single;
   ParamStore store;
   LlmcModelFile mf = llmc_open(argv[1], layout);
-  param_store_init(store, layout, ShardingMode::Replicated, dt, &single, s, s,
+  param_store_init(store, layout.units, ShardingMode::Replicated, dt, comms, s, s,
                    llmc_fill(mf, layout));
   llmc_close(mf);
   GPT model;
@@ -59,7 +61,7 @@ int main(int argc, char** argv) {
   for (size_t u = 0; u < layout.units.size(); u++) {
     std::vector<float> g(store.units[u].shard_numel);
     ops::copy_to_host(g.data(), store.units[u].grad, g.size() * 4);
-    for (const ParamTensor& t : layout.units[u].tensors) {
+    for (const TensorPlacement& t : layout.units[u].tensors) {
       out.write((const char*)(g.data() + t.offset), t.numel() * 4);
       std::printf("%s %zu\n", t.name.c_str(), t.numel());
     }

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (Checks, base_sections, make_experiment, max_rel, read_metrics,  # noqa: E402
                      run, write_config)
+from trainer import seeded_rng, with_validation  # noqa: E402
 
 checks = Checks("test_train")
 
@@ -114,8 +115,7 @@ def test_metrics_file(rng):
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng)
         sec = base_sections(tmp, 4)
-        sec["data"]["val"] = os.path.join(tmp, "val_*.bin")
-        sec["log"].update({"val_every": 2, "val_batches": 3})
+        with_validation(sec, tmp, 2, 3)
         run(write_config(tmp, "c.toml", sec))
         recs, vals = read_metrics(os.path.join(tmp, "metrics.jsonl"))
         keys = {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_s", "mfu", "hfu"}
@@ -138,9 +138,7 @@ def test_metrics_file(rng):
 
 
 def main():
-    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
-    print(f"test_train: seed {seed} (SEED={seed} reproduces)")
-    rng = np.random.default_rng(seed)
+    rng = seeded_rng("test_train")
     test_matches_pytorch(rng)
     test_schedule_decay_clip_accum(rng)
     test_bf16_model_file(rng)

@@ -107,6 +107,30 @@ def base_sections(tmp, steps, **train):
     return sec
 
 
+def with_validation(sections, tmp, every, batches):
+    """Validation on tmp's val_*.bin shards every `every` steps over `batches` batches."""
+    sections["data"]["val"] = os.path.join(tmp, "val_*.bin")
+    sections["log"].update({"val_every": every, "val_batches": batches})
+    return sections
+
+
+def seeded_rng(name, detail=""):
+    """Fresh random inputs every run, reproducible: prints the seed (SEED=<n> reproduces it)."""
+    seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
+    print(f"{name}: seed {seed} (SEED={seed} reproduces){detail}")
+    return np.random.default_rng(seed)
+
+
+def check_refused(checks, tmp, what, sections, np_ranks, words):
+    """A config that must be refused before any work: non-zero exit, every word of `words` in
+    the output, and no step line."""
+    r = run(write_config(tmp, "bad.toml", sections), np_ranks=np_ranks, check=False, timeout=60)
+    text = r.stdout + r.stderr
+    ok = r.returncode != 0 and all(w in text for w in words) and "| loss" not in r.stdout
+    checks.check(f"refused: {what}", ok,
+                 next((ln for ln in text.splitlines() if "error" in ln), "no error line"))
+
+
 class Checks:
     """Collects named pass/fail checks; report() exits non-zero if any failed."""
 

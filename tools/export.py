@@ -8,6 +8,9 @@ how many ranks wrote it.
     /usr/bin/python3 tools/export.py llmc CKPT OUT.bin   llm.c model file, fp32 (version 3);
                                                          ./train_cpu reads it with [init] from
 
+Both keep the whole position table: all max_seq_len rows of wpe, also when the run trained at a
+shorter seq_len, so the export loads at any seq_len up to max_seq_len.
+
 CKPT is a checkpoint directory (dir/step_000123), its checkpoint.h5, or a [checkpoint] dir, in
 which case the checkpoint that dir/latest names is taken. Every file is checked against the
 manifest (size and CRC32) first: a missing source file of a virtual dataset would otherwise
@@ -87,6 +90,8 @@ def open_checkpoint(path):
     f = h5py.File(os.path.join(ckpt, "checkpoint.h5"), "r")
     shape = {k: int(f.attrs[k]) for k in ("n_layer", "n_head", "d_model", "seq_len",
                                           "vocab_size", "padded_vocab")}
+    # wpe's rows; checkpoints written before max_seq_len was recorded trained at all of them
+    shape["max_seq_len"] = int(f.attrs.get("max_seq_len", shape["seq_len"]))
     return f, shape
 
 
@@ -106,7 +111,7 @@ def llmc_order(L):
 
 def export_llmc(f, s, out):
     header = np.zeros(256, dtype="<i4")
-    header[:8] = [20240326, 3, s["seq_len"], s["vocab_size"], s["n_layer"], s["n_head"],
+    header[:8] = [20240326, 3, s["max_seq_len"], s["vocab_size"], s["n_layer"], s["n_head"],
                   s["d_model"], s["padded_vocab"]]
     with open(out, "wb") as o:
         o.write(header.tobytes())
@@ -149,7 +154,7 @@ def write_safetensors(path, tensors, metadata):
 def hf_config(s):
     V = s["vocab_size"]
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V,
-            "n_positions": s["seq_len"], "n_ctx": s["seq_len"], "n_embd": s["d_model"],
+            "n_positions": s["max_seq_len"], "n_ctx": s["max_seq_len"], "n_embd": s["d_model"],
             "n_layer": s["n_layer"], "n_head": s["n_head"], "n_inner": None,
             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,

@@ -84,10 +84,13 @@ inline void store(uint16_t* p, size_t i, float x) { p[i] = f32_to_bf16(x); }
 //   dispatch_dtype(dt, [&](auto tag) { using T = decltype(tag); kernel((T*)out, ...); });
 template <typename Fn>
 inline void dispatch_dtype(DType dt, Fn&& fn) {
-  if (dt == DType::F32)
-    fn(float{});
-  else
-    fn(uint16_t{});
+  switch (dt) {
+    case DType::F32: fn(float{}); return;
+    case DType::BF16: fn(uint16_t{}); return;
+    case DType::E4M3:
+    case DType::E5M2: break;  // FP8 is a GEMM operand format, not a compute dtype
+  }
+  FATAL("CPU backend: no kernels for dtype %d", (int)dt);
 }
 
 // n values of storage type T (at src, consecutive) as fp32 into dst.

@@ -2,6 +2,9 @@
 //
 // Forward: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:], summed in fp32 and rounded once; rows in
 // parallel.
+// Vocabulary-parallel (tensor parallelism): wte holds rows [first, first + rows) of the table, a
+// token outside them reads zeros and receives no gradient, and wpe may be absent (only one
+// rank of the group adds the positions before the partial embeddings are summed).
 // Backward: dwte[token] += dout and dwpe[t] += sum_b dout. Several rows may hit the same token,
 // so rows cannot be split between threads without racing. Instead the channels are split: a
 // thread owns a fixed slice of columns of dwte and dwpe and walks all rows in order, so every
@@ -16,22 +19,23 @@ constexpr int kChannelChunk = 64;  // columns per task in the backward
 
 template <typename Elem>
 void encoder_forward_typed(Elem* out, const int* tokens, const Elem* wte, const Elem* wpe, int B,
-                           int T, int C) {
+                           int T, int C, int first, int rows) {
   const int N = B * T;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > CPU_PARALLEL_MIN)
   for (int n = 0; n < N; n++) {
-    const int token = tokens[n];
-    const int t = n % T;
-    const Elem* w = wte + (size_t)token * C;
-    const Elem* p = wpe + (size_t)t * C;
+    const int row = tokens[n] - first;
+    const bool mine = row >= 0 && row < rows;
+    const Elem* w = wte + (size_t)row * C;
+    const Elem* p = wpe + (size_t)(n % T) * C;
     Elem* o = out + (size_t)n * C;
-    for (int c = 0; c < C; c++) store(o, c, load(w, c) + load(p, c));
+    for (int c = 0; c < C; c++)
+      store(o, c, (mine ? load(w, c) : 0.0f) + (wpe ? load(p, c) : 0.0f));
   }
 }
 
 template <typename Elem>
 void encoder_backward_typed(float* dwte, float* dwpe, const Elem* dout, const int* tokens, int B,
-                            int T, int C) {
+                            int T, int C, int first, int rows) {
   const int chunks = (int)ceil_div(C, kChannelChunk);
 #pragma omp parallel for schedule(static) if ((size_t)B * T * C > CPU_PARALLEL_MIN)
   for (int chunk = 0; chunk < chunks; chunk++) {
@@ -41,12 +45,14 @@ void encoder_backward_typed(float* dwte, float* dwpe, const Elem* dout, const in
       for (int t = 0; t < T; t++) {
         const size_t n = (size_t)b * T + t;
         const Elem* d = dout + n * C;
-        float* gw = dwte + (size_t)tokens[n] * C;
-        float* gp = dwpe + (size_t)t * C;
-        for (int c = c0; c < c1; c++) {
-          const float g = load(d, c);
-          gw[c] += g;
-          gp[c] += g;
+        const int row = tokens[n] - first;
+        if (row >= 0 && row < rows) {
+          float* gw = dwte + (size_t)row * C;
+          for (int c = c0; c < c1; c++) gw[c] += load(d, c);
+        }
+        if (dwpe) {
+          float* gp = dwpe + (size_t)t * C;
+          for (int c = c0; c < c1; c++) gp[c] += load(d, c);
         }
       }
     }
@@ -57,20 +63,22 @@ void encoder_backward_typed(float* dwte, float* dwpe, const Elem* dout, const in
 }  // namespace cpu
 
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s) {
+                     int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
   for (int n = 0; n < B * T; n++)
     CHECK(tokens[n] >= 0, "encoder_forward: token %d at %d", tokens[n], n);
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    cpu::encoder_forward_typed((S*)out, tokens, (const S*)wte, (const S*)wpe, B, T, C);
+    cpu::encoder_forward_typed((S*)out, tokens, (const S*)wte, (const S*)wpe, B, T, C,
+                               vocab_first, vocab_rows);
   });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
-                      int C, DType dt, Stream s) {
+                      int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    cpu::encoder_backward_typed(dwte, dwpe, (const S*)dout, tokens, B, T, C);
+    cpu::encoder_backward_typed(dwte, dwpe, (const S*)dout, tokens, B, T, C, vocab_first,
+                                vocab_rows);
   });
 }
 

@@ -111,3 +111,14 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
 }
 
 }  // namespace ops
+
+namespace ops {
+
+void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stream s) {
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    cpu::matmul_backward_bias(dbias, (const S*)dout, N, OC);
+  });
+}
+
+}  // namespace ops

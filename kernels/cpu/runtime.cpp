@@ -125,6 +125,7 @@ float event_elapsed_ms(Event start, Event end) {
 }
 
 const char* attention_impl_name(Stream s) { return "cpu"; }
+void* native_stream(Stream s) { return nullptr; }
 void range_push(const char* name) {}
 void range_pop() {}
 

@@ -74,8 +74,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 //   dispatch_dtype(dt, [&](auto tag) { using T = decltype(tag); my_kernel<T><<<...>>>(...); });
 template <typename Fn>
 inline void dispatch_dtype(DType dt, Fn&& fn) {
-  if (dt == DType::F32) fn(float{});
-  else fn(__nv_bfloat16{});
+  switch (dt) {
+    case DType::F32: fn(float{}); return;
+    case DType::BF16: fn(__nv_bfloat16{}); return;
+    case DType::E4M3:
+    case DType::E5M2: break;  // FP8 is a GEMM operand format, not a compute dtype
+  }
+  FATAL("CUDA backend: no kernels for dtype %d", (int)dt);
 }
 
 // 16 bytes of T, loaded and stored as one int4: 4 floats or 8 bf16.
@@ -139,7 +144,8 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[W]) {
   }
 }
 
-// GELU, tanh approximation (REFERENCE.md section 2), and its derivative, in fp32. Shared by the
+// GELU, GPT-2's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its
+// derivative, in fp32. Shared by the
 // standalone GELU kernels and the hand-written GEMM epilogues.
 __device__ __forceinline__ float gelu(float x) {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // sqrt(2/pi) (x + c x^3)

@@ -4,6 +4,11 @@
 // (4 floats or 8 bf16), grid-stride; rows whose width C is not a multiple of the pack (or
 // pointers not 16-byte aligned) take the same kernel with a pack of one element.
 //
+// Vocabulary-parallel form (tensor parallelism): wte holds only the rows [first, first + rows)
+// of the table. A token outside them reads zeros in the forward and is skipped by the backward
+// (its run of the sorted order is simply not written); wpe / dwpe == nullptr leave the positions
+// out. The defaults (first 0, rows kAllVocabRows) make every token local.
+//
 // Backward, deterministic and without float atomics:
 //   dwpe[t,:] += sum_b dout[b,t,:]   one thread per (t, pack of channels), summing b = 0..B-1 in
 //                                    order, then one read-modify-write of dwpe.
@@ -16,7 +21,7 @@
 //        the adds, to keep several loads in flight on long runs of frequent tokens), then lane 0
 //        adds the lanes' sums in lane order and does the read-modify-write of dwte.
 //   The summation order depends only on the tokens, B, T, C and the dtype, never on timing or on
-//   the grid size, so two calls give bitwise equal results.
+//   the grid size, so two calls give bitwise equal results. The row of dwte is token - first.
 #include <cub/cub.cuh>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -45,10 +50,18 @@ int grid_for(size_t work, int threads, size_t max_blocks = 1 << 16) {
 // ---------------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------------
+// The rows [first, first + rows) of the vocabulary that this wte holds.
+struct VocabRange {
+  int first, rows;
+  __device__ __forceinline__ bool holds(int token) const {
+    return token >= first && token - first < rows;
+  }
+};
+
 template <typename T, int W>
 __global__ void encoder_forward_kernel(T* __restrict__ out, const int* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe,
-                                       int N, int seq_len, int C) {
+                                       int N, int seq_len, int C, VocabRange vocab) {
   const size_t packs_per_row = C / W;
   const size_t total = (size_t)N * packs_per_row;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -56,11 +69,15 @@ __global__ void encoder_forward_kernel(T* __restrict__ out, const int* __restric
     size_t n = i / packs_per_row;
     int c = (int)(i % packs_per_row) * W;
     int t = (int)(n % seq_len);
-    float a[W], b[W];
-    load_floats<W>(a, wte + (size_t)tokens[n] * C + c);
-    load_floats<W>(b, wpe + (size_t)t * C + c);
+    const int token = tokens[n];
+    float a[W] = {};
+    if (vocab.holds(token)) load_floats<W>(a, wte + (size_t)(token - vocab.first) * C + c);
+    if (wpe) {
+      float b[W];
+      load_floats<W>(b, wpe + (size_t)t * C + c);
 #pragma unroll
-    for (int k = 0; k < W; k++) a[k] += b[k];
+      for (int k = 0; k < W; k++) a[k] += b[k];
+    }
     store_floats<W>(out + n * C + c, a);
   }
 }
@@ -118,13 +135,14 @@ __device__ void sum_run_rows(float (&sum)[W], const T* dout, const int* sorted_t
 }
 
 // One block per run of equal tokens; blocks loop over the sorted positions and skip those that
-// do not start a run. Threads: lane = tid / packs_here, pack = tid % packs_here; the channel
+// do not start a run, and the runs of tokens outside this wte's rows. Threads: lane = tid / packs_here, pack = tid % packs_here; the channel
 // loop `base` is block-uniform so that every thread reaches the __syncthreads.
 template <typename T, int W>
 __global__ void __launch_bounds__(kWteThreads)
     encoder_backward_wte_kernel(float* __restrict__ dwte, const T* __restrict__ dout,
                                 const int* __restrict__ sorted_tokens,
-                                const int* __restrict__ sorted_rows, int N, int C) {
+                                const int* __restrict__ sorted_rows, int N, int C,
+                                VocabRange vocab) {
   __shared__ float lane_sums[kWteThreads * W];
   const int packs_per_row = C / W;
   const int packs_here = packs_per_row < kWteThreads ? packs_per_row : kWteThreads;
@@ -134,6 +152,8 @@ __global__ void __launch_bounds__(kWteThreads)
   for (int start = blockIdx.x; start < N; start += gridDim.x) {
     const int token = sorted_tokens[start];
     if (start > 0 && sorted_tokens[start - 1] == token) continue;  // block-uniform
+    if (!vocab.holds(token)) continue;                              // block-uniform
+    float* dwte_row = dwte + (size_t)(token - vocab.first) * C;
     for (int base = 0; base < packs_per_row; base += packs_here) {
       const int pack = base + threadIdx.x % packs_here;
       const bool active = has_lane && pack < packs_per_row;
@@ -149,7 +169,7 @@ __global__ void __launch_bounds__(kWteThreads)
         for (int l = 1; l < lanes; l++)
 #pragma unroll
           for (int k = 0; k < W; k++) sum[k] += lane_sums[(l * packs_here + threadIdx.x) * W + k];
-        add_to_fp32<W>(dwte + (size_t)token * C + pack * W, sum);
+        add_to_fp32<W>(dwte_row + pack * W, sum);
       }
       __syncthreads();  // lane_sums is reused by the next pack group or run
     }
@@ -181,12 +201,14 @@ SortScratch sort_scratch(Stream s, int N) {
 
 template <typename T, int W>
 void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* tokens, int B,
-                            int seq_len, int C, Stream s) {
+                            int seq_len, int C, VocabRange vocab, Stream s) {
   const int N = B * seq_len;
-  const size_t wpe_work = (size_t)seq_len * (C / W);
-  encoder_backward_wpe_kernel<T, W><<<grid_for(wpe_work, kThreads), kThreads, 0, s->stream>>>(
-      dwpe, dout, B, seq_len, C);
-  LAUNCH_CHECK();
+  if (dwpe) {
+    const size_t wpe_work = (size_t)seq_len * (C / W);
+    encoder_backward_wpe_kernel<T, W><<<grid_for(wpe_work, kThreads), kThreads, 0, s->stream>>>(
+        dwpe, dout, B, seq_len, C);
+    LAUNCH_CHECK();
+  }
 
   SortScratch sc = sort_scratch(s, N);
   iota_kernel<<<grid_for(N, kThreads), kThreads, 0, s->stream>>>(sc.rows, N);
@@ -196,16 +218,17 @@ void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* 
                                              s->stream));
   const int blocks = N < kWteMaxBlocks ? N : kWteMaxBlocks;
   encoder_backward_wte_kernel<T, W><<<blocks, kWteThreads, 0, s->stream>>>(
-      dwte, dout, sc.sorted_tokens, sc.sorted_rows, N, C);
+      dwte, dout, sc.sorted_tokens, sc.sorted_rows, N, C, vocab);
   LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s) {
+                     int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
   const int N = B * T;
   if (N == 0 || C == 0) return;
+  const VocabRange vocab{vocab_first, vocab_rows};
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     constexpr int P = Pack128<S>::size;
@@ -216,27 +239,28 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
     if (vec) {
       size_t work = (size_t)N * (C / P);
       encoder_forward_kernel<S, P><<<grid_for(work, kThreads), kThreads, 0, s->stream>>>(
-          o, tokens, e, p, N, T, C);
+          o, tokens, e, p, N, T, C, vocab);
     } else {
       size_t work = (size_t)N * C;
       encoder_forward_kernel<S, 1><<<grid_for(work, kThreads), kThreads, 0, s->stream>>>(
-          o, tokens, e, p, N, T, C);
+          o, tokens, e, p, N, T, C, vocab);
     }
     LAUNCH_CHECK();
   });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
-                      int C, DType dt, Stream s) {
+                      int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
   if (B * T == 0 || C == 0) return;
+  const VocabRange vocab{vocab_first, vocab_rows};
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     constexpr int P = Pack128<S>::size;
     // The vector path reads 16-byte packs of dout and W consecutive floats of dwte/dwpe.
     const bool vec = C % P == 0 && aligned16(dout);
     auto* d = static_cast<const S*>(dout);
-    if (vec) encoder_backward_typed<S, P>(dwte, dwpe, d, tokens, B, T, C, s);
-    else encoder_backward_typed<S, 1>(dwte, dwpe, d, tokens, B, T, C, s);
+    if (vec) encoder_backward_typed<S, P>(dwte, dwpe, d, tokens, B, T, C, vocab, s);
+    else encoder_backward_typed<S, 1>(dwte, dwpe, d, tokens, B, T, C, vocab, s);
   });
 }
 

@@ -46,6 +46,20 @@
 // sit at arbitrary offsets inside one parameter buffer). Split-K is restricted to fp32 partials
 // reduced in a fixed order, so results are deterministic and bf16 outputs are rounded once.
 //
+// FP8 (ops::gemm_fp8, its own section below). Both operands FP8 and K-contiguous, which is the
+// "TN" form cuBLASLt demands of FP8 on sm_89/sm_90 ("A must be transposed and B
+// non-transposed"). CUBLAS_COMPUTE_32F with scale type fp32; the per-tensor dequantisation
+// scales (scale_inv, on the device, so no host sync) go in as CUBLASLT_MATMUL_DESC_A/B_SCALE_
+// POINTER, which cuBLASLt applies to the product (D = scale_a scale_b (A.B) [+ beta C]). D is
+// bf16 (C bf16, beta 0) or, with accumulate, fp32 with C = D and beta = 1, a combination the
+// cuBLASLt FP8 type table lists (C and D CUDA_R_32F); should the heuristic still find nothing
+// for it, the product goes into fp32 scratch and add_inplace adds it. CUBLASLT_MATMUL_DESC_
+// FAST_ACCUM is left at its default (0, off) for every FP8 GEMM: the fast mode is documented
+// only as a flag, without a bound on its error, and the backward GEMMs must not use it. M, N
+// and K must be multiples of 16 (FP8 tensor-core kernels want 16-byte-aligned leading dims;
+// the trainer refuses other shapes). No epilogue: bias, GELU and bias gradient stay separate
+// kernels in the FP8 path (ops::bias_backward, kernels/cuda/bias_grad.cu).
+//
 // FLOPs per call: forward 2*N*C*OC; backward 4*N*C*OC (2*N*C*OC without dinp).
 #include <algorithm>
 #include <array>
@@ -169,103 +183,6 @@ void launch_dgelu(void* dinp, const void* gelu_input, size_t n, DType dt, Stream
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bias-gradient reduction: dbias[c] += sum_n dout[n, c], fp32, deterministic.
-// Pass 1: a grid of (column slabs) x (row chunks). A block is 8 warps; lane l of every warp owns
-// one 16-byte pack of columns (8 bf16 or 4 fp32), so a warp reads 512 contiguous bytes of a row;
-// warp w takes rows w, w+8, ... of the chunk. The 8 warps' sums meet in shared memory in a fixed
-// order and the chunk's sums go to partial[chunk][c]. Pass 2: one thread per column adds its
-// chunks, in order, to dbias. Chunks are sized from the shape and the SM count only, so the
-// summation order, hence the result, is the same on every call.
-// ---------------------------------------------------------------------------------------------
-constexpr int kBiasWarps = 8;
-constexpr int kBiasMinRowsPerChunk = 4 * kBiasWarps;
-
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(32 * kBiasWarps)
-    bias_grad_partial_kernel(float* partial, const T* dout, int N, int OC, int rows_per_chunk) {
-  constexpr int P = Pack128<T>::size;
-  __shared__ float sums[kBiasWarps][32 * P];  // [warp][i * 32 + lane]: column lane * P + i
-  const int lane = threadIdx.x, warp = threadIdx.y;
-  const int col0 = (blockIdx.x * 32 + lane) * P;
-  const int row_end = min(N, (int)blockIdx.y * rows_per_chunk + rows_per_chunk);
-  float acc[P] = {};
-  if (col0 < OC) {
-    for (int row = blockIdx.y * rows_per_chunk + warp; row < row_end; row += kBiasWarps) {
-      const T* p = dout + (size_t)row * OC + col0;
-      if constexpr (kVec) {
-        Pack128<T> v = load128cs(p);
-#pragma unroll
-        for (int i = 0; i < P; i++) acc[i] += to_float(v[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < P; i++)
-          if (col0 + i < OC) acc[i] += to_float(p[i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < P; i++) sums[warp][i * 32 + lane] = acc[i];
-  __syncthreads();
-  for (int j = warp * 32 + lane; j < 32 * P; j += 32 * kBiasWarps) {
-    int col = blockIdx.x * 32 * P + (j % 32) * P + j / 32;
-    if (col >= OC) continue;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kBiasWarps; w++) sum += sums[w][j];
-    partial[(size_t)blockIdx.y * OC + col] = sum;
-  }
-}
-
-__global__ void bias_grad_finish_kernel(float* dbias, const float* partial, int chunks, int OC) {
-  int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= OC) return;
-  float sum = 0.0f;
-  for (int c = 0; c < chunks; c++) sum += partial[(size_t)c * OC + col];
-  dbias[col] += sum;
-}
-
-struct BiasReduction {
-  int chunks;          // row chunks = blocks along y = rows of `partial`
-  int rows_per_chunk;
-  int column_blocks;
-};
-
-// About four blocks per SM, each chunk at least kBiasMinRowsPerChunk rows.
-BiasReduction plan_bias_reduction(int N, int OC, DType dt) {
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int cols_per_block = 32 * (int)(16 / dtype_size(dt));
-  BiasReduction r;
-  r.column_blocks = (int)ceil_div(OC, cols_per_block);
-  int wanted = (int)ceil_div(4 * sms, r.column_blocks);
-  int most = (int)ceil_div(N, kBiasMinRowsPerChunk);
-  r.chunks = std::max(1, std::min(wanted, most));
-  r.rows_per_chunk = (int)ceil_div(N, r.chunks);
-  r.chunks = (int)ceil_div(N, r.rows_per_chunk);  // no empty chunk
-  return r;
-}
-
-void launch_bias_grad_finish(float* dbias, const float* partial, int chunks, int OC, Stream s) {
-  bias_grad_finish_kernel<<<(unsigned)ceil_div(OC, 256), 256, 0, s->stream>>>(dbias, partial,
-                                                                              chunks, OC);
-  LAUNCH_CHECK();
-}
-
-void launch_bias_grad(float* dbias, float* partial, const BiasReduction& r, const void* dout,
-                      int N, int OC, DType dt, Stream s) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    bool vec = OC % Pack128<T>::size == 0 && aligned16(dout);
-    auto kernel = vec ? bias_grad_partial_kernel<T, true> : bias_grad_partial_kernel<T, false>;
-    dim3 grid(r.column_blocks, r.chunks), block(32, kBiasWarps);
-    kernel<<<grid, block, 0, s->stream>>>(partial, (const T*)dout, N, OC, r.rows_per_chunk);
-  });
-  LAUNCH_CHECK();
-  launch_bias_grad_finish(dbias, partial, r.chunks, OC, s);
-}
-
-// ---------------------------------------------------------------------------------------------
 // cuBLASLt: one GEMM, its descriptors and its cached algorithm
 // ---------------------------------------------------------------------------------------------
 // D (m x n) = op(A) (m x k) . op(B) (k x n) [+ beta C], then the epilogue; column-major.
@@ -281,15 +198,27 @@ struct Gemm {
   void* d = nullptr;
   int ldd = 0;
   float beta = 0.0f;
-  cudaDataType_t ab_type = CUDA_R_32F, cd_type = CUDA_R_32F;
+  cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, cd_type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;  // BIAS: the bias (length m, type cd_type); BGRADB: its output (n)
   const void* aux = nullptr;   // GELU_AUX: pre-activation written; DGELU: pre-activation read
   int64_t aux_ld = 0;
+  // FP8 only: device pointers to the dequantisation scales cuBLASLt multiplies A and B by
+  // (fp32, the compute type); nullptr: 1.
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
-cudaDataType_t cuda_type(DType dt) { return dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::E4M3: return CUDA_R_8F_E4M3;
+    case DType::E5M2: return CUDA_R_8F_E5M2;
+  }
+  FATAL("cuBLASLt: no CUDA type for dtype %d", (int)dt);
+}
 cublasComputeType_t compute_type(DType dt, Stream s) {
   return dt == DType::F32 && s->options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                    : CUBLAS_COMPUTE_32F;
@@ -303,7 +232,7 @@ uint32_t alignment_of(const void* p) {
   return alignment;
 }
 
-typedef std::array<int64_t, 24> AlgoKey;
+typedef std::array<int64_t, 26> AlgoKey;
 struct CachedAlgo {
   bool found = false;
   cublasLtMatmulAlgo_t algo = {};
@@ -314,9 +243,10 @@ AlgoKey algo_key(const Gemm& g, size_t workspace_bytes) {
   CUDA_CHECK(cudaGetDevice(&device));
   const void* c = g.c ? g.c : g.d;
   return AlgoKey{device, g.op_a, g.op_b, g.m, g.n, g.k, g.lda, g.ldb, g.c ? g.ldc : g.ldd, g.ldd,
-                 g.ab_type, g.cd_type, g.compute, g.epilogue, g.aux_ld, alignment_of(g.a),
-                 alignment_of(g.b), alignment_of(c), alignment_of(g.d), alignment_of(g.bias),
-                 alignment_of(g.aux), (int64_t)workspace_bytes, g.c != nullptr, 0};
+                 g.a_type, g.b_type, g.cd_type, g.compute, g.epilogue, g.aux_ld,
+                 alignment_of(g.a), alignment_of(g.b), alignment_of(c), alignment_of(g.d),
+                 alignment_of(g.bias), alignment_of(g.aux), (int64_t)workspace_bytes,
+                 g.c != nullptr, g.a_scale != nullptr || g.b_scale != nullptr, 0};
 }
 
 class LtGemm {
@@ -334,11 +264,13 @@ class LtGemm {
       set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
       set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
     }
+    if (g.a_scale) set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale);
+    if (g.b_scale) set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale);
     bool a_n = g.op_a == CUBLAS_OP_N, b_n = g.op_b == CUBLAS_OP_N;
     CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&a_, g.ab_type, a_n ? g.m : g.k, a_n ? g.k : g.m, g.lda));
+        cublasLtMatrixLayoutCreate(&a_, g.a_type, a_n ? g.m : g.k, a_n ? g.k : g.m, g.lda));
     CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&b_, g.ab_type, b_n ? g.k : g.n, b_n ? g.n : g.k, g.ldb));
+        cublasLtMatrixLayoutCreate(&b_, g.b_type, b_n ? g.k : g.n, b_n ? g.n : g.k, g.ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, g.cd_type, g.m, g.n, g.c ? g.ldc : g.ldd));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, g.cd_type, g.m, g.n, g.ldd));
     found_ = find_algorithm();
@@ -451,7 +383,7 @@ Gemm forward_gemm(void* out, const void* inp, const void* weight, int N, int C, 
   g.a = weight, g.lda = C;
   g.b = inp, g.ldb = C;
   g.d = out, g.ldd = OC;
-  g.ab_type = g.cd_type = cuda_type(dt);
+  g.a_type = g.b_type = g.cd_type = cuda_type(dt);
   g.compute = compute_type(dt, s);
   return g;
 }
@@ -463,7 +395,7 @@ Gemm input_grad_gemm(void* dinp, const void* dout, const void* weight, int N, in
   g.a = weight, g.lda = C;
   g.b = dout, g.ldb = OC;
   g.d = dinp, g.ldd = C;
-  g.ab_type = g.cd_type = cuda_type(dt);
+  g.a_type = g.b_type = g.cd_type = cuda_type(dt);
   g.compute = compute_type(dt, s);
   return g;
 }
@@ -477,7 +409,7 @@ Gemm weight_grad_gemm(float* dweight, const void* dout, const void* inp, int N, 
   g.c = dweight, g.ldc = C;
   g.d = dweight, g.ldd = C;
   g.beta = 1.0f;  // accumulate
-  g.ab_type = cuda_type(dt);
+  g.a_type = g.b_type = cuda_type(dt);
   g.cd_type = CUDA_R_32F;
   g.compute = compute_type(dt, s);
   return g;
@@ -512,9 +444,8 @@ void weight_and_bias_gradient(float* dweight, float* dbias, const void* dout, co
     run_gemm(g, s);
     return;
   }
-  // Scratch for the partial sums: chunks x OC floats, at least the OC the epilogue writes.
-  BiasReduction reduction = plan_bias_reduction(N, OC, dt);
-  float* partial = (float*)stream_scratch(s, (size_t)reduction.chunks * OC * sizeof(float));
+  // BGRADB writes the bias gradient (it does not accumulate): into scratch, then added.
+  float* partial = (float*)stream_scratch(s, (size_t)OC * sizeof(float));
   if (fits_epilogue({C, OC}, {partial})) {
     Gemm fused = g;
     fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
@@ -522,12 +453,45 @@ void weight_and_bias_gradient(float* dweight, float* dbias, const void* dout, co
     LtGemm gemm(fused, s);
     if (gemm.available()) {
       gemm.run();
-      launch_bias_grad_finish(dbias, partial, 1, OC, s);
+      add_inplace(dbias, partial, OC, s);
       return;
     }
   }
   run_gemm(g, s);
-  launch_bias_grad(dbias, partial, reduction, dout, N, OC, dt, s);
+  bias_backward(dbias, dout, N, OC, dt, s);  // the deterministic reduction (bias_grad.cu)
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 GEMM (ops::gemm_fp8; see "FP8" in the file comment)
+// ---------------------------------------------------------------------------------------------
+// Row-major out (M, N) = a (M, K) . b (N, K)^T is, byte for byte, the column-major
+// out^T (N x M, ld N) = b . a^T with b stored as the column-major K x N (ld K) and a as the
+// column-major K x M (ld K): cuBLASLt's A = b with op T (N x K), B = a with op N (K x M),
+// m = N, n = M, k = K. That is the "TN" form FP8 requires; note that A's scale is b's and B's
+// scale is a's.
+Gemm fp8_gemm(void* out, DType out_dt, const void* a, DType a_fp8, const void* b, DType b_fp8,
+              int M, int N, int K, const float* a_scale_inv, const float* b_scale_inv) {
+  Gemm g;
+  g.op_a = CUBLAS_OP_T, g.op_b = CUBLAS_OP_N;
+  g.m = N, g.n = M, g.k = K;
+  g.a = b, g.lda = K, g.a_type = cuda_type(b_fp8), g.a_scale = b_scale_inv;
+  g.b = a, g.ldb = K, g.b_type = cuda_type(a_fp8), g.b_scale = a_scale_inv;
+  g.d = out, g.ldd = N, g.cd_type = cuda_type(out_dt);
+  g.compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation; FAST_ACCUM left at its default, off
+  return g;
+}
+
+void check_fp8_gemm(const void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+                    const void* b, DType b_fp8, int M, int N, int K) {
+  auto is_fp8 = [](DType t) { return t == DType::E4M3 || t == DType::E5M2; };
+  CHECK(is_fp8(a_fp8) && is_fp8(b_fp8) && !(a_fp8 == DType::E5M2 && b_fp8 == DType::E5M2),
+        "gemm_fp8: operands %s x %s (E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3)",
+        dtype_name(a_fp8), dtype_name(b_fp8));
+  CHECK(out_dt == DType::F32 || (out_dt == DType::BF16 && !accumulate),
+        "gemm_fp8: output %s%s", dtype_name(out_dt), accumulate ? " with accumulate" : "");
+  CHECK(M > 0 && N > 0 && K > 0 && M % 16 == 0 && N % 16 == 0 && K % 16 == 0,
+        "gemm_fp8: M=%d N=%d K=%d must be positive multiples of 16", M, N, K);
+  CHECK(aligned16({out, a, b}), "gemm_fp8: operands must be 16-byte aligned");
 }
 
 void check_shape(const char* op, int N, int C, int OC) {
@@ -582,6 +546,29 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
   check_shape("matmul_backward", N, C, OC);
   if (dinp) input_gradient(dinp, dout, weight, gelu_input, N, C, OC, dt, s);
   weight_and_bias_gradient(dweight, dbias, dout, inp, N, C, OC, dt, s);
+}
+
+void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+              const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
+              const float* b_scale_inv, Stream s) {
+  check_fp8_gemm(out, out_dt, accumulate, a, a_fp8, b, b_fp8, M, N, K);
+  Gemm g = fp8_gemm(out, out_dt, a, a_fp8, b, b_fp8, M, N, K, a_scale_inv, b_scale_inv);
+  if (!accumulate) {
+    run_gemm(g, s);
+    return;
+  }
+  Gemm fused = g;  // D = A.B + 1 * C with C = D = out, fp32
+  fused.c = out, fused.ldc = N, fused.beta = 1.0f;
+  LtGemm gemm(fused, s);
+  if (gemm.available()) {
+    gemm.run();
+    return;
+  }
+  // No FP8 algorithm with an fp32 C: the product into fp32 scratch, then out += scratch.
+  const size_t n = (size_t)M * N;
+  g.d = stream_scratch(s, n * sizeof(float));
+  run_gemm(g, s);
+  add_inplace((float*)out, (const float*)g.d, n, s);
 }
 
 }  // namespace ops

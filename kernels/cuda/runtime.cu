@@ -190,6 +190,8 @@ void* stream_scratch(Stream s, size_t bytes) {
 }
 
 // "auto" until the first attention call on the stream, then the note attention.cu leaves.
+void* native_stream(Stream s) { return s ? (void*)s->stream : nullptr; }
+
 const char* attention_impl_name(Stream s) {
   return s->attention_note[0] ? s->attention_note : "auto";
 }

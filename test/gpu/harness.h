@@ -36,6 +36,9 @@ double check_close(TestContext& ctx, const std::string& what, const float* got, 
 
 // Host helpers: random vectors, NaN poisoning of a device buffer, dtype conversions.
 std::vector<float> random_vector(TestContext& ctx, size_t n, float scale = 1.0f);
+// One named pass/fail check (counted in ctx, printed "ok" or "FAIL"); exact float comparison.
+void expect(TestContext& ctx, bool ok, const std::string& what);
+bool same_bits(float a, float b);
 void poison(void* dev, size_t bytes);  // fills with 0xFF bytes (NaN in fp32 and bf16)
 // Device buffer of `host` values stored as dt (bf16: rounded). Caller frees with ops::release.
 void* to_device(const std::vector<float>& host, DType dt);

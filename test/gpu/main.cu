@@ -39,6 +39,14 @@ double check_close(TestContext& ctx, const std::string& what, const float* got, 
   return rel;
 }
 
+void expect(TestContext& ctx, bool ok, const std::string& what) {
+  ctx.checks++;
+  if (!ok) ctx.failures++;
+  std::printf("  %-48s %s\n", what.c_str(), ok ? "ok" : "FAIL");
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
 std::vector<float> random_vector(TestContext& ctx, size_t n, float scale) {
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<float> v(n);

@@ -28,12 +28,6 @@ float* floats_at(const std::vector<float>& host, size_t offset, void** base) {
   return static_cast<float*>(*base) + offset;
 }
 
-void expect(TestContext& ctx, bool ok, const std::string& what) {
-  ctx.checks++;
-  if (!ok) ctx.failures++;
-  std::printf("  %-48s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-}
-
 size_t count_different_bits(const std::vector<float>& a, const std::vector<float>& b) {
   size_t bad = 0;
   for (size_t i = 0; i < a.size(); i++) bad += std::memcmp(&a[i], &b[i], 4) != 0;

@@ -16,14 +16,6 @@
 
 namespace {
 
-void expect(TestContext& ctx, bool ok, const std::string& what) {
-  ctx.checks++;
-  if (!ok) ctx.failures++;
-  std::printf("  %-48s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-}
-
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
-
 // Host values as dt on the device, `offset` elements into a fresh allocation (see base).
 void* to_device_at(const std::vector<float>& host, size_t offset, DType dt, void** base) {
   std::vector<float> padded(offset, 0.0f);

@@ -13,12 +13,6 @@
 
 namespace {
 
-void expect(TestContext& ctx, bool ok, const std::string& what) {
-  ctx.checks++;
-  if (!ok) ctx.failures++;
-  std::printf("  %-48s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-}
-
 std::vector<unsigned char> random_bytes(TestContext& ctx, size_t n) {
   std::uniform_int_distribution<int> byte(0, 255);
   std::vector<unsigned char> v(n);

@@ -1,0 +1,107 @@
+// kernels/cpu/fp8.cpp - FP8 on the CPU, exactly as the GPU rounds it: amax, the scale update of
+// the current and delayed recipes, the scaled cast (with its transposed copy), and the FP8 GEMM.
+//
+// Every FP8 value goes through kernels/fp8.h (round to nearest even, saturating), so the cast is
+// bit-identical to the GPU's. The GEMM decodes both operands to fp32 (exact: every FP8 value is
+// an fp32 value), runs the fp32 GEMM of kernels/cpu/gemm.h and applies the two dequantisation
+// scales in the epilogue; the sums over k run in another order than on the tensor cores, so the
+// GEMM matches the GPU within fp32 accumulation rounding, not bit for bit.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/fp8.h"
+
+namespace ops {
+namespace cpu {
+namespace {
+
+template <typename T>
+float amax_typed(const T* x, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    const float a = std::fabs(load(x, i));
+    if (a > m || std::isnan(a)) m = a;  // NaN propagates (a diverged tensor must show)
+    if (std::isnan(m)) break;
+  }
+  return m;
+}
+
+// All n FP8 codes of `src` decoded to fp32 (a 256-entry table: one lookup per element).
+std::vector<float> decode_fp8(const void* src, DType fmt, size_t n) {
+  float table[256];
+  for (int c = 0; c < 256; c++) table[c] = fp8_to_f32((uint8_t)c, fmt);
+  std::vector<float> out(n);
+  const uint8_t* p = (const uint8_t*)src;
+#pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+  for (size_t i = 0; i < n; i++) out[i] = table[p[i]];
+  return out;
+}
+
+}  // namespace
+}  // namespace cpu
+
+bool device_supports_fp8() { return true; }
+
+void amax(float* out, const void* x, size_t n, DType dt, Stream s) {
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    *out = cpu::amax_typed((const S*)x, n);
+  });
+}
+
+void fp8_update_scale(float* scale, float* scale_inv, float* history, int history_len,
+                      const float* amax, float fp8_max, int margin, Stream s) {
+  float a = *amax;
+  if (history_len > 0) {
+    float past = 0.0f;
+    for (int i = 0; i < history_len; i++) past = std::fmax(past, history[i]);
+    if (past > 0.0f) a = past;
+    for (int i = history_len - 1; i > 0; i--) history[i] = history[i - 1];
+    history[0] = *amax;
+  }
+  const float sc = std::isfinite(a) && a > 0.0f ? fp8_max / a / std::ldexp(1.0f, margin) : 1.0f;
+  *scale = sc;
+  *scale_inv = 1.0f / sc;
+}
+
+void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int rows, int cols,
+              const float* scale, Stream s) {
+  CHECK(out || out_t, "fp8_cast: no output");
+  const float sc = *scale;
+  uint8_t* o = (uint8_t*)out;
+  uint8_t* ot = (uint8_t*)out_t;
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    const S* in = (const S*)x;
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols > CPU_PARALLEL_MIN)
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) {
+        const uint8_t q = f32_to_fp8(cpu::load(in, (size_t)r * cols + c) * sc, fp8);
+        if (o) o[(size_t)r * cols + c] = q;
+        if (ot) ot[(size_t)c * rows + r] = q;
+      }
+  });
+}
+
+void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+              const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
+              const float* b_scale_inv, Stream s) {
+  CHECK(out_dt == DType::F32 || (out_dt == DType::BF16 && !accumulate),
+        "gemm_fp8: output %s%s", dtype_name(out_dt), accumulate ? " with accumulate" : "");
+  const std::vector<float> A = cpu::decode_fp8(a, a_fp8, (size_t)M * K);
+  const std::vector<float> B = cpu::decode_fp8(b, b_fp8, (size_t)N * K);
+  const cpu::MatrixRef am{A.data(), DType::F32, (size_t)K, 1};
+  const cpu::MatrixRef bm{B.data(), DType::F32, 1, (size_t)K};  // B^T: (K, N) view
+  const float sa = *a_scale_inv, sb = *b_scale_inv;
+  cpu::gemm(s, am, bm, M, N, K, [&](int row, int col0, const float* sums, int ncols) {
+    for (int j = 0; j < ncols; j++) {
+      const float y = sums[j] * sa * sb;
+      const size_t at = (size_t)row * N + col0 + j;
+      if (out_dt == DType::F32) ((float*)out)[at] = accumulate ? ((float*)out)[at] + y : y;
+      else ((uint16_t*)out)[at] = f32_to_bf16(y);
+    }
+  });
+}
+
+}  // namespace ops

@@ -1,0 +1,136 @@
+// kernels/cpu/moe_router.cpp - the mixture-of-experts router, CPU backend (contracts in
+// kernels/ops_decls.h): from the router logits z (N,E), fp32 throughout,
+//   forward:  p = softmax(z), lse = logsumexp(z), the top_k experts of each token (chosen on z,
+//             decreasing, ties to the lower index) and their gates (p renormalised over the
+//             chosen experts when top_k > 1, the raw p when top_k == 1);
+//   backward: dz through the gates, the load-balancing loss' dp and the z-loss, per row;
+//   aux loss: per sequence, the fraction of slots routed to each expert f and the mean p P,
+//             aux = E * sum_e f_e P_e, and its gradient w.r.t. p.
+//
+// Parallelism: token rows in parallel (sequences for the aux loss). Every row is computed the
+// same way on any thread count, so results are bitwise the same for any number of threads.
+#include <cmath>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace ops {
+namespace cpu {
+namespace {
+
+// True when expert a (logit za) ranks before expert b (logit zb): larger logit, then lower index.
+inline bool ranks_before(float za, int a, float zb, int b) {
+  return za > zb || (za == zb && a < b);
+}
+
+// One token: softmax, lse, then top_k rounds of "the best expert ranking after the previous
+// pick" (no list of chosen experts needed: each pick ranks strictly after the one before).
+void router_forward_row(const float* z, int E, int top_k, int* expert, float* gate, float* p,
+                        float* lse) {
+  float m = -INFINITY;
+  for (int e = 0; e < E; e++) m = std::max(m, z[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < E; e++) sum += p[e] = std::exp(z[e] - m);
+  for (int e = 0; e < E; e++) p[e] /= sum;
+  *lse = m + std::log(sum);
+  int prev = -1;
+  for (int j = 0; j < top_k; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      const bool after_prev = prev < 0 || ranks_before(z[prev], prev, z[e], e);
+      if (after_prev && (best < 0 || ranks_before(z[e], e, z[best], best))) best = e;
+    }
+    expert[j] = best;
+    gate[j] = p[best];
+    prev = best;
+  }
+  if (top_k > 1) {
+    float S = 0.0f;
+    for (int j = 0; j < top_k; j++) S += gate[j];
+    for (int j = 0; j < top_k; j++) gate[j] = gate[j] / S;
+  }
+}
+
+// dp_e of one row for expert e: the aux term plus, if e was chosen, the gate term (ops_decls.h).
+inline float router_dp(int e, const float* dprobs_aux, const int* expert, const float* dgate,
+                       int top_k, float S, float G) {
+  float dp = dprobs_aux ? dprobs_aux[e] : 0.0f;
+  for (int j = 0; j < top_k; j++)
+    if (expert[j] == e) dp += top_k == 1 ? dgate[0] : (dgate[j] - G) / S;
+  return dp;
+}
+
+void router_backward_row(float* dz, const float* p, const int* expert, const float* gate,
+                         const float* dgate, const float* dprobs_aux, float lse, float z_coef,
+                         int E, int top_k) {
+  float S = 0.0f, G = 0.0f;
+  for (int j = 0; j < top_k; j++) {
+    S += p[expert[j]];
+    G += dgate[j] * gate[j];
+  }
+  float dot = 0.0f;  // sum_f p_f dp_f
+  for (int e = 0; e < E; e++) dot += p[e] * router_dp(e, dprobs_aux, expert, dgate, top_k, S, G);
+  const float zl = 2.0f * z_coef * lse;
+  for (int e = 0; e < E; e++) {
+    const float dp = router_dp(e, dprobs_aux, expert, dgate, top_k, S, G);
+    dz[e] = p[e] * (dp - dot) + zl * p[e];
+  }
+}
+
+// One sequence of T tokens: counts and sums of p per expert (in token order), aux, gradient.
+// `fP` is E floats of scratch.
+void aux_loss_sequence(float* aux, float* dprobs_aux, const int* expert, const float* probs,
+                       float aux_coef, int B, int T, int E, int top_k, float* fP) {
+  float total = 0.0f;
+  for (int e = 0; e < E; e++) {
+    int count = 0;
+    float psum = 0.0f;
+    for (int t = 0; t < T; t++) {
+      for (int j = 0; j < top_k; j++) count += expert[(size_t)t * top_k + j] == e;
+      psum += probs[(size_t)t * E + e];
+    }
+    fP[e] = (float)count / ((float)T * top_k);  // f_e
+    total += fP[e] * (psum / (float)T);
+  }
+  *aux = (float)E * total;
+  if (!dprobs_aux) return;
+  for (int e = 0; e < E; e++) fP[e] = aux_coef * (float)E * fP[e] / ((float)T * (float)B);
+  for (int t = 0; t < T; t++)
+    for (int e = 0; e < E; e++) dprobs_aux[(size_t)t * E + e] = fP[e];
+}
+
+}  // namespace
+}  // namespace cpu
+
+void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
+                        float* probs, float* lse, Stream s) {
+  if (top_k < 1 || top_k > E) FATAL("moe_router_forward: top_k %d not in [1, E = %d]", top_k, E);
+#pragma omp parallel for schedule(static) if ((size_t)N * E > CPU_PARALLEL_MIN)
+  for (long n = 0; n < (long)N; n++)
+    cpu::router_forward_row(logits + (size_t)n * E, E, top_k, expert + (size_t)n * top_k,
+                            gate + (size_t)n * top_k, probs + (size_t)n * E, lse + n);
+}
+
+void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
+                         const float* dgate, const float* dprobs_aux, const float* lse,
+                         float z_coef, int N, int E, int top_k, Stream s) {
+#pragma omp parallel for schedule(static) if ((size_t)N * E > CPU_PARALLEL_MIN)
+  for (long n = 0; n < (long)N; n++) {
+    const size_t r = (size_t)n * E, rk = (size_t)n * top_k;
+    cpu::router_backward_row(dlogits + r, probs + r, expert + rk, gate + rk, dgate + rk,
+                             dprobs_aux ? dprobs_aux + r : nullptr, lse[n], z_coef, E, top_k);
+  }
+}
+
+void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
+                  float aux_coef, int B, int T, int E, int top_k, Stream s) {
+  cpu::Scratch scratch(nullptr, (size_t)B * E);  // own buffer: rows of fP, one per sequence
+#pragma omp parallel for schedule(static) if ((size_t)B * T * E > CPU_PARALLEL_MIN)
+  for (long b = 0; b < (long)B; b++) {
+    const size_t r = (size_t)b * T;
+    cpu::aux_loss_sequence(aux + b, dprobs_aux ? dprobs_aux + r * E : nullptr,
+                           expert + r * top_k, probs + r * E, aux_coef, B, T, E, top_k,
+                           scratch.data() + (size_t)b * E);
+  }
+}
+
+}  // namespace ops

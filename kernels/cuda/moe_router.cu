@@ -1,0 +1,184 @@
+// kernels/cuda/moe_router.cu - the mixture-of-experts router, CUDA backend (contracts in
+// kernels/ops_decls.h): from the router logits z (N,E), fp32 throughout,
+//   forward:  p = softmax(z), lse = logsumexp(z), the top_k experts of each token (chosen on z,
+//             decreasing, ties to the lower index) and their gates (p renormalised over the
+//             chosen experts when top_k > 1, the raw p when top_k == 1);
+//   backward: dz through the gates, the load-balancing loss' dp and the z-loss, per row;
+//   aux loss: per sequence, the fraction of slots routed to each expert f and the mean p P,
+//             aux = E * sum_e f_e P_e, and its gradient w.r.t. p.
+// The same formulas and the same per-row order of the small sums over slots as the CPU backend
+// (kernels/cpu/moe_router.cpp); the sums over experts run as warp reductions here.
+//
+// Parallelisation:
+// - forward and backward: one warp per token row (E is small, 8 to a few hundred), 4 rows per
+//   block of 128 threads. Lanes stride over the row's E experts; max, sum and the dot product
+//   are butterfly reductions (__shfl_xor), so every lane holds the same result. Top-k runs
+//   top_k rounds of a warp arg-max over the experts that rank after the previous pick (larger
+//   logit first, then lower index: a total order, so every lane agrees on the winner and no
+//   list of chosen experts is kept). Lane 0 writes the row's experts and gates.
+// - aux loss: one block per sequence; thread e (striding) counts the slots that chose e and sums
+//   p_e over the sequence in token order; one thread then sums E f_e P_e in expert order; then
+//   all threads write the sequence's dprobs_aux rows. No atomics: deterministic run to run.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace ops {
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // warps per block in the row kernels
+constexpr int kAuxThreads = 128;
+
+__device__ __forceinline__ bool ranks_before(float za, int a, float zb, int b) {
+  return za > zb || (za == zb && a < b);
+}
+
+// The expert ranking first among each lane's candidates, reduced over the warp. An empty
+// candidate is idx = -1 (ranks after everything).
+struct Pick {
+  float z;
+  int idx;
+};
+__device__ __forceinline__ Pick better(Pick a, Pick b) {
+  if (a.idx < 0) return b;
+  if (b.idx < 0) return a;
+  return ranks_before(a.z, a.idx, b.z, b.idx) ? a : b;
+}
+__device__ __forceinline__ Pick warp_best(Pick x) {
+  for (int o = 16; o > 0; o >>= 1) {
+    Pick y{__shfl_xor_sync(0xffffffffu, x.z, o), __shfl_xor_sync(0xffffffffu, x.idx, o)};
+    x = better(x, y);
+  }
+  return x;
+}
+
+__global__ void router_forward_kernel(const float* __restrict__ logits, int N, int E, int top_k,
+                                      int* expert, float* gate, float* probs, float* lse) {
+  const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;  // the whole warp leaves together
+  const float* z = logits + (size_t)n * E;
+  float m = -INFINITY;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, z[e]);
+  m = warp_reduce_max(m);
+  float sum = 0.0f;
+  for (int e = lane; e < E; e += 32) sum += expf(z[e] - m);
+  sum = warp_reduce_sum(sum);
+  for (int e = lane; e < E; e += 32) probs[(size_t)n * E + e] = expf(z[e] - m) / sum;
+  if (lane == 0) lse[n] = m + logf(sum);
+  Pick prev{0.0f, -1};
+  float S = 0.0f;
+  for (int j = 0; j < top_k; j++) {
+    Pick best{0.0f, -1};
+    for (int e = lane; e < E; e += 32)
+      if (prev.idx < 0 || ranks_before(prev.z, prev.idx, z[e], e)) best = better(best, {z[e], e});
+    best = warp_best(best);
+    const float p = expf(best.z - m) / sum;  // the same expression as probs[] above
+    S += p;
+    if (lane == 0) {
+      expert[(size_t)n * top_k + j] = best.idx;
+      gate[(size_t)n * top_k + j] = p;
+    }
+    prev = best;
+  }
+  if (lane == 0 && top_k > 1)
+    for (int j = 0; j < top_k; j++) gate[(size_t)n * top_k + j] /= S;
+}
+
+// dp_e of one row for expert e: the aux term plus, if e was chosen, the gate term (ops_decls.h).
+__device__ __forceinline__ float router_dp(int e, const float* dprobs_aux, const int* expert,
+                                           const float* dgate, int top_k, float S, float G) {
+  float dp = dprobs_aux ? dprobs_aux[e] : 0.0f;
+  for (int j = 0; j < top_k; j++)
+    if (expert[j] == e) dp += top_k == 1 ? dgate[0] : (dgate[j] - G) / S;
+  return dp;
+}
+
+__global__ void router_backward_kernel(float* dlogits, const float* __restrict__ probs,
+                                       const int* __restrict__ expert,
+                                       const float* __restrict__ gate,
+                                       const float* __restrict__ dgate,
+                                       const float* __restrict__ dprobs_aux,
+                                       const float* __restrict__ lse, float z_coef, int N, int E,
+                                       int top_k) {
+  const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const float* p = probs + (size_t)n * E;
+  const int* ex = expert + (size_t)n * top_k;
+  const float* dg = dgate + (size_t)n * top_k;
+  const float* da = dprobs_aux ? dprobs_aux + (size_t)n * E : nullptr;
+  float S = 0.0f, G = 0.0f;  // every lane, in slot order (as the CPU does)
+  for (int j = 0; j < top_k; j++) {
+    S += p[ex[j]];
+    G += dg[j] * gate[(size_t)n * top_k + j];
+  }
+  float dot = 0.0f;
+  for (int e = lane; e < E; e += 32) dot += p[e] * router_dp(e, da, ex, dg, top_k, S, G);
+  dot = warp_reduce_sum(dot);
+  const float zl = 2.0f * z_coef * lse[n];
+  for (int e = lane; e < E; e += 32) {
+    const float dp = router_dp(e, da, ex, dg, top_k, S, G);
+    dlogits[(size_t)n * E + e] = p[e] * (dp - dot) + zl * p[e];
+  }
+}
+
+// One block per sequence b; fP (dynamic shared memory, E floats) holds f_e, then the gradient.
+__global__ void aux_loss_kernel(float* aux, float* dprobs_aux, const int* __restrict__ expert,
+                                const float* __restrict__ probs, float aux_coef, int B, int T,
+                                int E, int top_k) {
+  extern __shared__ float fP[];
+  const int b = blockIdx.x;
+  const int* ex = expert + (size_t)b * T * top_k;
+  const float* p = probs + (size_t)b * T * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int count = 0;
+    float psum = 0.0f;
+    for (int t = 0; t < T; t++) {
+      for (int j = 0; j < top_k; j++) count += ex[(size_t)t * top_k + j] == e;
+      psum += p[(size_t)t * E + e];
+    }
+    fP[e] = (float)count / ((float)T * top_k);
+    fP[E + e] = fP[e] * (psum / (float)T);  // f_e P_e, summed below in expert order
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (int e = 0; e < E; e++) s += fP[E + e];
+    aux[b] = (float)E * s;
+  }
+  if (!dprobs_aux) return;
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    fP[e] = aux_coef * (float)E * fP[e] / ((float)T * (float)B);
+  __syncthreads();
+  float* d = dprobs_aux + (size_t)b * T * E;
+  for (size_t i = threadIdx.x; i < (size_t)T * E; i += blockDim.x) d[i] = fP[i % E];
+}
+
+}  // namespace
+
+void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
+                        float* probs, float* lse, Stream s) {
+  if (top_k < 1 || top_k > E) FATAL("moe_router_forward: top_k %d not in [1, E = %d]", top_k, E);
+  if (N <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  router_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(logits, N, E, top_k, expert,
+                                                                      gate, probs, lse);
+  LAUNCH_CHECK();
+}
+
+void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
+                         const float* dgate, const float* dprobs_aux, const float* lse,
+                         float z_coef, int N, int E, int top_k, Stream s) {
+  if (N <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  router_backward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(
+      dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E, top_k);
+  LAUNCH_CHECK();
+}
+
+void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
+                  float aux_coef, int B, int T, int E, int top_k, Stream s) {
+  if (B <= 0 || T <= 0) return;
+  aux_loss_kernel<<<B, kAuxThreads, 2 * E * sizeof(float), s->stream>>>(
+      aux, dprobs_aux, expert, probs, aux_coef, B, T, E, top_k);
+  LAUNCH_CHECK();
+}
+
+}  // namespace ops

@@ -1,0 +1,78 @@
+// parallel/pipeline_schedule.h - pipeline schedules as data: for p pipeline ranks, m micro-batches
+// and v model chunks per rank, the ordered list of actions each rank performs in one optimizer
+// step (compute, and the sends and receives of the tensors at stage boundaries), and a simulator
+// that runs those lists against each other. Pure logic: no communication, no model. The idea, the
+// bubble, memory and bytes are explained at the top of parallel/pipeline_schedule.cu.
+//
+// Stages. The model's n_layer blocks are cut into S = p*v stages of equal size, numbered in model
+// order. Chunk c of rank r is stage c*p + r, so with v = 1 rank r holds stage r, and with v = 2 and
+// p = 4 rank 0 holds stages 0 and 4, rank 1 stages 1 and 5, and so on. Stage s gets its input from
+// stage s-1 and its output gradient from stage s+1; the last stage computes the loss.
+#pragma once
+
+#include <string>
+#include <vector>
+
+enum class PipeOp : int {
+  Forward = 0,   // forward of (micro, chunk): input from stage s-1 (or the data at stage 0)
+  Backward,      // backward of (micro, chunk): output gradient from stage s+1 (or the loss)
+  SendForward,   // send the output activation of (micro, chunk) to peer (stage s+1)
+  RecvForward,   // receive the input activation of (micro, chunk) from peer (stage s-1)
+  SendBackward,  // send the input gradient of (micro, chunk) to peer (stage s-1)
+  RecvBackward,  // receive the output gradient of (micro, chunk) from peer (stage s+1)
+};
+const char* pipe_op_name(PipeOp op);  // "F", "B", "send-fwd", "recv-fwd", "send-bwd", "recv-bwd"
+
+// One action of one rank. chunk is this rank's chunk (its stage is chunk*p + rank) in every case:
+// a send names the chunk that produced the tensor, a receive the chunk that will consume it.
+// peer is the pipeline rank at the other end of a send or receive, -1 for compute.
+struct PipeAction {
+  PipeOp op;
+  int micro;
+  int chunk;
+  int peer;
+};
+
+struct PipelineSchedule {
+  std::string kind;  // "gpipe", "1f1b" or "interleaved"
+  int p = 1, m = 1, v = 1;
+  std::vector<std::vector<PipeAction>> ranks;  // ranks[r]: rank r's actions, in order
+};
+
+// "" if (kind, p, m, v) can be built, else one line per broken rule, each naming it:
+//   kind is one of "gpipe", "1f1b", "interleaved";  p, m, v >= 1;
+//   v > 1 only with "interleaved", and "interleaved" needs v >= 2;
+//   "interleaved" needs p >= 3 (at p = 2 both directions share one channel between the ranks)
+//   and m % p == 0 (micro-batches travel through each chunk in groups of p);
+//   n_layer % (p*v) == 0 when n_layer > 0 (every stage gets n_layer/(p*v) blocks; pass 0 to skip).
+std::string pipeline_validate(const std::string& kind, int p, int m, int v, int n_layer);
+
+// The schedule; stops the job (FATAL) on a configuration pipeline_validate refuses.
+PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v);
+
+// Warm-up forwards of rank r before its first backward (counted in chunk forwards):
+//   gpipe: m*v (all of them);  1f1b: min(p - r - 1, m);
+//   interleaved: min((p - r - 1) + (v - 1)*p, m*v)  (see pipeline_schedule.cu).
+int pipeline_warmup(const std::string& kind, int p, int m, int v, int rank);
+
+// The result of running the lists against each other with compute costs F (one chunk's forward)
+// and B (one chunk's backward) and free, instantaneous communication: a send completes at once
+// (the message waits in a first-in first-out queue per ordered pair of ranks), a receive waits for
+// the matching send. Exactly what the real transports match: NCCL and the MPI backend (tag 0)
+// pair sends and receives between two ranks in posting order.
+struct PipelineSimulation {
+  std::string error;          // "" or: deadlock (each stuck rank and its next action), a message
+                              // that does not match the receive, a compute without its input
+  double makespan = 0;        // time when the last rank finishes
+  std::vector<double> busy;   // per rank: time spent computing (m*v*(F+B) when all is well)
+  std::vector<int> peak_live; // per rank: most chunk activations held at once (forwards done
+                              // whose backward is not)
+  // per rank: the compute actions with their start times, in order (for timelines)
+  std::vector<std::vector<std::pair<double, PipeAction>>> starts;
+};
+PipelineSimulation pipeline_simulate(const PipelineSchedule& sched, double F, double B);
+
+// ASCII timeline of a simulation with integer costs: one column per time unit, "F3" style labels
+// (micro-batch in hex; chunk 1 drawn in lower case f/b), "." when idle. One line per rank.
+std::string pipeline_timeline(const PipelineSchedule& sched, const PipelineSimulation& sim,
+                              double F, double B);
