@@ -2,8 +2,9 @@
 //
 //   mpirun -np N ./train config.toml [--section.key=value ...] [--check-config]
 //
-// One optimizer step = grad_accum micro-steps of forward + backward on this rank's slice of the
-// global batch, gradients reduced across the data-parallel group (DDP or FSDP, inside the
+// One optimizer step = grad_accum micro-batches of forward + backward on this rank's slice of the
+// global batch, run through the pipeline stages in the schedule's order (one stage: F0 B0 F1
+// B1 ...), gradients reduced across the data-parallel group (DDP or FSDP, inside the
 // ParamStore), then the global gradient norm, clipping, AdamW, and the logs. Everything device-
 // or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
 // which weights), model/ (GPT-2 itself), data/ and checkpoint/.
@@ -20,11 +21,13 @@
 #include "model/evaluate.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
+#include "model/gpt_pipeline.h"
 #include "model/init.h"
 #include "model/metrics.h"
 #include "model/optimizer.h"
 #include "parallel/mesh.h"
 #include "parallel/param_store.h"
+#include "parallel/pipeline.h"
 
 struct Run {
   Config cfg;
@@ -34,6 +37,8 @@ struct Run {
   GPTLayout layout;
   GPT model;
   ParamStore store;
+  Pipeline pipeline;
+  std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T each
   DataLoader train_data, val_data;
   Tokenizer tokenizer;
   MetricsLog metrics;
@@ -50,10 +55,10 @@ static bool has_flag(int argc, char** argv, const char* flag) {
 }
 
 static void require_implemented_axes(const ParallelConfig& p) {
-  CHECK_ALL(p.pp == 1 && p.cp == 1 && p.ep == 1,
-            "[parallel] pp = %d, cp = %d, ep = %d: data and tensor parallelism (dp, fsdp, tp, "
-            "sp) are supported so far; pipeline, context and expert parallelism are not yet",
-            p.pp, p.cp, p.ep);
+  CHECK_ALL(p.cp == 1 && p.ep == 1,
+            "[parallel] cp = %d, ep = %d: data, tensor and pipeline parallelism (dp, fsdp, tp, "
+            "sp, pp) are supported so far; context and expert parallelism are not yet",
+            p.cp, p.ep);
 }
 
 static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
@@ -77,7 +82,7 @@ static Fp8Recipe fp8_recipe(const PrecisionConfig& p, Mesh& mesh) {
   f.delayed = p.fp8_recipe == "delayed";
   f.history = p.fp8_amax_history;
   f.margin = p.fp8_margin;
-  f.amax_group = &mesh.world;  // dp x tp: every rank of the mesh today (model/fp8.h)
+  f.amax_group = &mesh.stage_comm;  // the ranks running the same layers (model/fp8.h)
   return f;
 }
 
@@ -105,7 +110,10 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   tp.size = r.mesh.tp;
   tp.rank = r.mesh.tp_rank;
   tp.sp = cfg.parallel.sp;
-  r.layout = gpt_layout(cfg.model, tp);
+  const PipelinePlace pp{r.mesh.pp, r.mesh.pp_rank, cfg.parallel.pp_virtual};
+  r.layout = gpt_layout(cfg.model, tp, pp);
+  pipeline_init(r.pipeline, cfg.parallel.pp_schedule, pp.p, cfg.train.grad_accum, pp.v,
+                pp.rank, &r.mesh.pp_comm);
   const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
   const CommsByAxis comms = mesh_comms(r.mesh);
   if (cfg.init.from.empty()) {
@@ -120,7 +128,9 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
   const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
   gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T, r.compute,
-             fp8 ? &recipe : nullptr);
+             fp8 ? &recipe : nullptr, r.pipeline.slots);
+  r.tokens.resize((size_t)cfg.train.grad_accum * B * T);
+  r.targets.resize(r.tokens.size());
 
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
                   r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
@@ -132,7 +142,7 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0);
   RunInfo info;
-  info.parameters = r.layout.num_parameters();
+  info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_bytes;
   info.activation_bytes = r.model.activation_bytes;
   info.world_size = world_size;
@@ -151,13 +161,19 @@ static void print_banner(const Run& r) {
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
   std::printf("model    GPT-2 L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n",
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
-              r.layout.num_parameters(), c.precision.compute.c_str());
+              r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",
               r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", r.mesh.tp,
               r.mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
-  std::printf("memory   weights+grads+optimizer %.1f MiB per rank, activations %.1f MiB\n",
+  if (r.mesh.pp > 1)
+    std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
+                "bubble (p-1)/(v*m+p-1) = %.3f\n", r.mesh.pp, c.parallel.pp_schedule.c_str(),
+                c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
+                (double)(r.mesh.pp - 1) / (c.parallel.pp_virtual * c.train.grad_accum +
+                                           r.mesh.pp - 1));
+  std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
@@ -168,22 +184,22 @@ static void print_banner(const Run& r) {
 }
 
 // One optimizer step. Returns the report for the logs.
-static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
-                             std::vector<int>& targets) {
+static StepReport train_step(Run& r, int step) {
   const Config& c = r.cfg;
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
   comm_stats_reset(r.mesh.stats);
   grads_zero(r.store);
   ops::fill_zero(r.model.loss_sum, sizeof(float), r.compute);
+  const size_t n = (size_t)B * T;
+  for (int micro = 0; micro < accum; micro++)  // every stage reads them: the data stays in step
+    dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp reduction then sums the ranks' contributions.
   const float dloss = 1.0f / ((float)B * T * accum * r.mesh.dp);
-  for (int micro = 0; micro < accum; micro++) {
-    dataloader_next(r.train_data, inputs.data(), targets.data());
-    gpt_forward_backward(r.model, r.store, inputs.data(), targets.data(), B, T, dloss,
-                         1.0f / ((float)B * T * accum), micro == accum - 1, r.compute);
-  }
+  gpt_train_micro_batches(r.model, r.store, r.pipeline,
+                          {r.tokens.data(), r.targets.data(), accum, B, T}, dloss,
+                          1.0f / ((float)B * T * accum), r.compute);
   grads_wait(r.store);
   StepReport rep;
   rep.step = step;
@@ -195,7 +211,7 @@ static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
   float local_loss = 0;
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
-  rep.loss = all_reduce_host_sum(r.mesh.dp_comm, local_loss) / r.mesh.dp;
+  rep.loss = last_stage_mean(r.model, r.mesh.world, local_loss, r.mesh.dp);
   CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
 
@@ -210,9 +226,13 @@ static StepReport train_step(Run& r, int step, std::vector<int>& inputs,
   }
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
-  if (r.model.fp8)  // the first block's linear layers and the last one, for the metrics
-    rep.fp8 = fp8_snapshot(*r.model.fp8, {kQkvLinear, kAttnProjLinear, kFcLinear, kFcProjLinear,
-                                          kBlockLinears * r.layout.L - 1});
+  if (r.model.fp8) {  // rank 0's first block's linear layers and its last one, for the metrics
+    const int first = r.layout.first_block(0), last = r.layout.first_block(r.layout.pp.v - 1) +
+                                                      r.layout.blocks_per_stage - 1;
+    const int s = kBlockLinears * first;
+    rep.fp8 = fp8_snapshot(*r.model.fp8, {s + kQkvLinear, s + kAttnProjLinear, s + kFcLinear,
+                                          s + kFcProjLinear, kBlockLinears * (last + 1) - 1});
+  }
   return rep;
 }
 
@@ -221,17 +241,32 @@ static void evaluate(Run& r, int step) {
   const Config& c = r.cfg;
   const bool last = step == c.train.steps;
   if (c.log.val_every > 0 && (step % c.log.val_every == 0 || last)) {
-    double v = validation_loss(r.model, r.store, r.val_data, c.log.val_batches,
-                               r.mesh.dp_comm, r.compute);
+    double v = validation_loss(r.model, r.store, r.pipeline, r.val_data, c.log.val_batches,
+                               r.mesh.world, r.mesh.dp, r.compute);
     if (r.rank0) std::printf("step %5d | val loss %.6f\n", step, v);
     metrics_val(r.metrics, step, v);
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
     const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
-    std::string text = sample_text(r.model, r.store, r.tokenizer, eot, c.log.sample_tokens,
-                                   c.train.seed + step, r.compute);
+    std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh.pp_comm, r.tokenizer, eot,
+                                   c.log.sample_tokens, c.train.seed + step, r.compute);
     if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
   }
+  std::fflush(stdout);
+}
+
+// The last step's pipeline, measured: each stage's busy fraction and the bubble against the
+// formula, and with [log] pipeline_timeline the step drawn per rank. Collective over pp.
+static void print_bubble(Run& r) {
+  const PipelineReport rep = pipeline_report(r.pipeline, r.cfg.log.pipeline_timeline);
+  if (!r.rank0) return;
+  std::printf("pipeline last step %.2f ms; busy per stage:", rep.span_ms);
+  for (double b : rep.busy_ms) std::printf(" %.0f%%", 100.0 * b / rep.span_ms);
+  std::printf("; bubble %.1f%% measured, %.1f%% by the formula (p-1)/(v*m+p-1)\n",
+              100.0 * rep.bubble, 100.0 * rep.bubble_formula);
+  if (!rep.timeline.empty())
+    std::printf("pipeline timeline of the last step (F/B: forward/backward of micro-batch "
+                "0-f, f/b: later chunks):\n%s", rep.timeline.c_str());
   std::fflush(stdout);
 }
 
@@ -255,11 +290,9 @@ int main(int argc, char** argv) {
 
   setup(r, world_rank, world_size, local_rank);
   print_banner(r);
-  std::vector<int> inputs((size_t)r.cfg.train.micro_batch * r.cfg.model.seq_len);
-  std::vector<int> targets(inputs.size());
   const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
-    StepReport rep = train_step(r, step, inputs, targets);
+    StepReport rep = train_step(r, step);
     comm_stats_add(r.comm_total, r.mesh.stats);
     const bool first = step == r.resumed_step + 1;
     rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -268,13 +301,18 @@ int main(int argc, char** argv) {
       rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
     const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    if (r.cfg.log.check_tied && r.mesh.pp > 1)
+      CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
+                "copies of the tied embedding differ ([log] check_tied)", step);
     evaluate(r, step);
     checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
   }
   if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - r.resumed_step, stdout);
+  if (r.mesh.pp > 1 && r.resumed_step < r.cfg.train.steps) print_bubble(r);
 
   metrics_close(r.metrics);
   gpt_destroy(r.model);
+  pipeline_destroy(r.pipeline);
   param_store_destroy(r.store);
   ops::stream_destroy(r.compute);
   ops::stream_destroy(r.comm);

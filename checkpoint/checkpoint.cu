@@ -60,23 +60,26 @@ static void fail_together(Comm& world, const std::string& problem, const std::st
   FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
-// Writers are numbered by world rank = dp_rank * tp + tp_rank (hdf5_format.h): the layouts that
-// checkpoints cover so far.
-static void require_dp_tp_only(const Mesh& mesh) {
-  CHECK_ALL(mesh.world_size == mesh.dp * mesh.tp,
-        "checkpoints cover data and tensor parallelism (dp, fsdp, tp) only so far: world %d != "
-        "dp %d x tp %d", mesh.world_size, mesh.dp, mesh.tp);
+// Writers are numbered by world rank = (dp_rank * pp + pp_rank) * tp + tp_rank (hdf5_format.h):
+// the layouts that checkpoints cover so far.
+static void require_covered_layout(const Mesh& mesh) {
+  CHECK_ALL(mesh.world_size == mesh.dp * mesh.pp * mesh.tp,
+        "checkpoints cover data, pipeline and tensor parallelism (dp, fsdp, pp, tp) only so far: "
+        "world %d != dp %d x pp %d x tp %d", mesh.world_size, mesh.dp, mesh.pp, mesh.tp);
 }
 
-// The layouts of every tp rank, which the index maps the writers' files with.
-static std::vector<GPTLayout> tp_layouts(const Config& cfg, const GPTLayout& mine) {
+// The layouts of every (pp, tp) rank, which the index maps the writers' files with.
+static std::vector<GPTLayout> writer_layouts(const Config& cfg, const GPTLayout& mine) {
   std::vector<GPTLayout> all;
-  for (int r = 0; r < mine.tp.size; r++) {
-    TensorParallel tp = mine.tp;
-    tp.comm = nullptr;
-    tp.rank = r;
-    all.push_back(gpt_layout(cfg.model, tp));
-  }
+  for (int p = 0; p < mine.pp.p; p++)
+    for (int r = 0; r < mine.tp.size; r++) {
+      TensorParallel tp = mine.tp;
+      tp.comm = nullptr;
+      tp.rank = r;
+      PipelinePlace pp = mine.pp;
+      pp.rank = p;
+      all.push_back(gpt_layout(cfg.model, tp, pp));
+    }
   return all;
 }
 
@@ -134,11 +137,14 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size;
+  meta.writer_pp = layout.pp.p;
+  meta.writer_pp_virtual = layout.pp.v;
   meta.L = layout.L, meta.NH = layout.NH, meta.C = layout.C;
   meta.T = layout.T, meta.V = layout.V, meta.Vp = layout.Vp, meta.maxT = layout.maxT;
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
-  std::string problem = h5_write_index(tmp + "/" + kIndexFileName, tp_layouts(cfg, layout), meta);
+  std::string problem =
+      h5_write_index(tmp + "/" + kIndexFileName, writer_layouts(cfg, layout), meta);
   if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
@@ -156,7 +162,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
 
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
                      const DataLoader& train_data, Mesh& mesh) {
-  require_dp_tp_only(mesh);
+  require_covered_layout(mesh);
   const auto t0 = std::chrono::steady_clock::now();
   Comm& world = mesh.world;
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
@@ -270,7 +276,7 @@ static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh) {
-  require_dp_tp_only(mesh);
+  require_covered_layout(mesh);
   Comm& world = mesh.world;
   const CheckpointConfig& c = cfg.checkpoint;
   if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);

@@ -12,6 +12,8 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <cmath>
 #include <stdexcept>
 
@@ -177,6 +179,7 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                  "cannot create"));
     write_attr_i64(file, "dp_rank", dp_rank);
     write_attr_i64(file, "tp_rank", layout.tp.rank);
+    write_attr_i64(file, "pp_rank", layout.pp.rank);
     const int tp_rank = layout.tp.rank;
     size_t largest = 0;
     for (const ParamUnit& pu : layout.units)
@@ -220,28 +223,61 @@ static void map_writer_part(hid_t dcpl, hid_t vspace, int rank, const TensorPlac
   }
 }
 
-// Tensor i of unit u, as a virtual dataset over every writer's file.
-static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& tp_layouts, size_t u,
-                                 size_t i, StateKind kind, const CheckpointMeta& meta) {
-  const TensorPlacement& t = tp_layouts[0].units[u].tensors[i];
-  const int rank = t.cols == 1 ? 1 : 2;
-  hsize_t dims[2] = {(hsize_t)t.rows, (hsize_t)t.cols};
+// Where the writers hold a logical tensor: (writer, local unit, tensor index) for each writer
+// that saves part of it, keyed by name in the order the layouts list them.
+struct TensorSources {
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<std::array<int, 3>>> parts;
+};
+static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
+                                    const CheckpointMeta& meta) {
+  TensorSources src;
+  const int tp = meta.writer_tp, pp = meta.writer_pp, dp = meta.writers / (tp * pp);
+  for (int w = 0; w < meta.writers; w++) {
+    const int dp_rank = w / (pp * tp), pp_rank = w / tp % pp, tp_rank = w % tp;
+    const GPTLayout& g = layouts[pp_rank * tp + tp_rank];
+    for (size_t u = 0; u < g.units.size(); u++) {
+      const FlatRange wr = writer_range(g.units[u], dp_rank, dp, tp_rank);
+      for (size_t i = 0; i < g.units[u].tensors.size(); i++) {
+        const std::string& name = g.units[u].tensors[i].name;
+        auto [it, added] = src.parts.try_emplace(name);
+        if (added) src.names.push_back(name);
+        if (!blocks_in_range(g.units[u].tensors[i], wr).empty())
+          it->second.push_back({w, (int)u, (int)i});
+      }
+    }
+  }
+  return src;
+}
+
+// One logical tensor, as a virtual dataset over the files of the writers that hold it.
+static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layouts,
+                                 const std::string& name,
+                                 const std::vector<std::array<int, 3>>& parts, StateKind kind,
+                                 const CheckpointMeta& meta) {
+  const int tp = meta.writer_tp, pp = meta.writer_pp, dp = meta.writers / (tp * pp);
+  auto placement = [&](const std::array<int, 3>& p) -> const TensorPlacement& {
+    return layouts[p[0] / tp % pp * tp + p[0] % tp].units[p[1]].tensors[p[2]];
+  };
+  const TensorPlacement& t0 = placement(parts.front());
+  const int rank = t0.cols == 1 ? 1 : 2;
+  hsize_t dims[2] = {(hsize_t)t0.rows, (hsize_t)t0.cols};
   H5Id vspace(ok(H5Screate_simple(rank, dims, nullptr), "H5Screate_simple"));
   H5Id dcpl(ok(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"));
   const float nan = NAN;
   ok(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "H5Pset_fill_value");
-  const int tp = meta.writer_tp, dp = meta.writers / tp;
-  for (int w = 0; w < meta.writers; w++) {
-    const ParamUnit& pu = tp_layouts[w % tp].units[u];
-    const FlatRange wr = writer_range(pu, w / tp, dp, w % tp);
-    map_writer_part(dcpl, vspace, rank, pu.tensors[i], wr, rank_file_name(w),
-                    unit_dataset(kind, u));
+  for (const std::array<int, 3>& p : parts) {
+    const int w = p[0], dp_rank = w / (pp * tp), tp_rank = w % tp;
+    const ParamUnit& pu = layouts[w / tp % pp * tp + tp_rank].units[p[1]];
+    const FlatRange wr = writer_range(pu, dp_rank, dp, tp_rank);
+    map_writer_part(dcpl, vspace, rank, pu.tensors[p[2]], wr, rank_file_name(w),
+                    unit_dataset(kind, p[1]));
   }
   ok(H5Sselect_all(vspace), "select");
-  const std::string name = std::string(state_kind_name(kind)) + "/" + t.name;
+  const std::string full = std::string(state_kind_name(kind)) + "/" + name;
   H5Id lcpl(link_props());
-  H5Id ds(ok(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
-             "cannot create " + name));
+  H5Id ds(ok(H5Dcreate2(file, full.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
+             "cannot create " + full));
 }
 
 static void write_meta(hid_t file, const CheckpointMeta& m) {
@@ -249,6 +285,8 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "step", m.step);
   write_attr_i64(file, "writers", m.writers);
   write_attr_i64(file, "writer_tp", m.writer_tp);
+  write_attr_i64(file, "writer_pp", m.writer_pp);
+  write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
                                                {"d_model", m.C}, {"seq_len", m.T},
                                                {"vocab_size", m.V}, {"padded_vocab", m.Vp},
@@ -268,18 +306,21 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(data, "row", m.data.row);
 }
 
-std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& tp_layouts,
+std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& layouts,
                            const CheckpointMeta& meta) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
     write_meta(file, meta);
-    const std::vector<ParamUnit>& units = tp_layouts[0].units;
+    const TensorSources src = tensor_sources(layouts, meta);
     for (StateKind kind : kAllKinds)
-      for (size_t u = 0; u < units.size(); u++)
-        for (size_t i = 0; i < units[u].tensors.size(); i++)
-          write_virtual_tensor(file, tp_layouts, u, i, kind, meta);
+      for (const std::string& name : src.names) {
+        const auto it = src.parts.find(name);
+        if (it == src.parts.end() || it->second.empty())
+          throw H5Failure("no writer holds " + name);
+        write_virtual_tensor(file, layouts, name, it->second, kind, meta);
+      }
     close_file(file, path);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();
@@ -301,6 +342,9 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->step = read_attr_i64(file, "step");
     m->writers = (int)read_attr_i64(file, "writers");
     m->writer_tp = H5Aexists(file, "writer_tp") > 0 ? (int)read_attr_i64(file, "writer_tp") : 1;
+    m->writer_pp = H5Aexists(file, "writer_pp") > 0 ? (int)read_attr_i64(file, "writer_pp") : 1;
+    m->writer_pp_virtual = H5Aexists(file, "writer_pp_virtual") > 0
+                               ? (int)read_attr_i64(file, "writer_pp_virtual") : 1;
     int* shape[] = {&m->L, &m->NH, &m->C, &m->T, &m->V, &m->Vp};
     const char* names[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size",
                            "padded_vocab"};

@@ -2,18 +2,20 @@
 // rank holding the flat ranges it owns, and an index file whose virtual datasets present every
 // logical tensor whole. The why is in checkpoint/checkpoint.h; this is the how.
 //
-// Writer geometry. Every rank writes; writer w is world rank w = dp_rank * tp + tp_rank. It saves
-// its dp slice of each of its (tp-local) units - FSDP's own shard geometry (shard_range,
-// parallel/placement.h), so an FSDP rank writes exactly what it holds and a replicated (DDP)
-// rank writes the same slice of its full copy - but the tail of a unit that is replicated over
-// tp (LayerNorms, wpe, row-parallel biases) only from tp rank 0: every element of every logical
-// tensor is written exactly once.
+// Writer geometry. Every rank writes; writer w is world rank w = (dp_rank * pp + pp_rank) * tp +
+// tp_rank. It saves its dp slice of each of its (tp- and pp-local) units - FSDP's own shard
+// geometry (shard_range, parallel/placement.h), so an FSDP rank writes exactly what it holds and
+// a replicated (DDP) rank writes the same slice of its full copy - but the tail of a unit that
+// is replicated over tp (LayerNorms, wpe, row-parallel biases) only from tp rank 0, and nothing
+// of the last pipeline stage's copy of the root (the first stage's is saved): every element of
+// every logical tensor is written exactly once.
 //
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
 // checkpoint.h5 (the index, written by rank 0):
-//   attributes   format_version, step, writers, n_layer, n_head, d_model, seq_len, vocab_size,
-//                padded_vocab, max_seq_len (wpe's rows; absent in older checkpoints: = seq_len)
+//   attributes   format_version, step, writers, writer_tp, writer_pp, writer_pp_virtual,
+//                n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab, max_seq_len (wpe's
+//                rows; absent in older checkpoints: = seq_len)
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
@@ -47,8 +49,10 @@ struct CheckpointMeta {
   uint64_t seed = 0;
   DataPosition data;
   std::string config_toml;
-  int writers = 0;        // dp * tp
+  int writers = 0;        // dp * pp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it
+  int writer_pp = 1;      // its pipeline degree and chunks per pipeline rank
+  int writer_pp_virtual = 1;
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
 };
@@ -57,9 +61,10 @@ struct CheckpointMeta {
 // The store's compute stream must be idle. Returns "" or a message naming the file.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, int dp_rank, int dp);
-// Writes the index; tp_layouts[r] is the layout of tp rank r (meta.writer_tp of them). Returns ""
-// or a message naming the file.
-std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& tp_layouts,
+// Writes the index; layouts[pp_rank * writer_tp + tp_rank] is the layout of that (pp, tp) rank
+// (writer_pp * writer_tp of them; dp does not change a layout). Returns "" or a message naming
+// the file.
+std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& layouts,
                            const CheckpointMeta& meta);
 
 // Reading, any layout: the index opened read-only, and a ParamFill per state that reads the

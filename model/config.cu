@@ -134,6 +134,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(checkpoint, resume),
       KEY(log, every), KEY(log, metrics), KEY(log, val_every), KEY(log, val_batches),
       KEY(log, sample_every), KEY(log, sample_tokens), KEY(log, peak_tflops),
+      KEY(log, pipeline_timeline), KEY(log, check_tied),
   };
   return keys;
 }

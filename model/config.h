@@ -81,6 +81,8 @@ struct LogConfig {        // [log]
   int sample_every = 0;   // 0 = never
   int sample_tokens = 64;
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
+  bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
+  bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
 };
 
 struct Config {

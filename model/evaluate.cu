@@ -9,21 +9,28 @@
 #include <random>
 #include <vector>
 
-double validation_loss(GPT& m, ParamStore& store, DataLoader& val, int batches, Comm& dp,
-                       ops::Stream s) {
+double last_stage_mean(const GPT& m, Comm& world, double local, int dp) {
+  const bool counts = gpt_holds_output(m) && m.layout.tp.rank == 0;  // tp ranks hold copies
+  return all_reduce_host_sum(world, counts ? local : 0.0) / dp;
+}
+
+double validation_loss(GPT& m, ParamStore& store, const Pipeline& pl, DataLoader& val,
+                       int batches, Comm& world, int dp, ops::Stream s) {
   const int B = val.B, T = val.T;
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   dataloader_reset(val);
   ops::fill_zero(m.loss_sum, sizeof(float), s);
   for (int i = 0; i < batches; i++) {
     dataloader_next(val, inputs.data(), targets.data());
-    gpt_forward(m, store, inputs.data(), targets.data(), B, T, s);
-    ops::sum_accumulate(m.loss_sum, m.losses, (size_t)B * T, 1.0f / ((float)B * T * batches), s);
+    gpt_pipeline_forward(m, store, pl, {inputs.data(), targets.data(), 1, B, T}, s);
+    if (gpt_holds_output(m))
+      ops::sum_accumulate(m.loss_sum, m.losses, (size_t)B * T, 1.0f / ((float)B * T * batches),
+                          s);
   }
   float local = 0;
   ops::stream_sync(s);
   ops::copy_to_host(&local, m.loss_sum, sizeof(float));
-  return all_reduce_host_sum(dp, local) / dp.size;
+  return last_stage_mean(m, world, local, dp);
 }
 
 static int sample_from_logits(const std::vector<float>& logits, std::mt19937_64& rng) {
@@ -38,8 +45,8 @@ static int sample_from_logits(const std::vector<float>& logits, std::mt19937_64&
   return (int)p.size() - 1;
 }
 
-std::string sample_text(GPT& m, ParamStore& store, const Tokenizer& tok, int eot, int n,
-                        uint64_t seed, ops::Stream s) {
+std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
+                        const Tokenizer& tok, int eot, int n, uint64_t seed, ops::Stream s) {
   const int T = m.T;
   std::mt19937_64 rng(seed);
   std::vector<int> generated{eot};
@@ -47,9 +54,12 @@ std::string sample_text(GPT& m, ParamStore& store, const Tokenizer& tok, int eot
   for (int i = 0; i < n; i++) {
     const int len = std::min((int)generated.size(), T);
     for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
-    gpt_forward(m, store, window.data(), nullptr, 1, T, s);
-    ops::stream_sync(s);
-    generated.push_back(sample_from_logits(gpt_logits_row(m, len - 1, s), rng));
+    gpt_pipeline_forward(m, store, pl, {window.data(), nullptr, 1, 1, T}, s);
+    int next = 0;
+    if (gpt_holds_output(m)) next = sample_from_logits(gpt_logits_row(m, len - 1, s), rng);
+    if (pp.size > 1)  // control plane: one token id from the last stage to the others
+      MPI_Bcast(&next, 1, MPI_INT, pp.size - 1, pp.mpi);
+    generated.push_back(next);
   }
   return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);
 }

@@ -6,15 +6,18 @@
 
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/gpt_pipeline.h"
 #include "parallel/comm.h"
-#include "parallel/param_store.h"
 
+// The value the last pipeline stage holds (`local` there, ignored elsewhere), averaged over the
+// dp group, on every rank of `world`.
+double last_stage_mean(const GPT& model, Comm& world, double local, int dp);
 // Mean loss over `batches` global micro-batches from the start of `val` (each rank its slice),
-// averaged over the dp group.
-double validation_loss(GPT& model, ParamStore& store, DataLoader& val, int batches, Comm& dp,
-                       ops::Stream s);
+// through the pipeline, averaged over the dp group.
+double validation_loss(GPT& model, ParamStore& store, const Pipeline& pl, DataLoader& val,
+                       int batches, Comm& world, int dp, ops::Stream s);
 // Generates `n` tokens after an end-of-text token by sampling from the softmax (temperature 1)
-// with an RNG seeded by `seed`; every rank computes the same tokens. Returns the decoded text.
-std::string sample_text(GPT& model, ParamStore& store, const Tokenizer& tok, int eot, int n,
-                        uint64_t seed, ops::Stream s);
+// with an RNG seeded by `seed`: the last pipeline stage samples, and sends each token to the
+// other stages over `pp`. Returns the decoded text.
+std::string sample_text(GPT& model, ParamStore& store, const Pipeline& pl, Comm& pp,
+                        const Tokenizer& tok, int eot, int n, uint64_t seed, ops::Stream s);

@@ -47,7 +47,53 @@ static TensorPlacement init_const(TensorPlacement t, float value, bool partial_o
   return t;
 }
 
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp) {
+// The root: wte, wpe, ln_f. Order must match RootTensor.
+static ParamUnit root_unit(const GPTLayout& g, bool sp) {
+  const int r = g.tp.rank, t = g.tp.size;
+  const int64_t C = g.C;
+  const float std = 0.02f;
+  ParamUnit root;
+  add_tensor(root, init_normal(split_rows("wte", g.Vp, C, 1, r, t), std, g.V));  // pad rows: 0
+  add_tensor(root, init_normal(replicated("wpe", g.maxT, C), std, g.maxT));
+  add_tensor(root, init_const(replicated("ln_f/weight", C, 1), 1, sp));
+  add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
+  finish_unit(root);
+  root.whole_step = true;
+  return root;
+}
+
+// Block l. Order must match BlockTensor.
+static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
+  const int r = g.tp.rank, t = g.tp.size;
+  const int64_t C = g.C;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  ParamUnit u;
+  const std::string h = "h." + std::to_string(l) + "/";
+  add_tensor(u, init_normal(split_rows(h + "attn/qkv/weight", 3 * C, C, 3, r, t), std, 3 * C));
+  add_tensor(u, init_normal(split_cols(h + "attn/proj/weight", C, C, r, t), proj_std, C));
+  add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
+  add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
+  add_tensor(u, init_const(split_rows(h + "attn/qkv/bias", 3 * C, 1, 3, r, t), 0, false));
+  add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
+  // Row-parallel biases: added after the sum, and their gradient is summed over all N tokens
+  // (the gathered dY), so it is complete on every rank even with SP.
+  add_tensor(u, init_const(replicated(h + "attn/proj/bias", C, 1), 0, false));
+  add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
+  add_tensor(u, init_const(replicated(h + "ln_1/weight", C, 1), 1, sp));
+  add_tensor(u, init_const(replicated(h + "ln_1/bias", C, 1), 0, sp));
+  add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
+  add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
+  finish_unit(u);
+  return u;
+}
+
+static size_t unit_parameters(const ParamUnit& u) {
+  size_t n = 0;
+  for (const TensorPlacement& t : u.tensors) n += t.numel();
+  return n;
+}
+
+GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp) {
   GPTLayout g;
   g.L = m.n_layer;
   g.NH = m.n_head;
@@ -57,50 +103,32 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp) {
   g.V = m.vocab_size;
   g.Vp = m.padded_vocab();
   g.tp = tp;
+  g.pp = pp;
   g.NH_local = g.NH / tp.size;
   g.Vp_local = g.Vp / tp.size;
   g.vocab_first = tp.rank * g.Vp_local;
-  const int64_t C = g.C;
-  const int r = tp.rank, t = tp.size;
-  const bool sp = tp.sp && t > 1;  // LayerNorm gradients are partial sums over tp
-  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  g.blocks_per_stage = g.L / (pp.p * pp.v);
+  const bool sp = tp.sp && tp.size > 1;  // LayerNorm gradients are partial sums over tp
 
-  ParamUnit root;  // order must match RootTensor
-  add_tensor(root, init_normal(split_rows("wte", g.Vp, C, 1, r, t), std, g.V));  // pad rows: 0
-  add_tensor(root, init_normal(replicated("wpe", g.maxT, C), std, g.maxT));
-  add_tensor(root, init_const(replicated("ln_f/weight", C, 1), 1, sp));
-  add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
-  finish_unit(root);
-  g.units.push_back(root);
-
+  // The first and the last stage each hold the root (parallel/placement.h: tied).
+  ParamUnit root = root_unit(g, sp);
+  g.parameters = unit_parameters(root);
+  const bool first = pp.rank == 0, last = pp.rank == pp.p - 1;
+  if (first || last) {
+    root.tied = pp.p > 1;
+    root.tied_copy = pp.p > 1 && !first;
+    g.root_unit = 0;
+    g.units.push_back(root);
+  }
+  g.block_unit.assign(g.L, -1);
   for (int l = 0; l < g.L; l++) {
-    ParamUnit u;  // order must match BlockTensor
-    const std::string h = "h." + std::to_string(l) + "/";
-    add_tensor(u, init_normal(split_rows(h + "attn/qkv/weight", 3 * C, C, 3, r, t), std, 3 * C));
-    add_tensor(u, init_normal(split_cols(h + "attn/proj/weight", C, C, r, t), proj_std, C));
-    add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
-    add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
-    add_tensor(u, init_const(split_rows(h + "attn/qkv/bias", 3 * C, 1, 3, r, t), 0, false));
-    add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
-    // Row-parallel biases: added after the sum, and their gradient is summed over all N tokens
-    // (the gathered dY), so it is complete on every rank even with SP.
-    add_tensor(u, init_const(replicated(h + "attn/proj/bias", C, 1), 0, false));
-    add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
-    add_tensor(u, init_const(replicated(h + "ln_1/weight", C, 1), 1, sp));
-    add_tensor(u, init_const(replicated(h + "ln_1/bias", C, 1), 0, sp));
-    add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
-    add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
-    finish_unit(u);
+    ParamUnit u = block_unit(g, l, sp);
+    g.parameters += unit_parameters(u);
+    if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
+    g.block_unit[l] = (int)g.units.size();
     g.units.push_back(u);
   }
   return g;
-}
-
-size_t GPTLayout::num_parameters() const {
-  size_t n = 0;
-  for (const ParamUnit& u : units)
-    for (const TensorPlacement& t : u.tensors) n += t.numel();
-  return n;
 }
 
 Recompute parse_recompute(const std::string& s) {
@@ -155,8 +183,28 @@ static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, o
   return f;
 }
 
+// The activations of one micro-batch in flight through one chunk. Recompute shares the
+// recomputed buffers of every layer of every slot (`shared`).
+static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gelu) {
+  const GPTLayout& g = m.layout;
+  const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), a = dtype_size(m.dt);
+  ActivationSlot sl;
+  sl.input = new_buffer<void*>(m, Nt * g.C * a);
+  sl.grad = new_buffer<void*>(m, Nt * g.C * a);
+  sl.tokens = new_buffer<int*>(m, N * 4);
+  for (int l = 0; l < g.blocks_per_stage; l++) {
+    LayerActs x = m.recompute == Recompute::Block
+                      ? shared
+                      : new_layer_acts(m, m.recompute == Recompute::None);
+    if (m.recompute == Recompute::Gelu) x.fch_gelu = shared_gelu;
+    x.r3 = new_buffer<void*>(m, Nt * g.C * a);
+    sl.layers.push_back(x);
+  }
+  return sl;
+}
+
 void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
-                ops::Stream s, const Fp8Recipe* fp8) {
+                ops::Stream s, const Fp8Recipe* fp8, int slots) {
   m.stream = s;
   m.layout = layout;
   m.dt = dt;
@@ -167,27 +215,20 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
   const size_t Cl = C / tp.size;
 
-  // Recompute shares one set of the recomputed buffers across layers.
   LayerActs shared{};
   if (recompute == Recompute::Block) shared = new_layer_acts(m, true);
   void* shared_gelu =
       recompute == Recompute::Gelu ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
-  for (int l = 0; l < layout.L; l++) {
-    LayerActs x = recompute == Recompute::Block ? shared
-                                                : new_layer_acts(m, recompute == Recompute::None);
-    if (recompute == Recompute::Gelu) x.fch_gelu = shared_gelu;
-    x.r3 = new_buffer<void*>(m, Nt * C * a);
-    m.layers.push_back(x);
+  for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
+  if (layout.root_unit >= 0) {  // first or last stage: the embedding's and the head's buffers
+    m.lnf = new_buffer<void*>(m, Nt * C * a);
+    m.lnf_mean = new_buffer<float*>(m, Nt * 4);
+    m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
+    m.logits = new_buffer<void*>(m, N * layout.Vp_local * a);
+    m.losses = new_buffer<float*>(m, N * 4);
+    m.targets = new_buffer<int*>(m, N * 4);
   }
-  m.encoded = new_buffer<void*>(m, Nt * C * a);
-  m.lnf = new_buffer<void*>(m, Nt * C * a);
-  m.lnf_mean = new_buffer<float*>(m, Nt * 4);
-  m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
-  m.logits = new_buffer<void*>(m, N * layout.Vp_local * a);
-  m.losses = new_buffer<float*>(m, N * 4);
   m.loss_sum = new_buffer<float*>(m, 4);
-  m.tokens = new_buffer<int*>(m, N * 4);
-  m.targets = new_buffer<int*>(m, N * 4);
   if (tp.active()) {
     m.vocab_row = new_buffer<void*>(m, layout.Vp * a);
     m.ce_stats = new_buffer<float*>(m, N * 3 * 4);
@@ -195,7 +236,6 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     m.partial = new_buffer<void*>(m, N * C * a);
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
-  m.dresidual = new_buffer<void*>(m, Nt * C * a);
   m.dln = new_buffer<void*>(m, Nt * C * a);
   m.dln_all = tp.active() ? new_buffer<void*>(m, N * C * a) : m.dln;
   m.datty = new_buffer<void*>(m, N * Cl * a);
@@ -217,7 +257,7 @@ void gpt_destroy(GPT& m) {
   }
   for (void* p : m.owned) ops::release(p);
   m.owned.clear();
-  m.layers.clear();
+  m.slots.clear();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -233,9 +273,16 @@ struct BlockWeights {
 };
 static BlockWeights block_weights(const GPT& m, int l, void* base) {
   BlockWeights bw;
-  for (int i = 0; i < kBlockTensors; i++)
-    bw.w[i] = tensor_at(base, m.layout.units[1 + l], i, dtype_size(m.dt));
+  const ParamUnit& u = m.layout.units[m.layout.block_unit[l]];
+  for (int i = 0; i < kBlockTensors; i++) bw.w[i] = tensor_at(base, u, i, dtype_size(m.dt));
   return bw;
+}
+// A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
+static void* root_weight(const GPT& m, int i) {
+  return tensor_at(m.root, m.layout.units[m.layout.root_unit], i, dtype_size(m.dt));
+}
+static float* root_grad(const GPT& m, int i) {
+  return m.root_grad + m.layout.units[m.layout.root_unit].tensors[i].offset;
 }
 
 // The block GEMMs: in the compute dtype (ops::matmul_*), or with FP8 operands (model/fp8.h).
@@ -270,22 +317,24 @@ static void row_parallel_forward(GPT& m, int site, void* out, const void* inp, c
   tp_row_parallel_finish(tp, out, m.partial, bias, residual, N, C, m.dt, s);
 }
 
-static const void* block_input(const GPT& m, int l) {
-  return l == 0 ? m.encoded : m.layers[l - 1].r3;
+// The input of the chunk's j-th block.
+static const void* block_input(const ActivationSlot& sl, int j) {
+  return j == 0 ? sl.input : sl.layers[j - 1].r3;
 }
 
-// Runs block l. With write_output = false the last GEMM (r3) is skipped: a block recomputed for
-// its backward needs everything but its output, which is already kept. Under tensor parallelism
-// the GEMMs see this rank's heads / hidden columns (Cl = C/tp) and tp_all_tokens and
-// row_parallel_forward move the activations (parallel/tensor_parallel.cu).
-static void block_forward(GPT& m, int l, const BlockWeights& bw, int B, int T, bool write_output,
-                          ops::Stream s) {
+// Runs block l, the j-th of its chunk, on the micro-batch in slot sl. With write_output = false
+// the last GEMM (r3) is skipped: a block recomputed for its backward needs everything but its
+// output, which is already kept. Under tensor parallelism the GEMMs see this rank's heads /
+// hidden columns (Cl = C/tp) and tp_all_tokens and row_parallel_forward move the activations
+// (parallel/tensor_parallel.cu).
+static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
+                          int T, bool write_output, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
   const int C = g.C, Cl = C / tp.size, HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
-  const void* x = block_input(m, l);
-  LayerActs& a = m.layers[l];
+  const void* x = block_input(sl, j);
+  LayerActs& a = sl.layers[j];
   void* const* w = bw.w;
   const int site = kBlockLinears * l;
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, C, dt, s);
@@ -304,39 +353,36 @@ static void block_forward(GPT& m, int l, const BlockWeights& bw, int B, int T, b
                          a.r2, N, 4 * Cl, C, s);
 }
 
-// Embedding, every block, final LayerNorm and the logits. Leaves the root unit acquired (the
-// caller releases it: right away for a forward-only pass, after the backward when training).
-// Returns the final LayerNorm's output over all tokens (the logits GEMM's input).
-static const void* forward_to_logits(GPT& m, ParamStore& store, void* root, int B, int T,
-                                     ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const ParamUnit& ru = g.units[0];
-  const size_t e = dtype_size(m.dt);
-  const int N = B * T;
-  ops::range_push("forward");
-  tp_embedding_forward(g.tp, m.encoded, m.partial, m.tokens, tensor_at(root, ru, kWte, e),
-                       tensor_at(root, ru, kWpe, e), B, T, g.C, g.vocab_first, g.Vp_local, m.dt,
-                       s);
-  for (int l = 0; l < g.L; l++) {
-    void* w = params_acquire(store, 1 + l, Phase::Forward);
-    block_forward(m, l, block_weights(m, l, w), B, T, true, s);
-    params_release(store, 1 + l, Phase::Forward);
-  }
-  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, m.layers[g.L - 1].r3,
-                         tensor_at(root, ru, kLnfW, e), tensor_at(root, ru, kLnfB, e),
-                         g.tp.tokens(N), g.C, m.dt, s);
-  const void* lnf = tp_all_tokens(g.tp, m.gathered, m.lnf, N, g.C, m.dt, s);
-  ops::matmul_forward(m.logits, nullptr, lnf, tensor_at(root, ru, kWte, e), nullptr, nullptr, N,
-                      g.C, g.Vp_local, m.dt, s);
-  ops::range_pop();
-  return lnf;
+// The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself
+// (a chunk of one block whose forward is followed by its backward: nothing to fetch).
+static void prefetch(ParamStore& store, int current, int next) {
+  if (next != current) params_prefetch(store, next);
 }
 
-static void upload_batch(GPT& m, const int* tokens, const int* targets, int B, int T,
-                         ops::Stream s) {
-  CHECK(B <= m.B && T <= m.T, "batch %dx%d exceeds the model's buffers %dx%d", B, T, m.B, m.T);
-  ops::copy_to_device_async(m.tokens, tokens, (size_t)B * T * sizeof(int), s);
-  if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
+// The chunk's blocks, in order, one unit acquired at a time.
+static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const int first = g.first_block(c.chunk), n = g.blocks_per_stage;
+  for (int j = 0; j < n; j++) {
+    const int l = first + j, unit = g.block_unit[l];
+    void* w = params_acquire(store, unit);
+    prefetch(store, unit, j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
+    block_forward(m, m.slots[c.slot], j, l, block_weights(m, l, w), c.B, c.T, true, s);
+    params_release(store, unit);
+  }
+}
+
+// Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output.
+// Returns the final LayerNorm's output over all tokens (the logits GEMM's input).
+static const void* head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, sl.layers.back().r3,
+                         root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
+                         s);
+  const void* lnf = tp_all_tokens(g.tp, m.gathered, m.lnf, N, g.C, m.dt, s);
+  ops::matmul_forward(m.logits, nullptr, lnf, root_weight(m, kWte), nullptr, nullptr, N, g.C,
+                      g.Vp_local, m.dt, s);
+  return lnf;
 }
 
 // The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
@@ -346,13 +392,61 @@ static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
                    g.Vp_local, g.vocab_first, m.dt, s);
 }
 
-void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
-                 ops::Stream s) {
-  upload_batch(m, tokens, targets, B, T, s);
-  void* root = params_acquire(store, 0, Phase::Forward);
-  forward_to_logits(m, store, root, B, T, s);
-  if (targets) cross_entropy(m, 0.0f, B * T, s);
-  params_release(store, 0, Phase::Forward);
+// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
+// Leaves d(x_L) in sl.grad.
+static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const int Nt = g.tp.tokens(N);
+  ops::matmul_backward(m.dln_all, root_grad(m, kWte), nullptr, m.logits, lnf,
+                       root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, m.dt, s);
+  const void* dlnf = tp_sum_partials(g.tp, m.dln_all, m.dln, N, g.C, m.dt, s);
+  ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
+  ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf,
+                          sl.layers.back().r3, root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt,
+                          g.C, m.dt, s);
+}
+
+void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  ActivationSlot& sl = m.slots[c.slot];
+  const int N = c.B * c.T;
+  ops::range_push("forward");
+  if (g.first_stage(c.chunk))
+    tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
+                         root_weight(m, kWpe), c.B, c.T, g.C, g.vocab_first, g.Vp_local, m.dt, s);
+  chunk_forward(m, store, c, s);
+  if (g.last_stage(c.chunk)) {
+    const void* lnf = head_forward(m, sl, N, s);
+    if (c.with_loss) cross_entropy(m, c.dloss, N, s);
+    if (c.loss_scale_for_log != 0)
+      ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
+    if (c.dloss != 0) head_backward(m, sl, lnf, N, s);
+  }
+  ops::range_pop();
+}
+
+void* gpt_stage_output(GPT& m, int slot) { return m.slots[slot].layers.back().r3; }
+
+void gpt_step_begin(GPT& m, ParamStore& store, bool training) {
+  if (m.layout.root_unit < 0) return;
+  m.root = params_acquire(store, m.layout.root_unit);
+  if (training) m.root_grad = grads_acquire(store, m.layout.root_unit);
+}
+
+void gpt_step_end(GPT& m, ParamStore& store, bool training) {
+  if (m.layout.root_unit < 0) return;
+  if (training) grads_release(store, m.layout.root_unit, true);
+  params_release(store, m.layout.root_unit);
+  m.root = nullptr;
+  m.root_grad = nullptr;
+}
+
+void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, int T,
+                ops::Stream s) {
+  CHECK(B <= m.B && T <= m.T, "batch %dx%d exceeds the model's buffers %dx%d", B, T, m.B, m.T);
+  if (tokens)
+    ops::copy_to_device_async(m.slots[slot].tokens, tokens, (size_t)B * T * sizeof(int), s);
+  if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
 }
 
 std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
@@ -374,23 +468,23 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
-// Block l's backward. On entry m.dresidual holds d(r3); on exit d(x). Weight gradients are
-// accumulated into `g` (the unit's fp32 gradient buffer). Under tensor parallelism each
-// row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens) and each
+// Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Weight
+// gradients are accumulated into `g` (the unit's fp32 gradient buffer). Under tensor parallelism
+// each row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens) and each
 // column-parallel GEMM's dX is a partial sum over the ranks (f backward: tp_sum_partials); the
 // column-parallel GEMMs' inputs are gathered again for their weight gradients.
-static void block_backward(GPT& m, int l, const BlockWeights& bw, float* g, int B, int T,
-                           ops::Stream s) {
+static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw,
+                           float* g, int B, int T, ops::Stream s) {
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
   const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
-  const ParamUnit& u = lay.units[1 + l];
+  const ParamUnit& u = lay.units[lay.block_unit[l]];
   auto grad = [&](int i) { return g + u.tensors[i].offset; };
-  const void* x = block_input(m, l);
-  LayerActs& a = m.layers[l];
+  const void* x = block_input(sl, j);
+  LayerActs& a = sl.layers[j];
   void* const* w = bw.w;
-  void* dres = m.dresidual;
+  void* dres = sl.grad;
   const int site = kBlockLinears * l;
   // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
   const void* dr3 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
@@ -414,59 +508,54 @@ static void block_backward(GPT& m, int l, const BlockWeights& bw, float* g, int 
                           a.ln1_rstd, Nt, C, dt, s);  // dres is now d(x)
 }
 
-// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
-// Leaves d(x_L) in m.dresidual.
-static void head_backward(GPT& m, void* root, float* groot, const void* lnf, int N,
-                          ops::Stream s) {
+void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const ParamUnit& ru = g.units[0];
-  const size_t e = dtype_size(m.dt);
-  const int Nt = g.tp.tokens(N);
-  ops::matmul_backward(m.dln_all, groot + ru.tensors[kWte].offset, nullptr, m.logits, lnf,
-                       tensor_at(root, ru, kWte, e), nullptr, N, g.C, g.Vp_local, m.dt, s);
-  const void* dlnf = tp_sum_partials(g.tp, m.dln_all, m.dln, N, g.C, m.dt, s);
-  ops::fill_zero(m.dresidual, (size_t)Nt * g.C * e, s);
-  ops::layernorm_backward(m.dresidual, groot + ru.tensors[kLnfW].offset,
-                          groot + ru.tensors[kLnfB].offset, dlnf, m.layers[g.L - 1].r3,
-                          tensor_at(root, ru, kLnfW, e), m.lnf_mean, m.lnf_rstd, Nt, g.C, m.dt,
-                          s);
+  ActivationSlot& sl = m.slots[c.slot];
+  const int first = g.first_block(c.chunk), n = g.blocks_per_stage, N = c.B * c.T;
+  ops::range_push("backward");
+  for (int j = n - 1; j >= 0; j--) {
+    const int l = first + j, unit = g.block_unit[l];
+    void* w = params_acquire(store, unit);
+    prefetch(store, unit, j > 0 ? g.block_unit[l - 1] : c.next_unit);
+    float* gw = grads_acquire(store, unit);
+    BlockWeights bw = block_weights(m, l, w);
+    if (m.recompute == Recompute::Block) block_forward(m, sl, j, l, bw, c.B, c.T, false, s);
+    if (m.recompute == Recompute::Gelu)
+      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size,
+                        m.dt, s);
+    block_backward(m, sl, j, l, bw, gw, c.B, c.T, s);
+    params_release(store, unit);
+    grads_release(store, unit, c.last_micro_step);
+  }
+  if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
+    tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
+                          sl.tokens, c.B, c.T, g.C, g.vocab_first, g.Vp_local, m.dt, s);
+  ops::range_pop();
 }
 
+// ---------------------------------------------------------------------------------------------
+// One stage, one micro-batch (pp = 1)
+// ---------------------------------------------------------------------------------------------
 void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B,
-                          int T, float dloss, float loss_scale_for_log, bool last_micro_step,
-                          ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const ParamUnit& ru = g.units[0];
-  const int N = B * T;
-  upload_batch(m, tokens, targets, B, T, s);
-  void* root = params_acquire(store, 0, Phase::Forward);
-  const void* lnf = forward_to_logits(m, store, root, B, T, s);
+                          int T, float dloss, float loss_scale_for_log, ops::Stream s) {
+  CHECK(m.layout.pp.p == 1, "gpt_forward_backward runs a one-stage model");
+  StageCall c;
+  c.B = B, c.T = T, c.dloss = dloss, c.loss_scale_for_log = loss_scale_for_log;
+  c.last_micro_step = true;
+  gpt_step_begin(m, store, true);
+  gpt_upload(m, 0, tokens, targets, B, T, s);
+  gpt_stage_forward(m, store, c, s);
+  gpt_stage_backward(m, store, c, s);
+  gpt_step_end(m, store, true);
+}
 
-  // Loss and d(logits) in one pass, then the head.
-  cross_entropy(m, dloss, N, s);
-  ops::sum_accumulate(m.loss_sum, m.losses, N, loss_scale_for_log, s);
-  ops::range_push("backward");
-  float* groot = grads_acquire(store, 0);
-  head_backward(m, root, groot, lnf, N, s);
-
-  for (int l = g.L - 1; l >= 0; l--) {
-    void* w = params_acquire(store, 1 + l, Phase::Backward);
-    float* gw = grads_acquire(store, 1 + l);
-    BlockWeights bw = block_weights(m, l, w);
-    if (m.recompute == Recompute::Block) block_forward(m, l, bw, B, T, false, s);
-    if (m.recompute == Recompute::Gelu)
-      ops::gelu_forward(m.layers[l].fch_gelu, m.layers[l].fch, (size_t)N * 4 * g.C / g.tp.size,
-                        m.dt, s);
-    block_backward(m, l, bw, gw, B, T, s);
-    params_release(store, 1 + l, Phase::Backward);
-    grads_release(store, 1 + l, last_micro_step);
-  }
-
-  // The tied embedding receives its second gradient contribution here.
-  tp_embedding_backward(g.tp, groot + ru.tensors[kWte].offset, groot + ru.tensors[kWpe].offset,
-                        m.gathered, m.dresidual, m.tokens, B, T, g.C, g.vocab_first, g.Vp_local,
-                        m.dt, s);
-  grads_release(store, 0, last_micro_step);
-  params_release(store, 0, Phase::Backward);
-  ops::range_pop();
+void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
+                 ops::Stream s) {
+  CHECK(m.layout.pp.p == 1, "gpt_forward runs a one-stage model");
+  StageCall c;
+  c.B = B, c.T = T, c.with_loss = targets != nullptr;
+  gpt_step_begin(m, store, false);
+  gpt_upload(m, 0, tokens, targets, B, T, s);
+  gpt_stage_forward(m, store, c, s);
+  gpt_step_end(m, store, false);
 }

@@ -2,9 +2,16 @@
 //
 // Parameters are grouped into units, the granularity at which FSDP gathers and frees weights and
 // at which DDP reduces gradient buckets:
-//   unit 0        the root: wte (Vp,C), wpe (maxT,C), ln_f/weight (C), ln_f/bias (C)
-//   unit 1 + l    block l: four weight matrices, two column-parallel biases, then the
-//                 LayerNorm vectors and the row-parallel biases
+//   the root      wte (Vp,C), wpe (maxT,C), ln_f/weight (C), ln_f/bias (C)
+//   block l       four weight matrices, two column-parallel biases, then the LayerNorm vectors
+//                 and the row-parallel biases
+// A rank holds the units of its pipeline stages (one stage: all of them, the root first, then
+// the blocks in order; layout.root_unit and layout.block_unit say where each one is).
+//
+// The model runs as stages (parallel/pipeline.cu drives them with a schedule): a chunk of
+// consecutive blocks, preceded by the embedding on the first stage and followed by the head and
+// the loss on the last. Each micro-batch in flight through a chunk keeps its activations in an
+// ActivationSlot; with one stage and one micro-batch at a time that is one slot, as in llm.c.
 // Each tensor is placed by parallel/placement.h: its global shape, the block this rank holds
 // under tensor parallelism (parallel/tensor_parallel.cu), its offset in the unit's flat buffer
 // (a multiple of 64 elements: 16-byte aligned vector loads in every dtype). The order inside a
@@ -40,19 +47,39 @@ enum RootTensor { kWte = 0, kWpe, kLnfW, kLnfB, kRootTensors };
 // The linear layers of a block; layer l's are numbered kBlockLinears * l + these (FP8 scales).
 enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kBlockLinears };
 
+// This rank's place in the pipeline: it holds chunks c = 0 .. v-1, chunk c being stage c*p + rank
+// of the p*v stages, each of n_layer/(p*v) consecutive blocks (parallel/pipeline_schedule.h).
+struct PipelinePlace {
+  int p = 1, rank = 0, v = 1;
+};
+
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
   TensorParallel tp;             // this rank's place in the tensor-parallel group
+  PipelinePlace pp;              // ... and in the pipeline
+  int blocks_per_stage = 0;      // L / (p*v)
+  int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
+  std::vector<int> block_unit;   // per global layer: its index in units, -1 on another stage
+  size_t parameters = 0;         // global, llm.c's N: wte counted with Vp rows
   int NH_local = 0;              // heads on this rank (NH / tp)
   int Vp_local = 0;              // vocabulary rows of wte on this rank, from vocab_first
   int vocab_first = 0;
   int maxT = 0;  // rows of wpe ([model] max_seq_len); a run uses the first T (seq_len) of them
-  std::vector<ParamUnit> units;  // 1 + L
-  size_t num_parameters() const;  // global, llm.c's N: wte counted with Vp rows
+  std::vector<ParamUnit> units;  // this rank's: [root] + its blocks in layer order
+
+  int stage(int chunk) const { return chunk * pp.p + pp.rank; }
+  int first_block(int chunk) const { return stage(chunk) * blocks_per_stage; }
+  bool first_stage(int chunk) const { return stage(chunk) == 0; }
+  bool last_stage(int chunk) const { return stage(chunk) == pp.p * pp.v - 1; }
+  // The unit a chunk's forward (or backward) acquires first: its first (last) block.
+  int entry_unit(int chunk, bool forward) const {
+    return block_unit[first_block(chunk) + (forward ? 0 : blocks_per_stage - 1)];
+  }
 };
-// The placement of every tensor on tensor-parallel rank tp.rank (tp.comm may be null: the
-// checkpoint index asks for other ranks' layouts).
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorParallel{});
+// The placement of every tensor on tensor-parallel rank tp.rank and pipeline rank pp.rank
+// (tp.comm may be null: the checkpoint index asks for other ranks' layouts).
+GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorParallel{},
+                     const PipelinePlace& pp = PipelinePlace{});
 
 enum class Recompute { None, Gelu, Block };
 Recompute parse_recompute(const std::string& s);
@@ -67,20 +94,31 @@ struct LayerActs {
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 };
 
+// One micro-batch in flight through one chunk: what its backward needs.
+struct ActivationSlot {
+  void* input = nullptr;  // (Nt,C) the chunk's input: the embedding, or received from stage s-1
+  void* grad = nullptr;   // (Nt,C) the residual-stream gradient: that of the chunk's output on
+                          // entry to the backward (received from stage s+1, or the head's), that
+                          // of its input on exit (sent to stage s-1)
+  std::vector<LayerActs> layers;  // the chunk's blocks; the last one's r3 is the chunk's output
+  int* tokens = nullptr;  // (B,T) on the device (the first stage's embedding backward reads them)
+};
+
 struct GPT {
   GPTLayout layout;
   DType dt = DType::F32;
   Recompute recompute = Recompute::None;
   int B = 0, T = 0;               // largest micro-batch the buffers hold
   ops::Stream stream = nullptr;   // the stream the buffers were zeroed on
-  std::vector<LayerActs> layers;
-  // Shapes say N = B*T tokens; the residual-stream buffers (encoded, lnf, dresidual, dln and
+  std::vector<ActivationSlot> slots;
+  // Shapes say N = B*T tokens; the residual-stream buffers (slot input and grad, lnf, dln and
   // each layer's ln1, r2, ln2, r3) hold layout.tp.tokens(N) of them.
-  void* encoded = nullptr;        // (N,C) = input of block 0
+  // The head (last stage only; its forward, loss and backward run in one go, so one set):
   void* lnf = nullptr;            // (N,C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;
   void* logits = nullptr;         // (N,Vp_local), overwritten by dlogits
   float* losses = nullptr;        // (B,T)
+  int* targets = nullptr;         // (B,T) on the device
   // tensor parallelism (tp > 1): every token's LayerNorm output, gathered (N,C); the partial
   // sums of a row-parallel GEMM or of the embedding (N,C); the classifier's row statistics
   float* ce_stats = nullptr;      // (N,3) merged
@@ -89,31 +127,62 @@ struct GPT {
   void* partial = nullptr;
   void* vocab_row = nullptr;      // (Vp) a row of logits gathered over the vocabulary (sampling)
   float* loss_sum = nullptr;      // one float: sum over a step of the mean-scaled losses
-  int *tokens = nullptr, *targets = nullptr;  // (B,T) on the device
   // backward scratch
-  void *dresidual = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
+  void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
+  // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
+  void* root = nullptr;
+  float* root_grad = nullptr;
   std::vector<void*> owned;       // every buffer above, for gpt_destroy
   size_t activation_bytes = 0;    // their total size
 };
 
-// fp8: the FP8 recipe of the block GEMMs (dt must then be BF16), or nullptr.
+// fp8: the FP8 recipe of the block GEMMs (dt must then be BF16), or nullptr. slots: activation
+// sets, one per micro-batch that can be in flight at once on this rank (parallel/pipeline.h).
 void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
-                ops::Stream s, const Fp8Recipe* fp8 = nullptr);
+                ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1);
 void gpt_destroy(GPT& model);
 
-// One micro-batch: copies tokens/targets (host, B*T each) to the device, runs the forward and
-// the backward of dloss * sum(losses), accumulating weight gradients through the store. Adds
-// loss_scale_for_log * sum(losses) to model.loss_sum. `last_micro_step` tells the store that
-// the gradients of this step are complete after this backward (DDP reduces them then).
+// ---------------------------------------------------------------------------------------------
+// Stages. A step (or a forward-only pass) is gpt_step_begin, stage forwards and backwards in the
+// schedule's order, gpt_step_end. The root is acquired for the whole step: the first stage's
+// embedding and the last stage's head both use it, at both ends of the step.
+// ---------------------------------------------------------------------------------------------
+void gpt_step_begin(GPT& model, ParamStore& store, bool training);
+// Releases the root; when training, its gradients are complete (DDP reduces them, FSDP
+// reduce-scatters them: once per step).
+void gpt_step_end(GPT& model, ParamStore& store, bool training);
+// Copies a micro-batch (host, B*T each) to the device: tokens into the slot (first stage),
+// targets for the loss (last stage). Either may be null.
+void gpt_upload(GPT& model, int slot, const int* tokens, const int* targets, int B, int T,
+                ops::Stream s);
+
+struct StageCall {
+  int chunk = 0, slot = 0, B = 0, T = 0;
+  float dloss = 0;               // != 0: training (the last stage runs the head's backward too)
+  bool with_loss = true;         // the last stage computes the losses (targets uploaded)
+  float loss_scale_for_log = 0;  // the last stage adds this * sum(losses) to model.loss_sum
+  bool last_micro_step = false;  // backward: the last micro-batch of the step for this chunk
+  int next_unit = -1;            // the unit the schedule's next action acquires first (prefetch)
+};
+// The chunk's forward: the embedding first on stage 0, then its blocks, and on the last stage the
+// final LayerNorm, the logits and the loss; when training, also the head's backward, which leaves
+// the gradient of the chunk's output in slot.grad (logits are the largest activation: the last
+// stage keeps one set instead of one per micro-batch in flight).
+void gpt_stage_forward(GPT& model, ParamStore& store, const StageCall& c, ops::Stream s);
+// The chunk's backward: slot.grad holds d(output) on entry and d(input) on exit; the first stage
+// ends with the embedding's backward.
+void gpt_stage_backward(GPT& model, ParamStore& store, const StageCall& c, ops::Stream s);
+// The chunk's output activation in a slot (what stage s+1 receives).
+void* gpt_stage_output(GPT& model, int slot);
+
+// One-stage conveniences (pp = 1): a whole micro-batch forward + backward (tests), and a forward
+// (losses in model.losses when targets != nullptr; logits of all positions in model.logits).
 void gpt_forward_backward(GPT& model, ParamStore& store, const int* tokens, const int* targets,
-                          int B, int T, float dloss, float loss_scale_for_log,
-                          bool last_micro_step, ops::Stream s);
-// Forward only (validation, sampling): losses in model.losses when targets != nullptr; logits
-// of all positions stay in model.logits (this rank's vocabulary columns).
+                          int B, int T, float dloss, float loss_scale_for_log, ops::Stream s);
 void gpt_forward(GPT& model, ParamStore& store, const int* tokens, const int* targets, int B,
                  int T, ops::Stream s);
 // The logits of row n over the whole vocabulary (first V entries, fp32, on the host), gathered
-// from the tensor-parallel ranks. After gpt_forward.
+// from the tensor-parallel ranks. On the last stage, after its forward.
 std::vector<float> gpt_logits_row(GPT& model, int n, ops::Stream s);

@@ -117,7 +117,7 @@ LlmcModelFile llmc_open(const std::string& path, const GPTLayout& g) {
             "[init] from: %s has a position table of maxT = %d rows, shorter than [model] "
             "seq_len = %d: seq_len must be <= the file's maxT", path.c_str(), f.maxT, g.T);
   const size_t elem = f.version == 3 ? 4 : 2;
-  const off_t expect = 1024 + (off_t)(g.num_parameters() * elem);
+  const off_t expect = 1024 + (off_t)(g.parameters * elem);
   const off_t size = lseek(f.fd, 0, SEEK_END);
   CHECK_ALL(size == expect, "[init] from: %s is %lld bytes, expected %lld for this shape",
             path.c_str(), (long long)size, (long long)expect);

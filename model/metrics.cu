@@ -5,7 +5,7 @@
 #include <cstring>
 
 double model_flops_per_token(const GPTLayout& g) {
-  return 6.0 * (double)g.num_parameters() + 6.0 * g.L * g.C * (double)g.T;
+  return 6.0 * (double)g.parameters + 6.0 * g.L * g.C * (double)g.T;
 }
 
 double hardware_flops_per_token(const GPTLayout& g, Recompute r) {

@@ -31,6 +31,8 @@ const char* axis_name(Axis a) {
     case Axis::EP: return "ep";
     case Axis::DPCP: return "dp*cp";
     case Axis::EPDP: return "ep-dp";
+    case Axis::Stage: return "stage";
+    case Axis::Embed: return "embed";
     default: return "?";
   }
 }

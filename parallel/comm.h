@@ -26,8 +26,11 @@
 
 #include "kernels/ops.h"
 
-enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Count };
-const char* axis_name(Axis a);  // "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp"
+// Stage: the ranks of one pipeline stage (every axis but pp); Embed: the first and the last
+// pipeline stage of one pipeline (the tied embedding's two copies).
+enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Count };
+// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed"
+const char* axis_name(Axis a);
 
 enum class CommBackend : int { MPI = 0, NCCL = 1 };
 

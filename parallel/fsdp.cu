@@ -30,9 +30,11 @@
 // all-reduce of 2 * (dp-1)/dp * 4N, i.e. 1.5x DDP. In bf16 the gathers move bf16 weights
 // (half the bytes) while gradients are reduced in fp32.
 //
-// Overlap. Collectives run on a second stream. When the model acquires unit u, the gather of the
-// next unit (u+1 in the forward, u-1 in the backward) is started at once, so it runs while u
-// computes; the reduce-scatter of u's gradient starts as soon as u's backward is queued:
+// Overlap. Collectives run on a second stream. When the model acquires unit u it names the unit
+// it will need next (params_prefetch: block l+1 in the forward, l-1 in the backward, and at the
+// end of a pipeline action the first unit of the schedule's next one), whose gather starts at
+// once and runs while u computes; the reduce-scatter of u's gradient starts as soon as u's
+// backward is queued. The root is gathered once per step and reduce-scattered once per step:
 //
 //   compute  |emb|blk 0 |blk 1 |blk 2 | ... |head|  |bwd 2 |bwd 1 |bwd 0 |emb|
 //   comm     |AG 1|AG 2  |AG 3  |            ...|AG 2|AG 1  |AG 0  |
@@ -70,12 +72,14 @@ void fsdp_init(ParamStore& st) {
     }
     us.gather_done = ops::event_create();
     us.reduce_done = ops::event_create();
-    if (u > 0) largest_block = std::max(largest_block, us.padded_numel);
     largest_shard = std::max(largest_shard, us.shard_numel);
+    if (!us.whole_step) {
+      largest_block = std::max(largest_block, us.padded_numel);
+      continue;
+    }
+    us.params = ops::alloc(us.padded_numel * elem);  // the root keeps its own buffers
+    us.grad_full = (float*)ops::alloc(us.padded_numel * sizeof(float));
   }
-  UnitState& root = st.units[0];  // the root keeps its own buffers
-  root.params = ops::alloc(root.padded_numel * elem);
-  root.grad_full = (float*)ops::alloc(root.padded_numel * sizeof(float));
   for (int i = 0; i < kPoolSlots; i++) {
     st.gather_pool.push_back(ops::alloc(largest_block * elem));
     st.gather_owner.push_back(-1);
@@ -92,9 +96,10 @@ void fsdp_destroy(ParamStore& st) {
     if (us.param_shard != us.master) ops::release(us.param_shard);
     ops::event_destroy(us.gather_done);
     ops::event_destroy(us.reduce_done);
+    if (!us.whole_step) continue;
+    ops::release(us.params);
+    ops::release(us.grad_full);
   }
-  ops::release(st.units[0].params);
-  ops::release(st.units[0].grad_full);
   for (int i = 0; i < kPoolSlots; i++) {
     ops::release(st.gather_pool[i]);
     ops::release(st.grad_pool[i]);
@@ -114,7 +119,7 @@ static void comm_after_compute(ParamStore& st) {
 static void start_gather(ParamStore& st, int u) {
   UnitState& us = st.units[u];
   if (us.gathered) return;
-  if (u > 0) {
+  if (!us.whole_step) {
     us.gather_slot = take_slot(st.gather_owner, u);
     us.params = st.gather_pool[us.gather_slot];
   }
@@ -124,19 +129,19 @@ static void start_gather(ParamStore& st, int u) {
   us.gathered = true;
 }
 
-void* fsdp_params_acquire(ParamStore& st, int unit, Phase phase) {
+void* fsdp_params_acquire(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
   start_gather(st, unit);
   ops::stream_wait_event(st.compute, us.gather_done);
-  const int next = phase == Phase::Forward ? unit + 1 : unit - 1;
-  if (next >= 1 && next < (int)st.units.size()) start_gather(st, next);  // prefetch
   return us.params;
 }
 
-void fsdp_params_release(ParamStore& st, int unit, Phase phase) {
+void fsdp_params_prefetch(ParamStore& st, int unit) { start_gather(st, unit); }
+
+void fsdp_params_release(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
   us.gathered = false;
-  if (unit == 0) return;  // the root's buffer is its own
+  if (us.whole_step) return;  // the root's buffer is its own
   st.gather_owner[us.gather_slot] = -1;
   us.gather_slot = -1;
   us.params = nullptr;
@@ -144,7 +149,7 @@ void fsdp_params_release(ParamStore& st, int unit, Phase phase) {
 
 float* fsdp_grads_acquire(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
-  if (unit > 0) {
+  if (!us.whole_step) {
     us.grad_slot = take_slot(st.grad_owner, unit);
     us.grad_full = st.grad_pool[us.grad_slot];
     // the previous reduce-scatter out of this buffer must be done before we overwrite it
@@ -162,7 +167,7 @@ void fsdp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   reduce_scatter_sum(*us.group, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
                      st.comm);
   ops::add_inplace(us.grad, st.reduce_scratch, us.shard_numel, st.comm);
-  if (unit == 0) return;
+  if (us.whole_step) return;
   ops::event_record(st.grad_slot_reduced[us.grad_slot], st.comm);
   st.grad_owner[us.grad_slot] = -1;
   us.grad_slot = -1;

@@ -236,11 +236,17 @@ void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, in
   make_comm(mesh.dpcp_comm, Axis::DPCP, pp_tp, dpcp_index, backend, st);
   make_comm(mesh.ep_comm, Axis::EP, ep_color, ep_rank, backend, st);
   make_comm(mesh.epdp_comm, Axis::EPDP, epdp_color, ep_block, backend, st);
+  make_comm(mesh.stage_comm, Axis::Stage, pp_rank, world_rank, backend, st);
+  // The embedding group: pipeline ranks 0 and pp-1 of one pipeline (a middle stage: alone).
+  const bool ends = pp_rank == 0 || pp_rank == pp - 1;
+  make_comm(mesh.embed_comm, Axis::Embed, ends ? pp_color : world_size + world_rank, pp_rank,
+            backend, st);
 }
 
 void mesh_destroy(Mesh& mesh) {
   for (Comm* c : {&mesh.world, &mesh.dp_comm, &mesh.tp_comm, &mesh.pp_comm, &mesh.cp_comm,
-                  &mesh.dpcp_comm, &mesh.ep_comm, &mesh.epdp_comm})
+                  &mesh.dpcp_comm, &mesh.ep_comm, &mesh.epdp_comm, &mesh.stage_comm,
+                  &mesh.embed_comm})
     comm_destroy(*c);
   mesh.stats = CommStats{};
 }
@@ -255,5 +261,7 @@ CommsByAxis mesh_comms(Mesh& mesh) {
   c.axis[(int)Axis::EP] = &mesh.ep_comm;
   c.axis[(int)Axis::DPCP] = &mesh.dpcp_comm;
   c.axis[(int)Axis::EPDP] = &mesh.epdp_comm;
+  c.axis[(int)Axis::Stage] = &mesh.stage_comm;
+  c.axis[(int)Axis::Embed] = &mesh.embed_comm;
   return c;
 }

@@ -13,6 +13,8 @@
 //   dpcp  ranks that differ in dp_rank and/or cp_rank (dense gradients when cp > 1)
 //   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all)
 //   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
+//   stage ranks with the same pp_rank                  (FP8 amax agreement inside a stage)
+//   embed pp ranks 0 and pp-1 of one pipeline          (the tied embedding's gradient)
 //
 // Validation runs before any work: the product of the degrees equals the world size; tp divides
 // n_head, 4*d_model and the padded vocabulary, and seq_len with sequence parallelism; 2*cp
@@ -27,6 +29,7 @@ struct Mesh {
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0, ep_rank = 0;
   Comm world, dp_comm, tp_comm, pp_comm, cp_comm, dpcp_comm, ep_comm, epdp_comm;
+  Comm stage_comm, embed_comm;
   CommStats stats;               // counters shared by all the comms above
 };
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 static float* alloc_zeroed_f32(size_t n, ops::Stream s) {
   float* p = (float*)ops::alloc(n * sizeof(float));
@@ -61,6 +62,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.dt = dt;
   st.tp = comms[Axis::TP];
   st.world = comms[Axis::World];
+  st.embed = comms[Axis::Embed];
   st.compute = compute;
   st.comm = comm;
   const bool sharded = mode == ShardingMode::FSDP;
@@ -72,6 +74,8 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     us.numel = pu.numel;
     us.owned_end = owned_end(pu, st.tp->rank);
     us.partial_begin = pu.partial_begin;
+    us.whole_step = pu.whole_step;
+    us.tied = pu.tied;
     const int ranks = sharded ? us.group->size : 1, rank = sharded ? us.group->rank : 0;
     us.padded_numel = sharded ? padded_numel(pu.numel, ranks) : pu.numel;
     const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
@@ -110,12 +114,15 @@ void param_store_destroy(ParamStore& st) {
 // ---------------------------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------------------------
-void* params_acquire(ParamStore& st, int unit, Phase phase) {
-  return st.mode == ShardingMode::FSDP ? fsdp_params_acquire(st, unit, phase)
+void* params_acquire(ParamStore& st, int unit) {
+  return st.mode == ShardingMode::FSDP ? fsdp_params_acquire(st, unit)
                                        : ddp_params_acquire(st, unit);
 }
-void params_release(ParamStore& st, int unit, Phase phase) {
-  if (st.mode == ShardingMode::FSDP) fsdp_params_release(st, unit, phase);
+void params_prefetch(ParamStore& st, int unit) {
+  if (st.mode == ShardingMode::FSDP && unit >= 0) fsdp_params_prefetch(st, unit);
+}
+void params_release(ParamStore& st, int unit) {
+  if (st.mode == ShardingMode::FSDP) fsdp_params_release(st, unit);
 }
 float* grads_acquire(ParamStore& st, int unit) {
   return st.mode == ShardingMode::FSDP ? fsdp_grads_acquire(st, unit)
@@ -144,8 +151,6 @@ void grads_zero(ParamStore& st) {
 // whole backward first: the model's own tp collectives run on the compute stream, and two
 // streams must never interleave collectives of one communicator (NCCL could deadlock).
 static void sum_partial_grads_over_tp(ParamStore& st) {
-  ops::event_record(st.comm_idle, st.compute);
-  ops::stream_wait_event(st.comm, st.comm_idle);
   for (UnitState& us : st.units) {
     const FlatRange part = partial_part(us);
     if (part.size() > 0)
@@ -154,7 +159,22 @@ static void sum_partial_grads_over_tp(ParamStore& st) {
   }
 }
 
+// Pipeline parallelism: the first and the last stage each hold the root (the tied wte); each
+// computed part of its gradient (embedding lookups at the first, the head at the last, zeros
+// elsewhere), so one all-reduce of the root's gradient shard over the pair gives both the full
+// gradient, and the same AdamW step keeps the two copies bitwise equal. The two hold the same
+// unit geometry, so under FSDP their shards line up element for element.
+static void sum_tied_grads(ParamStore& st) {
+  for (UnitState& us : st.units)
+    if (us.tied) all_reduce_sum(*st.embed, us.grad, us.shard_numel, DType::F32, st.comm);
+}
+
 void grads_wait(ParamStore& st) {
+  if (st.tp->size > 1 || (st.embed && st.embed->size > 1)) {
+    ops::event_record(st.comm_idle, st.compute);  // the whole backward is queued
+    ops::stream_wait_event(st.comm, st.comm_idle);
+  }
+  if (st.embed && st.embed->size > 1) sum_tied_grads(st);
   if (st.tp->size > 1) sum_partial_grads_over_tp(st);
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
@@ -173,6 +193,25 @@ double grad_norm(ParamStore& st) {
   ops::copy_to_host(&local, st.norm_scratch, sizeof(float));
   const bool group_owner = st.mode == ShardingMode::FSDP || st.units[0].group->rank == 0;
   return std::sqrt(all_reduce_host_sum(*st.world, group_owner ? (double)local : 0.0));
+}
+
+bool tied_copies_equal(ParamStore& st) {
+  bool equal = true;
+  for (UnitState& us : st.units) {
+    if (!us.tied || st.embed->size < 2) continue;
+    const size_t n = us.shard_numel, bytes = n * sizeof(float);
+    float* theirs = (float*)ops::alloc(bytes);
+    const int peer = 1 - st.embed->rank;
+    ops::stream_sync(st.compute);
+    send_recv(*st.embed, us.master, n, peer, theirs, n, peer, DType::F32, st.compute);
+    std::vector<float> a(n), b(n);
+    ops::stream_sync(st.compute);
+    ops::copy_to_host(a.data(), us.master, bytes);
+    ops::copy_to_host(b.data(), theirs, bytes);
+    ops::release(theirs);
+    equal = equal && std::memcmp(a.data(), b.data(), bytes) == 0;
+  }
+  return all_agree(*st.world, equal);
 }
 
 bool store_needs_param_copy(const ParamStore& st) { return st.dt != DType::F32; }

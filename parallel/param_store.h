@@ -28,7 +28,6 @@
 #include "parallel/placement.h"
 
 enum class ShardingMode { Replicated, FSDP };
-enum class Phase { Forward, Backward };
 
 struct UnitState {
   Comm* group = nullptr;    // sums the unit's gradient; FSDP shards over it
@@ -46,6 +45,8 @@ struct UnitState {
   void* params = nullptr;   // full compute-dtype weights; valid between acquire and release
   float* grad_full = nullptr;  // full fp32 gradient during this unit's backward
   // FSDP bookkeeping
+  bool whole_step = false;  // acquired once per step; FSDP keeps its own full buffers (the root)
+  bool tied = false;        // gradient summed over the embedding group after the step (pp > 1)
   bool gathered = false;
   int gather_slot = -1;     // pool slot holding params (blocks only)
   int grad_slot = -1;       // pool slot holding grad_full (blocks only)
@@ -58,6 +59,7 @@ struct ParamStore {
   DType dt = DType::F32;   // compute dtype of the working copy
   Comm* tp = nullptr;      // the tensor-parallel group (sums the partial gradients)
   Comm* world = nullptr;   // every rank (the gradient norm)
+  Comm* embed = nullptr;   // first and last pipeline stage (the tied root's gradients)
   std::vector<UnitState> units;
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
@@ -90,9 +92,11 @@ float* store_state(ParamStore& store, int unit, StateKind k);  // this rank's sh
 void param_store_load(ParamStore& store, const std::vector<ParamUnit>& units,
                       const ParamFill& fill, StateKind kind = StateKind::Master);
 
-// The model's side.
-void* params_acquire(ParamStore& store, int unit, Phase phase);
-void params_release(ParamStore& store, int unit, Phase phase);
+// The model's side. params_prefetch names the unit the model will acquire next (FSDP starts its
+// gather so that it overlaps the current unit's compute; DDP: nothing to do).
+void* params_acquire(ParamStore& store, int unit);
+void params_prefetch(ParamStore& store, int unit);
+void params_release(ParamStore& store, int unit);
 float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
 
@@ -102,6 +106,9 @@ void grads_zero(ParamStore& store);
 // finished on the compute stream.
 void grads_wait(ParamStore& store);
 double grad_norm(ParamStore& store);    // global L2 norm, each logical element counted once
+// Pipeline parallelism: whether the first and the last stage's copies of every tied unit hold
+// bitwise-equal fp32 weights (each sends its shard to the other). Collective over the world.
+bool tied_copies_equal(ParamStore& store);
 // After the optimizer updated the fp32 masters: refresh the working copies where needed.
 bool store_needs_param_copy(const ParamStore& store);  // adamw writes a compute-dtype copy?
 void* store_param_copy(ParamStore& store, int unit);   // where that copy of the shard lives
@@ -114,7 +121,8 @@ float* ddp_grads_acquire(ParamStore& store, int unit);
 void ddp_grads_release(ParamStore& store, int unit, bool last_micro_step);
 void fsdp_init(ParamStore& store);
 void fsdp_destroy(ParamStore& store);
-void* fsdp_params_acquire(ParamStore& store, int unit, Phase phase);
-void fsdp_params_release(ParamStore& store, int unit, Phase phase);
+void* fsdp_params_acquire(ParamStore& store, int unit);
+void fsdp_params_prefetch(ParamStore& store, int unit);
+void fsdp_params_release(ParamStore& store, int unit);
 float* fsdp_grads_acquire(ParamStore& store, int unit);
 void fsdp_grads_release(ParamStore& store, int unit, bool last_micro_step);

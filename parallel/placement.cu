@@ -90,6 +90,7 @@ FlatRange clip(FlatRange r, size_t limit) {
 }
 
 size_t owned_end(const ParamUnit& u, int tp_rank) {
+  if (u.tied_copy) return 0;
   return tp_rank == 0 ? u.numel : u.split_numel;
 }
 

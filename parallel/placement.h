@@ -30,7 +30,7 @@
 //                               gradient (sequence parallel: LayerNorms see T/tp tokens), so the
 //                               gradients are summed over tp once per step
 // Each element is owned by one tp rank (owned_end): the split prefix by the rank holding it, the
-// replicated tail by tp rank 0. The gradient norm counts, and checkpoint writers write, owned
+// replicated tail by tp rank 0; none of a unit that is a pipeline stage's tied copy. The gradient norm counts, and checkpoint writers write, owned
 // elements only, so each logical element once. Shards (FSDP, checkpoint writers) are flat slices of the local unit (see
 // shard_range): the one shard geometry of the program.
 #pragma once
@@ -74,6 +74,14 @@ struct ParamUnit {
   size_t split_numel = 0;
   size_t partial_begin = 0;
   Axis grad_axis = Axis::DP; // the group that sums the gradient and that FSDP shards over
+  // Pipeline parallelism (parallel/pipeline.cu). The root unit (embeddings, final LayerNorm) is
+  // used at both ends of a step, so it is acquired once per step (whole_step). With pp > 1 the
+  // first and the last stage each hold the whole root (the tied wte is used by both): its
+  // gradients are summed over the embedding group (tied), and the last stage's copy is owned by
+  // nobody (tied_copy): the norm and the checkpoints count the first stage's only.
+  bool whole_step = false;
+  bool tied = false;
+  bool tied_copy = false;
 };
 
 // Building a unit, tensor by tensor (offsets aligned to kTensorAlign). `finish_unit` pads the

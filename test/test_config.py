@@ -40,7 +40,8 @@ DEFAULTS = {
     "kernels": {"attention": "auto"},
     "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": ""},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
-            "sample_tokens": 64, "peak_tflops": 0.0},
+            "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
+            "check_tied": False},
 }
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
 PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len"]  # max_seq_len defaults to seq_len or maxT

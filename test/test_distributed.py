@@ -7,8 +7,8 @@ For np = 2 and 4, DDP and FSDP, from a random init (same seed) and from an llm.c
 Per-rank weights + gradients + optimizer state under FSDP equal the analytic shard size and are
   at most 1/dp of the one-rank figure plus padding.
 Communication counted per step equals the analytic value exactly: DDP one fp32 all-reduce per
-  unit; FSDP per micro-step an all-gather per unit forward, another per block backward, and a
-  reduce-scatter per unit.
+  unit; FSDP per micro-step an all-gather per block forward, another per block backward, and a
+  reduce-scatter per block, and per step one all-gather and one reduce-scatter of the root.
 A rank killed mid-run (SIGKILL) makes mpirun exit non-zero within 60 s; bad degree combinations,
   the pipeline schedule's rules ([parallel] pp_schedule, pp_virtual against n_layer and the
   micro-batches of a step) and not-yet-supported axes are refused before any work.
@@ -57,9 +57,12 @@ def expected_comm(mode, dp, accum):
     if mode == "ddp":
         return {"all_reduce": {"calls": len(units), "bytes": 4 * sum(units)}}
     padded = [round_up(n, dp * 64) for n in units]
-    gathers = padded[0] + 2 * sum(padded[1:])  # root once, each block forward and backward
-    return {"all_gather": {"calls": accum * (1 + 2 * L), "bytes": accum * 4 * gathers},
-            "reduce_scatter": {"calls": accum * (1 + L), "bytes": accum * 4 * sum(padded)}}
+    # the root once per step (gathered and reduce-scattered), each block per micro-batch: its
+    # forward and its backward gather, one reduce-scatter
+    blocks = sum(padded[1:])
+    return {"all_gather": {"calls": 1 + accum * 2 * L,
+                           "bytes": 4 * (padded[0] + accum * 2 * blocks)},
+            "reduce_scatter": {"calls": 1 + accum * L, "bytes": 4 * (padded[0] + accum * blocks)}}
 
 
 def train(tmp, name, np_ranks, mode, accum=1, from_file=True):
@@ -145,7 +148,7 @@ def test_refused_layouts(rng):
         cases = [
             ("dp*tp*pp*cp != world", 2, {"dp": 1}, ["dp", "2"]),
             ("tp must divide n_head", 2, {"tp": 2}, ["n_head", "tp"]),
-            ("pp not supported yet", 2, {"pp": 2}, ["not yet"]),
+            ("cp not supported yet", 2, {"cp": 2}, ["not yet"]),
             ("unknown pipeline schedule", 2, {"pp": 2, "pp_schedule": "zigzag"},
              ["pp_schedule", "zigzag"]),
             ("pp_virtual > 1 without interleaving", 2, {"pp": 2, "pp_virtual": 2},

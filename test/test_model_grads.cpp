@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   grads_zero(store);
   const float scale = 1.0f / (B * T);
   gpt_forward_backward(model, store, tokens.data(), tokens.data() + (size_t)B * T, B, T, scale,
-                       scale, true, s);
+                       scale, s);
   grads_wait(store);
   float loss = 0;
   ops::stream_sync(s);

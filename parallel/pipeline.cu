@@ -1,0 +1,261 @@
+// parallel/pipeline.cu - pipeline parallelism: the model cut into stages, one group of
+// consecutive blocks per rank, micro-batches flowing through them.
+//
+// The idea. With pp ranks, rank r holds blocks [r*L/pp, (r+1)*L/pp) (interleaved: v smaller
+// chunks, see parallel/pipeline_schedule.cu), the first stage also the embedding and the last
+// the head and the loss. A step's batch is cut into m = grad_accum micro-batches; micro-batch i
+// goes forward through stage 0, 1, ..., each stage sending its output activation to the next,
+// and its gradient comes back the same way. Each rank holds 1/pp of the weights, gradients and
+// optimizer state, and of the activations of one micro-batch: what pipelining buys is memory,
+// with only point-to-point traffic between neighbours.
+//
+// Who talks to whom, bytes. Rank r sends to r+1 and receives from r+1 (and rank pp-1 to rank 0
+// between the chunks of an interleaved schedule), on the pp communicator, which pairs ranks with
+// the same dp, cp and tp coordinates: each tp rank sends its own part of the boundary (under
+// sequence parallelism B*T/tp tokens). Per micro-batch and boundary one activation forward and
+// one gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and
+// rank at most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
+//
+// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built and
+// checked in parallel/pipeline_schedule.cu, where the warm-up, the steady one-forward-one-
+// backward state, the cool-down, the memory bound and the bubble (p-1)/(v*m + p-1) are derived.
+// This file runs the list:
+//
+//   rank 1 of 4, 1f1b, m = 4:   recv-fwd 0, F0, send-fwd 0 | recv-fwd 1, F1, send-fwd 1 |
+//                               recv-bwd 0 ... B0 ...
+//
+//   compute  |  F0  |  F1  |     |  B0    |  F2  |  B1    |  F3  |  B2    |  B3    |
+//   p2p     r0>  >r2 r0>  >r2  <r2      >r0  r0> ...
+//
+// Activation slots. A forward keeps its activations in a slot until the backward of the same
+// micro-batch and chunk frees it; the executor takes a free slot at the forward (or at the
+// receive of its input) and gives it back after the backward's gradient is sent. A rank needs as
+// many slots as its peak number of chunk forwards in flight, which the schedule's simulation
+// gives (1f1b: pp - rank at most, whatever m is).
+//
+// Point to point. Each run of consecutive sends and receives in the list is posted as one
+// send_recv (NCCL: one group; MPI: Isend + Irecv + Waitall), so two neighbours that send to
+// each other at the same moment do not wait for each other. Sends and receives between two ranks
+// match in posting order.
+//
+// Around the executor (model/gpt_pipeline.cu, parallel/param_store.cu): the root (wte, wpe, ln_f)
+// is held by the first and the last stage, its gradients summed over the pair once per step
+// (the embedding group), so the two wte copies stay bitwise equal; every unit's gradient is
+// reduced over dp once per step, after the last micro-batch's backward of its chunk; FSDP
+// prefetches the first weights of the next action in the list, not of the neighbouring unit.
+//
+// Measured bubble. Every compute action is timed with events (host clock on the CPU backend);
+// pipeline_report gathers the timings of the pp group and compares the idle fraction with the
+// formula, and draws the step as an ASCII timeline.
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "kernels/common.h"
+
+static bool is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward; }
+static bool is_send(PipeOp op) { return op == PipeOp::SendForward || op == PipeOp::SendBackward; }
+
+void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
+                   Comm* comm) {
+  pl.schedule = pipeline_build(kind, p, m, v);
+  pl.rank = rank;
+  pl.comm = comm;
+  const PipelineSimulation sim = pipeline_simulate(pl.schedule, 1.0, 2.0);
+  CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
+        sim.error.c_str());
+  pl.slots = std::max(1, sim.peak_live[rank]);
+  pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
+  for (ops::Event& e : pl.events) e = ops::event_create();
+}
+
+void pipeline_destroy(Pipeline& pl) {
+  for (ops::Event e : pl.events) ops::event_destroy(e);
+  pl.events.clear();
+}
+
+namespace {
+
+// Which slot holds the activations of (micro-batch, chunk) while it is in flight.
+struct SlotPool {
+  int m = 1;
+  std::vector<int> free;
+  std::map<int, int> held;  // chunk * m + micro -> slot
+
+  int key(const PipeAction& a) const { return a.chunk * m + a.micro; }
+  bool has(const PipeAction& a) const { return held.count(key(a)) > 0; }
+  int take(const PipeAction& a) {
+    if (free.empty()) BUG("pipeline: no free activation slot for micro-batch %d", a.micro);
+    const int slot = free.back();
+    free.pop_back();
+    held[key(a)] = slot;
+    return slot;
+  }
+  int at(const PipeAction& a) const {
+    auto it = held.find(key(a));
+    if (it == held.end()) BUG("pipeline: micro-batch %d chunk %d has no slot", a.micro, a.chunk);
+    return it->second;
+  }
+  void give(const PipeAction& a) {
+    free.push_back(at(a));
+    held.erase(key(a));
+  }
+};
+
+struct Executor {
+  const PipelineSchedule& sched;
+  const PipelineStages& stages;
+  Comm& comm;
+  int rank;
+  bool training;  // false: forward only, a slot is free once its output is sent
+  ops::Stream s;
+  SlotPool pool;
+
+  int stage(const PipeAction& a) const { return a.chunk * sched.p + rank; }
+  bool last_stage(const PipeAction& a) const { return stage(a) == sched.p * sched.v - 1; }
+};
+
+const PipeAction* next_compute(const std::vector<PipeAction>& list, size_t i) {
+  for (size_t j = i + 1; j < list.size(); j++)
+    if (is_compute(list[j].op)) return &list[j];
+  return nullptr;
+}
+
+// Posts the run of consecutive communication actions starting at list[i] as one send_recv (the
+// schedule puts at most one send and one receive between two compute actions). Returns the
+// index after the run.
+size_t communicate(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
+  const PipeAction *send = nullptr, *recv = nullptr;
+  size_t j = i;
+  for (; j < list.size() && !is_compute(list[j].op); j++) {
+    const PipeAction*& side = is_send(list[j].op) ? send : recv;
+    if (side) BUG("pipeline: two %s in a row in rank %d's list", pipe_op_name(list[j].op), ex.rank);
+    side = &list[j];
+  }
+  void* out = send ? ex.stages.boundary(send->op, ex.pool.at(*send)) : nullptr;
+  // A slot whose last use is this send is free for the receive: the receive writes the slot's
+  // input, never the gradient being sent, and whatever writes the gradient next is ordered after
+  // this call.
+  if (send && (send->op == PipeOp::SendBackward || !ex.training)) ex.pool.give(*send);
+  void* in = nullptr;
+  if (recv) {
+    const int slot = recv->op == PipeOp::RecvForward ? ex.pool.take(*recv) : ex.pool.at(*recv);
+    in = ex.stages.boundary(recv->op, slot);
+  }
+  const size_t n = ex.stages.boundary_count;
+  send_recv(ex.comm, out, n, send ? send->peer : -1, in, n, recv ? recv->peer : -1,
+            ex.stages.dt, ex.s);
+  return j;
+}
+
+// A compute action on its slot. A slot is given back when nothing later needs it: after the
+// backward on stage 0 (no gradient to send), after a forward-only pass's last stage.
+void compute(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
+  const PipeAction& a = list[i];
+  const bool fwd = a.op == PipeOp::Forward;
+  const int slot = fwd && !ex.pool.has(a) ? ex.pool.take(a) : ex.pool.at(a);
+  ex.stages.compute(a, slot, next_compute(list, i));
+  if ((!fwd && ex.stage(a) == 0) || (fwd && !ex.training && ex.last_stage(a))) ex.pool.give(a);
+}
+
+SlotPool make_pool(int slots, int m) {
+  SlotPool pool;
+  pool.m = m;
+  for (int i = slots - 1; i >= 0; i--) pool.free.push_back(i);
+  return pool;
+}
+
+}  // namespace
+
+void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
+  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.rank];
+  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, true, s, make_pool(pl.slots, pl.schedule.m)};
+  ops::event_record(pl.events[0], s);
+  std::vector<PipeAction> timed;
+  size_t e = 1;
+  for (size_t i = 0; i < list.size();) {
+    if (!is_compute(list[i].op)) {
+      i = communicate(ex, list, i);
+      continue;
+    }
+    ops::event_record(pl.events[e++], s);
+    compute(ex, list, i);
+    ops::event_record(pl.events[e++], s);
+    timed.push_back(list[i++]);
+  }
+  ops::event_sync(pl.events[e - 1]);
+  pl.timing.clear();
+  for (size_t k = 0; k < timed.size(); k++)
+    pl.timing.push_back({timed[k], ops::event_elapsed_ms(pl.events[0], pl.events[1 + 2 * k]),
+                         ops::event_elapsed_ms(pl.events[0], pl.events[2 + 2 * k])});
+}
+
+void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
+  const int p = pl.schedule.p, v = pl.schedule.v, S = p * v;
+  std::vector<PipeAction> list;  // each chunk: receive the input, forward, send the output
+  for (int c = 0; c < v; c++) {
+    const int stage = c * p + pl.rank;
+    if (stage > 0) list.push_back({PipeOp::RecvForward, 0, c, (stage - 1) % p});
+    list.push_back({PipeOp::Forward, 0, c, -1});
+    if (stage < S - 1) list.push_back({PipeOp::SendForward, 0, c, (stage + 1) % p});
+  }
+  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, false, s, make_pool(1, 1)};
+  for (size_t i = 0; i < list.size();) {
+    if (is_compute(list[i].op)) compute(ex, list, i++);
+    else i = communicate(ex, list, i);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------------
+static std::string draw_rank(const std::vector<double>& t, int n, double span, int width) {
+  std::string line(width, '.');
+  for (int k = 0; k < n; k++) {
+    const double* a = &t[5 * k];  // op, micro, chunk, start, end
+    const int c0 = std::min(width - 1, (int)(a[3] / span * width));
+    const int c1 = std::max(c0 + 1, std::min(width, (int)std::lround(a[4] / span * width)));
+    const bool fwd = a[0] == (double)PipeOp::Forward;
+    for (int c = c0; c < c1; c++) line[c] = '=';
+    line[c0] = a[2] > 0 ? (fwd ? 'f' : 'b') : (fwd ? 'F' : 'B');
+    if (c1 - c0 >= 2) line[c0 + 1] = "0123456789abcdef"[(int)a[1] % 16];
+  }
+  return line;
+}
+
+PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
+  const PipelineSchedule& sch = pl.schedule;
+  const int p = sch.p, n = (int)pl.timing.size();
+  std::vector<double> mine(5 * n), all(5 * (size_t)n * p);
+  for (int k = 0; k < n; k++) {
+    const ActionTiming& t = pl.timing[k];
+    const double row[5] = {(double)t.action.op, (double)t.action.micro, (double)t.action.chunk,
+                           t.start_ms, t.end_ms};
+    std::copy(row, row + 5, &mine[5 * k]);
+  }
+  if (p > 1) MPI_Allgather(mine.data(), 5 * n, MPI_DOUBLE, all.data(), 5 * n, MPI_DOUBLE,
+                           pl.comm->mpi);
+  else all = mine;
+  PipelineReport rep;
+  rep.busy_ms.assign(p, 0.0);
+  for (int r = 0; r < p; r++)
+    for (int k = 0; k < n; k++) {
+      const double* a = &all[5 * ((size_t)r * n + k)];
+      rep.busy_ms[r] += a[4] - a[3];
+      rep.span_ms = std::max(rep.span_ms, a[4]);
+    }
+  double mean_busy = 0;
+  for (double b : rep.busy_ms) mean_busy += b / p;
+  rep.bubble = rep.span_ms > 0 ? 1.0 - mean_busy / rep.span_ms : 0.0;
+  rep.bubble_formula = (double)(p - 1) / (sch.v * sch.m + p - 1);
+  if (timeline && rep.span_ms > 0)
+    for (int r = 0; r < p; r++) {
+      const std::vector<double> t(all.begin() + 5 * (size_t)r * n,
+                                  all.begin() + 5 * (size_t)(r + 1) * n);
+      rep.timeline += "pp rank " + std::to_string(r) + " |" + draw_rank(t, n, rep.span_ms, width) +
+                      "|\n";
+    }
+  return rep;
+}
