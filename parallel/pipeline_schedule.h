@@ -1,8 +1,10 @@
 // parallel/pipeline_schedule.h - pipeline schedules as data: for p pipeline ranks, m micro-batches
 // and v model chunks per rank, the ordered list of actions each rank performs in one optimizer
 // step (compute, and the sends and receives of the tensors at stage boundaries), and a simulator
-// that runs those lists against each other. Pure logic: no communication, no model. The idea, the
-// bubble, memory and bytes are explained at the top of parallel/pipeline_schedule.cu.
+// that runs those lists against each other, with sends that complete at once (buffered) or only
+// once the peer posts the receive (rendezvous, as NCCL and large MPI messages do). Pure logic: no
+// communication, no model. The idea, the bubble, memory, bytes and the two ways of sending are
+// explained at the top of parallel/pipeline_schedule.cu.
 //
 // Stages. The model's n_layer blocks are cut into S = p*v stages of equal size, numbered in model
 // order. Chunk c of rank r is stage c*p + r, so with v = 1 rank r holds stage r, and with v = 2 and
@@ -10,7 +12,9 @@
 // stage s-1 and its output gradient from stage s+1; the last stage computes the loss.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 enum class PipeOp : int {
@@ -47,7 +51,12 @@ struct PipelineSchedule {
 //   n_layer % (p*v) == 0 when n_layer > 0 (every stage gets n_layer/(p*v) blocks; pass 0 to skip).
 std::string pipeline_validate(const std::string& kind, int p, int m, int v, int n_layer);
 
-// The schedule; stops the job (FATAL) on a configuration pipeline_validate refuses.
+// The schedule; stops the job (FATAL) on a configuration pipeline_validate refuses. Every send
+// and receive sits where the lists run under rendezvous too: at a moment both ranks are between
+// computes in the timeline with F = 1, B = 2. On the interleaved schedule's link from rank p-1 to
+// rank 0 that puts some receives several computes before their consumer (more as p grows) and
+// some sends one compute late; elsewhere a receive comes right before its compute, a send right
+// after.
 PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v);
 
 // Warm-up forwards of rank r before its first backward (counted in chunk forwards):
@@ -55,14 +64,34 @@ PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v);
 //   interleaved: min((p - r - 1) + (v - 1)*p, m*v)  (see pipeline_schedule.cu).
 int pipeline_warmup(const std::string& kind, int p, int m, int v, int rank);
 
+// Sends and receives are the four ops after Backward.
+bool pipe_op_is_comm(PipeOp op);
+
+// The runs of consecutive sends and receives in one rank's list, as [begin, end) action indices,
+// in order. The executor posts each run as one batched operation (an NCCL group, or MPI
+// Isend/Irecv and one Waitall) that returns when all of it has completed; the rendezvous
+// simulation below groups the same way.
+std::vector<std::pair<size_t, size_t>> pipeline_comm_runs(const std::vector<PipeAction>& actions);
+
+// How a send completes, in the simulation. Communication itself is free in both.
+//   Buffered:   at once: the message waits in a first-in first-out queue per ordered pair of
+//               ranks, and a receive waits for the matching send. Small MPI messages behave so.
+//   Rendezvous: only when the peer has posted the matching receive. A rank reaching a run of
+//               sends and receives (pipeline_comm_runs) posts all of them at its clock, and
+//               goes on when every one is matched, at the latest post time among them and their
+//               partners. NCCL and large MPI messages behave so: a list that is fine buffered
+//               can deadlock here (two ranks each sending to the other in a run of its own
+//               before receiving), and the executor runs the lists this way.
+// Either way sends and receives between two ranks match in posting order, which is exactly what
+// the real transports do: NCCL and the MPI backend (tag 0) pair them in posting order.
+enum class PipeComm { Buffered, Rendezvous };
+
 // The result of running the lists against each other with compute costs F (one chunk's forward)
-// and B (one chunk's backward) and free, instantaneous communication: a send completes at once
-// (the message waits in a first-in first-out queue per ordered pair of ranks), a receive waits for
-// the matching send. Exactly what the real transports match: NCCL and the MPI backend (tag 0)
-// pair sends and receives between two ranks in posting order.
+// and B (one chunk's backward) and free, instantaneous communication of the given kind.
 struct PipelineSimulation {
-  std::string error;          // "" or: deadlock (each stuck rank and its next action), a message
-                              // that does not match the receive, a compute without its input
+  std::string error;          // "" or: deadlock (each stuck rank and the action it waits on), a
+                              // message that does not match the receive, a compute without its
+                              // input
   double makespan = 0;        // time when the last rank finishes
   std::vector<double> busy;   // per rank: time spent computing (m*v*(F+B) when all is well)
   std::vector<int> peak_live; // per rank: most chunk activations held at once (forwards done
@@ -70,7 +99,8 @@ struct PipelineSimulation {
   // per rank: the compute actions with their start times, in order (for timelines)
   std::vector<std::vector<std::pair<double, PipeAction>>> starts;
 };
-PipelineSimulation pipeline_simulate(const PipelineSchedule& sched, double F, double B);
+PipelineSimulation pipeline_simulate(const PipelineSchedule& sched, double F, double B,
+                                     PipeComm mode = PipeComm::Buffered);
 
 // ASCII timeline of a simulation with integer costs: one column per time unit, "F3" style labels
 // (micro-batch in hex; chunk 1 drawn in lower case f/b), "." when idle. One line per rank.
