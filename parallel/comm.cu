@@ -18,6 +18,7 @@
 //   counted, so the counters describe only the training data plane.
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "parallel/comm.h"
 
@@ -151,15 +152,26 @@ void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void
                size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
   if (send_peer != -1) check_peer(c, send_peer, "send_recv (send side)");
   if (recv_peer != -1) check_peer(c, recv_peer, "send_recv (receive side)");
-  if (send_count == 0) send_peer = -1;
-  if (recv_count == 0) recv_peer = -1;
-  if (send_peer == -1 && recv_peer == -1) return;
-  if (send_peer != -1) tally(c, CollectiveKind::Send, send_count * dtype_size(dt));
-  if (recv_peer != -1) tally(c, CollectiveKind::Recv, recv_count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL)
-    comm_nccl::send_recv(c, send, send_count, send_peer, recv, recv_count, recv_peer, dt, s);
-  else
-    comm_mpi::send_recv(c, send, send_count, send_peer, recv, recv_count, recv_peer, dt, s);
+  P2POp ops[2];
+  int n = 0;
+  if (send_peer != -1) ops[n++] = {true, const_cast<void*>(send), send_count, send_peer};
+  if (recv_peer != -1) ops[n++] = {false, recv, recv_count, recv_peer};
+  p2p_batch(c, ops, n, dt, s);
+}
+
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
+  std::vector<P2POp> posted;
+  for (int i = 0; i < n; i++) {
+    check_peer(c, ops[i].peer, ops[i].is_send ? "p2p send" : "p2p receive");
+    if (ops[i].count == 0) continue;
+    tally(c, ops[i].is_send ? CollectiveKind::Send : CollectiveKind::Recv,
+          ops[i].count * dtype_size(dt));
+    posted.push_back(ops[i]);
+  }
+  if (posted.empty()) return;
+  const int m = (int)posted.size();
+  if (c.backend == CommBackend::NCCL) comm_nccl::p2p_batch(c, posted.data(), m, dt, s);
+  else comm_mpi::p2p_batch(c, posted.data(), m, dt, s);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {

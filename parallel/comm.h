@@ -90,6 +90,17 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
 // under NCCL both are queued on s. send and recv must not overlap.
 void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
                size_t recv_count, int recv_peer, DType dt, ops::Stream s);
+// A batch of point-to-point transfers, all posted before any is waited for (MPI: the receives,
+// then the sends, then one Waitall; NCCL: one group): the general form of send_recv, for a
+// pipeline stage whose schedule puts several messages between two computes. Each op counts as
+// a send or a recv; ops with count 0 post nothing. Under MPI the call returns when all are done.
+struct P2POp {
+  bool is_send = false;
+  void* buf = nullptr;  // read for a send, written for a receive
+  size_t count = 0;
+  int peer = -1;
+};
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 // send holds c.size blocks of count elements; block j goes to rank j; recv block j comes from j.
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 void barrier(Comm& c);
@@ -123,9 +134,8 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
-// Each side present (peer >= 0, count > 0) or absent (peer -1); at least one present.
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
+// n >= 1 ops, each with a peer >= 0 and a count > 0.
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 }  // namespace comm_mpi
 
@@ -142,8 +152,7 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
-// Each side present (peer >= 0, count > 0) or absent (peer -1); at least one present.
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
+// n >= 1 ops, each with a peer >= 0 and a count > 0.
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 }  // namespace comm_nccl

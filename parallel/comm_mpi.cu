@@ -22,6 +22,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "parallel/comm.h"
 
@@ -168,29 +169,46 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
   stage_out(v, buf, bytes);
 }
 
-// Both requests are posted before either is waited for, so two ranks exchanging with each other
-// (or a ring of ranks) never wait on one another whatever the message size. The receive is
-// posted first, so a message arriving early lands in place. Staging: [send | recv].
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
-  const size_t in_bytes = send_peer < 0 ? 0 : send_count * dtype_size(dt);
-  const size_t out_bytes = recv_peer < 0 ? 0 : recv_count * dtype_size(dt);
-  HostView v = stage_in(c, send_peer < 0 ? nullptr : send, in_bytes,
-                        recv_peer < 0 ? nullptr : recv, out_bytes, false, s);
-  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  if (recv_peer >= 0)
-    MPI_Irecv(v.out, mpi_count(recv_count), mpi_type(dt), recv_peer, /*tag=*/0, c.mpi, &req[0]);
-  if (send_peer >= 0)
-    MPI_Isend(v.in, mpi_count(send_count), mpi_type(dt), send_peer, /*tag=*/0, c.mpi, &req[1]);
-  MPI_Status status[2];
-  MPI_Waitall(2, req, status);
-  if (recv_peer < 0) return;
-  int received = 0;
-  MPI_Get_count(&status[0], mpi_type(dt), &received);
-  CHECK((size_t)received == recv_count,
-        "send_recv on axis %s from rank %d: got %d elements, expected %zu", axis_name(c.axis),
-        recv_peer, received, recv_count);
-  stage_out(v, recv, out_bytes);
+// Every request is posted before any is waited for, so ranks exchanging with each other (a pair,
+// a ring, a pipeline's neighbours) never wait on one another whatever the message size. The
+// receives are posted first, so a message arriving early lands in place. With GPU buffers each
+// op gets its own region of the staging buffer: sends copied down first, receives copied up
+// after the Waitall.
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
+  const bool host = ops::device_memory_is_host();
+  std::vector<size_t> offset(n + 1, 0);
+  for (int i = 0; i < n; i++)
+    offset[i + 1] = offset[i] + round_up(ops[i].count * dtype_size(dt), 64);
+  char* staging = nullptr;
+  if (!host) {
+    ops::stream_sync(s);
+    staging = static_cast<char*>(grow_staging(c, offset[n]));
+    for (int i = 0; i < n; i++)
+      if (ops[i].is_send)
+        ops::copy_to_host(staging + offset[i], ops[i].buf, ops[i].count * dtype_size(dt));
+  }
+  auto buffer = [&](int i) { return host ? ops[i].buf : (void*)(staging + offset[i]); };
+  std::vector<MPI_Request> req(n, MPI_REQUEST_NULL);
+  for (int pass = 0; pass < 2; pass++)  // receives, then sends
+    for (int i = 0; i < n; i++) {
+      if (ops[i].is_send != (pass == 1)) continue;
+      const int count = mpi_count(ops[i].count);
+      if (ops[i].is_send)
+        MPI_Isend(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, c.mpi, &req[i]);
+      else
+        MPI_Irecv(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, c.mpi, &req[i]);
+    }
+  std::vector<MPI_Status> status(n);
+  MPI_Waitall(n, req.data(), status.data());
+  for (int i = 0; i < n; i++) {
+    if (ops[i].is_send) continue;
+    int received = 0;
+    MPI_Get_count(&status[i], mpi_type(dt), &received);
+    CHECK((size_t)received == ops[i].count,
+          "receive on axis %s from rank %d: got %d elements, expected %zu", axis_name(c.axis),
+          ops[i].peer, received, ops[i].count);
+    if (!host) ops::copy_to_device(ops[i].buf, buffer(i), ops[i].count * dtype_size(dt));
+  }
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {

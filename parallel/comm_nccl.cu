@@ -11,9 +11,10 @@
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
 // concurrently. send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a
-// pipeline stage may post its send and go on. send_recv puts its ncclSend and ncclRecv (either
-// may be absent) in one group: NCCL starts them together, so neither waits for the other's
-// peer to be ready, and the group occupies the stream until both are done.
+// pipeline stage may post its send and go on. p2p_batch (and send_recv, its one-send
+// one-receive case) puts its ncclSends and ncclRecvs in one group: NCCL starts them together, so
+// none waits for another's peer to be ready, and the group occupies the stream until all are
+// done.
 #include <nccl.h>
 
 #include <cuda_runtime.h>
@@ -95,14 +96,16 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
   NCCL_CHECK(ncclRecv(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
 }
 
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
+void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
   ncclComm_t comm = handle(c);
   NCCL_CHECK(ncclGroupStart());
-  if (send_peer >= 0)
-    NCCL_CHECK(ncclSend(send, send_count, nccl_type(dt), send_peer, comm, cuda_stream(s)));
-  if (recv_peer >= 0)
-    NCCL_CHECK(ncclRecv(recv, recv_count, nccl_type(dt), recv_peer, comm, cuda_stream(s)));
+  for (int i = 0; i < n; i++) {
+    const P2POp& op = ops[i];
+    if (op.is_send)
+      NCCL_CHECK(ncclSend(op.buf, op.count, nccl_type(dt), op.peer, comm, cuda_stream(s)));
+    else
+      NCCL_CHECK(ncclRecv(op.buf, op.count, nccl_type(dt), op.peer, comm, cuda_stream(s)));
+  }
   NCCL_CHECK(ncclGroupEnd());
 }
 

@@ -24,9 +24,7 @@ void all_gather(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(
 void broadcast(Comm&, void*, size_t, DType, int, ops::Stream) { absent(); }
 void send_to(Comm&, const void*, size_t, DType, int, ops::Stream) { absent(); }
 void recv_from(Comm&, void*, size_t, DType, int, ops::Stream) { absent(); }
-void send_recv(Comm&, const void*, size_t, int, void*, size_t, int, DType, ops::Stream) {
-  absent();
-}
+void p2p_batch(Comm&, const P2POp*, int, DType, ops::Stream) { absent(); }
 void all_to_all(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(); }
 
 }  // namespace comm_nccl

@@ -55,18 +55,40 @@
 
 #include "kernels/common.h"
 
-static bool is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward; }
-static bool is_send(PipeOp op) { return op == PipeOp::SendForward || op == PipeOp::SendBackward; }
+static bool is_compute(PipeOp op) { return !pipe_op_is_comm(op); }
+static bool pipe_op_is_send(PipeOp op) {
+  return op == PipeOp::SendForward || op == PipeOp::SendBackward;
+}
+
+// The most (micro-batch, chunk) activation sets this rank's list holds at once, counted the way
+// the executor takes and gives slots: from the receive of a chunk's input (or its forward, on
+// stage 0) to its backward (stage 0) or the send of its input gradient. A schedule that receives
+// an activation early holds it from then on: more than its peak of forwards in flight.
+static int peak_slots(const std::vector<PipeAction>& list, int p, int v, int m, int rank) {
+  std::vector<bool> held((size_t)m * v, false);
+  int live = 0, peak = 1;
+  for (const PipeAction& a : list) {
+    const size_t key = (size_t)a.chunk * m + a.micro;
+    const bool first_stage = a.chunk * p + rank == 0;
+    const bool take = a.op == PipeOp::RecvForward || (a.op == PipeOp::Forward && !held[key]);
+    const bool give = a.op == PipeOp::SendBackward || (a.op == PipeOp::Backward && first_stage);
+    if (take) held[key] = true, live++;
+    if (give) held[key] = false, live--;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
 
 void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
                    Comm* comm) {
   pl.schedule = pipeline_build(kind, p, m, v);
   pl.rank = rank;
   pl.comm = comm;
-  const PipelineSimulation sim = pipeline_simulate(pl.schedule, 1.0, 2.0);
+  const PipelineSimulation sim =
+      pipeline_simulate(pl.schedule, 1.0, 2.0, PipeComm::Rendezvous);
   CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
         sim.error.c_str());
-  pl.slots = std::max(1, sim.peak_live[rank]);
+  pl.slots = peak_slots(pl.schedule.ranks[rank], p, v, m, rank);
   pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
@@ -123,31 +145,25 @@ const PipeAction* next_compute(const std::vector<PipeAction>& list, size_t i) {
   return nullptr;
 }
 
-// Posts the run of consecutive communication actions starting at list[i] as one send_recv (the
-// schedule puts at most one send and one receive between two compute actions). Returns the
-// index after the run.
-size_t communicate(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
-  const PipeAction *send = nullptr, *recv = nullptr;
-  size_t j = i;
-  for (; j < list.size() && !is_compute(list[j].op); j++) {
-    const PipeAction*& side = is_send(list[j].op) ? send : recv;
-    if (side) BUG("pipeline: two %s in a row in rank %d's list", pipe_op_name(list[j].op), ex.rank);
-    side = &list[j];
+// Posts the run of communication actions [begin, end) as one p2p_batch. A slot whose last use is
+// a send in the run is free for a receive in it: the receive writes a slot's input, never the
+// gradient being sent, and whatever writes that gradient next is ordered after this call.
+void communicate(Executor& ex, const std::vector<PipeAction>& list, size_t begin, size_t end) {
+  std::vector<P2POp> ops;
+  for (size_t j = begin; j < end; j++) {
+    const PipeAction& a = list[j];
+    if (!pipe_op_is_send(a.op)) continue;
+    ops.push_back({true, ex.stages.boundary(a.op, ex.pool.at(a)), ex.stages.boundary_count,
+                   a.peer});
+    if (a.op == PipeOp::SendBackward || !ex.training) ex.pool.give(a);
   }
-  void* out = send ? ex.stages.boundary(send->op, ex.pool.at(*send)) : nullptr;
-  // A slot whose last use is this send is free for the receive: the receive writes the slot's
-  // input, never the gradient being sent, and whatever writes the gradient next is ordered after
-  // this call.
-  if (send && (send->op == PipeOp::SendBackward || !ex.training)) ex.pool.give(*send);
-  void* in = nullptr;
-  if (recv) {
-    const int slot = recv->op == PipeOp::RecvForward ? ex.pool.take(*recv) : ex.pool.at(*recv);
-    in = ex.stages.boundary(recv->op, slot);
+  for (size_t j = begin; j < end; j++) {
+    const PipeAction& a = list[j];
+    if (pipe_op_is_send(a.op)) continue;
+    const int slot = a.op == PipeOp::RecvForward ? ex.pool.take(a) : ex.pool.at(a);
+    ops.push_back({false, ex.stages.boundary(a.op, slot), ex.stages.boundary_count, a.peer});
   }
-  const size_t n = ex.stages.boundary_count;
-  send_recv(ex.comm, out, n, send ? send->peer : -1, in, n, recv ? recv->peer : -1,
-            ex.stages.dt, ex.s);
-  return j;
+  p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
 }
 
 // A compute action on its slot. A slot is given back when nothing later needs it: after the
@@ -158,6 +174,23 @@ void compute(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
   const int slot = fwd && !ex.pool.has(a) ? ex.pool.take(a) : ex.pool.at(a);
   ex.stages.compute(a, slot, next_compute(list, i));
   if ((!fwd && ex.stage(a) == 0) || (fwd && !ex.training && ex.last_stage(a))) ex.pool.give(a);
+}
+
+// Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
+// communication actions (pipeline_comm_runs: the one grouping rule, shared with the simulator).
+template <typename F>
+void for_each_step(const std::vector<PipeAction>& list, F f) {
+  const std::vector<std::pair<size_t, size_t>> runs = pipeline_comm_runs(list);
+  size_t r = 0;
+  for (size_t i = 0; i < list.size();) {
+    if (r < runs.size() && runs[r].first == i) {
+      f(runs[r].first, runs[r].second);
+      i = runs[r++].second;
+    } else {
+      f(i, i + 1);
+      i++;
+    }
+  }
 }
 
 SlotPool make_pool(int slots, int m) {
@@ -175,16 +208,13 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
   ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;
   size_t e = 1;
-  for (size_t i = 0; i < list.size();) {
-    if (!is_compute(list[i].op)) {
-      i = communicate(ex, list, i);
-      continue;
-    }
+  for_each_step(list, [&](size_t begin, size_t end) {
+    if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, list, begin, end);
     ops::event_record(pl.events[e++], s);
-    compute(ex, list, i);
+    compute(ex, list, begin);
     ops::event_record(pl.events[e++], s);
-    timed.push_back(list[i++]);
-  }
+    timed.push_back(list[begin]);
+  });
   ops::event_sync(pl.events[e - 1]);
   pl.timing.clear();
   for (size_t k = 0; k < timed.size(); k++)
@@ -202,10 +232,10 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
     if (stage < S - 1) list.push_back({PipeOp::SendForward, 0, c, (stage + 1) % p});
   }
   Executor ex{pl.schedule, stages, *pl.comm, pl.rank, false, s, make_pool(1, 1)};
-  for (size_t i = 0; i < list.size();) {
-    if (is_compute(list[i].op)) compute(ex, list, i++);
-    else i = communicate(ex, list, i);
-  }
+  for_each_step(list, [&](size_t begin, size_t end) {
+    if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, list, begin, end);
+    else compute(ex, list, begin);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 //                                     formula), every collective on every axis in fp32 and bf16
 //                                     (exact expected values), the paired send_recv (a ring, a
 //                                     pipeline-like exchange with both neighbours, one-sided
-//                                     calls, 1 MB messages), the host helpers, the counters
+//                                     calls, a p2p_batch of four to both neighbours, 1 MB
+//                                     messages), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
 //                                     prints mesh_validate's verdict ("ok" or the message)
@@ -253,7 +254,7 @@ std::vector<int> actual_members(const Comm& c) {
 // ---------------------------------------------------------------------------------------------
 enum Tag {
   kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kRing, kAllToAll, kPairRing,
-  kActivation, kGradient, kChain
+  kActivation, kGradient, kChain, kBatchNext, kBatchPrev
 };
 
 void test_all_reduce(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt,
@@ -398,6 +399,30 @@ void test_pipeline_exchange(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t
   for (void* p : {act, grad, act_in, grad_in}) ops::release(p);
 }
 
+// A batch of four in one p2p_batch: every rank sends one message to its next and another (n+5
+// elements) to its previous rank, and receives both of its neighbours' in the same call. With
+// two ranks both neighbours are one rank, and messages between a pair match in posting order.
+void test_batch_both_ways(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) return;
+  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
+  const size_t nb = n + 5;
+  void* to_next = upload(values(ctx, ctx.world_rank, kBatchNext, n, dt, true), dt);
+  void* to_prev = upload(values(ctx, ctx.world_rank, kBatchPrev, nb, dt, true), dt);
+  void* from_prev = poisoned(n, dt);
+  void* from_next = poisoned(nb, dt);
+  const P2POp ops[4] = {{true, to_next, n, next}, {true, to_prev, nb, prev},
+                        {false, from_prev, n, prev}, {false, from_next, nb, next}};
+  p2p_batch(c, ops, 4, dt, nullptr);
+  for (const P2POp& op : ops)
+    expect_call(ctx, c, op.is_send ? CollectiveKind::Send : CollectiveKind::Recv,
+                op.count * dtype_size(dt));
+  check_values(ctx, download(from_prev, n, dt), values(ctx, M[prev], kBatchNext, n, dt, true),
+               "p2p_batch: from the previous rank");
+  check_values(ctx, download(from_next, nb, dt), values(ctx, M[next], kBatchPrev, nb, dt, true),
+               "p2p_batch: from the next rank");
+  for (void* p : {to_next, to_prev, from_prev, from_next}) ops::release(p);
+}
+
 // One-sided calls, a pipeline's warm-up: every rank sends to r+1 and receives from r-1 in one
 // call, so the first rank only sends and the last only receives. The first rank's absent side
 // is a count of 0 with a valid peer, the last rank's a peer of -1 (both forms of "absent").
@@ -474,6 +499,7 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
       test_pair_ring(ctx, c, M, n, dt);
       test_pipeline_exchange(ctx, c, M, n, dt);
       test_chain(ctx, c, M, n, dt);
+      test_batch_both_ways(ctx, c, M, n, dt);
       test_all_to_all(ctx, c, M, n, dt);
       if (c.size == 2) {  // one rounding per sum: general values
         test_all_reduce(ctx, c, M, n, dt, false);
@@ -488,6 +514,7 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
     ctx.where = layout + " axis " + axis_name(a) + " fp32 1 MB";
     test_pair_ring(ctx, c, M, kLargeP2P, DType::F32);
     test_pipeline_exchange(ctx, c, M, kLargeP2P, DType::F32);
+    test_batch_both_ways(ctx, c, M, kLargeP2P, DType::F32);
   }
   barrier(c);
   expect_call(ctx, c, CollectiveKind::Barrier, 0);
