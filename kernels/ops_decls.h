@@ -115,6 +115,26 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
 // as attention_forward writes them. out_b and lse_b are only read.
 void attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B, int T,
                      int NH, int HS, DType dt, Stream s);
+// Ring attention's block (parallel/context_parallel.cu): the T queries of each of B sequences,
+// from the packed qkv (B,T,3C) (q of head h at columns h*HS), against T keys and values of
+// another block, from a packed kv (B,T,2C) (k of head h at columns h*HS, v at C + h*HS).
+// causal: the two blocks are one chunk (key j visible to query i iff j <= i); else every key is
+// visible. Writes this block's own output out (B,T,C) and log-sum-exp lse (B,NH,T) (natural log
+// of the scaled scores), which attention_merge folds into the running ones. C = NH*HS.
+void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
+                             int NH, int HS, bool causal, DType dt, Stream s);
+// Its backward, given the final output out (B,T,C) and log-sum-exp lse (B,NH,T) of these queries
+// over every block (after all merges) and dout (B,T,C): accumulates (+=, fp32) the block's
+// contribution to dq (B,T,C) and to dkv (B,T,2C) (dk at columns h*HS, dv at C + h*HS).
+void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
+                              const float* lse, const void* qkv, const void* kv, int B, int T,
+                              int NH, int HS, bool causal, DType dt, Stream s);
+// Strided column copy with a cast: for r < rows, j < width:
+//   dst[r * dst_cols + j] = src[r * src_cols + j]   (src_dt -> dst_dt, rounded to nearest even)
+// The caller offsets dst and src to the first column (ring attention: k,v out of qkv; dq, dk, dv
+// into dqkv).
+void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
+                  DType src_dt, int rows, int width, Stream s);
 
 // The classifier, one pass per row over logits (N,Vp): softmax over the first V columns,
 // losses[n] = -log p[targets[n]]. If dloss != 0 the logits are overwritten in place with the
