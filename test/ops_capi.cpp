@@ -86,6 +86,17 @@ void op_attention_merge(void* out, float* lse, const void* out_b, const float* l
                         int T, int NH, int HS, int dt) {
   ops::attention_merge(out, lse, out_b, lse_b, B, T, NH, HS, dtype_of(dt), test_stream());
 }
+void op_attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B,
+                                int T, int NH, int HS, int causal, int dt) {
+  ops::attention_block_forward(out, lse, qkv, kv, B, T, NH, HS, causal != 0, dtype_of(dt),
+                               test_stream());
+}
+void op_attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
+                                 const float* lse, const void* qkv, const void* kv, int B, int T,
+                                 int NH, int HS, int causal, int dt) {
+  ops::attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, NH, HS, causal != 0,
+                                dtype_of(dt), test_stream());
+}
 
 void op_classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                     int N, int V, int Vp, int dt) {
@@ -125,6 +136,11 @@ void op_add_inplace(float* dst, const float* src, size_t n) {
 }
 void op_cast(void* dst, int dst_dt, const void* src, int src_dt, size_t n) {
   ops::cast(dst, dtype_of(dst_dt), src, dtype_of(src_dt), n, test_stream());
+}
+void op_copy_columns(void* dst, int dst_cols, int dst_dt, const void* src, int src_cols,
+                     int src_dt, int rows, int width) {
+  ops::copy_columns(dst, dst_cols, dtype_of(dst_dt), src, src_cols, dtype_of(src_dt), rows, width,
+                    test_stream());
 }
 
 void op_amax(float* out, const void* x, size_t n, int dt) {

@@ -33,6 +33,7 @@ run pipeline-schedule "$BUILD/test_pipeline_schedule"
 run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run ring-attention $PY test/test_ring_attention.py
+run attention-block $PY test/test_attention_block.py
 run moe-router  $PY test/test_moe_router.py
 run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py

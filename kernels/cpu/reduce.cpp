@@ -1,5 +1,6 @@
 // kernels/cpu/reduce.cpp - fp32 reductions and elementwise helpers: sum of squares (gradient
-// norm), scaled sum (loss), in-place add, dtype cast.
+// norm), scaled sum (loss), in-place add, dtype cast, and the strided column copy with a cast
+// that ring attention uses (copy_columns).
 //
 // Determinism trick for the sums: the input is cut into fixed chunks of kChunk elements (the cut
 // depends only on n). Each chunk is summed in double by interleaved partial sums (vector_math.h;
@@ -37,6 +38,19 @@ void cast_typed(D* dst, const S* src, size_t n) {
   for (size_t i = 0; i < n; i++) store(dst, i, load(src, i));
 }
 
+// rows x width elements, row r at dst + r * dst_cols and src + r * src_cols; rows in parallel,
+// each converted by the same load/store as cast_typed.
+template <typename D, typename S>
+void cast_columns(D* dst, size_t dst_cols, const S* src, size_t src_cols, size_t rows,
+                  size_t width) {
+#pragma omp parallel for schedule(static) if (rows * width > CPU_PARALLEL_MIN)
+  for (size_t r = 0; r < rows; r++) {
+    D* d = dst + r * dst_cols;
+    const S* s = src + r * src_cols;
+    for (size_t j = 0; j < width; j++) store(d, j, load(s, j));
+  }
+}
+
 }  // namespace
 }  // namespace cpu
 
@@ -63,6 +77,18 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
       using D = decltype(dst_tag);
       using S = decltype(src_tag);
       cpu::cast_typed((D*)dst, (const S*)src, n);
+    });
+  });
+}
+
+void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
+                  DType src_dt, int rows, int width, Stream s) {
+  if (rows <= 0 || width <= 0) return;
+  cpu::dispatch_dtype(dst_dt, [&](auto dst_tag) {
+    cpu::dispatch_dtype(src_dt, [&](auto src_tag) {
+      using D = decltype(dst_tag);
+      using S = decltype(src_tag);
+      cpu::cast_columns((D*)dst, dst_cols, (const S*)src, src_cols, rows, width);
     });
   });
 }
