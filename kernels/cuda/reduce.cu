@@ -1,5 +1,6 @@
 // kernels/cuda/reduce.cu - fp32 reductions (sum of squares for the gradient norm, plain sums) and
-// two elementwise helpers (dst += src, dtype casts).
+// elementwise helpers (dst += src, dtype casts, and ring attention's strided column copy with a
+// cast, copy_columns).
 //
 // Reductions are deterministic: two stages with a grid that depends only on n. Stage 1: each
 // thread of G blocks accumulates a fixed set of elements (packs of 4 at indices tid, tid+stride,
@@ -12,6 +13,12 @@
 // Elementwise ops: grid-stride over packs of 8 elements (16-byte loads and stores), a scalar loop
 // in the same kernel for the last n % 8 elements or for unaligned pointers. Casts narrow with
 // round-to-nearest-even (__float2bfloat16_rn); a same-type cast is a device copy.
+// copy_columns: a grid-stride loop over groups of 8 consecutive columns of one row (16-byte
+// vector access when the width, both row strides and both pointers allow it), else over single
+// elements; the same conversion as the cast.
+// copy_columns has NEVER RUN ON A GPU (written and compiled without one; the CPU backend's
+// copy_columns is tested bitwise by test/test_attention_block.py, and test/gpu/
+// test_attention_block.cu compares the two).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -126,6 +133,21 @@ __global__ void cast_kernel(D* __restrict__ dst, const S* __restrict__ src, size
   for (size_t i = tail + tid; i < n; i += stride) dst[i] = from_float<D>(to_float(src[i]));
 }
 
+// rows x width elements: dst[r * dst_cols + j] = src[r * src_cols + j], converted; W columns
+// per step (kElems on the vector path, else 1), groups_per_row = width / W.
+template <int W, typename D, typename S>
+__global__ void copy_columns_kernel(D* __restrict__ dst, size_t dst_cols,
+                                    const S* __restrict__ src, size_t src_cols,
+                                    size_t groups_per_row, size_t groups) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < groups; i += stride) {
+    const size_t r = i / groups_per_row, j = (i % groups_per_row) * W;
+    float f[W];
+    load_floats<W>(f, src + r * src_cols + j);
+    store_floats<W>(dst + r * dst_cols + j, f);
+  }
+}
+
 }  // namespace
 
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
@@ -158,6 +180,30 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
       using S = decltype(src_tag);
       cast_kernel<D, S><<<sp.blocks, kThreads, 0, s->stream>>>(
           static_cast<D*>(dst), static_cast<const S*>(src), sp.packs, sp.tail, n);
+      LAUNCH_CHECK();
+    });
+  });
+}
+
+void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
+                  DType src_dt, int rows, int width, Stream s) {
+  if (rows <= 0 || width <= 0) return;
+  // Groups of kElems columns start 16-byte aligned in every row when these hold (a float group
+  // is two 16-byte packs, a bf16 group one).
+  const bool vec = width % kElems == 0 && dst_cols % kElems == 0 && src_cols % kElems == 0 &&
+                   aligned16({dst, src});
+  const size_t per_row = vec ? width / kElems : width, groups = (size_t)rows * per_row;
+  const int blocks = (int)std::min<size_t>(ceil_div(groups, kThreads), 65536);
+  dispatch_dtype(dst_dt, [&](auto dst_tag) {
+    dispatch_dtype(src_dt, [&](auto src_tag) {
+      using D = decltype(dst_tag);
+      using S = decltype(src_tag);
+      if (vec)
+        copy_columns_kernel<kElems, D, S><<<blocks, kThreads, 0, s->stream>>>(
+            static_cast<D*>(dst), dst_cols, static_cast<const S*>(src), src_cols, per_row, groups);
+      else
+        copy_columns_kernel<1, D, S><<<blocks, kThreads, 0, s->stream>>>(
+            static_cast<D*>(dst), dst_cols, static_cast<const S*>(src), src_cols, per_row, groups);
       LAUNCH_CHECK();
     });
   });

@@ -1,0 +1,272 @@
+// test/gpu/test_attention_block.cu - ring attention's block ops on the GPU
+// (kernels/cuda/attention_block.cu; copy_columns in kernels/cuda/reduce.cu) against the CPU
+// oracle (ref::). NEVER RUN: written and compiled on a machine without a GPU.
+//
+// attention_block_forward / attention_block_backward, causal and full blocks, fp32 and bf16, on
+// shapes that take both head-size configurations (HS <= 64, HS <= 128), the 16-byte and the
+// scalar tile loads (bf16 HS = 20 is not a whole number of 8-element packs), ragged tiles (T not a
+// multiple of 64 or 32) and one token. The oracle runs in fp32 on the inputs as the GPU sees them
+// (rounded to bf16 for bf16 runs). The backward is checked on its own: both sides get the
+// oracle's out (stored as dt) and lse as the final ones, and dq, dkv start at random values
+// ("+="): the increments are compared. Tolerances (relative L2 error): out fp32 1e-5, bf16 1e-2
+// (one rounding to bf16 on either side); lse, dq, dk, dv 1e-5 in fp32 and 1e-4 in bf16 (fp32
+// math on exact inputs on both sides: these kernels use no tensor cores). dq and dk are zero at
+// T = 1, so the three increments are also checked as one vector. The backward must be bitwise
+// deterministic (no atomics). One larger bf16 shape prints kernel times.
+// copy_columns: every pair of fp32/bf16, the vector path (widths and strides multiples of 8) and
+// the scalar one, bitwise against ref::copy_columns over the whole destination (columns outside
+// the range must keep their values).
+#include <cstring>
+
+#include "test/gpu/harness.h"
+
+namespace {
+
+struct Shape {
+  int B, T, NH, HS;
+  size_t C() const { return (size_t)NH * HS; }
+  size_t rows() const { return (size_t)B * T; }
+  size_t lse() const { return (size_t)B * NH * T; }
+};
+
+// Columns [col0, col0 + width) of each row of a (rows, cols) matrix.
+std::vector<float> columns(const std::vector<float>& x, size_t rows, size_t cols, size_t col0,
+                           size_t width) {
+  std::vector<float> r(rows * width);
+  for (size_t i = 0; i < rows; i++)
+    std::memcpy(&r[i * width], &x[i * cols + col0], width * sizeof(float));
+  return r;
+}
+
+std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> r(a.size());
+  for (size_t i = 0; i < a.size(); i++) r[i] = a[i] - b[i];
+  return r;
+}
+
+// The oracle's results for one set of inputs.
+struct Expected {
+  std::vector<float> qkv, kv, dout;  // inputs, already rounded to the dtype under test
+  std::vector<float> out, lse;       // forward (out rounded to dt: what the backward is given)
+  std::vector<float> dq0, dkv0;      // the values dq and dkv start from
+  std::vector<float> dq, dkv;        // after the backward
+};
+
+Expected cpu_reference(TestContext& ctx, const Shape& sh, bool causal, DType dt) {
+  Expected e;
+  const size_t C = sh.C(), rows = sh.rows();
+  e.qkv = rounded(random_vector(ctx, rows * 3 * C, 1.5f), dt);
+  e.kv = rounded(random_vector(ctx, rows * 2 * C, 1.5f), dt);
+  e.dout = rounded(random_vector(ctx, rows * C), dt);
+  e.out.assign(rows * C, 0.f);
+  e.lse.assign(sh.lse(), 0.f);
+  ref::attention_block_forward(e.out.data(), e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T,
+                               sh.NH, sh.HS, causal, DType::F32, ctx.ref_stream);
+  e.out = rounded(e.out, dt);
+  e.dq0 = random_vector(ctx, rows * C, 0.5f);
+  e.dkv0 = random_vector(ctx, rows * 2 * C, 0.5f);
+  e.dq = e.dq0;
+  e.dkv = e.dkv0;
+  ref::attention_block_backward(e.dq.data(), e.dkv.data(), e.dout.data(), e.out.data(),
+                                e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T, sh.NH, sh.HS,
+                                causal, DType::F32, ctx.ref_stream);
+  return e;
+}
+
+struct DeviceBuffers {
+  void *qkv, *kv, *dout, *given_out, *out;
+  float *given_lse, *lse, *dq, *dkv;
+};
+
+DeviceBuffers upload(const Shape& sh, const Expected& e, DType dt) {
+  DeviceBuffers d;
+  d.qkv = to_device(e.qkv, dt);
+  d.kv = to_device(e.kv, dt);
+  d.dout = to_device(e.dout, dt);
+  d.given_out = to_device(e.out, dt);
+  d.given_lse = (float*)to_device(e.lse, DType::F32);
+  d.out = ops::alloc(sh.rows() * sh.C() * dtype_size(dt));
+  d.lse = (float*)ops::alloc(sh.lse() * sizeof(float));
+  d.dq = (float*)to_device(e.dq0, DType::F32);
+  d.dkv = (float*)to_device(e.dkv0, DType::F32);
+  return d;
+}
+
+void release(DeviceBuffers& d) {
+  for (void* p : {d.qkv, d.kv, d.dout, d.given_out, d.out, (void*)d.given_lse, (void*)d.lse,
+                  (void*)d.dq, (void*)d.dkv})
+    ops::release(p);
+}
+
+void run_backward(const DeviceBuffers& d, const Expected& e, const Shape& sh, bool causal,
+                  DType dt, ops::Stream s) {
+  ops::copy_to_device(d.dq, e.dq0.data(), e.dq0.size() * sizeof(float));
+  ops::copy_to_device(d.dkv, e.dkv0.data(), e.dkv0.size() * sizeof(float));
+  ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse, d.qkv, d.kv, sh.B,
+                                sh.T, sh.NH, sh.HS, causal, dt, s);
+  ops::stream_sync(s);
+}
+
+void check_backward(TestContext& ctx, const DeviceBuffers& d, const Expected& e, const Shape& sh,
+                    bool causal, DType dt, const std::string& tag) {
+  const size_t C = sh.C(), rows = sh.rows();
+  run_backward(d, e, sh, causal, dt, ctx.stream);
+  const std::vector<float> dq = to_host(d.dq, rows * C, DType::F32);
+  const std::vector<float> dkv = to_host(d.dkv, rows * 2 * C, DType::F32);
+  const double tol = dt == DType::F32 ? 1e-5 : 1e-4;
+  std::vector<float> got = minus(dq, e.dq0), want = minus(e.dq, e.dq0);
+  const std::vector<float> got_kv = minus(dkv, e.dkv0), want_kv = minus(e.dkv, e.dkv0);
+  if (sh.T > 1) {
+    check_close(ctx, tag + " dq", got.data(), want.data(), got.size(), tol);
+    const char* names[2] = {" dk", " dv"};
+    for (int part = 0; part < 2; part++) {
+      std::vector<float> g = columns(got_kv, rows, 2 * C, part * C, C);
+      std::vector<float> w = columns(want_kv, rows, 2 * C, part * C, C);
+      check_close(ctx, tag + names[part], g.data(), w.data(), g.size(), tol);
+    }
+  }
+  got.insert(got.end(), got_kv.begin(), got_kv.end());
+  want.insert(want.end(), want_kv.begin(), want_kv.end());
+  check_close(ctx, tag + " dq, dk, dv", got.data(), want.data(), got.size(), tol);
+
+  run_backward(d, e, sh, causal, dt, ctx.stream);  // again: the same bits
+  const std::vector<float> dq2 = to_host(d.dq, rows * C, DType::F32);
+  const std::vector<float> dkv2 = to_host(d.dkv, rows * 2 * C, DType::F32);
+  expect(ctx,
+         std::memcmp(dq.data(), dq2.data(), dq.size() * 4) == 0 &&
+             std::memcmp(dkv.data(), dkv2.data(), dkv.size() * 4) == 0,
+         tag + " backward deterministic");
+}
+
+// Forward and backward of one shape; returns the device buffers (for timing), to be released.
+DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType dt,
+                         const Expected& e) {
+  char label[128];
+  std::snprintf(label, sizeof(label), "block %s %s B=%d T=%d NH=%d HS=%d", dtype_name(dt),
+                causal ? "causal" : "full", sh.B, sh.T, sh.NH, sh.HS);
+  const std::string tag = label;
+  DeviceBuffers d = upload(sh, e, dt);
+  poison(d.out, sh.rows() * sh.C() * dtype_size(dt));
+  poison(d.lse, sh.lse() * sizeof(float));
+  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.HS, causal, dt,
+                               ctx.stream);
+  ops::stream_sync(ctx.stream);
+  const bool f32 = dt == DType::F32;
+  check_close(ctx, tag + " out", to_host(d.out, sh.rows() * sh.C(), dt).data(), e.out.data(),
+              e.out.size(), f32 ? 1e-5 : 1e-2);
+  check_close(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(), e.lse.data(),
+              e.lse.size(), f32 ? 1e-5 : 1e-4);
+  check_backward(ctx, d, e, sh, causal, dt, tag);
+  return d;
+}
+
+// Average milliseconds of fn over a few runs (after one warm-up), with TFLOP/s.
+template <typename Fn>
+void report_time(const char* what, double flops, ops::Stream s, Fn&& fn) {
+  const int reps = 10;
+  fn();
+  ops::Event start = ops::event_create(), end = ops::event_create();
+  ops::event_record(start, s);
+  for (int i = 0; i < reps; i++) fn();
+  ops::event_record(end, s);
+  ops::event_sync(end);
+  const double ms = ops::event_elapsed_ms(start, end) / reps;
+  std::printf("  info: %-42s %8.3f ms  %6.1f TFLOP/s\n", what, ms, flops / (ms * 1e9));
+  ops::event_destroy(start);
+  ops::event_destroy(end);
+}
+
+const Shape kShapes[] = {{3, 1, 2, 64},   {2, 37, 3, 20}, {1, 70, 2, 64},
+                         {2, 65, 2, 8},   {1, 100, 1, 96}, {2, 130, 3, 128}};
+
+// --- copy_columns ------------------------------------------------------------------------------
+
+// Host bytes of values stored as dt (bf16: rounded).
+std::vector<unsigned char> host_bytes(const std::vector<float>& v, DType dt) {
+  std::vector<unsigned char> bytes(v.size() * dtype_size(dt));
+  for (size_t i = 0; i < v.size(); i++) {
+    if (dt == DType::F32) {
+      std::memcpy(&bytes[i * 4], &v[i], 4);
+    } else {
+      const uint16_t h = f32_to_bf16(v[i]);
+      std::memcpy(&bytes[i * 2], &h, 2);
+    }
+  }
+  return bytes;
+}
+
+struct CopyCase {
+  int rows, src_cols, src_col0, dst_cols, dst_col0, width;
+};
+
+void check_copy(TestContext& ctx, const CopyCase& c, DType dst_dt, DType src_dt) {
+  const std::vector<float> src = random_vector(ctx, (size_t)c.rows * c.src_cols, 100.f);
+  const std::vector<float> dst = random_vector(ctx, (size_t)c.rows * c.dst_cols);
+  std::vector<unsigned char> want = host_bytes(dst, dst_dt);
+  const std::vector<unsigned char> src_host = host_bytes(src, src_dt);
+  ref::copy_columns(want.data() + c.dst_col0 * dtype_size(dst_dt), c.dst_cols, dst_dt,
+                    src_host.data() + c.src_col0 * dtype_size(src_dt), c.src_cols, src_dt, c.rows,
+                    c.width, ctx.ref_stream);
+  void* d_src = to_device(src, src_dt);
+  void* d_dst = to_device(dst, dst_dt);
+  ops::copy_columns((char*)d_dst + c.dst_col0 * dtype_size(dst_dt), c.dst_cols, dst_dt,
+                    (const char*)d_src + c.src_col0 * dtype_size(src_dt), c.src_cols, src_dt,
+                    c.rows, c.width, ctx.stream);
+  ops::stream_sync(ctx.stream);
+  const std::vector<float> got = to_host(d_dst, dst.size(), dst_dt);
+  bool same = true;
+  for (size_t i = 0; i < got.size(); i++)
+    same = same && same_bits(got[i], element_as_float(want.data(), i, dst_dt));
+  char what[160];
+  std::snprintf(what, sizeof(what), "copy_columns %s->%s %dx%d of %d at %d into %d at %d",
+                dtype_name(src_dt), dtype_name(dst_dt), c.rows, c.width, c.src_cols, c.src_col0,
+                c.dst_cols, c.dst_col0);
+  expect(ctx, same, what);
+  ops::release(d_src);
+  ops::release(d_dst);
+}
+
+}  // namespace
+
+GPU_TEST(attention_block) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape& sh : kShapes)
+      for (bool causal : {true, false}) {
+        DeviceBuffers d = check_case(ctx, sh, causal, dt, cpu_reference(ctx, sh, causal, dt));
+        release(d);
+      }
+}
+
+GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 over cp = 4
+  const Shape sh{4, 512, 12, 64};
+  const DType dt = DType::BF16;
+  DeviceBuffers d = check_case(ctx, sh, false, dt, cpu_reference(ctx, sh, false, dt));
+  const double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS;
+  for (bool causal : {false, true}) {
+    const double flops = causal ? fwd_flops / 2 : fwd_flops;
+    report_time(causal ? "block forward (causal)" : "block forward (full)", flops, ctx.stream,
+                [&] {
+                  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH,
+                                               sh.HS, causal, dt, ctx.stream);
+                });
+    report_time(causal ? "block backward (causal)" : "block backward (full)", 2.5 * flops,
+                ctx.stream, [&] {
+                  ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse,
+                                                d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.HS, causal, dt,
+                                                ctx.stream);
+                });
+  }
+  release(d);
+}
+
+GPU_TEST(copy_columns) {
+  const CopyCase cases[] = {
+      {37, 3 * 64, 64, 2 * 64, 0, 128},  // k, v out of qkv into kv: the 16-byte path
+      {37, 3 * 21, 21, 2 * 21, 0, 42},   // the same with C = 21: one element at a time
+      {37, 21, 0, 3 * 21, 42, 21},       // dv into the v columns of a dqkv
+      {1, 5, 0, 5, 0, 5},
+  };
+  for (DType dst_dt : {DType::F32, DType::BF16})
+    for (DType src_dt : {DType::F32, DType::BF16})
+      for (const CopyCase& c : cases) check_copy(ctx, c, dst_dt, src_dt);
+}
