@@ -25,7 +25,9 @@
 #include "model/init.h"
 #include "model/metrics.h"
 #include "model/optimizer.h"
+#include "model/plan.h"
 #include "parallel/mesh.h"
+#include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 #include "parallel/pipeline.h"
 
@@ -38,7 +40,8 @@ struct Run {
   GPT model;
   ParamStore store;
   Pipeline pipeline;
-  std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T each
+  std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T/cp each
+  std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
   DataLoader train_data, val_data;
   Tokenizer tokenizer;
   MetricsLog metrics;
@@ -54,11 +57,53 @@ static bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// The planner's flags (model/plan.h), taken out of argv: --plan, --plan-json FILE,
+// --plan-search N (also --plan-json=FILE, --plan-search=N).
+struct PlanFlags {
+  bool plan = false;
+  std::string json;
+  int search = 0;
+};
+static PlanFlags take_plan_flags(int* argc, char** argv) {
+  PlanFlags f;
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    const std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0)
+        return a.substr(flag.size() + 1);
+      CHECK_ALL(i + 1 < *argc, "%s needs a value", flag.c_str());
+      return argv[++i];
+    };
+    if (a == "--plan") f.plan = true;
+    else if (a.rfind("--plan-json", 0) == 0) f.json = value("--plan-json");
+    else if (a.rfind("--plan-search", 0) == 0) {
+      const std::string n = value("--plan-search");
+      f.search = std::atoi(n.c_str());
+      CHECK_ALL(f.search > 0, "--plan-search %s: expects a number of GPUs > 0", n.c_str());
+    } else argv[out++] = argv[i];
+  }
+  *argc = out;
+  f.plan = f.plan || !f.json.empty();
+  return f;
+}
+
+// ./train config.toml --plan / --plan-json FILE / --plan-search N: no training, one process.
+static int run_planner(const Config& cfg, const PlanFlags& f) {
+  if (f.search > 0) return plan_search(cfg, f.search, stdout) ? 0 : 1;
+  const Plan plan = plan_layout(cfg);
+  plan_print(plan, cfg, stdout);
+  if (!f.json.empty()) {
+    const std::string problem = plan_write_json(plan, f.json);
+    CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
+  }
+  return plan.does_not_fit.empty() ? 0 : 1;
+}
+
 static void require_implemented_axes(const ParallelConfig& p) {
-  CHECK_ALL(p.cp == 1 && p.ep == 1,
-            "[parallel] cp = %d, ep = %d: data, tensor and pipeline parallelism (dp, fsdp, tp, "
-            "sp, pp) are supported so far; context and expert parallelism are not yet",
-            p.cp, p.ep);
+  CHECK_ALL(p.ep == 1,
+            "[parallel] ep = %d: data, tensor, pipeline and context parallelism (dp, fsdp, tp, "
+            "sp, pp, cp) are supported so far; expert parallelism is not yet", p.ep);
 }
 
 static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
@@ -111,7 +156,8 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   tp.rank = r.mesh.tp_rank;
   tp.sp = cfg.parallel.sp;
   const PipelinePlace pp{r.mesh.pp, r.mesh.pp_rank, cfg.parallel.pp_virtual};
-  r.layout = gpt_layout(cfg.model, tp, pp);
+  const ContextPlace cp{&r.mesh.cp_comm, r.mesh.cp, r.mesh.cp_rank};
+  r.layout = gpt_layout(cfg.model, tp, pp, cp);
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, pp.p, cfg.train.grad_accum, pp.v,
                 pp.rank, &r.mesh.pp_comm);
   const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
@@ -127,10 +173,12 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   }
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
   const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
-  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T, r.compute,
-             fp8 ? &recipe : nullptr, r.pipeline.slots);
-  r.tokens.resize((size_t)cfg.train.grad_accum * B * T);
+  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T / cp.size,
+             r.compute, fp8 ? &recipe : nullptr, r.pipeline.slots, r.comm);
+  r.tokens.resize((size_t)cfg.train.grad_accum * B * T / cp.size);
   r.targets.resize(r.tokens.size());
+  r.batch_tokens.resize((size_t)B * T);
+  r.batch_targets.resize((size_t)B * T);
 
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
                   r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
@@ -167,6 +215,10 @@ static void print_banner(const Run& r) {
               r.mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
+  if (r.mesh.cp > 1)
+    std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
+                "sequence; attention is a ring over the cp group\n", r.mesh.cp,
+                c.model.seq_len / (2 * r.mesh.cp));
   if (r.mesh.pp > 1)
     std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
                 "bubble (p-1)/(v*m+p-1) = %.3f\n", r.mesh.pp, c.parallel.pp_schedule.c_str(),
@@ -191,14 +243,18 @@ static StepReport train_step(Run& r, int step) {
   comm_stats_reset(r.mesh.stats);
   grads_zero(r.store);
   ops::fill_zero(r.model.loss_sum, sizeof(float), r.compute);
-  const size_t n = (size_t)B * T;
-  for (int micro = 0; micro < accum; micro++)  // every stage reads them: the data stays in step
-    dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
+  const int cp = r.mesh.cp, T_local = T / cp;
+  const size_t n = (size_t)B * T_local;
+  for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
+    dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
+    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, r.mesh.cp_rank, B, T);
+    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, r.mesh.cp_rank, B, T);
+  }
   // The loss is the mean over the global batch, so each token's gradient is scaled by
-  // 1/(tokens in the global batch); the dp reduction then sums the ranks' contributions.
+  // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
   const float dloss = 1.0f / ((float)B * T * accum * r.mesh.dp);
   gpt_train_micro_batches(r.model, r.store, r.pipeline,
-                          {r.tokens.data(), r.targets.data(), accum, B, T}, dloss,
+                          {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
                           1.0f / ((float)B * T * accum), r.compute);
   grads_wait(r.store);
   StepReport rep;
@@ -249,7 +305,8 @@ static void evaluate(Run& r, int step) {
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
     const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
     std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh.pp_comm, r.tokenizer, eot,
-                                   c.log.sample_tokens, c.train.seed + step, r.compute);
+                                   c.log.sample_tokens, c.train.seed + step, c.model.seq_len,
+                                   r.compute);
     if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
   }
   std::fflush(stdout);
@@ -277,6 +334,17 @@ int main(int argc, char** argv) {
   r.rank0 = world_rank == 0;
   CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
+  const PlanFlags planner = take_plan_flags(&argc, argv);
+  if (planner.plan || planner.search > 0) {  // the layout the config names, not this launch's
+    r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
+    const ParallelConfig& p = r.cfg.parallel;
+    const std::string problem = mesh_validate(r.cfg, planner.search > 0 ? planner.search
+                                                                        : p.dp * p.pp * p.cp * p.tp);
+    CHECK_ALL(planner.search > 0 || problem.empty(), "%s", problem.c_str());
+    const int rc = r.rank0 ? run_planner(r.cfg, planner) : 0;
+    runtime_finalize();
+    return rc;
+  }
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
   const std::string layout_problem = mesh_validate(r.cfg, world_size);
   CHECK_ALL(layout_problem.empty(), "%s", layout_problem.c_str());

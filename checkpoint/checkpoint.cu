@@ -60,14 +60,6 @@ static void fail_together(Comm& world, const std::string& problem, const std::st
   FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
-// Writers are numbered by world rank = (dp_rank * pp + pp_rank) * tp + tp_rank (hdf5_format.h):
-// the layouts that checkpoints cover so far.
-static void require_covered_layout(const Mesh& mesh) {
-  CHECK_ALL(mesh.world_size == mesh.dp * mesh.pp * mesh.tp,
-        "checkpoints cover data, pipeline and tensor parallelism (dp, fsdp, pp, tp) only so far: "
-        "world %d != dp %d x pp %d x tp %d", mesh.world_size, mesh.dp, mesh.pp, mesh.tp);
-}
-
 // The layouts of every (pp, tp) rank, which the index maps the writers' files with.
 static std::vector<GPTLayout> writer_layouts(const Config& cfg, const GPTLayout& mine) {
   std::vector<GPTLayout> all;
@@ -137,6 +129,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size;
+  meta.writer_cp = layout.cp.size;
   meta.writer_pp = layout.pp.p;
   meta.writer_pp_virtual = layout.pp.v;
   meta.L = layout.L, meta.NH = layout.NH, meta.C = layout.C;
@@ -162,7 +155,6 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
 
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
                      const DataLoader& train_data, Mesh& mesh) {
-  require_covered_layout(mesh);
   const auto t0 = std::chrono::steady_clock::now();
   Comm& world = mesh.world;
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
@@ -179,7 +171,9 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   const std::string file = tmp + "/" + rank_file_name(world.rank);
   FileDigest digest;
-  problem = h5_write_rank_file(file, store, layout, mesh.dp_rank, mesh.dp);
+  // writer = world rank (hdf5_format.h); its slice of the dp x cp ranks holding its units
+  problem = h5_write_rank_file(file, store, layout, mesh.dp_rank * mesh.cp + mesh.cp_rank,
+                               mesh.dp * mesh.cp);
   if (problem.empty()) problem = sync_and_digest(file, &digest);
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
   fail_together(world, problem, not_saved);
@@ -276,7 +270,6 @@ static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh) {
-  require_covered_layout(mesh);
   Comm& world = mesh.world;
   const CheckpointConfig& c = cfg.checkpoint;
   if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);

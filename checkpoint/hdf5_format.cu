@@ -29,8 +29,8 @@ std::string rank_file_name(int writer) {
   return name;
 }
 
-FlatRange writer_range(const ParamUnit& u, int dp_rank, int dp, int tp_rank) {
-  return clip(shard_range(u.numel, dp_rank, dp), owned_end(u, tp_rank));
+FlatRange writer_range(const ParamUnit& u, int shard_rank, int shards, int tp_rank) {
+  return clip(shard_range(u.numel, shard_rank, shards), owned_end(u, tp_rank));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -172,22 +172,22 @@ static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind 
 }
 
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, int dp_rank, int dp) {
+                               const GPTLayout& layout, int shard_rank, int shards) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
-    write_attr_i64(file, "dp_rank", dp_rank);
+    write_attr_i64(file, "shard_rank", shard_rank);
     write_attr_i64(file, "tp_rank", layout.tp.rank);
     write_attr_i64(file, "pp_rank", layout.pp.rank);
     const int tp_rank = layout.tp.rank;
     size_t largest = 0;
     for (const ParamUnit& pu : layout.units)
-      largest = std::max(largest, writer_range(pu, dp_rank, dp, tp_rank).size());
+      largest = std::max(largest, writer_range(pu, shard_rank, shards, tp_rank).size());
     std::vector<float> host(largest);
     for (StateKind kind : kAllKinds)
       for (size_t u = 0; u < layout.units.size(); u++) {
-        const FlatRange range = writer_range(layout.units[u], dp_rank, dp, tp_rank);
+        const FlatRange range = writer_range(layout.units[u], shard_rank, shards, tp_rank);
         if (range.size() > 0) write_unit_range(file, store, u, kind, range, host);
       }
     close_file(file, path);
@@ -223,6 +223,16 @@ static void map_writer_part(hid_t dcpl, hid_t vspace, int rank, const TensorPlac
   }
 }
 
+// Writer w's coordinates (hdf5_format.h): its slice of the dp x cp ranks, its pp and tp ranks.
+struct WriterPlace {
+  int shard_rank, shards, pp_rank, tp_rank;
+};
+static WriterPlace writer_place(int w, const CheckpointMeta& m) {
+  const int tp = m.writer_tp, cp = m.writer_cp, pp = m.writer_pp;
+  const int dp = m.writers / (tp * cp * pp), dp_rank = w / (tp * cp * pp);
+  return {dp_rank * cp + w / tp % cp, dp * cp, w / (tp * cp) % pp, w % tp};
+}
+
 // Where the writers hold a logical tensor: (writer, local unit, tensor index) for each writer
 // that saves part of it, keyed by name in the order the layouts list them.
 struct TensorSources {
@@ -232,12 +242,11 @@ struct TensorSources {
 static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
                                     const CheckpointMeta& meta) {
   TensorSources src;
-  const int tp = meta.writer_tp, pp = meta.writer_pp, dp = meta.writers / (tp * pp);
   for (int w = 0; w < meta.writers; w++) {
-    const int dp_rank = w / (pp * tp), pp_rank = w / tp % pp, tp_rank = w % tp;
-    const GPTLayout& g = layouts[pp_rank * tp + tp_rank];
+    const WriterPlace wp = writer_place(w, meta);
+    const GPTLayout& g = layouts[wp.pp_rank * meta.writer_tp + wp.tp_rank];
     for (size_t u = 0; u < g.units.size(); u++) {
-      const FlatRange wr = writer_range(g.units[u], dp_rank, dp, tp_rank);
+      const FlatRange wr = writer_range(g.units[u], wp.shard_rank, wp.shards, wp.tp_rank);
       for (size_t i = 0; i < g.units[u].tensors.size(); i++) {
         const std::string& name = g.units[u].tensors[i].name;
         auto [it, added] = src.parts.try_emplace(name);
@@ -255,9 +264,12 @@ static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layou
                                  const std::string& name,
                                  const std::vector<std::array<int, 3>>& parts, StateKind kind,
                                  const CheckpointMeta& meta) {
-  const int tp = meta.writer_tp, pp = meta.writer_pp, dp = meta.writers / (tp * pp);
+  auto layout_of = [&](int w) -> const GPTLayout& {
+    const WriterPlace wp = writer_place(w, meta);
+    return layouts[wp.pp_rank * meta.writer_tp + wp.tp_rank];
+  };
   auto placement = [&](const std::array<int, 3>& p) -> const TensorPlacement& {
-    return layouts[p[0] / tp % pp * tp + p[0] % tp].units[p[1]].tensors[p[2]];
+    return layout_of(p[0]).units[p[1]].tensors[p[2]];
   };
   const TensorPlacement& t0 = placement(parts.front());
   const int rank = t0.cols == 1 ? 1 : 2;
@@ -267,10 +279,10 @@ static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layou
   const float nan = NAN;
   ok(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "H5Pset_fill_value");
   for (const std::array<int, 3>& p : parts) {
-    const int w = p[0], dp_rank = w / (pp * tp), tp_rank = w % tp;
-    const ParamUnit& pu = layouts[w / tp % pp * tp + tp_rank].units[p[1]];
-    const FlatRange wr = writer_range(pu, dp_rank, dp, tp_rank);
-    map_writer_part(dcpl, vspace, rank, pu.tensors[p[2]], wr, rank_file_name(w),
+    const WriterPlace wp = writer_place(p[0], meta);
+    const ParamUnit& pu = layout_of(p[0]).units[p[1]];
+    const FlatRange wr = writer_range(pu, wp.shard_rank, wp.shards, wp.tp_rank);
+    map_writer_part(dcpl, vspace, rank, pu.tensors[p[2]], wr, rank_file_name(p[0]),
                     unit_dataset(kind, p[1]));
   }
   ok(H5Sselect_all(vspace), "select");
@@ -285,6 +297,7 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "step", m.step);
   write_attr_i64(file, "writers", m.writers);
   write_attr_i64(file, "writer_tp", m.writer_tp);
+  write_attr_i64(file, "writer_cp", m.writer_cp);
   write_attr_i64(file, "writer_pp", m.writer_pp);
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
@@ -343,6 +356,7 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->writers = (int)read_attr_i64(file, "writers");
     m->writer_tp = H5Aexists(file, "writer_tp") > 0 ? (int)read_attr_i64(file, "writer_tp") : 1;
     m->writer_pp = H5Aexists(file, "writer_pp") > 0 ? (int)read_attr_i64(file, "writer_pp") : 1;
+    m->writer_cp = H5Aexists(file, "writer_cp") > 0 ? (int)read_attr_i64(file, "writer_cp") : 1;
     m->writer_pp_virtual = H5Aexists(file, "writer_pp_virtual") > 0
                                ? (int)read_attr_i64(file, "writer_pp_virtual") : 1;
     int* shape[] = {&m->L, &m->NH, &m->C, &m->T, &m->V, &m->Vp};

@@ -2,18 +2,20 @@
 // rank holding the flat ranges it owns, and an index file whose virtual datasets present every
 // logical tensor whole. The why is in checkpoint/checkpoint.h; this is the how.
 //
-// Writer geometry. Every rank writes; writer w is world rank w = (dp_rank * pp + pp_rank) * tp +
-// tp_rank. It saves its dp slice of each of its (tp- and pp-local) units - FSDP's own shard
-// geometry (shard_range, parallel/placement.h), so an FSDP rank writes exactly what it holds and
-// a replicated (DDP) rank writes the same slice of its full copy - but the tail of a unit that
-// is replicated over tp (LayerNorms, wpe, row-parallel biases) only from tp rank 0, and nothing
+// Writer geometry. Every rank writes; writer w is world rank
+// w = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank. It saves its slice of each of its
+// (tp- and pp-local) units over the dp x cp ranks that hold the same units (slice
+// dp_rank * cp + cp_rank of dp * cp) - FSDP's own shard geometry (shard_range,
+// parallel/placement.h), so an FSDP rank writes exactly what it holds and a replicated (DDP)
+// rank writes the same slice of its full copy - but the tail of a unit that is replicated over
+// tp (LayerNorms, wpe, row-parallel biases) only from tp rank 0, and nothing
 // of the last pipeline stage's copy of the root (the first stage's is saved): every element of
 // every logical tensor is written exactly once.
 //
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
 // checkpoint.h5 (the index, written by rank 0):
-//   attributes   format_version, step, writers, writer_tp, writer_pp, writer_pp_virtual,
+//   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
 //                n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab, max_seq_len (wpe's
 //                rows; absent in older checkpoints: = seq_len)
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
@@ -39,8 +41,9 @@ constexpr int kCheckpointFormatVersion = 1;
 extern const char* const kIndexFileName;  // "checkpoint.h5"
 std::string rank_file_name(int writer);   // "rank_00003.h5"
 
-// The range of unit `u` (this writer's tp-local layout) that writer (dp_rank, tp_rank) saves.
-FlatRange writer_range(const ParamUnit& u, int dp_rank, int dp, int tp_rank);
+// The range of unit `u` (this writer's local layout) that a writer saves: slice shard_rank of
+// `shards` (its dp x cp index), clipped to what its tp rank owns.
+FlatRange writer_range(const ParamUnit& u, int shard_rank, int shards, int tp_rank);
 
 // Everything but the tensors.
 struct CheckpointMeta {
@@ -49,8 +52,9 @@ struct CheckpointMeta {
   uint64_t seed = 0;
   DataPosition data;
   std::string config_toml;
-  int writers = 0;        // dp * pp * tp
+  int writers = 0;        // dp * pp * cp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it
+  int writer_cp = 1;      // its context-parallel degree
   int writer_pp = 1;      // its pipeline degree and chunks per pipeline rank
   int writer_pp_virtual = 1;
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
@@ -60,7 +64,7 @@ struct CheckpointMeta {
 // Writes this writer's ranges of the master, m and v of every unit (copied from the device).
 // The store's compute stream must be idle. Returns "" or a message naming the file.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, int dp_rank, int dp);
+                               const GPTLayout& layout, int shard_rank, int shards);
 // Writes the index; layouts[pp_rank * writer_tp + tp_rank] is the layout of that (pp, tp) rank
 // (writer_pp * writer_tp of them; dp does not change a layout). Returns "" or a message naming
 // the file.

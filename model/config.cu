@@ -135,13 +135,16 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(log, every), KEY(log, metrics), KEY(log, val_every), KEY(log, val_batches),
       KEY(log, sample_every), KEY(log, sample_tokens), KEY(log, peak_tflops),
       KEY(log, pipeline_timeline), KEY(log, check_tied),
+      KEY(plan, peak_tflops), KEY(plan, matmul_efficiency), KEY(plan, hbm_gbs),
+      KEY(plan, intra_node_gbs), KEY(plan, inter_node_gbs), KEY(plan, gpus_per_node),
+      KEY(plan, memory_gib),
   };
   return keys;
 }
 #undef KEY
 
 const char* const kSections[] = {"model",     "init",    "data",       "train", "parallel",
-                                 "precision", "kernels", "checkpoint", "log"};
+                                 "precision", "kernels", "checkpoint", "log",   "plan"};
 
 bool is_section(const std::string& name) {
   return std::find(std::begin(kSections), std::end(kSections), name) != std::end(kSections);
@@ -522,7 +525,8 @@ void check_values(Checker& c) {
                          "model.max_seq_len", "model.vocab_size", "train.micro_batch",
                          "train.grad_accum", "train.steps", "parallel.dp", "parallel.tp",
                          "parallel.pp", "parallel.cp", "parallel.ep", "log.every",
-                         "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history", "parallel.pp_virtual"})
+                         "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history",
+                         "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
   for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
                          "log.sample_every", "precision.fp8_margin"})
@@ -530,6 +534,9 @@ void check_values(Checker& c) {
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
                          "log.peak_tflops"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
+  for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
+                         "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})
+    c.require(c.float_value(id) > 0, id, "must be > 0");
   for (const char* id : {"train.beta1", "train.beta2"})
     c.require(c.float_value(id) >= 0 && c.float_value(id) < 1, id, "must be in [0, 1)");
   c.require(cfg.train.eps > 0, "train.eps", "must be > 0");

@@ -85,6 +85,16 @@ struct LogConfig {        // [log]
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
 };
 
+struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)
+  double peak_tflops = 989;      // dense BF16 peak per GPU
+  double matmul_efficiency = 0.6;  // the fraction of the peak the model's FLOPs run at
+  double hbm_gbs = 3350;         // memory bandwidth per GPU, GB/s
+  double intra_node_gbs = 450;   // per GPU, each direction, inside a node (NVLink)
+  double inter_node_gbs = 50;    // per GPU, each direction, between nodes (400 Gb/s)
+  int gpus_per_node = 8;
+  double memory_gib = 80;        // per GPU
+};
+
 struct Config {
   ModelConfig model;
   InitConfig init;
@@ -95,6 +105,7 @@ struct Config {
   KernelsConfig kernels;
   CheckpointConfig checkpoint;
   LogConfig log;
+  PlanConfig plan;
   std::string path;       // the config file
   std::string toml_text;  // the resolved config as TOML (printed at start, saved in checkpoints)
 };

@@ -19,5 +19,8 @@ double validation_loss(GPT& model, ParamStore& store, const Pipeline& pl, DataLo
 // Generates `n` tokens after an end-of-text token by sampling from the softmax (temperature 1)
 // with an RNG seeded by `seed`: the last pipeline stage samples, and sends each token to the
 // other stages over `pp`. Returns the decoded text.
+// T: the window of positions (seq_len); under context parallelism each cp rank runs its chunks
+// of it, and the rank holding the last position samples and tells the others.
 std::string sample_text(GPT& model, ParamStore& store, const Pipeline& pl, Comm& pp,
-                        const Tokenizer& tok, int eot, int n, uint64_t seed, ops::Stream s);
+                        const Tokenizer& tok, int eot, int n, uint64_t seed, int T,
+                        ops::Stream s);

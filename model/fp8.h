@@ -72,6 +72,7 @@ struct Fp8Context {
        *g8t = nullptr;
   std::vector<void*> owned;
   size_t bytes = 0;
+  bool count_only = false;  // set before fp8_create: add up the bytes, allocate nothing (planner)
 };
 
 // Allocates the state of `names.size()` linear layers whose GEMMs have at most max_rows rows

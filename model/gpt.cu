@@ -29,6 +29,7 @@
 #include <cmath>
 
 #include "model/fp8.h"
+#include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -59,6 +60,7 @@ static ParamUnit root_unit(const GPTLayout& g, bool sp) {
   add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
   finish_unit(root);
   root.whole_step = true;
+  if (g.cp.size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
   return root;
 }
 
@@ -84,6 +86,7 @@ static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
   add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
   add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
   finish_unit(u);
+  if (g.cp.size > 1) u.grad_axis = Axis::DPCP;
   return u;
 }
 
@@ -93,7 +96,8 @@ static size_t unit_parameters(const ParamUnit& u) {
   return n;
 }
 
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp) {
+GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp,
+                     const ContextPlace& cp) {
   GPTLayout g;
   g.L = m.n_layer;
   g.NH = m.n_head;
@@ -104,6 +108,7 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
   g.Vp = m.padded_vocab();
   g.tp = tp;
   g.pp = pp;
+  g.cp = cp;
   g.NH_local = g.NH / tp.size;
   g.Vp_local = g.Vp / tp.size;
   g.vocab_first = tp.rank * g.Vp_local;
@@ -142,10 +147,11 @@ Recompute parse_recompute(const std::string& s) {
 // ---------------------------------------------------------------------------------------------
 template <typename Ptr>
 static Ptr new_buffer(GPT& m, size_t bytes) {
+  m.activation_bytes += bytes;
+  if (m.count_only) return nullptr;  // the planner's accounting (model/plan.cu)
   void* p = ops::alloc(bytes);
   ops::fill_zero(p, bytes, m.stream);
   m.owned.push_back(p);
-  m.activation_bytes += bytes;
   return (Ptr)p;
 }
 
@@ -172,13 +178,15 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu) {
 }
 
 // The FP8 state of the 4 linear layers of every block (model/fp8.h).
-static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, ops::Stream s) {
+static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, bool count_only,
+                           ops::Stream s) {
   std::vector<std::string> names;
   for (int l = 0; l < g.L; l++)
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
   const int Cl = g.C / g.tp.size;
   Fp8Context* f = new Fp8Context;
+  f->count_only = count_only;
   fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), s);
   return f;
 }
@@ -204,7 +212,7 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
 }
 
 void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
-                ops::Stream s, const Fp8Recipe* fp8, int slots) {
+                ops::Stream s, const Fp8Recipe* fp8, int slots, ops::Stream ring) {
   m.stream = s;
   m.layout = layout;
   m.dt = dt;
@@ -243,10 +251,19 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
   if (fp8) {
     CHECK(dt == DType::BF16, "FP8 GEMMs run inside a bf16 model, not %s", dtype_name(dt));
-    m.fp8 = new_fp8(layout, *fp8, (int)N, s);
+    m.fp8 = new_fp8(layout, *fp8, (int)N, m.count_only, s);
     m.activation_bytes += m.fp8->bytes;
   }
-  ops::stream_sync(s);
+  if (layout.cp.size > 1) {
+    m.cp = new ContextParallel;
+    m.cp->count_only = m.count_only;
+    m.cp->size = layout.cp.size;
+    m.cp->rank = layout.cp.rank;
+    cp_create(*m.cp, layout.cp.comm, B, T * layout.cp.size, layout.NH_local, layout.C / layout.NH,
+              dt, ring);  // the plan is over whole sequences
+    m.activation_bytes += m.cp->bytes;
+  }
+  if (!m.count_only) ops::stream_sync(s);
 }
 
 void gpt_destroy(GPT& m) {
@@ -254,6 +271,11 @@ void gpt_destroy(GPT& m) {
     fp8_destroy(*m.fp8);
     delete m.fp8;
     m.fp8 = nullptr;
+  }
+  if (m.cp) {
+    cp_destroy(*m.cp);
+    delete m.cp;
+    m.cp = nullptr;
   }
   for (void* p : m.owned) ops::release(p);
   m.owned.clear();
@@ -341,7 +363,8 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
   const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
   linear_forward(m, site + kQkvLinear, a.qkv, nullptr, ln1, w[kQkvW], w[kQkvB], nullptr, N, C,
                  3 * Cl, s);
-  ops::attention_forward(a.atty, a.lse, a.qkv, B, T, g.NH_local, HS, dt, s);
+  if (m.cp) cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, s);  // ring over cp ranks
+  else ops::attention_forward(a.atty, a.lse, a.qkv, B, T, g.NH_local, HS, dt, s);
   row_parallel_forward(m, site + kAttnProjLinear, a.r2, a.atty, w[kAttnProjW], w[kAttnProjB], x,
                        N, Cl, C, s);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, dt, s);
@@ -406,6 +429,12 @@ static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, op
                           g.C, m.dt, s);
 }
 
+// Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
+// context parallelism).
+static TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
+  return cp_positions_of(g.cp.size, g.cp.rank, c.B, c.T * g.cp.size);
+}
+
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   ActivationSlot& sl = m.slots[c.slot];
@@ -413,7 +442,8 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
   ops::range_push("forward");
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
-                         root_weight(m, kWpe), c.B, c.T, g.C, g.vocab_first, g.Vp_local, m.dt, s);
+                         root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
+                         g.Vp_local, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
     const void* lnf = head_forward(m, sl, N, s);
@@ -499,7 +529,9 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   const void* dr2 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
   linear_backward(m, site + kAttnProjLinear, m.datty, grad(kAttnProjW), grad(kAttnProjB), dr2,
                   a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
-  ops::attention_backward(m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, lay.NH_local, HS, dt, s);
+  if (m.cp) cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, s);
+  else
+    ops::attention_backward(m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, lay.NH_local, HS, dt, s);
   const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
   linear_backward(m, site + kQkvLinear, m.dln_all, grad(kQkvW), grad(kQkvB), m.dqkv, ln1,
                   w[kQkvW], nullptr, N, C, 3 * Cl, s);
@@ -529,7 +561,8 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
   }
   if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
     tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
-                          sl.tokens, c.B, c.T, g.C, g.vocab_first, g.Vp_local, m.dt, s);
+                          sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, m.dt,
+                          s);
   ops::range_pop();
 }
 

@@ -52,11 +52,19 @@ enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kB
 struct PipelinePlace {
   int p = 1, rank = 0, v = 1;
 };
+// This rank's place in the context-parallel group (parallel/context_parallel.h): it holds
+// T/size positions of every sequence (comm may be null: layouts of other ranks).
+struct ContextPlace {
+  Comm* comm = nullptr;
+  int size = 1, rank = 0;
+};
+struct ContextParallel;
 
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
   TensorParallel tp;             // this rank's place in the tensor-parallel group
-  PipelinePlace pp;              // ... and in the pipeline
+  PipelinePlace pp;              // ... in the pipeline
+  ContextPlace cp;               // ... and in the context-parallel group
   int blocks_per_stage = 0;      // L / (p*v)
   int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
   std::vector<int> block_unit;   // per global layer: its index in units, -1 on another stage
@@ -79,7 +87,8 @@ struct GPTLayout {
 // The placement of every tensor on tensor-parallel rank tp.rank and pipeline rank pp.rank
 // (tp.comm may be null: the checkpoint index asks for other ranks' layouts).
 GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorParallel{},
-                     const PipelinePlace& pp = PipelinePlace{});
+                     const PipelinePlace& pp = PipelinePlace{},
+                     const ContextPlace& cp = ContextPlace{});
 
 enum class Recompute { None, Gelu, Block };
 Recompute parse_recompute(const std::string& s);
@@ -131,17 +140,22 @@ struct GPT {
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
+  ContextParallel* cp = nullptr;  // ring attention's state and buffers (cp > 1), else null
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
   float* root_grad = nullptr;
   std::vector<void*> owned;       // every buffer above, for gpt_destroy
   size_t activation_bytes = 0;    // their total size
+  bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
 };
 
-// fp8: the FP8 recipe of the block GEMMs (dt must then be BF16), or nullptr. slots: activation
-// sets, one per micro-batch that can be in flight at once on this rank (parallel/pipeline.h).
+// T: the positions of a sequence this rank holds (seq_len / cp). fp8: the FP8 recipe of the block
+// GEMMs (dt must then be BF16), or nullptr. slots: activation sets, one per micro-batch that can
+// be in flight at once on this rank (parallel/pipeline.h). ring: the stream ring attention's
+// transfers run on (cp > 1).
 void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
-                ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1);
+                ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1,
+                ops::Stream ring = nullptr);
 void gpt_destroy(GPT& model);
 
 // ---------------------------------------------------------------------------------------------
@@ -159,7 +173,7 @@ void gpt_upload(GPT& model, int slot, const int* tokens, const int* targets, int
                 ops::Stream s);
 
 struct StageCall {
-  int chunk = 0, slot = 0, B = 0, T = 0;
+  int chunk = 0, slot = 0, B = 0, T = 0;  // T: this rank's positions per sequence (seq_len/cp)
   float dloss = 0;               // != 0: training (the last stage runs the head's backward too)
   bool with_loss = true;         // the last stage computes the losses (targets uploaded)
   float loss_scale_for_log = 0;  // the last stage adds this * sum(losses) to model.loss_sum

@@ -59,7 +59,7 @@ static const char* const kKindNames[] = {"all_reduce", "reduce_scatter", "all_ga
                                          "broadcast",  "send",           "recv",
                                          "all_to_all", "barrier"};
 
-static void print_comm_json(FILE* f, const CommStats& st) {
+void print_comm_json(FILE* f, const CommStats& st) {
   std::fprintf(f, ",\"comm\":{");
   bool first_axis = true;
   for (int a = 0; a < (int)Axis::Count; a++) {

@@ -20,6 +20,9 @@
 #include "parallel/comm.h"
 
 double model_flops_per_token(const GPTLayout& g);
+// `,"comm":{axis:{collective:{"calls":n,"bytes":n}...}...}`: the counters of the axes used, as
+// a step record of the metrics file (and the planner's JSON) holds them.
+void print_comm_json(FILE* f, const CommStats& st);
 double hardware_flops_per_token(const GPTLayout& g, Recompute r);
 // Dense BF16 peak TFLOP/s of one device, from its name (H100 SXM/PCIe, H200, A100, B200), or the
 // override when > 0. 0 when unknown (the CPU, or an unlisted GPU): MFU is then reported as null.

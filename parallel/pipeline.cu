@@ -88,9 +88,13 @@ void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, i
       pipeline_simulate(pl.schedule, 1.0, 2.0, PipeComm::Rendezvous);
   CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
         sim.error.c_str());
-  pl.slots = peak_slots(pl.schedule.ranks[rank], p, v, m, rank);
+  pl.slots = pipeline_slots(pl.schedule, rank);
   pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
+}
+
+int pipeline_slots(const PipelineSchedule& s, int rank) {
+  return peak_slots(s.ranks[rank], s.p, s.v, s.m, rank);
 }
 
 void pipeline_destroy(Pipeline& pl) {

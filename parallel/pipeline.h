@@ -43,6 +43,8 @@ struct Pipeline {
 void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
                    Comm* comm);
 void pipeline_destroy(Pipeline& pl);
+// The activation slots rank `rank` of a schedule needs (what pipeline_init sizes pl.slots to).
+int pipeline_slots(const PipelineSchedule& sched, int rank);
 // One training step: every action of this rank's list, in order; compute actions timed.
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 // One micro-batch forward through every stage (validation, sampling): slot 0, no backward.

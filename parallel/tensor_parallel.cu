@@ -89,24 +89,36 @@ void tp_row_parallel_finish(const TensorParallel& tp, void* out, void* partial, 
   ops::add_bias_residual(out, sum, bias, residual, tp.tokens(N), C, dt, s);
 }
 
+// Chunk k of the tokens: its first token, and the wpe row of its first position (the encoder
+// reads position t of a chunk as row t of the table it is given).
+static size_t chunk_token(const TokenPositions& pos, int k) { return (size_t)k * pos.B * pos.len; }
+
 void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, const int* tokens,
-                          const void* wte, const void* wpe, int B, int T, int C, int vocab_first,
-                          int vocab_rows, DType dt, ops::Stream s) {
-  if (!tp.active()) {
-    ops::encoder_forward(out, tokens, wte, wpe, B, T, C, dt, s);
-    return;
+                          const void* wte, const void* wpe, const TokenPositions& pos, int C,
+                          int vocab_first, int vocab_rows, DType dt, ops::Stream s) {
+  // without SP (or tp) the sum lands in place, in out
+  void* all = tp.active() && tp.sp ? partial : out;
+  const size_t e = dtype_size(dt);
+  if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
+  for (int k = 0; k < pos.chunks; k++) {
+    const void* wpe_k = tp.rank == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
+    ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
+                         wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows);
   }
-  void* all = tp.sp ? partial : out;  // without SP the sum lands in place, in out
-  ops::encoder_forward(all, tokens, wte, tp.rank == 0 ? wpe : nullptr, B, T, C, dt, s,
-                       vocab_first, vocab_rows);
-  tp_sum_partials(tp, all, out, B * T, C, dt, s);
+  if (tp.active()) tp_sum_partials(tp, all, out, pos.tokens(), C, dt, s);
 }
 
 void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, void* all,
-                           const void* dout_mine, const int* tokens, int B, int T, int C,
-                           int vocab_first, int vocab_rows, DType dt, ops::Stream s) {
-  const void* dout = tp_all_tokens(tp, all, dout_mine, B * T, C, dt, s);
-  ops::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, dt, s, vocab_first, vocab_rows);
+                           const void* dout_mine, const int* tokens, const TokenPositions& pos,
+                           int C, int vocab_first, int vocab_rows, DType dt, ops::Stream s) {
+  const void* dout = tp_all_tokens(tp, all, dout_mine, pos.tokens(), C, dt, s);
+  const size_t e = dtype_size(dt);
+  if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
+  for (int k = 0; k < pos.chunks; k++)
+    ops::encoder_backward(dwte, dwpe + (size_t)pos.first[k] * C,
+                          (const char*)dout + chunk_token(pos, k) * C * e,
+                          tokens + chunk_token(pos, k), pos.B, pos.len, C, dt, s, vocab_first,
+                          vocab_rows);
 }
 
 void tp_cross_entropy(const TensorParallel& tp, void* logits, float* losses, float* stats,

@@ -39,18 +39,28 @@ void* tp_sum_partials(const TensorParallel& tp, void* partial, void* mine, int N
 void tp_row_parallel_finish(const TensorParallel& tp, void* out, void* partial, const void* bias,
                             const void* residual, int N, int C, DType dt, ops::Stream s);
 
+// Where a rank's N tokens sit in their sequences: for each of B sequences, `chunks` runs of
+// `len` consecutive positions, laid out chunk-major (chunk 0 of every sequence, then chunk 1),
+// chunk k starting at position first[k]. Without context parallelism: one chunk of T from 0;
+// with it, the two zigzag chunks of parallel/context_parallel.cu.
+struct TokenPositions {
+  int B = 0, chunks = 1, len = 0;
+  int first[2] = {0, 0};
+  int tokens() const { return B * chunks * len; }
+};
+
 // The vocabulary-parallel embedding: wte holds rows [vocab_first, vocab_first + vocab_rows).
-// Forward: out (tokens(N) x C) = wte[tokens] + wpe[t]; each rank looks up its own rows (zeros
-// for the others' tokens), tp rank 0 adds the positions, and the partial embeddings are summed
-// (tp_sum_partials). `partial` is N x C scratch.
+// Forward: out (tokens(N) x C) = wte[tokens] + wpe[position]; each rank looks up its own rows
+// (zeros for the others' tokens), tp rank 0 adds the positions, and the partial embeddings are
+// summed (tp_sum_partials). `partial` is N x C scratch.
 void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, const int* tokens,
-                          const void* wte, const void* wpe, int B, int T, int C, int vocab_first,
-                          int vocab_rows, DType dt, ops::Stream s);
+                          const void* wte, const void* wpe, const TokenPositions& pos, int C,
+                          int vocab_first, int vocab_rows, DType dt, ops::Stream s);
 // Backward: dout_mine (tokens(N) x C) is gathered to every token (into `all`, N x C); each rank
 // adds into its own wte rows, and every rank computes the whole of dwpe (the same on all).
 void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, void* all,
-                           const void* dout_mine, const int* tokens, int B, int T, int C,
-                           int vocab_first, int vocab_rows, DType dt, ops::Stream s);
+                           const void* dout_mine, const int* tokens, const TokenPositions& pos,
+                           int C, int vocab_first, int vocab_rows, DType dt, ops::Stream s);
 
 // The vocabulary-parallel cross-entropy over logits (N x Vs), columns [col0, col0 + Vs) of the
 // (N x Vp) logits, V of them real. losses (N) come out the same on every rank; with dloss != 0

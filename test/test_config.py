@@ -42,6 +42,9 @@ DEFAULTS = {
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
             "check_tied": False},
+    "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
+             "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
+             "memory_gib": 80.0},
 }
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
 PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len"]  # max_seq_len defaults to seq_len or maxT

@@ -148,7 +148,7 @@ def test_refused_layouts(rng):
         cases = [
             ("dp*tp*pp*cp != world", 2, {"dp": 1}, ["dp", "2"]),
             ("tp must divide n_head", 2, {"tp": 2}, ["n_head", "tp"]),
-            ("cp not supported yet", 2, {"cp": 2}, ["not yet"]),
+            ("ep not supported yet", 2, {"dp": 2, "ep": 2}, ["ep = 2", "not yet"]),
             ("unknown pipeline schedule", 2, {"pp": 2, "pp_schedule": "zigzag"},
              ["pp_schedule", "zigzag"]),
             ("pp_virtual > 1 without interleaving", 2, {"pp": 2, "pp_virtual": 2},

@@ -27,8 +27,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer import (Checks, base_sections, check_refused, make_experiment,  # noqa: E402
-                     max_rel, read_metrics, run, seeded_rng, with_validation, write_config)
+from trainer import (Checks, base_sections, check_refused, compare_runs,  # noqa: E402
+                     make_experiment, max_rel, read_metrics, run, seeded_rng, with_validation,
+                     write_config)
 
 checks = Checks("test_pipeline")
 NH, C, T, V = 2, 32, 16, 101
@@ -83,18 +84,6 @@ def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, f
     return steps_rec, vals, sample, r.stdout
 
 
-def compare(what, got, ref, tol=1e-5):
-    steps, vals, sample, _ = got
-    rsteps, rvals, rsample, _ = ref
-    loss = max_rel([s["loss"] for s in steps], [s["loss"] for s in rsteps])
-    norm = max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in rsteps])
-    val = max_rel([vals[-1]["val_loss"]], [rvals[-1]["val_loss"]])
-    ok = len(steps) == len(rsteps) and max(loss, norm, val) < tol and sample == rsample
-    checks.check(f"{what}: losses, norms, val loss, sample", ok,
-                 f"max rel err loss {loss:.2e} norm {norm:.2e} val {val:.2e}, sample equal "
-                 f"{sample == rsample}")
-
-
 def check_comm(what, steps, want):
     got = [{k: s["comm"][k] for k in ("pp", "embed") if k in s["comm"]} for s in steps]
     checks.check(f"{what}: comm per step", all(g == want for g in got),
@@ -110,7 +99,7 @@ def test_schedules(tmp):
             for schedule in ("1f1b", "gpipe"):
                 got = train(tmp, f"pp{p}_{schedule}_m{m}", L, m, B, pp=p, schedule=schedule)
                 what = f"pp={p} {schedule} m={m}"
-                compare(what, got, ref)
+                compare_runs(checks, what, got, ref)
                 check_comm(what, got[0], expected_comm(p, 1, m, B))
     L = 8
     for m in (4, 8):
@@ -118,7 +107,7 @@ def test_schedules(tmp):
         ref = train(tmp, f"one8_m{m}", L, m, B)
         got = train(tmp, f"pp4_interleaved_m{m}", L, m, B, pp=4, schedule="interleaved", v=2)
         what = f"pp=4 interleaved v=2 m={m} (L=8)"
-        compare(what, got, ref)
+        compare_runs(checks, what, got, ref)
         check_comm(what, got[0], expected_comm(4, 2, m, B))
 
 
@@ -132,13 +121,13 @@ def test_with_other_axes(tmp):
     for fsdp in (True, False):
         got = train(tmp, f"dp2pp2_{fsdp}", L, 2, 2, pp=2, dp=2, fsdp=fsdp)
         what = f"dp2 x pp2 {'FSDP' if fsdp else 'DDP'}"
-        compare(what, got, ref)
+        compare_runs(checks, what, got, ref)
         check_comm(what, got[0], expected_comm(2, 1, 2, 2, dp=2, fsdp=fsdp))
     got = train(tmp, "tp2pp2", L, 2, 4, pp=2, tp=2)
-    compare("tp2 x pp2 sp", got, ref)
+    compare_runs(checks, "tp2 x pp2 sp", got, ref)
     check_comm("tp2 x pp2 sp", got[0], expected_comm(2, 1, 2, 4, tp=2))
     got = train(tmp, "dp2tp2pp2", L, 2, 2, pp=2, tp=2, dp=2, fsdp=True)
-    compare("dp2 x tp2 x pp2 FSDP sp (np=8)", got, ref)
+    compare_runs(checks, "dp2 x tp2 x pp2 FSDP sp (np=8)", got, ref)
 
 
 def test_checkpoints(tmp):
@@ -147,7 +136,8 @@ def test_checkpoints(tmp):
     d = os.path.join(tmp, "ck_a")
     saved = train(tmp, "ck_dp2pp2", L, m, B // 2, pp=2, dp=2, fsdp=True,
                   ckpt={"dir": d, "every": 10})
-    resumed = train(tmp, "ck_a_one", L, m, B, ckpt={"dir": d, "resume": os.path.join(d, "step_000010")})
+    resumed = train(tmp, "ck_a_one", L, m, B,
+                    ckpt={"dir": d, "resume": os.path.join(d, "step_000010")})
     r = max_rel([s["loss"] for s in resumed[0]], [s["loss"] for s in saved[0][10:]])
     checks.check("dp2 x pp2 FSDP save at step 10 resumed on one rank", len(resumed[0]) == 10 and
                  r < 1e-5, f"steps 11-20 max rel err {r:.2e} vs the uninterrupted run")

@@ -149,6 +149,21 @@ class Checks:
         print(f"{self.name}: all passed")
 
 
+def compare_runs(checks, what, got, ref, tol=1e-5):
+    """got, ref: (step records, val records, sampled text, ...) of two runs that must agree:
+    per-step losses and gradient norms and the last validation loss within tol relative, the
+    same number of steps, and the same sampled text."""
+    steps, vals, sample = got[:3]
+    rsteps, rvals, rsample = ref[:3]
+    loss = max_rel([s["loss"] for s in steps], [s["loss"] for s in rsteps])
+    norm = max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in rsteps])
+    val = max_rel([vals[-1]["val_loss"]], [rvals[-1]["val_loss"]])
+    ok = len(steps) == len(rsteps) and max(loss, norm, val) < tol and sample == rsample
+    checks.check(f"{what}: losses, norms, val loss, sample", ok,
+                 f"max rel err loss {loss:.2e} norm {norm:.2e} val {val:.2e}, sample equal "
+                 f"{sample == rsample}")
+
+
 def max_rel(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b) / np.abs(b)))

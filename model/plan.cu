@@ -1,0 +1,324 @@
+// model/plan.cu - the layout planner (model/plan.h): per rank, state and activation bytes from
+// the trainer's own accounting, communication per step from the collectives' counts, then a
+// device model for the step time.
+//
+// Communication per step, per micro-batch of N = B*T/cp tokens, on a rank holding Lr blocks (the
+// first stage also the embedding, the last the head), C channels, e bytes per element:
+//   tp (tp > 1)   sums: 4 per block (2 forward, 2 backward) + 1 per recomputed block + 1 on the
+//                 first stage (embedding) + 1 on the last (head); all-reduces of N*C*e, or with
+//                 SP reduce-scatters; with SP also gathers: 6 per block (2 forward, 4 backward)
+//                 + 2 per recomputed block + 1 first + 1 last, N*C*e each; the last stage's
+//                 cross-entropy statistics, one all-gather of tp*N*3*4; per step one all-reduce
+//                 of each unit's LayerNorm-gradient range in this rank's shard (SP).
+//   dp / dp*cp    DDP: one all-reduce per unit per step (fp32). FSDP: per block and micro-batch
+//                 two all-gathers (forward, backward) and one reduce-scatter; the root once per
+//                 step each.
+//   embed         pp > 1, first and last stage: one all-reduce of the root's gradient shard.
+//   pp            the schedule's sends and receives, each B*T/cp (/tp with SP) * C * e.
+//   cp            per block: cp-1 K, V transfers of N*2C/tp*e forward (again when recomputed),
+//                 cp-1 backward and cp of dK, dV in fp32.
+#include "model/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "model/fp8.h"
+#include "model/gpt.h"
+#include "model/metrics.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace {
+
+struct Shape {
+  int B, T, Tl, m, dp, pp, cp, tp, v;
+  bool sp, fsdp;
+  DType dt;
+  size_t e;
+  Recompute rc;
+};
+
+Shape shape_of(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  Shape s;
+  s.B = c.train.micro_batch, s.T = c.model.seq_len, s.Tl = s.T / p.cp, s.m = c.train.grad_accum;
+  s.dp = p.dp, s.pp = p.pp, s.cp = p.cp, s.tp = p.tp, s.v = p.pp_virtual;
+  s.sp = p.sp && p.tp > 1, s.fsdp = p.fsdp && p.dp * p.cp > 1;
+  s.dt = c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
+  s.e = dtype_size(s.dt);
+  s.rc = parse_recompute(c.train.recompute);
+  return s;
+}
+
+void add(CommStats& st, Axis a, CollectiveKind k, uint64_t calls, uint64_t bytes) {
+  st.axis[(int)a].calls[(int)k] += calls;
+  st.axis[(int)a].bytes[(int)k] += bytes;
+}
+
+GPTLayout layout_of(const Config& c, const Shape& s, const RankPlan& r) {
+  TensorParallel tp;
+  tp.size = s.tp, tp.rank = r.tp_rank, tp.sp = c.parallel.sp;
+  return gpt_layout(c.model, tp, PipelinePlace{s.pp, r.pp_rank, s.v},
+                    ContextPlace{nullptr, s.cp, r.cp_rank});
+}
+
+// The dp (x cp) group of a unit: its size, this rank's index, and the shard it owns.
+struct Group {
+  int size, rank;
+  Axis axis;
+};
+Group grad_group(const Shape& s, const RankPlan& r) {
+  if (s.cp > 1) return {s.dp * s.cp, r.dp_rank * s.cp + r.cp_rank, Axis::DPCP};
+  return {s.dp, r.dp_rank, Axis::DP};
+}
+FlatRange shard_of(const Shape& s, const Group& g, const ParamUnit& u) {
+  return s.fsdp ? shard_range(u.numel, g.rank, g.size) : FlatRange{0, u.numel};
+}
+
+void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
+  if (s.tp == 1) return;
+  const bool first = r.pp_rank == 0, last = r.pp_rank == s.pp - 1;
+  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage, N = (uint64_t)s.B * s.Tl;
+  const uint64_t act = N * g.C * s.e, recomputed = s.rc == Recompute::Block ? Lr : 0;
+  const uint64_t sums = 4 * Lr + recomputed + first + last;
+  add(st, Axis::TP, s.sp ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
+      s.m * sums, s.m * sums * act);
+  if (s.sp) {
+    const uint64_t gathers = 6 * Lr + 2 * recomputed + first + last;
+    add(st, Axis::TP, CollectiveKind::AllGather, s.m * gathers, s.m * gathers * act);
+  }
+  if (last) add(st, Axis::TP, CollectiveKind::AllGather, s.m, s.m * s.tp * N * 3 * 4);
+  if (!s.sp) return;
+  const Group gg = grad_group(s, r);
+  for (const ParamUnit& u : g.units) {  // the LayerNorms' partial gradients, once per step
+    const FlatRange sh = shard_of(s, gg, u);
+    const size_t lo = std::max(sh.first, u.partial_begin), hi = std::min(sh.end, u.numel);
+    if (hi > lo) add(st, Axis::TP, CollectiveKind::AllReduce, 1, 4 * (hi - lo));
+  }
+}
+
+void dp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
+  const Group gg = grad_group(s, r);
+  for (const ParamUnit& u : g.units) {
+    const size_t padded = padded_numel(u.numel, gg.size), shard = shard_of(s, gg, u).size();
+    if (gg.size > 1 && !s.fsdp) add(st, gg.axis, CollectiveKind::AllReduce, 1, 4 * u.numel);
+    if (gg.size > 1 && s.fsdp) {
+      const uint64_t times = u.whole_step ? 1 : s.m;
+      add(st, gg.axis, CollectiveKind::AllGather, times * (u.whole_step ? 1 : 2),
+          times * (u.whole_step ? 1 : 2) * padded * s.e);
+      add(st, gg.axis, CollectiveKind::ReduceScatter, times, times * padded * 4);
+    }
+    if (u.tied) add(st, Axis::Embed, CollectiveKind::AllReduce, 1, 4 * shard);
+  }
+}
+
+void pp_cp_comm(const Shape& s, const GPTLayout& g, const PipelineSchedule& sched,
+                const RankPlan& r, CommStats& st) {
+  const uint64_t N = (uint64_t)s.B * s.Tl;
+  const uint64_t msg = (uint64_t)g.tp.tokens((int)N) * g.C * s.e;
+  for (const PipeAction& a : sched.ranks[r.pp_rank]) {
+    if (a.op == PipeOp::SendForward || a.op == PipeOp::SendBackward)
+      add(st, Axis::PP, CollectiveKind::Send, 1, msg);
+    if (a.op == PipeOp::RecvForward || a.op == PipeOp::RecvBackward)
+      add(st, Axis::PP, CollectiveKind::Recv, 1, msg);
+  }
+  if (s.cp == 1) return;
+  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage, kv = N * 2 * (g.C / s.tp);
+  const uint64_t forwards = s.rc == Recompute::Block ? 2 : 1;
+  const uint64_t kv_moves = s.m * Lr * (forwards + 1) * (s.cp - 1), dkv_moves = s.m * Lr * s.cp;
+  for (CollectiveKind k : {CollectiveKind::Send, CollectiveKind::Recv}) {
+    add(st, Axis::CP, k, kv_moves, kv_moves * kv * s.e);
+    add(st, Axis::CP, k, dkv_moves, dkv_moves * kv * 4);
+  }
+}
+
+// State bytes as the store counts them: fp32 master, m, v, gradient of the shard, and the
+// compute-dtype working copy (of the shard under FSDP, of the unit under DDP; none in fp32).
+// Peak adds FSDP's full-unit buffers: the root's (weights and fp32 gradient) and two of each
+// for blocks.
+void memory(const Config& c, const Shape& s, const GPTLayout& g, RankPlan& r) {
+  const Group gg = grad_group(s, r);
+  size_t largest = 0, transient = 0;
+  for (const ParamUnit& u : g.units) {
+    const size_t shard = shard_of(s, gg, u).size(), padded = padded_numel(u.numel, gg.size);
+    r.state_bytes += 16 * shard;
+    if (s.dt != DType::F32) r.state_bytes += (s.fsdp ? shard : u.numel) * s.e;
+    if (!s.fsdp) continue;
+    if (u.whole_step) transient += padded * (s.e + 4);
+    else largest = std::max(largest, padded);
+  }
+  transient += 2 * largest * (s.e + 4);
+  const PipelineSchedule sched = pipeline_build(c.parallel.pp_schedule, s.pp, s.m, s.v);
+  GPT m;
+  m.count_only = true;
+  Fp8Recipe recipe;
+  recipe.delayed = c.precision.fp8_recipe == "delayed";
+  recipe.history = c.precision.fp8_amax_history;
+  const bool fp8 = c.precision.compute == "fp8";
+  gpt_create(m, g, s.dt, s.rc, s.B, s.Tl, nullptr, fp8 ? &recipe : nullptr,
+             pipeline_slots(sched, r.pp_rank));
+  r.activation_bytes = m.activation_bytes;
+  gpt_destroy(m);
+  r.peak_bytes = r.state_bytes + r.activation_bytes + transient;
+}
+
+// Bytes a ring algorithm puts on the wire per rank, over the link of the group's span.
+double comm_ms(const Config& c, const Shape& s, const CommStats& st) {
+  const PlanConfig& p = c.plan;
+  double ms = 0;
+  for (int a = 0; a < (int)Axis::Count; a++) {
+    const int n = st.group_size[a];
+    int span = s.tp * s.cp * s.pp * s.dp;  // the ranks a group reaches across (tp innermost)
+    if (a == (int)Axis::TP) span = s.tp;
+    if (a == (int)Axis::CP) span = s.tp * s.cp;
+    if (a == (int)Axis::PP || a == (int)Axis::Embed) span = s.tp * s.cp * s.pp;
+    const double gbs = span <= p.gpus_per_node ? p.intra_node_gbs : p.inter_node_gbs;
+    const CommCounters& k = st.axis[a];
+    double wire = k.bytes[(int)CollectiveKind::Send];
+    if (n > 1) {
+      wire += 2.0 * (n - 1) / n * k.bytes[(int)CollectiveKind::AllReduce];
+      wire += (double)(n - 1) / n * (k.bytes[(int)CollectiveKind::AllGather] +
+                                     k.bytes[(int)CollectiveKind::ReduceScatter]);
+    }
+    ms += wire / (gbs * 1e9) * 1e3;
+  }
+  return ms;
+}
+
+}  // namespace
+
+Plan plan_layout(const Config& c) {
+  const Shape s = shape_of(c);
+  const int world = s.dp * s.pp * s.cp * s.tp;
+  const PipelineSchedule sched = pipeline_build(c.parallel.pp_schedule, s.pp, s.m, s.v);
+  Plan plan;
+  for (int w = 0; w < world; w++) {
+    RankPlan r;
+    r.rank = w, r.tp_rank = w % s.tp, r.cp_rank = w / s.tp % s.cp;
+    r.pp_rank = w / (s.tp * s.cp) % s.pp, r.dp_rank = w / (s.tp * s.cp * s.pp);
+    const GPTLayout g = layout_of(c, s, r);
+    tp_comm(s, g, r, r.comm);
+    dp_comm(s, g, r, r.comm);
+    pp_cp_comm(s, g, sched, r, r.comm);
+    memory(c, s, g, r);
+    plan.ranks.push_back(r);
+  }
+  // The step: the rank with the most compute-bound work sets it (all ranks of a balanced
+  // layout do the same), slowed by the bubble, plus the communication that is not overlapped.
+  const GPTLayout g0 = layout_of(c, s, plan.ranks[0]);
+  plan.tokens_per_step = (double)s.B * s.T * s.m * s.dp;
+  const double flops = hardware_flops_per_token(g0, s.rc) * plan.tokens_per_step / world;
+  plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
+  const PipelineSimulation sim = pipeline_simulate(sched, 1.0, 2.0);
+  plan.bubble = 1.0 - sim.busy[0] / sim.makespan;
+  CommStats sized = plan.ranks[0].comm;
+  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, 1, s.dp * s.cp, 1, world / s.pp,
+                       s.pp > 1 ? 2 : 1};
+  for (int a = 0; a < (int)Axis::Count; a++) sized.group_size[a] = sizes[a];
+  plan.comm_ms = comm_ms(c, s, sized);
+  plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
+  plan.mfu = model_flops_per_token(g0) * plan.tokens_per_step /
+             (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
+  const double limit = c.plan.memory_gib * (1ull << 30);
+  for (const RankPlan& r : plan.ranks)
+    if (r.peak_bytes > limit && plan.does_not_fit.empty()) {
+      char msg[200];
+      std::snprintf(msg, sizeof(msg), "rank %d needs %.4g GiB, %.4g GiB more than [plan] "
+                    "memory_gib = %g", r.rank, r.peak_bytes / 1073741824.0,
+                    (r.peak_bytes - limit) / 1073741824.0, c.plan.memory_gib);
+      plan.does_not_fit = msg;
+    }
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------------
+static double mib(size_t b) { return b / 1048576.0; }
+
+void plan_print(const Plan& plan, const Config& c, FILE* out) {
+  const ParallelConfig& p = c.parallel;
+  std::fprintf(out, "plan     dp=%d%s pp=%d (%s, v=%d) cp=%d tp=%d%s: %zu ranks, %.0f tokens per "
+               "step\n", p.dp, p.fsdp ? " FSDP" : "", p.pp, p.pp_schedule.c_str(), p.pp_virtual,
+               p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "", plan.ranks.size(),
+               plan.tokens_per_step);
+  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB\n");
+  for (const RankPlan& r : plan.ranks) {
+    if (r.dp_rank > 0 || r.cp_rank > 0) continue;  // the same as their dp x cp rank 0
+    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f\n", r.rank, r.dp_rank,
+                 r.pp_rank, r.cp_rank, r.tp_rank, mib(r.state_bytes), mib(r.activation_bytes),
+                 mib(r.peak_bytes));
+  }
+  std::fprintf(out, "  communication per step on rank 0:\n");
+  CommStats st = plan.ranks[0].comm;
+  comm_stats_print(st, 1, out);
+  std::fprintf(out, "  bubble %.1f%%, compute %.2f ms, communication %.2f ms (at [plan] bandwidths)"
+               "\n  estimated step %.2f ms, MFU %.1f%% of %.0f TFLOP/s per GPU\n",
+               100 * plan.bubble, plan.compute_ms, plan.comm_ms, plan.step_ms, 100 * plan.mfu,
+               c.plan.peak_tflops);
+  if (!plan.does_not_fit.empty())
+    std::fprintf(out, "  DOES NOT FIT: %s\n", plan.does_not_fit.c_str());
+}
+
+std::string plan_write_json(const Plan& plan, const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return "cannot write " + path;
+  std::fprintf(f, "{\"ranks\":[");
+  for (size_t i = 0; i < plan.ranks.size(); i++) {
+    const RankPlan& r = plan.ranks[i];
+    std::fprintf(f, "%s{\"rank\":%d,\"dp_rank\":%d,\"pp_rank\":%d,\"cp_rank\":%d,\"tp_rank\":%d,"
+                 "\"state_bytes\":%zu,\"activation_bytes\":%zu,\"peak_bytes\":%zu", i ? "," : "",
+                 r.rank, r.dp_rank, r.pp_rank, r.cp_rank, r.tp_rank, r.state_bytes,
+                 r.activation_bytes, r.peak_bytes);
+    print_comm_json(f, r.comm);
+    std::fprintf(f, "}");
+  }
+  std::fprintf(f, "],\"bubble\":%.10g,\"compute_ms\":%.6g,\"comm_ms\":%.6g,\"step_ms\":%.6g,"
+               "\"mfu\":%.6g,\"fits\":%s}\n", plan.bubble, plan.compute_ms, plan.comm_ms,
+               plan.step_ms, plan.mfu, plan.does_not_fit.empty() ? "true" : "false");
+  return std::fclose(f) == 0 ? "" : "cannot write " + path;
+}
+
+bool plan_search(const Config& cfg, int n, FILE* out) {
+  struct Row {
+    int dp, pp, cp, tp;
+    Plan plan;
+  };
+  std::vector<Row> rows;
+  for (int tp = 1; tp <= n; tp++)
+    for (int cp = 1; tp * cp <= n; cp++)
+      for (int pp = 1; tp * cp * pp <= n; pp++) {
+        if (n % (tp * cp * pp)) continue;
+        Config c = cfg;
+        c.parallel.tp = tp, c.parallel.cp = cp, c.parallel.pp = pp;
+        c.parallel.dp = n / (tp * cp * pp);
+        if (pp == 1) c.parallel.pp_schedule = "1f1b", c.parallel.pp_virtual = 1;
+        if (!mesh_validate(c, n).empty()) continue;
+        rows.push_back({c.parallel.dp, pp, cp, tp, plan_layout(c)});
+      }
+  if (rows.empty()) {
+    std::fprintf(out, "error: no valid layout of %d GPUs for this model and batch (tp must divide "
+                 "n_head, cp 2*cp seq_len, pp n_layer...): try another count\n", n);
+    return false;
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.plan.step_ms < b.plan.step_ms;
+  });
+  std::fprintf(out, "layouts of %d GPUs, fastest estimated step first:\n"
+               "    dp   pp   cp   tp    step ms    MFU   bubble  peak GiB\n", n);
+  bool any_fits = false;
+  for (const Row& r : rows) {
+    size_t peak = 0;
+    for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
+    any_fits = any_fits || r.plan.does_not_fit.empty();
+    std::fprintf(out, "  %4d %4d %4d %4d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp, r.cp,
+                 r.tp, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
+                 peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
+  }
+  if (!any_fits)
+    std::fprintf(out, "error: no layout of %d GPUs fits in [plan] memory_gib = %g per GPU\n", n,
+                 cfg.plan.memory_gib);
+  return any_fits;
+}

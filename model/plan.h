@@ -1,0 +1,47 @@
+// model/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
+//
+// For the layout the config names (dp x pp x cp x tp, FSDP or not, the pipeline schedule), it
+// works out per rank what the trainer would hold and send, from the same placement map, store
+// geometry and activation accounting the trainer uses (model/gpt.h, parallel/placement.h), and
+// the communication from the collectives' counts per step (the analytic values the tests check
+// against the measured counters). Then a rough device model ([plan]) turns FLOPs and bytes into a
+// step time and an MFU. test/test_plan.py runs real CPU layouts and requires the plan's state
+// bytes, activation bytes and communication to equal the measured ones exactly.
+//
+// Not modelled: FP8's amax agreements (a few floats per GEMM over the stage group), and the
+// transient FSDP gather buffers (two blocks of weights and two of gradients) are in `peak_bytes`
+// but not in `state_bytes`.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "parallel/comm.h"
+
+struct RankPlan {
+  int rank = 0;
+  int dp_rank = 0, pp_rank = 0, cp_rank = 0, tp_rank = 0;
+  size_t state_bytes = 0;       // weights, gradients, Adam moments, working copy (as measured)
+  size_t activation_bytes = 0;  // the model's activation buffers (as measured)
+  size_t peak_bytes = 0;        // both, plus FSDP's transient full-unit buffers
+  CommStats comm{};             // per step, as the metrics count them
+};
+
+struct Plan {
+  std::vector<RankPlan> ranks;  // every world rank
+  double bubble = 0;            // the schedule's idle fraction, (p-1)/(v*m+p-1) for 1f1b
+  double compute_ms = 0, comm_ms = 0, step_ms = 0, mfu = 0;
+  double tokens_per_step = 0;
+  std::string does_not_fit;     // "" or which rank needs how much more than [plan] memory_gib
+};
+
+// Plans cfg's layout; cfg must have passed mesh_validate for its own world size.
+Plan plan_layout(const Config& cfg);
+void plan_print(const Plan& plan, const Config& cfg, FILE* out);
+// The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
+// "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or the problem.
+std::string plan_write_json(const Plan& plan, const std::string& path);
+// Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's fsdp,
+// schedule and grad_accum), best estimated step time first, those that do not fit marked.
+// Returns false (after printing why) when no layout of n GPUs is valid or none fits in memory.
+bool plan_search(const Config& cfg, int n, FILE* out);

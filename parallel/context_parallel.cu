@@ -1,0 +1,234 @@
+// parallel/context_parallel.cu - context parallelism: ring attention over zigzag chunks.
+//
+// The idea. Activation memory grows with the sequence length T; weights do not. Context
+// parallelism cuts every sequence over cp ranks, so each holds T/cp tokens of every activation.
+// Every op of a transformer is per token except attention, where each query needs the keys and
+// values of every earlier position. So the K and V blocks travel around the cp ring: at step s
+// rank r holds the K, V of rank r-s, computes its queries against them, and passes them on to
+// r+1 while it receives the next ones from r-1. After cp steps every query has seen every key.
+//
+// The merge. Attention over keys split into blocks is recombined exactly with the log-sum-exp
+// of each block: softmax(q K^T) V over all keys = sum_b w_b out_b with w_b = exp(lse_b - lse),
+// lse = log sum_b exp(lse_b) (ops::attention_merge, in fp32). Each block returns its own output
+// and lse (ops::attention_block_forward), and the running result absorbs it.
+//
+// Zigzag. With causal attention, a rank holding the last T/cp positions would do cp times the
+// work of the first. So the sequence is cut into 2cp chunks and rank r holds chunks r and
+// 2cp-1-r: one early, one late, the same triangle area for everyone. Which (query chunk, key
+// chunk) blocks each rank computes at each step, and with which mask (the diagonal chunk
+// causal, earlier chunks in full), is parallel/context_parallel_plan.cu. cp = 2, chunks 0-3:
+//
+//              key chunk 0   1     2     3
+//   query 0          r0s0\   .     .     .         rN sM: rank N computes it at step M
+//   query 1          r1s1    r1s0\ .     .         \    : causal (diagonal) block
+//   query 2          r1s1    r1s0  r1s0\ .
+//   query 3          r0s0    r0s1  r0s1  r0s0\     every rank: 1 causal pair + 1 full block
+//
+// The backward goes around the ring again with K and V, and the gradients dK, dV travel with
+// them: each rank adds its blocks' contribution to the dK, dV of the chunks in hand (fp32) and
+// passes them on; after the last step they take one more hop, home. dQ stays local. The final
+// output and lse of the forward are all a block's backward needs (P = exp(S - lse)).
+//
+// Who talks to whom, bytes, per layer and micro-batch (B sequences, C = this tp rank's
+// channels, b bytes per element): rank r sends to r+1 and receives from r-1 on the cp group.
+//   forward:  cp-1 transfers of K, V of two chunks: 2 * 2 * (T/2cp) * C * B * b = 2TCB/cp * b
+//   backward: the same cp-1 K, V transfers, and cp transfers of dK, dV in fp32 (2TCB/cp * 4)
+// against the T*T/cp attention FLOPs per rank each step hides.
+//
+//   compute  | blocks with KV(r)   | blocks with KV(r-1) | ... | blocks with KV(r-cp+1)
+//   ring     |--send KV(r), recv KV(r-1)--|--send, recv--| ...
+//
+// In the forward the next K, V arrive on the `ring` stream while the blocks in hand compute; in
+// the backward the K, V of the next step are posted before the blocks and the dK, dV after them.
+// The rest of the model sees nothing of this: its gradients are summed over dp x cp (the units'
+// gradient axis, parallel/placement.h), since every cp rank saw other tokens of the same
+// sequences, and the loss is their mean over every token of the global batch.
+#include "parallel/context_parallel.h"
+
+#include <vector>
+
+#include "kernels/common.h"
+
+// ---------------------------------------------------------------------------------------------
+// Tokens
+// ---------------------------------------------------------------------------------------------
+TokenPositions cp_positions_of(int cp, int rank, int B, int T) {
+  TokenPositions p;
+  p.B = B;
+  if (cp == 1) {
+    p.len = T;
+    return p;
+  }
+  p.chunks = 2;
+  p.len = T / (2 * cp);
+  cp_local_chunks(cp, rank, &p.first[0], &p.first[1]);
+  p.first[0] *= p.len;
+  p.first[1] *= p.len;
+  return p;
+}
+
+void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int T) {
+  const TokenPositions p = cp_positions_of(cp, rank, B, T);
+  for (int k = 0; k < p.chunks; k++)
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < p.len; t++)
+        local[((size_t)k * B + b) * p.len + t] = full[(size_t)b * T + p.first[k] + t];
+}
+
+int cp_local_index(int cp, int rank, int B, int T, int b, int t) {
+  const TokenPositions p = cp_positions_of(cp, rank, B, T);
+  for (int k = 0; k < p.chunks; k++)
+    if (t >= p.first[k] && t < p.first[k] + p.len)
+      return (k * B + b) * p.len + (t - p.first[k]);
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers
+// ---------------------------------------------------------------------------------------------
+static void* alloc_counted(ContextParallel& cp, size_t bytes) {
+  cp.bytes += bytes;
+  return cp.count_only ? nullptr : ops::alloc(bytes);
+}
+
+void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
+               ops::Stream ring) {
+  cp.comm = comm;
+  cp.plan = cp_plan_build(cp.size, T);
+  cp.B = B, cp.Tc = T / (2 * cp.size), cp.NH = NH, cp.HS = HS, cp.dt = dt;
+  cp.ring = ring;
+  if (!cp.count_only) {
+    cp.ready = ops::event_create();
+    cp.arrived = ops::event_create();
+  }
+  const size_t rows = (size_t)B * cp.Tc, C = (size_t)NH * HS, e = dtype_size(dt);
+  for (int i = 0; i < 2; i++) {
+    cp.kv[i] = alloc_counted(cp, 2 * rows * 2 * C * e);
+    cp.dkv[i] = (float*)alloc_counted(cp, 2 * rows * 2 * C * sizeof(float));
+  }
+  cp.block_out = alloc_counted(cp, rows * C * e);
+  cp.block_lse = (float*)alloc_counted(cp, rows * NH * sizeof(float));
+  cp.dq = (float*)alloc_counted(cp, 2 * rows * C * sizeof(float));
+}
+
+void cp_destroy(ContextParallel& cp) {
+  for (int i = 0; i < 2; i++) {
+    ops::release(cp.kv[i]);
+    ops::release(cp.dkv[i]);
+  }
+  ops::release(cp.block_out);
+  ops::release(cp.block_lse);
+  ops::release(cp.dq);
+  if (cp.ready) ops::event_destroy(cp.ready);
+  if (cp.arrived) ops::event_destroy(cp.arrived);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ring
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// Chunk `local` (0 or 1) of a chunk-major (2,B,Tc,width) buffer.
+template <typename T>
+T* chunk(T* base, int local, int B, const ContextParallel& cp, int width, size_t elem) {
+  return (T*)((char*)base + (size_t)local * B * cp.Tc * width * elem);
+}
+
+// Which of the two chunks of `holder` (in its local order) global chunk `g` is.
+int local_of(const ContextParallel& cp, int holder, int g) {
+  int first, second;
+  cp_local_chunks(cp.size, holder, &first, &second);
+  return g == first ? 0 : 1;
+}
+
+// The ring stream sends `out` to rank r+1 and receives `in` from r-1 once everything queued on
+// s so far is done; s waits for the arrival before anything it queues next.
+void exchange(ContextParallel& cp, const std::vector<P2POp>& ops_list, DType dt, ops::Stream s) {
+  ops::event_record(cp.ready, s);
+  ops::stream_wait_event(cp.ring, cp.ready);
+  p2p_batch(*cp.comm, ops_list.data(), (int)ops_list.size(), dt, cp.ring);
+  ops::event_record(cp.arrived, cp.ring);
+}
+
+std::vector<P2POp> pass_on(const ContextParallel& cp, void* out, void* in, size_t count) {
+  const int next = (cp.rank + 1) % cp.size, prev = (cp.rank + cp.size - 1) % cp.size;
+  return {{true, out, count, next}, {false, in, count, prev}};
+}
+
+// K and V of both local chunks, out of the packed qkv (columns C..3C of every token).
+void local_kv(ContextParallel& cp, void* kv, const void* qkv, int B, ops::Stream s) {
+  const int C = cp.NH * cp.HS;
+  const size_t e = dtype_size(cp.dt);
+  ops::copy_columns(kv, 2 * C, cp.dt, (const char*)qkv + C * e, 3 * C, cp.dt, 2 * B * cp.Tc,
+                    2 * C, s);
+}
+
+}  // namespace
+
+void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
+                          ops::Stream s) {
+  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+  const int C = cp.NH * cp.HS, T = cp.Tc;
+  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
+  local_kv(cp, cp.kv[0], qkv, B, s);
+  bool written[2] = {false, false};  // the first block of a query chunk writes, later ones merge
+  for (int step = 0; step < cp.size; step++) {
+    void* held = cp.kv[step % 2];
+    if (step + 1 < cp.size)  // the next K, V travel while these blocks compute
+      exchange(cp, pass_on(cp, held, cp.kv[(step + 1) % 2], kv_count), cp.dt, s);
+    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    for (const CpBlock& blk : st.blocks) {
+      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
+      void* o = chunk(out, qi, B, cp, C, e);
+      float* l = chunk(lse, qi, B, cp, cp.NH, sizeof(float));
+      const void* q = chunk(qkv, qi, B, cp, 3 * C, e);
+      const void* kv = chunk((const void*)held, ki, B, cp, 2 * C, e);
+      const bool causal = blk.mask == CpMask::Causal;
+      if (!written[qi]) {
+        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.HS, causal, cp.dt, s);
+        written[qi] = true;
+        continue;
+      }
+      ops::attention_block_forward(cp.block_out, cp.block_lse, q, kv, B, T, cp.NH, cp.HS, causal,
+                                   cp.dt, s);
+      ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
+    }
+    if (step + 1 < cp.size) ops::stream_wait_event(s, cp.arrived);
+  }
+}
+
+void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
+                           const void* out, const float* lse, int B, ops::Stream s) {
+  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+  const int C = cp.NH * cp.HS, T = cp.Tc;
+  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
+  const size_t rows = 2 * (size_t)B * T;
+  ops::fill_zero(cp.dq, rows * C * sizeof(float), s);
+  ops::fill_zero(cp.dkv[0], rows * 2 * C * sizeof(float), s);
+  local_kv(cp, cp.kv[0], qkv, B, s);
+  for (int step = 0; step < cp.size; step++) {
+    const int cur = step % 2, next = (step + 1) % 2;
+    const bool more = step + 1 < cp.size;
+    if (more) exchange(cp, pass_on(cp, cp.kv[cur], cp.kv[next], kv_count), cp.dt, s);
+    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    for (const CpBlock& blk : st.blocks) {
+      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
+      ops::attention_block_backward(
+          chunk(cp.dq, qi, B, cp, C, sizeof(float)),
+          chunk(cp.dkv[cur], ki, B, cp, 2 * C, sizeof(float)), chunk(dout, qi, B, cp, C, e),
+          chunk(out, qi, B, cp, C, e), chunk(lse, qi, B, cp, cp.NH, sizeof(float)),
+          chunk(qkv, qi, B, cp, 3 * C, e), chunk((const void*)cp.kv[cur], ki, B, cp, 2 * C, e),
+          B, T, cp.NH, cp.HS, blk.mask == CpMask::Causal, cp.dt, s);
+    }
+    if (more) ops::stream_wait_event(s, cp.arrived);
+    // dK, dV of the chunks in hand, this rank's blocks added, go on (the last hop: home)
+    exchange(cp, pass_on(cp, cp.dkv[cur], cp.dkv[next], kv_count), DType::F32, s);
+    ops::stream_wait_event(s, cp.arrived);
+  }
+  // After cp hops the dK, dV of this rank's own chunks are back, in dkv[cp % 2].
+  ops::copy_columns(dqkv, 3 * C, cp.dt, cp.dq, C, DType::F32, (int)rows, C, s);
+  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size % 2], 2 * C, DType::F32,
+                    (int)rows, 2 * C, s);
+}

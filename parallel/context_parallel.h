@@ -1,0 +1,56 @@
+// parallel/context_parallel.h - context parallelism: each sequence split over the cp ranks
+// (zigzag chunks), attention computed as a ring over them. The idea, the bytes and a diagram are
+// at the top of parallel/context_parallel.cu; which blocks a rank computes at each ring step is
+// parallel/context_parallel_plan.h.
+//
+// Local token layout. With cp > 1 rank r holds chunks r and 2cp-1-r (T/(2cp) positions each) of
+// every sequence of its micro-batch, chunk-major: chunk r of all B sequences, then chunk 2cp-1-r
+// of all B sequences. Every op but attention and the embedding is per token and does not care;
+// each chunk is a contiguous (B, Tc, ...) block for the attention kernels, and the embedding
+// reads wpe at each chunk's global positions (TokenPositions, parallel/tensor_parallel.h).
+#pragma once
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "parallel/context_parallel_plan.h"
+#include "parallel/tensor_parallel.h"
+
+struct ContextParallel {
+  Comm* comm = nullptr;  // the cp group (nullptr with size 1)
+  int size = 1, rank = 0;
+  bool active() const { return size > 1; }
+  ContextParallelPlan plan;
+  int B = 0, Tc = 0, NH = 0, HS = 0;  // largest micro-batch, chunk length, local heads, head size
+  DType dt = DType::F32;
+  ops::Stream ring = nullptr;         // the K, V transfers run here, overlapping compute
+  ops::Event ready = nullptr, arrived = nullptr;
+  // Buffers: K, V of two chunks (2,B,Tc,2C) twice (the block in hand and the one arriving),
+  // their fp32 gradients (the same, twice), a block's own output (B,Tc,C) and lse (B,NH,Tc), and
+  // the fp32 dq of the local chunks (2,B,Tc,C). C = NH*HS (this tp rank's heads).
+  void* kv[2] = {nullptr, nullptr};
+  float* dkv[2] = {nullptr, nullptr};
+  void* block_out = nullptr;
+  float* block_lse = nullptr;
+  float* dq = nullptr;
+  size_t bytes = 0;
+  bool count_only = false;  // set before cp_create: add up the bytes, allocate nothing (planner)
+};
+
+// The token positions of rank r's local tokens (B sequences of T positions).
+TokenPositions cp_positions_of(int cp, int rank, int B, int T);
+// Rank r's local tokens (B*T/cp, chunk-major) out of a micro-batch (B,T) on the host.
+void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int T);
+// The local index of global position t of sequence b, or -1 if another cp rank holds it.
+int cp_local_index(int cp, int rank, int B, int T, int b, int t);
+
+// cp.size and cp.rank set by the caller; comm may be null with cp.count_only.
+void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
+               ops::Stream ring);
+void cp_destroy(ContextParallel& cp);
+
+// Ring attention forward over this rank's two chunks: out (2,B,Tc,C) and lse (2,B,NH,Tc) for
+// the queries of qkv (2,B,Tc,3C), against the keys and values of every chunk before them.
+void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
+                          ops::Stream s);
+// Ring attention backward: dqkv (2,B,Tc,3C), written, from dout, and the forward's out and lse.
+void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
+                           const void* out, const float* lse, int B, ops::Stream s);

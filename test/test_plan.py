@@ -1,0 +1,113 @@
+"""test/test_plan.py - the planner (./train_cpu config.toml --plan) is checked, not trusted.
+
+For real CPU layouts of a tiny GPT (L = 4, 4 heads, C = 32, T = 16), each trained for 2 steps:
+one rank fp32; dp2 DDP bf16; dp2 FSDP with grad_accum 2; tp2 with and without SP, and with SP
+and recompute "block"; pp2 1f1b over 4 micro-batches and gpipe over 2; cp2, also with recompute
+"block"; dp2 x pp2 x cp2 x tp2 FSDP (np = 16). For each, rank 0 of the plan
+(`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
+metrics' run record) and the communication of every step (calls and bytes per axis and
+collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe.
+Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
+and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
+--plan-search of 8 lists only layouts of 8 GPUs, fastest first.
+"""
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainer import (Checks, base_sections, make_experiment, read_metrics,  # noqa: E402
+                     read_run_info, run, seeded_rng, write_config)
+
+checks = Checks("test_plan")
+L, NH, C, T, V = 4, 4, 32, 16, 101
+
+LAYOUTS = [
+    ("one rank fp32", {}, {}),
+    ("dp2 DDP bf16", {"dp": 2}, {"precision": {"compute": "bf16"}}),
+    ("dp2 FSDP grad_accum 2", {"dp": 2, "fsdp": True}, {"train": {"grad_accum": 2}}),
+    ("tp2 sp", {"tp": 2}, {}),
+    ("tp2 no sp", {"tp": 2, "sp": False}, {}),
+    ("tp2 sp recompute block", {"tp": 2}, {"train": {"recompute": "block"}}),
+    ("pp2 1f1b m4", {"pp": 2}, {"train": {"grad_accum": 4}}),
+    ("pp2 gpipe m2", {"pp": 2, "pp_schedule": "gpipe"}, {"train": {"grad_accum": 2}}),
+    ("cp2", {"cp": 2}, {}),
+    ("cp2 recompute block", {"cp": 2}, {"train": {"recompute": "block"}}),
+    ("dp2 x pp2 x cp2 x tp2 FSDP (np=16)", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "fsdp": True},
+     {"train": {"grad_accum": 2}}),
+]
+
+
+def sections(tmp, name, par, extra):
+    sec = base_sections(tmp, 2)
+    del sec["init"]
+    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V}
+    sec["parallel"] = dict(par)
+    sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
+    for key, values in extra.items():
+        sec.setdefault(key, {}).update(values)
+    return sec
+
+
+def check_layout(tmp, i, what, par, extra):
+    sec = sections(tmp, f"run{i}", par, extra)
+    cfg = write_config(tmp, f"run{i}.toml", sec)
+    world = par.get("dp", 1) * par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1)
+    run(cfg, np_ranks=world if world > 1 else 0)
+    steps, _ = read_metrics(sec["log"]["metrics"])
+    info = read_run_info(sec["log"]["metrics"])
+    plan_path = os.path.join(tmp, f"plan{i}.json")
+    run(cfg, ["--plan-json", plan_path])
+    with open(plan_path) as f:
+        plan = json.load(f)
+    r0 = plan["ranks"][0]
+    same_state = r0["state_bytes"] == info["state_bytes"]
+    same_act = r0["activation_bytes"] == info["activation_bytes"]
+    same_comm = all(s["comm"] == r0["comm"] for s in steps)
+    checks.check(f"{what}: plan = measured", same_state and same_act and same_comm and
+                 len(plan["ranks"]) == world,
+                 f"state {r0['state_bytes']} vs {info['state_bytes']}, activations "
+                 f"{r0['activation_bytes']} vs {info['activation_bytes']}, comm "
+                 f"{'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
+    p, m = par.get("pp", 1), sec["train"].get("grad_accum", 1)
+    bubble = (p - 1) / (m + p - 1)
+    checks.check(f"{what}: bubble", abs(plan["bubble"] - bubble) < 1e-9,
+                 f"{plan['bubble']:.6f} vs (p-1)/(m+p-1) = {bubble:.6f}")
+
+
+def test_bad_input(tmp):
+    sec = sections(tmp, "bad", {"dp": 2}, {"plan": {"memory_gib": 0.0001}})
+    cfg = write_config(tmp, "bad.toml", sec)
+    r = run(cfg, ["--plan"], check=False)
+    checks.check("a plan that does not fit: names the rank and the excess, exits non-zero",
+                 r.returncode != 0 and "DOES NOT FIT: rank 0 needs" in r.stdout and
+                 "more than [plan] memory_gib" in r.stdout, r.stdout.strip().splitlines()[-1])
+    r = run(cfg, ["--plan-search", "4"], check=False)
+    checks.check("--plan-search with no layout that fits: says so, exits non-zero",
+                 r.returncode != 0 and "no layout of 4 GPUs fits" in r.stdout,
+                 r.stdout.strip().splitlines()[-1])
+    cfg = write_config(tmp, "search.toml", sections(tmp, "search", {}, {}))
+    r = run(cfg, ["--plan-search=8"])
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and
+            ln.split()[0].isdigit()]
+    products = [int(a) * int(b) * int(c) * int(d) for a, b, c, d, *_ in rows]
+    times = [float(row[4]) for row in rows]
+    checks.check("--plan-search 8: layouts of 8 GPUs, fastest first",
+                 rows and all(x == 8 for x in products) and times == sorted(times) and
+                 any(row[:4] == ["8", "1", "1", "1"] for row in rows),
+                 f"{len(rows)} layouts, first {rows[0][:5] if rows else None}")
+
+
+def main():
+    rng = seeded_rng("test_plan")
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, model=False)
+        for i, (what, par, extra) in enumerate(LAYOUTS):
+            check_layout(tmp, i, what, par, extra)
+        test_bad_input(tmp)
+    checks.report()
+
+
+if __name__ == "__main__":
+    main()
