@@ -34,6 +34,7 @@ run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run ring-attention $PY test/test_ring_attention.py
 run moe-router  $PY test/test_moe_router.py
+run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
