@@ -73,11 +73,14 @@ train_cpu: $(SHARED_OBJ) $(CPU_OBJ)
 train: $(SHARED_OBJ) $(CUDA_OBJ) $(NCCL_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
-# The CPU kernels as a shared library, so that the Python tests can call each op directly.
+# The CPU kernels as a shared library, so that the Python tests can call each op directly (and
+# the MoE dispatch plan, which the dispatch ops' test feeds them).
 $(BUILD)/pic/%.o: %
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -fPIC -x c++ -c $< -o $@
-$(BUILD)/libops_cpu.so: $(call obj,pic,$(wildcard kernels/cpu/*.cpp) kernels/common.cpp test/ops_capi.cpp)
+LIBOPS_SRC := $(wildcard kernels/cpu/*.cpp) kernels/common.cpp test/ops_capi.cpp \
+              parallel/expert_dispatch_plan.cu
+$(BUILD)/libops_cpu.so: $(call obj,pic,$(LIBOPS_SRC))
 	$(CXX) -shared -o $@ $^ -fopenmp
 
 # Tools (text -> token shards, and friends).
@@ -151,6 +154,9 @@ $(BUILD)/bench_kernels: $(BENCH_OBJ) $(CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 $(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/*.cpp))
 	$(CXX) -o $@ $^ $(LDLIBS)
+
+# test/gpu/test_moe_dispatch.cu feeds the MoE dispatch ops with the real dispatch plan.
+$(BUILD)/test_gpu: $(call obj,host,parallel/expert_dispatch_plan.cu)
 
 GPU_PROGRAMS := $(BUILD)/test_gpu $(BUILD)/test_model_grads $(BUILD)/cuda_test_model_grads \
                 $(BUILD)/bench_kernels $(BUILD)/test_cudnn_graph

@@ -210,6 +210,47 @@ void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float*
                   float aux_coef, int B, int T, int E, int top_k, Stream s);
 
 // ---------------------------------------------------------------------------------------------
+// Mixture of experts: moving tokens (kernels/cpu/moe_dispatch.cpp, kernels/cuda/moe_dispatch.cu)
+// ---------------------------------------------------------------------------------------------
+// The indices come from the dispatch plan (parallel/expert_dispatch_plan.h), uploaded as int32
+// device arrays: N tokens of C channels, top_k slots each; pair p = n*top_k + j is slot j of
+// token n; order (N*top_k) lists the pairs in expert order (row i of the dispatch buffer holds
+// pair order[i]) and position is its inverse (pair p sits in row position[p]). Activations
+// (in, out, expert_out, dout, din, d_expert_out) are (rows, C) in dt, fp32 or bf16; gates and
+// their gradient are fp32 (N*top_k), as moe_router_forward writes them. Every output element is
+// computed by one thread from a fixed list in a fixed order (no atomics): the same bits on every
+// run and thread count. Outputs are written, not accumulated, and must not overlap the inputs.
+// The combine's weighted sums are fused multiply-adds (fmaf, __fmaf_rn), so the two backends
+// agree to the bit on everything but d_gate's dot products.
+//
+// The dispatch, a row gather (a copy, no rounding): out (M,C)
+//   out[i,:] = in[rows[i],:]                                            for i < M
+// With the plan: M = N*top_k and rows[i] = order[i] / top_k, the token of pair order[i].
+void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType dt, Stream s);
+// The backward of that dispatch: the gradient dout (N*top_k, C) of the dispatch buffer, in
+// expert order, back to token order ("unpermuted"), each token summing its top_k copies:
+//   din[n,:] = sum_{j < top_k} dout[position[n*top_k + j], :]          din (N,C), written
+// summed in fp32 in j order and rounded once to dt. position is the plan's (the inverse of the
+// order that made rows): a token's rows are listed by its pairs, so no scatter and no atomics.
+void moe_unpermute_backward(void* din, const void* dout, const int* position, int N, int top_k,
+                            int C, DType dt, Stream s);
+// The combine: each token's expert outputs, weighted by its gates. expert_out (N*top_k, C) is in
+// dispatch (expert) order; out (N,C) is written:
+//   out[n,:] = sum_{j < top_k} gate[p] * expert_out[position[p], :],    p = n*top_k + j
+// in fp32, in j order, as acc = fma(gate[p], x, acc) from acc = 0; rounded once to dt.
+void moe_combine(void* out, const void* expert_out, const float* gate, const int* position, int N,
+                 int top_k, int C, DType dt, Stream s);
+// Its backward, given dout (N,C), the gradient of out. Both outputs are written; with position a
+// permutation of [0, N*top_k) every row of d_expert_out is written once:
+//   d_expert_out[position[p], :] = gate[p] * dout[n, :]     (fp32 product, rounded once to dt)
+//   d_gate[p] = sum_c dout[n, c] * expert_out[position[p], c]      (fp32)
+// for p = n*top_k + j. The dot product's order is the backend's own (CPU: column order; CUDA: a
+// fixed reduction tree), deterministic on each but not bitwise equal between the two.
+void moe_combine_backward(void* d_expert_out, float* d_gate, const void* dout,
+                          const void* expert_out, const float* gate, const int* position, int N,
+                          int top_k, int C, DType dt, Stream s);
+
+// ---------------------------------------------------------------------------------------------
 // FP8 GEMMs (model/fp8.h drives them; formats and rounding in kernels/fp8.h)
 // ---------------------------------------------------------------------------------------------
 bool device_supports_fp8();  // FP8 tensor cores (sm_89+); the CPU emulates them: true

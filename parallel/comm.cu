@@ -5,14 +5,15 @@
 //
 // Choices worth knowing:
 // - A group of one rank short-circuits before any backend and is NOT counted: it moves no bytes
-//   (all-reduce and broadcast leave the buffer as it is; reduce-scatter, all-gather and
-//   all-to-all copy their input to their output unless both are the same buffer). So a one-rank
-//   run reports no communication at all, and a dp x tp run counts nothing on its size-1 axes.
+//   (all-reduce and broadcast leave the buffer as it is; reduce-scatter, all-gather, all-to-all
+//   and all-to-all-v copy their input to their output unless both are the same buffer). So a
+//   one-rank run reports no communication at all, and a dp x tp run counts nothing on its size-1
+//   axes.
 // - Payload bytes are the size of the buffer the caller hands in (see comm.h): the gathered
 //   output of an all-gather, the full input of a reduce-scatter, the send buffer of an
-//   all-to-all, the message of a send or a recv (both sides count it), 0 for a barrier. A
-//   send_recv counts as a send (its send side) plus a recv (its receive side); an absent side
-//   counts nothing.
+//   all-to-all (all-to-all-v: the sum of its send counts), the message of a send or a recv (both
+//   sides count it), 0 for a barrier. A send_recv counts as a send (its send side) plus a recv
+//   (its receive side); an absent side counts nothing.
 // - all_reduce_host_sum/max and all_agree are control plane (a few bytes for logging and for
 //   agreeing on success); they go straight to MPI on the group's communicator and are not
 //   counted, so the counters describe only the training data plane.
@@ -179,6 +180,27 @@ void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, o
   tally(c, CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
   if (c.backend == CommBackend::NCCL) comm_nccl::all_to_all(c, send, recv, count, dt, s);
   else comm_mpi::all_to_all(c, send, recv, count, dt, s);
+}
+
+static size_t sum_counts(const size_t* counts, int n) {
+  size_t total = 0;
+  for (int j = 0; j < n; j++) total += counts[j];
+  return total;
+}
+
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s) {
+  if (c.size == 1) {
+    CHECK(send_counts[0] == recv_counts[0],
+          "all_to_all_v on axis %s (one rank): sends %zu elements to itself but expects %zu",
+          axis_name(c.axis), send_counts[0], recv_counts[0]);
+    return copy_if_distinct(recv, send, send_counts[0] * dtype_size(dt), s);
+  }
+  tally(c, CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
+  if (c.backend == CommBackend::NCCL)
+    comm_nccl::all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
+  else
+    comm_mpi::all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
 }
 
 // A host barrier under both backends: it orders the ranks' host code, it does not wait for

@@ -103,6 +103,14 @@ struct P2POp {
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 // send holds c.size blocks of count elements; block j goes to rank j; recv block j comes from j.
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+// The same with a size per peer (expert parallelism's dispatch and combine): send_counts[j]
+// elements go to rank j and recv_counts[j] come from rank j (host arrays of c.size counts, any
+// of them 0). The blocks lie back to back in rank order: block j starts at the prefix sum of the
+// counts before j, in both buffers. recv_counts[j] must equal what rank j sends here (rank j's
+// send_counts[c.rank]); send and recv must not overlap. Counted as an all-to-all of the send
+// buffer's bytes (the sum of send_counts). One-rank group: a copy (the one count must match).
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s);
 void barrier(Comm& c);
 
 // Host-side helpers on small host values (logging, agreeing on success, max of a scalar).
@@ -137,6 +145,8 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
 // n >= 1 ops, each with a peer >= 0 and a count > 0.
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s);
 }  // namespace comm_mpi
 
 namespace comm_nccl {
@@ -155,4 +165,6 @@ void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream
 // n >= 1 ops, each with a peer >= 0 and a count > 0.
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s);
 }  // namespace comm_nccl

@@ -73,6 +73,21 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
+// MPI's int counts and displacements (prefix sums of the counts) of an all-to-all-v, checked
+// against int overflow; displs has c.size + 1 entries, the last the total.
+void int_counts(const Comm& c, const size_t* counts, std::vector<int>& n,
+                std::vector<int>& displs) {
+  n.assign(c.size, 0);
+  displs.assign(c.size + 1, 0);
+  size_t at = 0;
+  for (int j = 0; j < c.size; j++) {
+    n[j] = mpi_count(counts[j]);
+    displs[j] = mpi_count(at);
+    at += counts[j];
+  }
+  displs[c.size] = mpi_count(at);
+}
+
 void* grow_staging(Comm& c, size_t bytes) {
   if (bytes > c.staging_bytes) {
     void* p = std::realloc(c.staging, bytes);
@@ -217,6 +232,19 @@ void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, o
   const int n = mpi_count(count);
   MPI_Alltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), c.mpi);
   stage_out(v, recv, bytes);
+}
+
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s) {
+  std::vector<int> sn, sd, rn, rd;
+  int_counts(c, send_counts, sn, sd);
+  int_counts(c, recv_counts, rn, rd);
+  const size_t elem = dtype_size(dt);
+  const size_t in_bytes = (size_t)sd[c.size] * elem, out_bytes = (size_t)rd[c.size] * elem;
+  HostView v = stage_in(c, send, in_bytes, recv, out_bytes, false, s);
+  MPI_Alltoallv(v.in, sn.data(), sd.data(), mpi_type(dt), v.out, rn.data(), rd.data(),
+                mpi_type(dt), c.mpi);
+  stage_out(v, recv, out_bytes);
 }
 
 }  // namespace comm_mpi

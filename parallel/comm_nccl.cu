@@ -10,11 +10,11 @@
 // (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
-// concurrently. send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a
-// pipeline stage may post its send and go on. p2p_batch (and send_recv, its one-send
-// one-receive case) puts its ncclSends and ncclRecvs in one group: NCCL starts them together, so
-// none waits for another's peer to be ready, and the group occupies the stream until all are
-// done.
+// concurrently; all-to-all-v the same with a size per peer, zero sizes left out.
+// send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a pipeline stage
+// may post its send and go on. p2p_batch (and send_recv, its one-send one-receive case) puts its
+// ncclSends and ncclRecvs in one group: NCCL starts them together, so none waits for another's
+// peer to be ready, and the group occupies the stream until all are done.
 #include <nccl.h>
 
 #include <cuda_runtime.h>
@@ -118,6 +118,30 @@ void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, o
   for (int peer = 0; peer < c.size; ++peer) {
     NCCL_CHECK(ncclSend(in + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
     NCCL_CHECK(ncclRecv(out + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+}
+
+// Per peer one ncclSend and one ncclRecv of its block (offsets: the prefix sums of the counts),
+// all in one group. A zero count posts nothing on that side; the two ranks of a pair skip alike,
+// since what rank i sends to j is what j expects from i.
+void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                  const size_t* recv_counts, DType dt, ops::Stream s) {
+  const size_t elem = dtype_size(dt);
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  ncclComm_t comm = handle(c);
+  size_t send_at = 0, recv_at = 0;  // elements
+  NCCL_CHECK(ncclGroupStart());
+  for (int peer = 0; peer < c.size; ++peer) {
+    if (send_counts[peer] > 0)
+      NCCL_CHECK(ncclSend(in + send_at * elem, send_counts[peer], nccl_type(dt), peer, comm,
+                          cuda_stream(s)));
+    if (recv_counts[peer] > 0)
+      NCCL_CHECK(ncclRecv(out + recv_at * elem, recv_counts[peer], nccl_type(dt), peer, comm,
+                          cuda_stream(s)));
+    send_at += send_counts[peer];
+    recv_at += recv_counts[peer];
   }
   NCCL_CHECK(ncclGroupEnd());
 }

@@ -26,5 +26,8 @@ void send_to(Comm&, const void*, size_t, DType, int, ops::Stream) { absent(); }
 void recv_from(Comm&, void*, size_t, DType, int, ops::Stream) { absent(); }
 void p2p_batch(Comm&, const P2POp*, int, DType, ops::Stream) { absent(); }
 void all_to_all(Comm&, const void*, void*, size_t, DType, ops::Stream) { absent(); }
+void all_to_all_v(Comm&, const void*, const size_t*, void*, const size_t*, DType, ops::Stream) {
+  absent();
+}
 
 }  // namespace comm_nccl

@@ -3,11 +3,16 @@
 // Each op_<name> forwards to ops::<name> with the same arguments, except that the dtype is an int
 // (0 = fp32, 1 = bf16, 2 = e4m3, 3 = e5m2) and the stream is implicit: one stream, created on first use (a
 // function-local static) and never destroyed. Tensors are raw host pointers (numpy buffers).
+// One exception to "ops only": op_expert_dispatch_plan, the MoE dispatch plan, so that the
+// dispatch ops are tested with the real plan.
 // op_set_num_threads sets the OpenMP thread count, so that the test can check that results are
 // bitwise the same on 1 and 2 threads.
 #include <omp.h>
 
+#include <algorithm>
+
 #include "kernels/ops.h"
+#include "parallel/expert_dispatch_plan.h"
 
 namespace {
 ops::Stream test_stream() {
@@ -117,6 +122,35 @@ void op_moe_router_backward(float* dlogits, const float* probs, const int* exper
 void op_moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
                      float aux_coef, int B, int T, int E, int top_k) {
   ops::moe_aux_loss(aux, dprobs_aux, expert, probs, aux_coef, B, T, E, top_k, test_stream());
+}
+
+void op_moe_permute(void* out, const void* in, const int* rows, int M, int C, int dt) {
+  ops::moe_permute(out, in, rows, M, C, dtype_of(dt), test_stream());
+}
+void op_moe_unpermute_backward(void* din, const void* dout, const int* position, int N, int top_k,
+                               int C, int dt) {
+  ops::moe_unpermute_backward(din, dout, position, N, top_k, C, dtype_of(dt), test_stream());
+}
+void op_moe_combine(void* out, const void* expert_out, const float* gate, const int* position,
+                    int N, int top_k, int C, int dt) {
+  ops::moe_combine(out, expert_out, gate, position, N, top_k, C, dtype_of(dt), test_stream());
+}
+void op_moe_combine_backward(void* d_expert_out, float* d_gate, const void* dout,
+                             const void* expert_out, const float* gate, const int* position,
+                             int N, int top_k, int C, int dt) {
+  ops::moe_combine_backward(d_expert_out, d_gate, dout, expert_out, gate, position, N, top_k, C,
+                            dtype_of(dt), test_stream());
+}
+// The dispatch plan itself (parallel/expert_dispatch_plan.h, host code linked into this library
+// for the tests): its order and position (N*top_k each), expert_counts (E) and rank_send_counts
+// (ep) for expert (N, top_k).
+void op_expert_dispatch_plan(const int* expert, int N, int top_k, int E, int ep, int* order,
+                             int* position, int* expert_counts, int* rank_send_counts) {
+  const ExpertDispatchPlan p = expert_dispatch_plan_build(expert, N, top_k, E, ep);
+  std::copy(p.order.begin(), p.order.end(), order);
+  std::copy(p.position.begin(), p.position.end(), position);
+  std::copy(p.expert_counts.begin(), p.expert_counts.end(), expert_counts);
+  std::copy(p.rank_send_counts.begin(), p.rank_send_counts.end(), rank_send_counts);
 }
 
 void op_adamw_update(float* master, void* param_out, const float* grad, float* m, float* v,

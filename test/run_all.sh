@@ -35,6 +35,7 @@ run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
 run moe-router  $PY test/test_moe_router.py
+run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"

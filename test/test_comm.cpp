@@ -8,7 +8,8 @@
 //                                     (exact expected values), the paired send_recv (a ring, a
 //                                     pipeline-like exchange with both neighbours, one-sided
 //                                     calls, a p2p_batch of four to both neighbours, 1 MB
-//                                     messages), the host helpers, the counters
+//                                     messages), all_to_all_v with uneven counts (zeros
+//                                     included), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
 //                                     prints mesh_validate's verdict ("ok" or the message)
@@ -254,7 +255,7 @@ std::vector<int> actual_members(const Comm& c) {
 // ---------------------------------------------------------------------------------------------
 enum Tag {
   kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kRing, kAllToAll, kPairRing,
-  kActivation, kGradient, kChain, kBatchNext, kBatchPrev
+  kActivation, kGradient, kChain, kBatchNext, kBatchPrev, kAllToAllV
 };
 
 void test_all_reduce(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt,
@@ -459,6 +460,45 @@ void test_all_to_all(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DTy
   ops::release(recv);
 }
 
+// Elements group rank `from` sends to group rank `to` in all_to_all_v: uneven, from 0 (about a
+// quarter of the pairs, self included on some ranks; with n = 1 all of rank 0's sends) to
+// n + 3 from + to. Higher ranks send more than they receive, so a count of the received bytes
+// instead of the sent ones shows in the counters.
+size_t a2av_count(int from, int to, size_t n) {
+  if ((from * 7 + to * 3 + n) % 4 == 1 || (n == 1 && from == 0)) return 0;
+  return n + 3 * from + to;
+}
+
+// Every rank's send buffer holds its blocks for ranks 0, 1, ... back to back; the receiver
+// rebuilds each sender's buffer layout from the counts to know what it must get. Two elements
+// past the received total stay poisoned (nothing is written beyond the blocks).
+void test_all_to_all_v(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  std::vector<size_t> send_counts(c.size), recv_counts(c.size);
+  size_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < c.size; ++j) {
+    send_total += send_counts[j] = a2av_count(c.rank, j, n);
+    recv_total += recv_counts[j] = a2av_count(j, c.rank, n);
+  }
+  void* send = upload(values(ctx, ctx.world_rank, kAllToAllV, send_total, dt, true), dt);
+  void* recv = poisoned(recv_total + 2, dt);
+  all_to_all_v(c, send, send_counts.data(), recv, recv_counts.data(), dt, nullptr);
+  expect_call(ctx, c, CollectiveKind::AllToAll, send_total * dtype_size(dt));
+  std::vector<float> want;  // block j: rank j's block for me, at its offset in j's send buffer
+  for (int j = 0; j < c.size; ++j) {
+    size_t offset = 0;
+    for (int k = 0; k < c.rank; ++k) offset += a2av_count(j, k, n);
+    for (size_t i = 0; i < recv_counts[j]; ++i)
+      want.push_back(value(ctx, M[j], kAllToAllV, offset + i, dt, true));
+  }
+  const std::vector<float> got = download(recv, recv_total + 2, dt);
+  check_values(ctx, std::vector<float>(got.begin(), got.begin() + recv_total), want,
+               "all_to_all_v");
+  check(ctx, std::isnan(got[recv_total]) && std::isnan(got[recv_total + 1]),
+        "all_to_all_v wrote past its blocks");
+  ops::release(send);
+  ops::release(recv);
+}
+
 void test_host_helpers(Ctx& ctx, Comm& c, const std::vector<int>& M) {
   double sum = 0, max = 0;
   for (int m : M) sum += m + 1, max = std::max(max, 1.5 * m);
@@ -501,6 +541,7 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
       test_chain(ctx, c, M, n, dt);
       test_batch_both_ways(ctx, c, M, n, dt);
       test_all_to_all(ctx, c, M, n, dt);
+      test_all_to_all_v(ctx, c, M, n, dt);
       if (c.size == 2) {  // one rounding per sum: general values
         test_all_reduce(ctx, c, M, n, dt, false);
         test_reduce_scatter(ctx, c, M, n, dt, false, false);
