@@ -48,36 +48,23 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opslib import BUILD, LIB, Fl, I, P, Tally, load  # noqa: E402,F401
 from test_ring_attention import read_plan, rel_err  # noqa: E402  (the plan and the error measure)
 
 F32, BF16 = 0, 1
 DT_NAME = {F32: "fp32", BF16: "bf16"}
-BUILD = os.environ.get("BUILD", "build")
-LIB = os.environ.get("OPS_LIB", os.path.join(BUILD, "libops_cpu.so"))
-failures = 0
-
-
-def report(ok, what):
-    global failures
-    failures += 0 if ok else 1
-    print(("ok   " if ok else "FAIL ") + what)
+report = Tally()
 
 
 def load_library(path):
-    lib = ctypes.CDLL(path)
-    P, I = ctypes.c_void_p, ctypes.c_int
-    sigs = {
+    return load(path, {
         "op_attention_block_forward": [P, P, P, P, I, I, I, I, I, I],
         "op_attention_block_backward": [P, P, P, P, P, P, P, I, I, I, I, I, I],
         "op_attention_merge": [P, P, P, P, I, I, I, I, I],
         "op_copy_columns": [P, I, I, P, I, I, I, I],
         "op_set_num_threads": [I],
-    }
-    for name, args in sigs.items():
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = None
-    lib.op_get_max_threads.restype = I
-    return lib
+        "op_get_max_threads": [],
+    }, returns={"op_get_max_threads": I})
 
 
 def ptr(a, offset_elems=0):
@@ -376,8 +363,7 @@ def main():
     check_copy(lib, rng, BF16, F32, src_cols=21, dst_cols=3 * 21, src_col0=0, dst_col0=42,
                width=21)
     check_copy(lib, rng, F32, F32, rows_=1, src_cols=5, dst_cols=5, src_col0=0, width=5)
-    print(f"{failures} failures")
-    sys.exit(1 if failures else 0)
+    report.finish("test_attention_block")
 
 
 if __name__ == "__main__":

@@ -46,37 +46,25 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opslib import BUILD, LIB, Fl, I, P, Tally, load, rel_err  # noqa: E402,F401
+
 F32, BF16 = 0, 1
 DT_NAME = {F32: "fp32", BF16: "bf16"}
 E, EP, DEAD = 8, 2, (1, 6)
-BUILD = os.environ.get("BUILD", "build")
-LIB = os.environ.get("OPS_LIB", os.path.join(BUILD, "libops_cpu.so"))
-failures = 0
-checks = 0
-
-
-def report(ok, what):
-    global failures, checks
-    checks += 1
-    failures += 0 if ok else 1
-    print(("ok   " if ok else "FAIL ") + what)
+report = Tally()
+close = report.close
 
 
 def load_library(path):
-    lib = ctypes.CDLL(path)
-    P, I = ctypes.c_void_p, ctypes.c_int
-    signatures = {
+    return load(path, {
         "op_moe_permute": [P, P, P, I, I, I],
         "op_moe_unpermute_backward": [P, P, P, I, I, I, I],
         "op_moe_combine": [P, P, P, P, I, I, I, I],
         "op_moe_combine_backward": [P, P, P, P, P, P, I, I, I, I],
         "op_expert_dispatch_plan": [P, I, I, I, I, P, P, P, P],
         "op_set_num_threads": [I],
-    }
-    for name, args in signatures.items():
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = None
-    return lib
+    })
 
 
 def ptr(a):
@@ -112,18 +100,6 @@ def poisoned(shape, dt):
 # ------------------------------------------------------------------------------------------------
 # Comparisons
 # ------------------------------------------------------------------------------------------------
-def rel_err(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) + 1e-300))
-
-
-def close(what, got, ref, tol):
-    err = rel_err(got, ref)
-    report(err < tol, f"{what}: rel err {err:.2e} (tol {tol:.0e})")
-
-
 def close_scaled(what, got, ref, scale, tol=1e-6):
     """||got - ref|| / ||scale||: the error of fp32 sums against the size of their terms."""
     err = rel_err(got, ref) * np.linalg.norm(ref) / (np.linalg.norm(scale) + 1e-300)
@@ -311,8 +287,7 @@ def main():
                 for C in (1, 5, 64):
                     check_case(lib, rng, N, top_k, C, dt)
         check_determinism(lib, rng, dt)
-    print(f"test_moe_dispatch: {checks - failures}/{checks} checks passed")
-    sys.exit(1 if failures else 0)
+    report.finish("test_moe_dispatch")
 
 
 if __name__ == "__main__":

@@ -35,42 +35,18 @@ import sys
 import numpy as np
 import torch
 
-BUILD = os.environ.get("BUILD", "build")
-LIB = os.environ.get("OPS_LIB", os.path.join(BUILD, "libops_cpu.so"))
-failures = 0
-checks = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opslib import BUILD, LIB, Fl, I, P, Tally, load, rel_err  # noqa: E402,F401
 
-
-def report(ok, what):
-    global failures, checks
-    checks += 1
-    failures += 0 if ok else 1
-    print(("ok   " if ok else "FAIL ") + what)
-
-
-def rel_err(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) + 1e-300))
-
-
-def close(what, got, ref, tol):
-    err = rel_err(got, ref)
-    report(err < tol, f"{what}: rel err {err:.2e} (tol {tol:.0e})")
+report = Tally()
+close = report.close
 
 
 def load_library(path):
-    lib = ctypes.CDLL(path)
-    P, I, Fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.op_moe_router_forward.argtypes = [P, I, I, I, P, P, P, P]
-    lib.op_moe_router_backward.argtypes = [P, P, P, P, P, P, P, Fl, I, I, I]
-    lib.op_moe_aux_loss.argtypes = [P, P, P, P, Fl, I, I, I, I]
-    lib.op_set_num_threads.argtypes = [I]
-    for fn in (lib.op_moe_router_forward, lib.op_moe_router_backward, lib.op_moe_aux_loss,
-               lib.op_set_num_threads):
-        fn.restype = None
-    return lib
+    return load(path, {"op_moe_router_forward": [P, I, I, I, P, P, P, P],
+                       "op_moe_router_backward": [P, P, P, P, P, P, P, Fl, I, I, I],
+                       "op_moe_aux_loss": [P, P, P, P, Fl, I, I, I, I],
+                       "op_set_num_threads": [I]})
 
 
 def ptr(a):
@@ -198,8 +174,7 @@ def main():
     # Large enough for the ops' OpenMP loops to run in parallel (N*E > CPU_PARALLEL_MIN).
     z, got = check_case(lib, 8, 512, 16, 2, 0.01, 0.001)
     check_determinism(lib, z, 8, 512, 16, 2, got)
-    print(f"test_moe_router: {checks - failures}/{checks} checks passed")
-    sys.exit(1 if failures else 0)
+    report.finish("test_moe_router")
 
 
 if __name__ == "__main__":

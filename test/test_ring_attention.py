@@ -32,17 +32,12 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opslib import BUILD, LIB, Fl, I, P, Tally, load  # noqa: E402,F401
+
 F32, BF16 = 0, 1
-BUILD = os.environ.get("BUILD", "build")
-LIB = os.environ.get("OPS_LIB", os.path.join(BUILD, "libops_cpu.so"))
 PLAN_BIN = os.environ.get("CP_PLAN_BIN", os.path.join(BUILD, "test_context_parallel_plan"))
-failures = 0
-
-
-def report(ok, what):
-    global failures
-    failures += 0 if ok else 1
-    print(("ok   " if ok else "FAIL ") + what)
+report = Tally()
 
 
 def rel_err(got, ref):
@@ -50,13 +45,8 @@ def rel_err(got, ref):
 
 
 def load_library(path):
-    lib = ctypes.CDLL(path)
-    P, I = ctypes.c_void_p, ctypes.c_int
-    lib.op_attention_merge.argtypes = [P, P, P, P, I, I, I, I, I]
-    lib.op_attention_merge.restype = None
-    lib.op_attention_forward.argtypes = [P, P, P, I, I, I, I, I]
-    lib.op_attention_forward.restype = None
-    return lib
+    return load(path, {"op_attention_merge": [P, P, P, P, I, I, I, I, I],
+                       "op_attention_forward": [P, P, P, I, I, I, I, I]})
 
 
 def ptr(a):
@@ -222,8 +212,7 @@ def main():
     for dt in (F32, BF16):
         for center, spread in ((0.0, 3.0), (1000.0, 3.0), (0.0, 100.0)):
             check_merge_direct(lib, rng, dt, center=center, spread=spread)
-    print(f"{failures} failures")
-    sys.exit(1 if failures else 0)
+    report.finish("test_ring_attention")
 
 
 if __name__ == "__main__":
