@@ -26,7 +26,8 @@ void fp8_create(Fp8Context& f, const Fp8Recipe& recipe, const std::vector<std::s
   f.recipe = recipe;
   f.names = names;
   for (size_t i = 0; i < names.size(); i++)
-    f.linears.push_back({new_scaling(f, s), new_scaling(f, s), new_scaling(f, s)});
+    f.linears.push_back({new_scaling(f, s), new_scaling(f, s), new_scaling(f, s),
+                         new_scaling(f, s)});
   const size_t rows = max_rows, width = std::max(max_in, max_out);
   f.x8 = scratch(f, rows * width, s);
   f.x8t = scratch(f, rows * width, s);
@@ -73,10 +74,11 @@ void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, fl
                          const void* gelu_input, int N, int C, int OC, ops::Stream s) {
   const Fp8Linear& L = f.linears[site];
   rescale(f, L.grad, dout, (size_t)N * OC, DType::E5M2, s);
+  rescale(f, L.input_bwd, inp, (size_t)N * C, DType::E4M3, s);
   // g8 feeds the input gradient; the transposes (g8t, x8t, w8t) the rest: only what is needed.
   ops::fp8_cast(dinp ? f.g8 : nullptr, f.g8t, DType::E5M2, dout, DType::BF16, N, OC,
                 L.grad.scale(), s);
-  ops::fp8_cast(nullptr, f.x8t, DType::E4M3, inp, DType::BF16, N, C, L.input.scale(), s);
+  ops::fp8_cast(nullptr, f.x8t, DType::E4M3, inp, DType::BF16, N, C, L.input_bwd.scale(), s);
   if (dinp) {
     ops::fp8_cast(nullptr, f.w8t, DType::E4M3, weight, DType::BF16, OC, C, L.weight.scale(), s);
     ops::gemm_fp8(dinp, DType::BF16, false, f.g8, DType::E5M2, f.w8t, DType::E4M3, N, C, OC,
@@ -84,7 +86,7 @@ void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, fl
     if (gelu_input) ops::gelu_backward(dinp, gelu_input, dinp, (size_t)N * C, DType::BF16, s);
   }
   ops::gemm_fp8(dweight, DType::F32, true, f.g8t, DType::E5M2, f.x8t, DType::E4M3, OC, C, N,
-                L.grad.scale_inv(), L.input.scale_inv(), s);
+                L.grad.scale_inv(), L.input_bwd.scale_inv(), s);
   if (dbias) ops::bias_backward(dbias, dout, N, OC, DType::BF16, s);
 }
 

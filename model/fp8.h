@@ -32,10 +32,14 @@
 // different scales. With it, every layout casts every element to the same FP8 code, and layouts
 // differ only in the order of the fp32 sums. (Sequence-parallel inputs are all-gathered before
 // the cast, so they are the same tensor on every tp rank anyway.) The cost: one 4-byte all-reduce
-// per cast, three per linear layer and micro-step.
+// per cast, four per linear layer and micro-step.
 //
-// In the backward, weights and inputs are cast again with the scales of the forward (the same
-// tensors), so only the gradient's scale is new.
+// In the backward, weights are cast again with the scale of the forward (the weights do not
+// change within a step). The input gets its scale again from its own amax (`input_bwd`): under
+// pipeline parallelism other micro-batches' forwards run between a micro-batch's forward and its
+// backward, so the forward's last input scale belongs to another tensor, and casting with it
+// could saturate. With tensorwise scaling that is the forward's scale of the same tensor, bit for
+// bit; with delayed scaling it keeps its own history.
 #pragma once
 #include <string>
 #include <vector>
@@ -61,6 +65,7 @@ struct Fp8Scaling {
 
 struct Fp8Linear {
   Fp8Scaling input, weight, grad;  // E4M3, E4M3, E5M2
+  Fp8Scaling input_bwd;            // E4M3: the input again, for the weight-gradient GEMM
 };
 
 struct Fp8Context {

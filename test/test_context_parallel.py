@@ -2,7 +2,7 @@
 
 A tiny GPT (L = 2, 2 heads, C = 32, T = 16), 20 steps at lr 1e-3, global batch 4 sequences; the
 one-rank run with the same batch is the reference.
-1. cp = 2 and 4 from random init, cp = 2 from an llm.c model file: per-step losses and gradient
+1. cp = 2 and 4 from random init and from an llm.c model file: per-step losses and gradient
    norms within 1e-5 relative, the validation loss within 1e-5, the sampled tokens identical
    (the cp rank holding the last position samples); bf16 at cp = 2 within 1e-2 of one-rank bf16.
 2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2, pp2 x cp2 x tp2 (np = 8)
@@ -102,7 +102,9 @@ def test_against_one_rank(tmp):
 
 def test_llmc_file(tmp):
     ref = train(tmp, "file_one", from_file=True)
-    compare_runs(checks, "llm.c file, cp=2", train(tmp, "file_cp2", cp=2, from_file=True), ref)
+    for cp in (2, 4):
+        compare_runs(checks, f"llm.c file, cp={cp}", train(tmp, f"file_cp{cp}", cp=cp,
+                                                           from_file=True), ref)
 
 
 def test_checkpoint(tmp):
