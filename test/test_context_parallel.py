@@ -5,8 +5,8 @@ one-rank run with the same batch is the reference.
 1. cp = 2 and 4 from random init and from an llm.c model file: per-step losses and gradient
    norms within 1e-5 relative, the validation loss within 1e-5, the sampled tokens identical
    (the cp rank holding the last position samples); bf16 at cp = 2 within 1e-2 of one-rank bf16.
-2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2, pp2 x cp2 x tp2 (np = 8)
-   and dp2 x pp2 x cp2 x tp2 with FSDP (np = 16, every axis at once): within 1e-5.
+2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2: within 1e-5 (every
+   axis at once: test_matrix.py).
 3. Communication per step on rank 0 equals the analytic ring exactly: on the cp axis, per layer,
    cp-1 transfers of K, V forward, cp-1 again backward and cp of dK, dV (fp32); the dense
    gradients' all-reduce over dp x cp ("dp*cp" axis) once per unit.
@@ -90,10 +90,6 @@ def test_against_one_rank(tmp):
     compare_runs(checks, "dp2 x cp2 FSDP", train(tmp, "dp2cp2", cp=2, dp=2, fsdp=True), ref)
     compare_runs(checks, "tp2 x cp2 sp", train(tmp, "tp2cp2", cp=2, tp=2), ref)
     compare_runs(checks, "pp2 x cp2", train(tmp, "pp2cp2", cp=2, pp=2), ref)
-    compare_runs(checks, "pp2 x cp2 x tp2 sp (np=8)", train(tmp, "pp2cp2tp2", cp=2, pp=2, tp=2),
-                 ref)
-    compare_runs(checks, "dp2 x pp2 x cp2 x tp2 FSDP sp (np=16)",
-                 train(tmp, "all4", cp=2, pp=2, tp=2, dp=2, fsdp=True), ref)
     b1 = train(tmp, "one_bf16", dtype="bf16")
     b2 = train(tmp, "cp2_bf16", cp=2, dtype="bf16")
     r = max_rel([s["loss"] for s in b2[0]], [s["loss"] for s in b1[0]])

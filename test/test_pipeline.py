@@ -65,12 +65,12 @@ def expected_comm(p, v, m, B, dp=1, tp=1, sp=True, fsdp=False, dtype_bytes=4, ra
 
 
 def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, fsdp=False,
-          dtype="fp32", extra=(), steps=STEPS, ckpt=None):
+          dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1):
     sec = base_sections(tmp, steps, micro_batch=B, grad_accum=m)
     del sec["init"]
     sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V}
     sec["train"]["seed"] = 777
-    sec["parallel"] = {"dp": dp, "tp": tp, "sp": sp, "fsdp": fsdp, "pp": pp,
+    sec["parallel"] = {"dp": dp, "tp": tp, "sp": sp, "fsdp": fsdp, "pp": pp, "cp": cp,
                        "pp_schedule": schedule, "pp_virtual": v}
     sec["precision"] = {"compute": dtype}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
@@ -78,7 +78,7 @@ def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, f
     with_validation(sec, tmp, steps, 2)
     if ckpt:
         sec["checkpoint"] = ckpt
-    world = dp * pp * tp
+    world = dp * pp * tp * cp
     r = run(write_config(tmp, f"{name}.toml", sec), list(extra), np_ranks=world if world > 1 else 0)
     steps_rec, vals = read_metrics(sec["log"]["metrics"])
     sample = r.stdout.split("| sample:\n")[-1].split("\n---")[0]
