@@ -194,15 +194,31 @@ Plan plan_layout(const Config& c) {
   const int world = s.dp * s.pp * s.cp * s.tp;
   const PipelineSchedule sched = pipeline_build(c.parallel.pp_schedule, s.pp, s.m, s.v);
   Plan plan;
+  // The layout and the memory of a rank depend on its pp and tp ranks only (dp x cp shards are
+  // equal): worked out once per (pp, tp) role; the communication per rank (its shard decides
+  // which LayerNorm ranges it sums over tp).
+  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, 1, s.dp * s.cp, 1, world / s.pp,
+                       s.pp > 1 ? 2 : 1};  // per Axis, as the mesh builds the groups
+  std::vector<GPTLayout> layouts(s.pp * s.tp);
+  std::vector<RankPlan> roles(s.pp * s.tp);
   for (int w = 0; w < world; w++) {
     RankPlan r;
+    for (int a = 0; a < (int)Axis::Count; a++) r.comm.group_size[a] = sizes[a];
     r.rank = w, r.tp_rank = w % s.tp, r.cp_rank = w / s.tp % s.cp;
     r.pp_rank = w / (s.tp * s.cp) % s.pp, r.dp_rank = w / (s.tp * s.cp * s.pp);
-    const GPTLayout g = layout_of(c, s, r);
+    const int role = r.pp_rank * s.tp + r.tp_rank;
+    if (layouts[role].units.empty()) {
+      layouts[role] = layout_of(c, s, r);
+      roles[role] = r;  // the role's first rank: dp and cp rank 0
+      memory(c, s, layouts[role], roles[role]);
+    }
+    const GPTLayout& g = layouts[role];
+    r.state_bytes = roles[role].state_bytes;
+    r.activation_bytes = roles[role].activation_bytes;
+    r.peak_bytes = roles[role].peak_bytes;
     tp_comm(s, g, r, r.comm);
     dp_comm(s, g, r, r.comm);
     pp_cp_comm(s, g, sched, r, r.comm);
-    memory(c, s, g, r);
     plan.ranks.push_back(r);
   }
   // The step: the rank with the most compute-bound work sets it (all ranks of a balanced
@@ -213,11 +229,7 @@ Plan plan_layout(const Config& c) {
   plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
   const PipelineSimulation sim = pipeline_simulate(sched, 1.0, 2.0);
   plan.bubble = 1.0 - sim.busy[0] / sim.makespan;
-  CommStats sized = plan.ranks[0].comm;
-  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, 1, s.dp * s.cp, 1, world / s.pp,
-                       s.pp > 1 ? 2 : 1};
-  for (int a = 0; a < (int)Axis::Count; a++) sized.group_size[a] = sizes[a];
-  plan.comm_ms = comm_ms(c, s, sized);
+  plan.comm_ms = comm_ms(c, s, plan.ranks[0].comm);
   plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
   plan.mfu = model_flops_per_token(g0) * plan.tokens_per_step /
              (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
@@ -283,10 +295,12 @@ std::string plan_write_json(const Plan& plan, const std::string& path) {
 
 bool plan_search(const Config& cfg, int n, FILE* out) {
   struct Row {
-    int dp, pp, cp, tp;
+    int dp, pp, cp, tp, accum;
     Plan plan;
   };
   std::vector<Row> rows;
+  // The global batch stays the config's: micro_batch x grad_accum x dp sequences.
+  const long global = (long)cfg.train.micro_batch * cfg.train.grad_accum * cfg.parallel.dp;
   for (int tp = 1; tp <= n; tp++)
     for (int cp = 1; tp * cp <= n; cp++)
       for (int pp = 1; tp * cp * pp <= n; pp++) {
@@ -294,9 +308,11 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
         Config c = cfg;
         c.parallel.tp = tp, c.parallel.cp = cp, c.parallel.pp = pp;
         c.parallel.dp = n / (tp * cp * pp);
+        if (global % ((long)cfg.train.micro_batch * c.parallel.dp)) continue;
+        c.train.grad_accum = (int)(global / ((long)cfg.train.micro_batch * c.parallel.dp));
         if (pp == 1) c.parallel.pp_schedule = "1f1b", c.parallel.pp_virtual = 1;
         if (!mesh_validate(c, n).empty()) continue;
-        rows.push_back({c.parallel.dp, pp, cp, tp, plan_layout(c)});
+        rows.push_back({c.parallel.dp, pp, cp, tp, c.train.grad_accum, plan_layout(c)});
       }
   if (rows.empty()) {
     std::fprintf(out, "error: no valid layout of %d GPUs for this model and batch (tp must divide "
@@ -306,15 +322,17 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     return a.plan.step_ms < b.plan.step_ms;
   });
-  std::fprintf(out, "layouts of %d GPUs, fastest estimated step first:\n"
-               "    dp   pp   cp   tp    step ms    MFU   bubble  peak GiB\n", n);
+  std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
+               "fastest estimated step first:\n"
+               "    dp   pp   cp   tp  accum    step ms    MFU   bubble  peak GiB\n", n, global,
+               cfg.model.seq_len, cfg.train.micro_batch);
   bool any_fits = false;
   for (const Row& r : rows) {
     size_t peak = 0;
     for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp, r.cp,
-                 r.tp, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
+    std::fprintf(out, "  %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp, r.cp,
+                 r.tp, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
                  peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
   }
   if (!any_fits)

@@ -9,7 +9,8 @@ metrics' run record) and the communication of every step (calls and bytes per ax
 collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
---plan-search of 8 lists only layouts of 8 GPUs, fastest first.
+--plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
+fixed), fastest first.
 """
 import json
 import os
@@ -87,16 +88,18 @@ def test_bad_input(tmp):
     checks.check("--plan-search with no layout that fits: says so, exits non-zero",
                  r.returncode != 0 and "no layout of 4 GPUs fits" in r.stdout,
                  r.stdout.strip().splitlines()[-1])
-    cfg = write_config(tmp, "search.toml", sections(tmp, "search", {}, {}))
-    r = run(cfg, ["--plan-search=8"])
+    sec = sections(tmp, "search", {}, {"train": {"micro_batch": 1, "grad_accum": 8}})
+    r = run(write_config(tmp, "search.toml", sec), ["--plan-search=8"])
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and
             ln.split()[0].isdigit()]
     products = [int(a) * int(b) * int(c) * int(d) for a, b, c, d, *_ in rows]
-    times = [float(row[4]) for row in rows]
-    checks.check("--plan-search 8: layouts of 8 GPUs, fastest first",
-                 rows and all(x == 8 for x in products) and times == sorted(times) and
-                 any(row[:4] == ["8", "1", "1", "1"] for row in rows),
-                 f"{len(rows)} layouts, first {rows[0][:5] if rows else None}")
+    same_batch = all(int(row[0]) * int(row[4]) == 8 for row in rows)  # dp x grad_accum x 1
+    times = [float(row[5]) for row in rows]
+    checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest first",
+                 rows and all(x == 8 for x in products) and same_batch and
+                 times == sorted(times) and
+                 any(row[:5] == ["8", "1", "1", "1", "1"] for row in rows),
+                 f"{len(rows)} layouts, first {rows[0][:6] if rows else None}")
 
 
 def main():
