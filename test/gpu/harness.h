@@ -46,3 +46,20 @@ void* to_device(const std::vector<float>& host, DType dt);
 std::vector<float> to_host(const void* dev, size_t n, DType dt);
 // Rounds host values as dt would store them (identity for fp32).
 std::vector<float> rounded(const std::vector<float>& host, DType dt);
+
+// Average milliseconds of fn over a few runs on stream s (after one warm-up), printed with the
+// TFLOP/s that `flops` per run gives.
+template <typename Fn>
+void report_time(const char* what, double flops, ops::Stream s, Fn&& fn) {
+  const int reps = 10;
+  fn();
+  ops::Event start = ops::event_create(), end = ops::event_create();
+  ops::event_record(start, s);
+  for (int i = 0; i < reps; i++) fn();
+  ops::event_record(end, s);
+  ops::event_sync(end);
+  const double ms = ops::event_elapsed_ms(start, end) / reps;
+  std::printf("  info: %-42s %8.3f ms  %6.1f TFLOP/s\n", what, ms, flops / (ms * 1e9));
+  ops::event_destroy(start);
+  ops::event_destroy(end);
+}

@@ -116,21 +116,6 @@ void check_deterministic(TestContext& ctx, const DeviceBuffers& d, const Shape& 
   std::printf("  %-48s %s\n", (tag + " dqkv deterministic").c_str(), same ? "ok" : "FAIL");
 }
 
-// Average milliseconds of fn over a few runs (after one warm-up), reported with TFLOP/s.
-template <typename Fn>
-void report_time(const char* what, double flops, ops::Stream s, Fn&& fn) {
-  const int reps = 10;
-  fn();
-  ops::Event start = ops::event_create(), end = ops::event_create();
-  ops::event_record(start, s);
-  for (int i = 0; i < reps; i++) fn();
-  ops::event_record(end, s);
-  ops::event_sync(end);
-  double ms = ops::event_elapsed_ms(start, end) / reps;
-  std::printf("  info: %-42s %8.3f ms  %6.1f TFLOP/s\n", what, ms, flops / (ms * 1e9));
-  ops::event_destroy(start);
-  ops::event_destroy(end);
-}
 
 void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl, const Expected& e,
                 bool extras) {

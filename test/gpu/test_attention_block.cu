@@ -160,21 +160,6 @@ DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType d
   return d;
 }
 
-// Average milliseconds of fn over a few runs (after one warm-up), with TFLOP/s.
-template <typename Fn>
-void report_time(const char* what, double flops, ops::Stream s, Fn&& fn) {
-  const int reps = 10;
-  fn();
-  ops::Event start = ops::event_create(), end = ops::event_create();
-  ops::event_record(start, s);
-  for (int i = 0; i < reps; i++) fn();
-  ops::event_record(end, s);
-  ops::event_sync(end);
-  const double ms = ops::event_elapsed_ms(start, end) / reps;
-  std::printf("  info: %-42s %8.3f ms  %6.1f TFLOP/s\n", what, ms, flops / (ms * 1e9));
-  ops::event_destroy(start);
-  ops::event_destroy(end);
-}
 
 const Shape kShapes[] = {{3, 1, 2, 64},   {2, 37, 3, 20}, {1, 70, 2, 64},
                          {2, 65, 2, 8},   {1, 100, 1, 96}, {2, 130, 3, 128}};
