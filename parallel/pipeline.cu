@@ -245,12 +245,17 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
 // ---------------------------------------------------------------------------------------------
 // Report
 // ---------------------------------------------------------------------------------------------
+// One rank's compute actions (in time order) as characters: each at least one column and never
+// on top of the previous one, so every action keeps its letter while there are fewer actions
+// than columns (an action shorter than a column is pushed right by at most the ones before it).
 static std::string draw_rank(const std::vector<double>& t, int n, double span, int width) {
   std::string line(width, '.');
+  int next_free = 0;
   for (int k = 0; k < n; k++) {
     const double* a = &t[5 * k];  // op, micro, chunk, start, end
-    const int c0 = std::min(width - 1, (int)(a[3] / span * width));
+    const int c0 = std::min(width - 1, std::max(next_free, (int)(a[3] / span * width)));
     const int c1 = std::max(c0 + 1, std::min(width, (int)std::lround(a[4] / span * width)));
+    next_free = c1;
     const bool fwd = a[0] == (double)PipeOp::Forward;
     for (int c = c0; c < c1; c++) line[c] = '=';
     line[c0] = a[2] > 0 ? (fwd ? 'f' : 'b') : (fwd ? 'F' : 'B');
