@@ -17,6 +17,7 @@
 //   pp            the schedule's sends and receives, each B*T/cp (/tp with SP) * C * e.
 //   cp            per block: cp-1 K, V transfers of N*2C/tp*e forward (again when recomputed),
 //                 cp-1 backward and cp of dK, dV in fp32.
+//   stage         FP8: one 4-byte all-reduce (max) per cast, 16 per block (22 recomputed).
 #include "model/plan.h"
 
 #include <algorithm>
@@ -34,7 +35,7 @@ namespace {
 
 struct Shape {
   int B, T, Tl, m, dp, pp, cp, tp, v;
-  bool sp, fsdp;
+  bool sp, fsdp, fp8;
   DType dt;
   size_t e;
   Recompute rc;
@@ -47,6 +48,7 @@ Shape shape_of(const Config& c) {
   s.dp = p.dp, s.pp = p.pp, s.cp = p.cp, s.tp = p.tp, s.v = p.pp_virtual;
   s.sp = p.sp && p.tp > 1, s.fsdp = p.fsdp && p.dp * p.cp > 1;
   s.dt = c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
+  s.fp8 = c.precision.compute == "fp8";
   s.e = dtype_size(s.dt);
   s.rc = parse_recompute(c.train.recompute);
   return s;
@@ -97,6 +99,17 @@ void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& s
     const size_t lo = std::max(sh.first, u.partial_begin), hi = std::min(sh.end, u.numel);
     if (hi > lo) add(st, Axis::TP, CollectiveKind::AllReduce, 1, 4 * (hi - lo));
   }
+}
+
+// FP8 (model/fp8.h): every cast's amax is agreed (max, one float) over the stage group: per
+// block and micro-batch 4 linear layers x 2 casts forward (input, weight) and 2 backward
+// (gradient, input again), and 3 x 2 more when the block's forward is recomputed.
+void fp8_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
+  const int stage = s.dp * s.cp * s.tp;
+  if (!s.fp8 || stage == 1) return;
+  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage;
+  const uint64_t casts = s.m * Lr * (16 + (s.rc == Recompute::Block ? 6 : 0));
+  add(st, Axis::Stage, CollectiveKind::AllReduce, casts, casts * 4);
 }
 
 void dp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
@@ -219,6 +232,7 @@ Plan plan_layout(const Config& c) {
     tp_comm(s, g, r, r.comm);
     dp_comm(s, g, r, r.comm);
     pp_cp_comm(s, g, sched, r, r.comm);
+    fp8_comm(s, g, r.comm);
     plan.ranks.push_back(r);
   }
   // The step: the rank with the most compute-bound work sets it (all ranks of a balanced

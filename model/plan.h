@@ -8,9 +8,8 @@
 // step time and an MFU. test/test_plan.py runs real CPU layouts and requires the plan's state
 // bytes, activation bytes and communication to equal the measured ones exactly.
 //
-// Not modelled: FP8's amax agreements (a few floats per GEMM over the stage group), and the
-// transient FSDP gather buffers (two blocks of weights and two of gradients) are in `peak_bytes`
-// but not in `state_bytes`.
+// The transient FSDP gather buffers (two blocks of weights and two of gradients) are in
+// `peak_bytes`, not in `state_bytes` (as the trainer counts them).
 #pragma once
 #include <string>
 #include <vector>

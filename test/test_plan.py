@@ -1,9 +1,10 @@
 """test/test_plan.py - the planner (./train_cpu config.toml --plan) is checked, not trusted.
 
 For real CPU layouts of a tiny GPT (L = 4, 4 heads, C = 32, T = 16), each trained for 2 steps:
-one rank fp32; dp2 DDP bf16; dp2 FSDP with grad_accum 2; tp2 with and without SP, and with SP
-and recompute "block"; pp2 1f1b over 4 micro-batches and gpipe over 2; cp2, also with recompute
-"block"; dp2 x pp2 x cp2 x tp2 FSDP (np = 16). For each, rank 0 of the plan
+one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-reduces); dp2
+FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
+4 micro-batches and gpipe over 2; cp2, also with recompute "block"; dp2 x pp2 x cp2 x tp2 FSDP
+(np = 16). For each, rank 0 of the plan
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
 metrics' run record) and the communication of every step (calls and bytes per axis and
 collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe.
@@ -27,6 +28,8 @@ L, NH, C, T, V = 4, 4, 32, 16, 101
 LAYOUTS = [
     ("one rank fp32", {}, {}),
     ("dp2 DDP bf16", {"dp": 2}, {"precision": {"compute": "bf16"}}),
+    ("dp2 x tp2 fp8 recompute block", {"dp": 2, "tp": 2},
+     {"precision": {"compute": "fp8"}, "train": {"recompute": "block"}}),
     ("dp2 FSDP grad_accum 2", {"dp": 2, "fsdp": True}, {"train": {"grad_accum": 2}}),
     ("tp2 sp", {"tp": 2}, {}),
     ("tp2 no sp", {"tp": 2, "sp": False}, {}),
