@@ -13,9 +13,10 @@ test/run_gpu.sh, i.e. `make test-gpu` and bundle/run.sh).
    1e-4 relative.
 3. 100 steps of a 4-layer model (C = 256, HS = 64, T = 128) on learnable data: ./train bf16
    within 1% of ./train fp32 at every step.
-4. FSDP over 2 ranks, and tensor parallel tp=2 with and without SP, on the one GPU with the MPI
-   backend (mpirun) vs the one-rank CPU run with the same global batch: 10 steps within 1e-5
-   (fp32). Skipped, saying so, without mpirun.
+4. FSDP over 2 ranks, tensor parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2
+   micro-batches and ring attention cp=2, on the one GPU with the MPI backend (mpirun) vs the
+   one-rank CPU run with the same global batch: 10 steps within 1e-5 (fp32). Skipped, saying so,
+   without mpirun.
 5. Recompute through the trainer: 5 steps with recompute gelu and block give bitwise the losses
    and gradient norms of recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it
    is not bitwise by design (bitwise_expected).
@@ -208,11 +209,14 @@ def test_fsdp_mpi(rng):
         sec = base_sections(tmp, steps, lr=1e-3, micro_batch=rows, weight_decay=0.1,
                             grad_clip=1.0)
         cpu = losses(train_records(TRAIN_CPU, tmp, "cpu", sec))
-        layouts = [("FSDP np=2", rows // 2, {"dp": 2, "fsdp": True}),
-                   ("tp=2 sp", rows, {"tp": 2, "sp": True}),
-                   ("tp=2 no sp", rows, {"tp": 2, "sp": False})]
-        for label, micro_batch, parallel in layouts:
+        layouts = [("FSDP np=2", rows // 2, 1, {"dp": 2, "fsdp": True}),
+                   ("tp=2 sp", rows, 1, {"tp": 2, "sp": True}),
+                   ("tp=2 no sp", rows, 1, {"tp": 2, "sp": False}),
+                   ("pp=2 1f1b", rows // 2, 2, {"pp": 2}),  # same global batch, 2 micro-batches
+                   ("cp=2 ring attention", rows, 1, {"cp": 2})]
+        for label, micro_batch, accum, parallel in layouts:
             sec["train"]["micro_batch"] = micro_batch
+            sec["train"]["grad_accum"] = accum
             sec["parallel"] = dict(parallel, backend="mpi")
             gpu = losses(train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
                                        np_ranks=2))
