@@ -57,49 +57,6 @@ static bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
-// The planner's flags (model/plan.h), taken out of argv: --plan, --plan-json FILE,
-// --plan-search N (also --plan-json=FILE, --plan-search=N).
-struct PlanFlags {
-  bool plan = false;
-  std::string json;
-  int search = 0;
-};
-static PlanFlags take_plan_flags(int* argc, char** argv) {
-  PlanFlags f;
-  int out = 1;
-  for (int i = 1; i < *argc; i++) {
-    const std::string a = argv[i];
-    auto value = [&](const std::string& flag) -> std::string {
-      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0)
-        return a.substr(flag.size() + 1);
-      CHECK_ALL(i + 1 < *argc, "%s needs a value", flag.c_str());
-      return argv[++i];
-    };
-    if (a == "--plan") f.plan = true;
-    else if (a.rfind("--plan-json", 0) == 0) f.json = value("--plan-json");
-    else if (a.rfind("--plan-search", 0) == 0) {
-      const std::string n = value("--plan-search");
-      f.search = std::atoi(n.c_str());
-      CHECK_ALL(f.search > 0, "--plan-search %s: expects a number of GPUs > 0", n.c_str());
-    } else argv[out++] = argv[i];
-  }
-  *argc = out;
-  f.plan = f.plan || !f.json.empty();
-  return f;
-}
-
-// ./train config.toml --plan / --plan-json FILE / --plan-search N: no training, one process.
-static int run_planner(const Config& cfg, const PlanFlags& f) {
-  if (f.search > 0) return plan_search(cfg, f.search, stdout) ? 0 : 1;
-  const Plan plan = plan_layout(cfg);
-  plan_print(plan, cfg, stdout);
-  if (!f.json.empty()) {
-    const std::string problem = plan_write_json(plan, f.json);
-    CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
-  }
-  return plan.does_not_fit.empty() ? 0 : 1;
-}
-
 static void require_implemented_axes(const ParallelConfig& p) {
   CHECK_ALL(p.ep == 1,
             "[parallel] ep = %d: data, tensor, pipeline and context parallelism (dp, fsdp, tp, "
@@ -223,8 +180,7 @@ static void print_banner(const Run& r) {
     std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
                 "bubble (p-1)/(v*m+p-1) = %.3f\n", r.mesh.pp, c.parallel.pp_schedule.c_str(),
                 c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
-                (double)(r.mesh.pp - 1) / (c.parallel.pp_virtual * c.train.grad_accum +
-                                           r.mesh.pp - 1));
+                pipeline_bubble(r.mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
   if (r.peak_tflops > 0)
@@ -246,6 +202,10 @@ static StepReport train_step(Run& r, int step) {
   const int cp = r.mesh.cp, T_local = T / cp;
   const size_t n = (size_t)B * T_local;
   for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
+    if (cp == 1) {  // the micro-batch as read
+      dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
+      continue;
+    }
     dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
     cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, r.mesh.cp_rank, B, T);
     cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, r.mesh.cp_rank, B, T);
@@ -334,14 +294,14 @@ int main(int argc, char** argv) {
   r.rank0 = world_rank == 0;
   CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
-  const PlanFlags planner = take_plan_flags(&argc, argv);
-  if (planner.plan || planner.search > 0) {  // the layout the config names, not this launch's
+  const PlanFlags planner = plan_take_flags(&argc, argv);
+  if (planner.any()) {  // the layout the config names, not this launch's: model/plan.h
     r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
     const ParallelConfig& p = r.cfg.parallel;
     const std::string problem = mesh_validate(r.cfg, planner.search > 0 ? planner.search
                                                                         : p.dp * p.pp * p.cp * p.tp);
     CHECK_ALL(planner.search > 0 || problem.empty(), "%s", problem.c_str());
-    const int rc = r.rank0 ? run_planner(r.cfg, planner) : 0;
+    const int rc = r.rank0 ? plan_run(r.cfg, planner) : 0;
     runtime_finalize();
     return rc;
   }

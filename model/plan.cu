@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "model/fp8.h"
 #include "model/gpt.h"
@@ -132,10 +133,9 @@ void pp_cp_comm(const Shape& s, const GPTLayout& g, const PipelineSchedule& sche
   const uint64_t N = (uint64_t)s.B * s.Tl;
   const uint64_t msg = (uint64_t)g.tp.tokens((int)N) * g.C * s.e;
   for (const PipeAction& a : sched.ranks[r.pp_rank]) {
-    if (a.op == PipeOp::SendForward || a.op == PipeOp::SendBackward)
-      add(st, Axis::PP, CollectiveKind::Send, 1, msg);
-    if (a.op == PipeOp::RecvForward || a.op == PipeOp::RecvBackward)
-      add(st, Axis::PP, CollectiveKind::Recv, 1, msg);
+    if (pipe_op_is_comm(a.op))
+      add(st, Axis::PP, pipe_op_is_send(a.op) ? CollectiveKind::Send : CollectiveKind::Recv, 1,
+          msg);
   }
   if (s.cp == 1) return;
   const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage, kv = N * 2 * (g.C / s.tp);
@@ -257,6 +257,44 @@ Plan plan_layout(const Config& c) {
       plan.does_not_fit = msg;
     }
   return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+// ---------------------------------------------------------------------------------------------
+PlanFlags plan_take_flags(int* argc, char** argv) {
+  PlanFlags f;
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    const std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0)
+        return a.substr(flag.size() + 1);
+      CHECK_ALL(i + 1 < *argc, "%s needs a value", flag.c_str());
+      return argv[++i];
+    };
+    if (a == "--plan") f.plan = true;
+    else if (a.rfind("--plan-json", 0) == 0) f.json = value("--plan-json");
+    else if (a.rfind("--plan-search", 0) == 0) {
+      const std::string n = value("--plan-search");
+      f.search = std::atoi(n.c_str());
+      CHECK_ALL(f.search > 0, "--plan-search %s: expects a number of GPUs > 0", n.c_str());
+    } else argv[out++] = argv[i];
+  }
+  *argc = out;
+  f.plan = f.plan || !f.json.empty();
+  return f;
+}
+
+int plan_run(const Config& cfg, const PlanFlags& f) {
+  if (f.search > 0) return plan_search(cfg, f.search, stdout) ? 0 : 1;
+  const Plan plan = plan_layout(cfg);
+  plan_print(plan, cfg, stdout);
+  if (!f.json.empty()) {
+    const std::string problem = plan_write_json(plan, f.json);
+    CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
+  }
+  return plan.does_not_fit.empty() ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -44,3 +44,15 @@ std::string plan_write_json(const Plan& plan, const std::string& path);
 // schedule and grad_accum), best estimated step time first, those that do not fit marked.
 // Returns false (after printing why) when no layout of n GPUs is valid or none fits in memory.
 bool plan_search(const Config& cfg, int n, FILE* out);
+
+// The planner's flags, taken out of argv (argc updated): --plan, --plan-json FILE,
+// --plan-search N (also --plan-json=FILE, --plan-search=N).
+struct PlanFlags {
+  bool plan = false;
+  std::string json;
+  int search = 0;
+  bool any() const { return plan || search > 0; }
+};
+PlanFlags plan_take_flags(int* argc, char** argv);
+// Prints the plan (or the search) the flags ask for; returns the exit status (1: does not fit).
+int plan_run(const Config& cfg, const PlanFlags& flags);

@@ -56,24 +56,30 @@
 #include "kernels/common.h"
 
 static bool is_compute(PipeOp op) { return !pipe_op_is_comm(op); }
-static bool pipe_op_is_send(PipeOp op) {
-  return op == PipeOp::SendForward || op == PipeOp::SendBackward;
+
+// When a (micro-batch, chunk) takes an activation slot and when it gives it back: the one rule
+// the executor follows and the sizing counts with. Taken at the receive of its input, or at its
+// forward on stage 0; given back after the last use - the send of its input gradient, its
+// backward on stage 0 (nothing to send), and in a forward-only pass the send of its output or
+// its forward on the last stage.
+struct SlotRule {
+  bool take, give;
+};
+static SlotRule slot_rule(const PipeAction& a, bool training, int stage, int stages) {
+  const bool fwd = a.op == PipeOp::Forward, bwd = a.op == PipeOp::Backward;
+  const bool take = a.op == PipeOp::RecvForward || (fwd && stage == 0);
+  const bool give = a.op == PipeOp::SendBackward || (bwd && stage == 0) ||
+                    (!training && (a.op == PipeOp::SendForward || (fwd && stage == stages - 1)));
+  return {take, give};
 }
 
-// The most (micro-batch, chunk) activation sets this rank's list holds at once, counted the way
-// the executor takes and gives slots: from the receive of a chunk's input (or its forward, on
-// stage 0) to its backward (stage 0) or the send of its input gradient. A schedule that receives
-// an activation early holds it from then on: more than its peak of forwards in flight.
-static int peak_slots(const std::vector<PipeAction>& list, int p, int v, int m, int rank) {
-  std::vector<bool> held((size_t)m * v, false);
+// The most activation sets this rank's list holds at once. A schedule that receives an
+// activation early holds it from then on: more than its peak of forwards in flight.
+static int peak_slots(const PipelineSchedule& s, int rank) {
   int live = 0, peak = 1;
-  for (const PipeAction& a : list) {
-    const size_t key = (size_t)a.chunk * m + a.micro;
-    const bool first_stage = a.chunk * p + rank == 0;
-    const bool take = a.op == PipeOp::RecvForward || (a.op == PipeOp::Forward && !held[key]);
-    const bool give = a.op == PipeOp::SendBackward || (a.op == PipeOp::Backward && first_stage);
-    if (take) held[key] = true, live++;
-    if (give) held[key] = false, live--;
+  for (const PipeAction& a : s.ranks[rank]) {
+    const SlotRule rule = slot_rule(a, true, a.chunk * s.p + rank, s.p * s.v);
+    live += (int)rule.take - (int)rule.give;
     peak = std::max(peak, live);
   }
   return peak;
@@ -93,9 +99,7 @@ void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, i
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
 
-int pipeline_slots(const PipelineSchedule& s, int rank) {
-  return peak_slots(s.ranks[rank], s.p, s.v, s.m, rank);
-}
+int pipeline_slots(const PipelineSchedule& s, int rank) { return peak_slots(s, rank); }
 
 void pipeline_destroy(Pipeline& pl) {
   for (ops::Event e : pl.events) ops::event_destroy(e);
@@ -111,7 +115,6 @@ struct SlotPool {
   std::map<int, int> held;  // chunk * m + micro -> slot
 
   int key(const PipeAction& a) const { return a.chunk * m + a.micro; }
-  bool has(const PipeAction& a) const { return held.count(key(a)) > 0; }
   int take(const PipeAction& a) {
     if (free.empty()) BUG("pipeline: no free activation slot for micro-batch %d", a.micro);
     const int slot = free.back();
@@ -139,8 +142,9 @@ struct Executor {
   ops::Stream s;
   SlotPool pool;
 
-  int stage(const PipeAction& a) const { return a.chunk * sched.p + rank; }
-  bool last_stage(const PipeAction& a) const { return stage(a) == sched.p * sched.v - 1; }
+  SlotRule rule(const PipeAction& a) const {
+    return slot_rule(a, training, a.chunk * sched.p + rank, sched.p * sched.v);
+  }
 };
 
 const PipeAction* next_compute(const std::vector<PipeAction>& list, size_t i) {
@@ -159,25 +163,25 @@ void communicate(Executor& ex, const std::vector<PipeAction>& list, size_t begin
     if (!pipe_op_is_send(a.op)) continue;
     ops.push_back({true, ex.stages.boundary(a.op, ex.pool.at(a)), ex.stages.boundary_count,
                    a.peer});
-    if (a.op == PipeOp::SendBackward || !ex.training) ex.pool.give(a);
+    if (ex.rule(a).give) ex.pool.give(a);
   }
   for (size_t j = begin; j < end; j++) {
     const PipeAction& a = list[j];
     if (pipe_op_is_send(a.op)) continue;
-    const int slot = a.op == PipeOp::RecvForward ? ex.pool.take(a) : ex.pool.at(a);
+    const int slot = ex.rule(a).take ? ex.pool.take(a) : ex.pool.at(a);
     ops.push_back({false, ex.stages.boundary(a.op, slot), ex.stages.boundary_count, a.peer});
   }
   p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
 }
 
-// A compute action on its slot. A slot is given back when nothing later needs it: after the
-// backward on stage 0 (no gradient to send), after a forward-only pass's last stage.
+// A compute action on its slot (slot_rule: taken here on stage 0, given back here when nothing
+// is sent after it).
 void compute(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
   const PipeAction& a = list[i];
-  const bool fwd = a.op == PipeOp::Forward;
-  const int slot = fwd && !ex.pool.has(a) ? ex.pool.take(a) : ex.pool.at(a);
+  const SlotRule rule = ex.rule(a);
+  const int slot = rule.take ? ex.pool.take(a) : ex.pool.at(a);
   ex.stages.compute(a, slot, next_compute(list, i));
-  if ((!fwd && ex.stage(a) == 0) || (fwd && !ex.training && ex.last_stage(a))) ex.pool.give(a);
+  if (rule.give) ex.pool.give(a);
 }
 
 // Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
@@ -288,7 +292,7 @@ PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
   double mean_busy = 0;
   for (double b : rep.busy_ms) mean_busy += b / p;
   rep.bubble = rep.span_ms > 0 ? 1.0 - mean_busy / rep.span_ms : 0.0;
-  rep.bubble_formula = (double)(p - 1) / (sch.v * sch.m + p - 1);
+  rep.bubble_formula = pipeline_bubble(p, sch.m, sch.v);
   if (timeline && rep.span_ms > 0)
     for (int r = 0; r < p; r++) {
       const std::vector<double> t(all.begin() + 5 * (size_t)r * n,

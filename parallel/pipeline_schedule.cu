@@ -223,8 +223,9 @@ PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v) {
 // Simulation
 // ---------------------------------------------------------------------------------------------
 bool pipe_op_is_comm(PipeOp op) { return op != PipeOp::Forward && op != PipeOp::Backward; }
+bool pipe_op_is_send(PipeOp op) { return op == PipeOp::SendForward || op == PipeOp::SendBackward; }
 
-static bool is_send(PipeOp op) { return op == PipeOp::SendForward || op == PipeOp::SendBackward; }
+double pipeline_bubble(int p, int m, int v) { return (double)(p - 1) / (v * m + p - 1); }
 
 std::vector<std::pair<size_t, size_t>> pipeline_comm_runs(const std::vector<PipeAction>& actions) {
   std::vector<std::pair<size_t, size_t>> runs;
@@ -340,7 +341,7 @@ Step communicate(SimState& st, int r, std::string* err) {
   const int idx = index_of(st, r, i, err);
   if (idx < 0 || check_comm(st, r, i, idx, err) < 0) return Step::Error;
   const bool fwd = a.op == PipeOp::SendForward || a.op == PipeOp::RecvForward;
-  if (is_send(a.op)) {
+  if (pipe_op_is_send(a.op)) {
     st.queues[{r, a.peer}].push_back({fwd, a.micro, a.chunk * st.s.p + r, st.clock[r]});
   } else {
     std::deque<Message>& q = st.queues[{a.peer, r}];
@@ -393,7 +394,7 @@ Step rendezvous(SimState& st, int r, std::string* err) {
     st.partner_time[r] = st.clock[r];
     for (size_t i = begin; i < end; ++i) {
       const PipeAction& a = st.s.ranks[r][i];
-      const bool send = is_send(a.op);
+      const bool send = pipe_op_is_send(a.op);
       const std::pair<int, int> pair = send ? std::pair(r, a.peer) : std::pair(a.peer, r);
       (send ? st.sends : st.recvs)[pair].push_back({r, i, st.clock[r]});
       if (!match(st, pair.first, pair.second, err)) return Step::Error;
@@ -558,7 +559,7 @@ std::vector<PipeAction> rebuild(const std::vector<PipeAction>& actions, const st
   std::vector<PipeAction> computes, out;
   for (size_t i = 0; i < actions.size(); ++i) {
     if (!pipe_op_is_comm(actions[i].op)) computes.push_back(actions[i]);
-    else (is_send(actions[i].op) ? sends : recvs)[at[i]].push_back(actions[i]);
+    else (pipe_op_is_send(actions[i].op) ? sends : recvs)[at[i]].push_back(actions[i]);
   }
   for (size_t j = 0; j < n_gaps; ++j) {
     out.insert(out.end(), sends[j].begin(), sends[j].end());
@@ -593,7 +594,7 @@ static void place_messages(PipelineSchedule& s) {
       const PipeAction& a = s.ranks[r][i];
       at[r].push_back(gap);
       if (!pipe_op_is_comm(a.op)) ++gap;
-      else if (is_send(a.op)) msgs[{r, a.peer}].first.push_back(i);
+      else if (pipe_op_is_send(a.op)) msgs[{r, a.peer}].first.push_back(i);
       else msgs[{a.peer, r}].second.push_back(i);
     }
   }

@@ -66,6 +66,10 @@ int pipeline_warmup(const std::string& kind, int p, int m, int v, int rank);
 
 // Sends and receives are the four ops after Backward.
 bool pipe_op_is_comm(PipeOp op);
+bool pipe_op_is_send(PipeOp op);  // SendForward or SendBackward
+
+// The idle fraction of a step with equal stages and free communication: (p-1)/(v*m+p-1).
+double pipeline_bubble(int p, int m, int v);
 
 // The runs of consecutive sends and receives in one rank's list, as [begin, end) action indices,
 // in order. The executor posts each run as one batched operation (an NCCL group, or MPI
