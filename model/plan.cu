@@ -151,7 +151,8 @@ void pp_cp_comm(const Shape& s, const GPTLayout& g, const PipelineSchedule& sche
 // compute-dtype working copy (of the shard under FSDP, of the unit under DDP; none in fp32).
 // Peak adds FSDP's full-unit buffers: the root's (weights and fp32 gradient) and two of each
 // for blocks.
-void memory(const Config& c, const Shape& s, const GPTLayout& g, RankPlan& r) {
+void memory(const Config& c, const Shape& s, const GPTLayout& g, const PipelineSchedule& sched,
+            RankPlan& r) {
   const Group gg = grad_group(s, r);
   size_t largest = 0, transient = 0;
   for (const ParamUnit& u : g.units) {
@@ -163,7 +164,6 @@ void memory(const Config& c, const Shape& s, const GPTLayout& g, RankPlan& r) {
     else largest = std::max(largest, padded);
   }
   transient += 2 * largest * (s.e + 4);
-  const PipelineSchedule sched = pipeline_build(c.parallel.pp_schedule, s.pp, s.m, s.v);
   GPT m;
   m.count_only = true;
   Fp8Recipe recipe;
@@ -223,7 +223,7 @@ Plan plan_layout(const Config& c) {
     if (layouts[role].units.empty()) {
       layouts[role] = layout_of(c, s, r);
       roles[role] = r;  // the role's first rank: dp and cp rank 0
-      memory(c, s, layouts[role], roles[role]);
+      memory(c, s, layouts[role], sched, roles[role]);
     }
     const GPTLayout& g = layouts[role];
     r.state_bytes = roles[role].state_bytes;

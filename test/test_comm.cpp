@@ -1,5 +1,7 @@
 // test/test_comm.cpp - the communicator and the device mesh (parallel/comm.*, parallel/mesh.*),
 // run under mpirun on CPU ranks. test/test_mesh.py drives it.
+// The bookkeeping (checks, expected data) is in test/comm_test_support.h, the point-to-point
+// checks in test/comm_point_to_point.h; this file holds the mesh, the collectives and main.
 //
 //   mpirun -np N test_comm            every mesh layout of N ranks (all orders of the factors of
 //                                     N over dp, pp, cp, tp; every ep dividing dp*cp). For each:
@@ -100,96 +102,8 @@ void stream_sync(Stream) {}
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Bookkeeping: checks, layouts, expected data
-// ---------------------------------------------------------------------------------------------
-struct Layout {
-  int dp, tp, pp, cp, ep;
-};
-
-struct Ctx {
-  uint64_t seed = 0;
-  CommBackend backend = CommBackend::MPI;
-  int world_rank = 0, world_size = 1;
-  std::string where;  // layout, axis and op of the checks running now
-  long checks = 0, failures = 0;
-  CommStats expected;  // counters the calls so far should have produced
-};
-
-void check(Ctx& ctx, bool ok, const std::string& what) {
-  ++ctx.checks;
-  if (ok) return;
-  if (++ctx.failures <= 10)
-    std::fprintf(stderr, "[rank %d] FAIL %s: %s\n", ctx.world_rank, ctx.where.c_str(),
-                 what.c_str());
-}
-
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// The value world rank w sends as element i of collective `tag`. exact: every sum of up to four
-// such values is representable in dt; otherwise: a general value of dt (wide exponent range).
-float value(const Ctx& ctx, int w, int tag, size_t i, DType dt, bool exact) {
-  const uint64_t h = mix(ctx.seed ^ mix((uint64_t)w << 40 ^ (uint64_t)tag << 32 ^ i));
-  if (exact) {
-    if (dt == DType::F32) return (float)((int64_t)(h % 65535) - 32767) / 256.0f;
-    return (float)((int)(h % 127) - 63) / 4.0f;
-  }
-  const float unit = (float)((h >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
-  const float x = std::ldexp(unit, (int)(h % 9) - 4);
-  return dt == DType::F32 ? x : round_bf16(x);
-}
-
-std::vector<float> values(const Ctx& ctx, int w, int tag, size_t n, DType dt, bool exact) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = value(ctx, w, tag, i, dt, exact);
-  return v;
-}
-
-// Device buffers from and to host floats (bf16: stored as bf16, values already representable).
-void* upload(const std::vector<float>& v, DType dt, size_t extra_elems = 0) {
-  const size_t n = v.size() + extra_elems;
-  void* p = ops::alloc(n * dtype_size(dt) + 1);
-  std::vector<uint8_t> bytes(n * dtype_size(dt), 0xFF);  // extra elements poisoned (NaN)
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::F32) std::memcpy(&bytes[4 * i], &v[i], 4);
-    else { uint16_t h = f32_to_bf16(v[i]); std::memcpy(&bytes[2 * i], &h, 2); }
-  }
-  ops::copy_to_device(p, bytes.data(), bytes.size());
-  return p;
-}
-void* poisoned(size_t n, DType dt) { return upload({}, dt, n); }
-std::vector<float> download(const void* p, size_t n, DType dt) {
-  std::vector<uint8_t> bytes(n * dtype_size(dt));
-  ops::copy_to_host(bytes.data(), p, bytes.size());
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (dt == DType::F32) std::memcpy(&v[i], &bytes[4 * i], 4);
-    else { uint16_t h; std::memcpy(&h, &bytes[2 * i], 2); v[i] = bf16_to_f32(h); }
-  }
-  return v;
-}
-
-void check_values(Ctx& ctx, const std::vector<float>& got, const std::vector<float>& want,
-                  const char* what) {
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (!(got[i] == want[i]) && bad++ == 0) first = i;
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s: %zu of %zu elements wrong, first [%zu] = %.9g, want %.9g",
-                what, bad, want.size(), first, bad ? got[first] : 0.0, bad ? want[first] : 0.0);
-  check(ctx, bad == 0, msg);
-}
-
-void expect_call(Ctx& ctx, const Comm& c, CollectiveKind kind, size_t bytes) {
-  if (c.size == 1) return;  // one-rank groups are not counted (comm.cu)
-  ctx.expected.axis[(int)c.axis].calls[(int)kind] += 1;
-  ctx.expected.axis[(int)c.axis].bytes[(int)kind] += bytes;
-}
+#include "test/comm_test_support.h"
+#include "test/comm_point_to_point.h"
 
 // ---------------------------------------------------------------------------------------------
 // Coordinates and groups from the documented formula (mesh.h)
@@ -253,10 +167,6 @@ std::vector<int> actual_members(const Comm& c) {
 // ---------------------------------------------------------------------------------------------
 // The collectives on one axis
 // ---------------------------------------------------------------------------------------------
-enum Tag {
-  kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kRing, kAllToAll, kPairRing,
-  kActivation, kGradient, kChain, kBatchNext, kBatchPrev, kAllToAllV
-};
 
 void test_all_reduce(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt,
                      bool exact) {
@@ -325,125 +235,6 @@ void test_broadcast(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DTyp
   check_values(ctx, download(buf, n, dt), values(ctx, M[root], kBroadcast, n, dt, true),
                root == 0 ? "broadcast from 0" : "broadcast from the last rank");
   ops::release(buf);
-}
-
-// Every rank sends to the next one and receives from the previous one. The calls block, so even
-// ranks send first and odd ranks receive first: a ring of large (rendezvous) messages would
-// otherwise deadlock.
-void test_ring(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
-  if (c.size == 1) return;  // no peer: send_to would stop the job
-  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
-  void* out = upload(values(ctx, ctx.world_rank, kRing, n, dt, true), dt);
-  void* in = poisoned(n, dt);
-  if (c.rank % 2 == 0) {
-    send_to(c, out, n, dt, next, nullptr);
-    recv_from(c, in, n, dt, prev, nullptr);
-  } else {
-    recv_from(c, in, n, dt, prev, nullptr);
-    send_to(c, out, n, dt, next, nullptr);
-  }
-  expect_call(ctx, c, CollectiveKind::Send, n * dtype_size(dt));
-  expect_call(ctx, c, CollectiveKind::Recv, n * dtype_size(dt));
-  check_values(ctx, download(in, n, dt), values(ctx, M[prev], kRing, n, dt, true), "send/recv");
-  ops::release(out);
-  ops::release(in);
-}
-
-// The ring again, but every rank posts its send to the next rank and its receive from the
-// previous one in one send_recv: no ordering by parity needed, even for messages far past the
-// eager limit. With two ranks both peers are the same rank. On one rank: a call with both sides
-// absent is a no-op and counts nothing.
-void test_pair_ring(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
-  if (c.size == 1) {
-    send_recv(c, nullptr, n, -1, nullptr, n, -1, dt, nullptr);
-    return;
-  }
-  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
-  void* out = upload(values(ctx, ctx.world_rank, kPairRing, n, dt, true), dt);
-  void* in = poisoned(n, dt);
-  send_recv(c, out, n, next, in, n, prev, dt, nullptr);
-  expect_call(ctx, c, CollectiveKind::Send, n * dtype_size(dt));
-  expect_call(ctx, c, CollectiveKind::Recv, n * dtype_size(dt));
-  check_values(ctx, download(in, n, dt), values(ctx, M[prev], kPairRing, n, dt, true),
-               "send_recv ring");
-  ops::release(out);
-  ops::release(in);
-}
-
-// A pipeline's steady state: rank r sends its activation forward to r+1 and receives a gradient
-// backward from r+1 in one call, while r+1 makes the mirror call (gradient to r, activation from
-// r). Activations have n elements, gradients n+3 (the two sides of a call must not be mixed up).
-// Even ranks make the call with their next neighbour first, odd ranks with their previous one.
-void test_pipeline_exchange(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
-  if (c.size == 1) return;
-  const size_t ng = n + 3;
-  void* act = upload(values(ctx, ctx.world_rank, kActivation, n, dt, true), dt);
-  void* grad = upload(values(ctx, ctx.world_rank, kGradient, ng, dt, true), dt);
-  void* act_in = poisoned(n, dt);
-  void* grad_in = poisoned(ng, dt);
-  for (int step = 0; step < 2; ++step) {
-    const bool downstream = (step == 0) == (c.rank % 2 == 0);
-    if (downstream && c.rank + 1 < c.size) {
-      send_recv(c, act, n, c.rank + 1, grad_in, ng, c.rank + 1, dt, nullptr);
-      check_values(ctx, download(grad_in, ng, dt),
-                   values(ctx, M[c.rank + 1], kGradient, ng, dt, true), "pipeline: gradient in");
-    } else if (!downstream && c.rank > 0) {
-      send_recv(c, grad, ng, c.rank - 1, act_in, n, c.rank - 1, dt, nullptr);
-      check_values(ctx, download(act_in, n, dt),
-                   values(ctx, M[c.rank - 1], kActivation, n, dt, true), "pipeline: activation in");
-    } else {
-      continue;
-    }
-    expect_call(ctx, c, CollectiveKind::Send, (downstream ? n : ng) * dtype_size(dt));
-    expect_call(ctx, c, CollectiveKind::Recv, (downstream ? ng : n) * dtype_size(dt));
-  }
-  for (void* p : {act, grad, act_in, grad_in}) ops::release(p);
-}
-
-// A batch of four in one p2p_batch: every rank sends one message to its next and another (n+5
-// elements) to its previous rank, and receives both of its neighbours' in the same call. With
-// two ranks both neighbours are one rank, and messages between a pair match in posting order.
-void test_batch_both_ways(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
-  if (c.size == 1) return;
-  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
-  const size_t nb = n + 5;
-  void* to_next = upload(values(ctx, ctx.world_rank, kBatchNext, n, dt, true), dt);
-  void* to_prev = upload(values(ctx, ctx.world_rank, kBatchPrev, nb, dt, true), dt);
-  void* from_prev = poisoned(n, dt);
-  void* from_next = poisoned(nb, dt);
-  const P2POp ops[4] = {{true, to_next, n, next}, {true, to_prev, nb, prev},
-                        {false, from_prev, n, prev}, {false, from_next, nb, next}};
-  p2p_batch(c, ops, 4, dt, nullptr);
-  for (const P2POp& op : ops)
-    expect_call(ctx, c, op.is_send ? CollectiveKind::Send : CollectiveKind::Recv,
-                op.count * dtype_size(dt));
-  check_values(ctx, download(from_prev, n, dt), values(ctx, M[prev], kBatchNext, n, dt, true),
-               "p2p_batch: from the previous rank");
-  check_values(ctx, download(from_next, nb, dt), values(ctx, M[next], kBatchPrev, nb, dt, true),
-               "p2p_batch: from the next rank");
-  for (void* p : {to_next, to_prev, from_prev, from_next}) ops::release(p);
-}
-
-// One-sided calls, a pipeline's warm-up: every rank sends to r+1 and receives from r-1 in one
-// call, so the first rank only sends and the last only receives. The first rank's absent side
-// is a count of 0 with a valid peer, the last rank's a peer of -1 (both forms of "absent").
-void test_chain(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
-  if (c.size == 1) return;
-  const bool first = c.rank == 0, last = c.rank == c.size - 1;
-  void* out = upload(values(ctx, ctx.world_rank, kChain, n, dt, true), dt);
-  void* in = poisoned(n, dt);
-  send_recv(c, out, last ? 0 : n, last ? -1 : c.rank + 1, in, first ? 0 : n,
-            first ? c.size - 1 : c.rank - 1, dt, nullptr);
-  if (!last) expect_call(ctx, c, CollectiveKind::Send, n * dtype_size(dt));
-  if (!first) {
-    expect_call(ctx, c, CollectiveKind::Recv, n * dtype_size(dt));
-    check_values(ctx, download(in, n, dt), values(ctx, M[c.rank - 1], kChain, n, dt, true),
-                 "send_recv one-sided");
-  } else {
-    check(ctx, std::isnan(download(in, 1, dt)[0]), "send_recv: the absent receive wrote");
-  }
-  ops::release(out);
-  ops::release(in);
 }
 
 void test_all_to_all(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
