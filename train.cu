@@ -114,7 +114,8 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   tp.sp = cfg.parallel.sp;
   const PipelinePlace pp{r.mesh.pp, r.mesh.pp_rank, cfg.parallel.pp_virtual};
   const ContextPlace cp{&r.mesh.cp_comm, r.mesh.cp, r.mesh.cp_rank};
-  r.layout = gpt_layout(cfg.model, tp, pp, cp);
+  const ExpertPlace ep{&r.mesh.ep_comm, r.mesh.ep, r.mesh.ep_rank};
+  r.layout = gpt_layout(cfg.model, tp, pp, cp, ep);
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, pp.p, cfg.train.grad_accum, pp.v,
                 pp.rank, &r.mesh.pp_comm);
   const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;

@@ -115,14 +115,16 @@ struct Key {
 const std::vector<Key>& schema() {  // function-local static: built once, read-only
   static const std::vector<Key> keys = {
       KEY(model, n_layer), KEY(model, n_head), KEY(model, d_model), KEY(model, seq_len),
-      KEY(model, max_seq_len), KEY(model, vocab_size),
+      KEY(model, max_seq_len), KEY(model, vocab_size), KEY(model, n_experts),
+      KEY(model, top_k), KEY(model, moe_every), KEY(model, d_expert),
       KEY(init, from),
       KEY(data, train), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
       KEY(train, micro_batch), KEY(train, grad_accum), KEY(train, steps), KEY(train, lr),
       KEY(train, warmup_steps), KEY(train, lr_schedule, "cosine", "constant"),
       KEY(train, min_lr), KEY(train, weight_decay), KEY(train, grad_clip), KEY(train, beta1),
       KEY(train, beta2), KEY(train, eps), KEY(train, seed),
-      KEY(train, recompute, "none", "gelu", "block"),
+      KEY(train, recompute, "none", "gelu", "block"), KEY(train, moe_aux_loss),
+      KEY(train, moe_z_loss),
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
       KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, fsdp),
       KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved"), KEY(parallel, pp_virtual), KEY(parallel, backend, "nccl", "mpi", ""),
@@ -519,6 +521,36 @@ void check_fp8_shapes(Checker& c) {
                    mention(cfg, c.origins, "model.seq_len"));
 }
 
+// Mixture of experts: the [model] keys and what they need of the rest of the config.
+void check_experts(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ModelConfig& m = cfg.model;
+  auto key = [&](const char* id) { return mention(cfg, c.origins, id); };
+  c.require(m.n_experts >= 0, "model.n_experts", "must be >= 0 (0 = a dense model)");
+  c.require(m.d_expert >= 0, "model.d_expert", "must be >= 0 (0 = 4 * d_model)");
+  if (m.n_experts <= 0) {
+    if (cfg.parallel.ep > 1)
+      c.problems.add(key("parallel.ep") + " needs experts to shard: set [model] n_experts "
+                     "(a multiple of ep), or ep = 1 for a dense model");
+    return;
+  }
+  c.require(m.top_k >= 1 && m.top_k <= m.n_experts, "model.top_k",
+            strf("must be between 1 and [model] n_experts = %d", m.n_experts));
+  c.require(m.moe_every >= 1 && m.moe_every <= std::max(1, m.n_layer), "model.moe_every",
+            strf("must be between 1 and [model] n_layer = %d (block l is an MoE block when "
+                 "(l + 1) %% moe_every == 0)", m.n_layer));
+  if (cfg.parallel.ep > 0 && m.n_experts % cfg.parallel.ep != 0)
+    c.problems.add(key("model.n_experts") + " is not a multiple of " + key("parallel.ep") +
+                   " (each expert-parallel rank holds n_experts/ep experts)");
+  if (cfg.train.recompute == "block")
+    c.problems.add(key("train.recompute") + " is not supported with " + key("model.n_experts") +
+                   ": recomputing an MoE block would repeat its all-to-alls; use \"gelu\" or "
+                   "\"none\"");
+  if (!cfg.init.from.empty())
+    c.problems.add(key("init.from") + " names an llm.c model, which is dense; it cannot start "
+                   "a model with " + key("model.n_experts"));
+}
+
 void check_values(Checker& c) {
   const Config& cfg = c.cfg;
   for (const char* id : {"model.n_layer", "model.n_head", "model.d_model", "model.seq_len",
@@ -532,7 +564,7 @@ void check_values(Checker& c) {
                          "log.sample_every", "precision.fp8_margin"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
-                         "log.peak_tflops"})
+                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
                          "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})
@@ -558,6 +590,7 @@ void check_values(Checker& c) {
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_fp8_shapes(c);
+  check_experts(c);
   const ParallelConfig& p = cfg.parallel;
   if (p.ep > 0 && p.dp > 0 && p.cp > 0 && (p.dp * p.cp) % p.ep != 0)
     c.problems.add(mention(cfg, c.origins, "parallel.ep") + strf(" does not divide dp*cp = %d",

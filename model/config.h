@@ -15,7 +15,16 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
   int seq_len = 0;        // T: the length of the sequences trained on
   int max_seq_len = 0;    // rows of the position table wpe, >= seq_len (0 here = seq_len)
   int vocab_size = 0;     // padded internally to a multiple of 128 (padded_vocab())
+  // Mixture of experts (model/moe.cu): block l is an MoE block when n_experts > 0 and
+  // (l + 1) % moe_every == 0; its MLP becomes n_experts expert MLPs of hidden size d_expert,
+  // of which each token uses top_k.
+  int n_experts = 0;      // 0 = dense
+  int top_k = 2;
+  int moe_every = 1;
+  int d_expert = 0;       // 0 = 4 * d_model
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  bool is_moe(int layer) const { return n_experts > 0 && (layer + 1) % moe_every == 0; }
+  int expert_hidden() const { return d_expert > 0 ? d_expert : 4 * d_model; }
 };
 
 struct InitConfig {       // [init]
@@ -44,6 +53,8 @@ struct TrainConfig {      // [train]
   float eps = 1e-8f;
   uint64_t seed = 1337;
   std::string recompute = "none";      // "none" | "gelu" | "block"
+  float moe_aux_loss = 0.01f;          // load-balancing loss coefficient (MoE)
+  float moe_z_loss = 0.0f;             // router z-loss coefficient (MoE)
 };
 
 struct ParallelConfig {   // [parallel]

@@ -64,29 +64,73 @@ static ParamUnit root_unit(const GPTLayout& g, bool sp) {
   return root;
 }
 
-// Block l. Order must match BlockTensor.
+// Block l: its tensors in unit order, as BlockTensor indices (block_tensor_order says which).
+// A dense block has the MLP; an MoE block has the router instead (its experts: expert_unit).
 static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
   const int r = g.tp.rank, t = g.tp.size;
   const int64_t C = g.C;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  const bool moe = g.moe[l];
   ParamUnit u;
   const std::string h = "h." + std::to_string(l) + "/";
   add_tensor(u, init_normal(split_rows(h + "attn/qkv/weight", 3 * C, C, 3, r, t), std, 3 * C));
   add_tensor(u, init_normal(split_cols(h + "attn/proj/weight", C, C, r, t), proj_std, C));
-  add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
-  add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
+  if (!moe) {
+    add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
+    add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
+  }
   add_tensor(u, init_const(split_rows(h + "attn/qkv/bias", 3 * C, 1, 3, r, t), 0, false));
-  add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
+  if (!moe) add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
   // Row-parallel biases: added after the sum, and their gradient is summed over all N tokens
   // (the gathered dY), so it is complete on every rank even with SP.
   add_tensor(u, init_const(replicated(h + "attn/proj/bias", C, 1), 0, false));
-  add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
+  if (!moe) add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
   add_tensor(u, init_const(replicated(h + "ln_1/weight", C, 1), 1, sp));
   add_tensor(u, init_const(replicated(h + "ln_1/bias", C, 1), 0, sp));
   add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
   add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
+  if (moe) {  // the router sees this rank's tokens (N/tp under SP): partial like the LayerNorms
+    TensorPlacement router = init_normal(replicated(h + "mlp/router/weight", g.E, C), std, g.E);
+    router.decay = false;  // it must close the unit with the partial tensors (placement.h)
+    router.grad_partial_over_tp = sp;
+    add_tensor(u, router);
+  }
   finish_unit(u);
   if (g.cp.size > 1) u.grad_axis = Axis::DPCP;
+  return u;
+}
+
+// The order of block l's tensors in its unit, as BlockTensor indices.
+static const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
+  static const std::vector<int> dense = {kQkvW, kAttnProjW, kFcW,  kFcProjW, kQkvB, kFcB,
+                                         kAttnProjB, kFcProjB, kLn1W, kLn1B, kLn2W, kLn2B};
+  static const std::vector<int> moe = {kQkvW, kAttnProjW, kQkvB, kAttnProjB, kLn1W,
+                                       kLn1B, kLn2W,      kLn2B, kRouterW};
+  return g.moe[l] ? moe : dense;
+}
+
+// The experts of MoE block l held by this expert-parallel rank: E/ep consecutive experts, each
+// a whole MLP (replicated over tp: every tp rank runs its own tokens through them). Logically
+// the tensors are 3-D, (E, d_expert, C) and so on; a placement stacks the experts' rows, so
+// expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them.
+static ParamUnit expert_unit(const GPTLayout& g, int l, bool sp) {
+  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep.size, first = g.ep.rank * per;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  const std::string h = "h." + std::to_string(l) + "/mlp/experts/";
+  auto experts = [&](const char* name, int64_t rows, int64_t cols) {
+    TensorPlacement t = replicated(h + name, g.E * rows, cols);
+    t.row_ranges = {{first * rows, per * rows}};
+    t.stacked = g.E;
+    return t;
+  };
+  ParamUnit u;
+  add_tensor(u, init_normal(experts("fc/weight", D, C), std, g.E * D));
+  add_tensor(u, init_normal(experts("proj/weight", C, D), proj_std, g.E * C));
+  add_tensor(u, init_const(experts("fc/bias", D, 1), 0, sp));
+  add_tensor(u, init_const(experts("proj/bias", C, 1), 0, sp));
+  for (int i : {kExpertFcW, kExpertProjW}) u.tensors[i].grad_partial_over_tp = sp;
+  finish_unit(u);
+  u.grad_axis = Axis::EPDP;  // summed over the ranks that hold the same experts
   return u;
 }
 
@@ -97,7 +141,7 @@ static size_t unit_parameters(const ParamUnit& u) {
 }
 
 GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp,
-                     const ContextPlace& cp) {
+                     const ContextPlace& cp, const ExpertPlace& ep) {
   GPTLayout g;
   g.L = m.n_layer;
   g.NH = m.n_head;
@@ -109,6 +153,12 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
   g.tp = tp;
   g.pp = pp;
   g.cp = cp;
+  g.ep = ep;
+  g.E = m.n_experts;
+  g.top_k = m.n_experts > 0 ? m.top_k : 0;
+  g.d_expert = m.expert_hidden();
+  g.moe.resize(g.L);
+  for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
   g.NH_local = g.NH / tp.size;
   g.Vp_local = g.Vp / tp.size;
   g.vocab_first = tp.rank * g.Vp_local;
@@ -125,13 +175,25 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
     g.root_unit = 0;
     g.units.push_back(root);
   }
+  g.active_parameters = g.parameters;
   g.block_unit.assign(g.L, -1);
+  g.expert_unit.assign(g.L, -1);
   for (int l = 0; l < g.L; l++) {
     ParamUnit u = block_unit(g, l, sp);
     g.parameters += unit_parameters(u);
+    g.active_parameters += unit_parameters(u);
+    ParamUnit experts;
+    if (g.moe[l]) {
+      experts = expert_unit(g, l, sp);
+      g.parameters += unit_parameters(experts);
+      g.active_parameters += unit_parameters(experts) / g.E * g.top_k;
+    }
     if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
     g.block_unit[l] = (int)g.units.size();
     g.units.push_back(u);
+    if (!g.moe[l]) continue;
+    g.expert_unit[l] = (int)g.units.size();
+    g.units.push_back(experts);
   }
   return g;
 }
@@ -290,13 +352,20 @@ static void* tensor_at(void* base, const ParamUnit& u, int i, size_t elem) {
   return (char*)base + u.tensors[i].offset * elem;
 }
 
+// Block l's tensors, by BlockTensor index: their weights and their offsets in the unit (where
+// their gradients are in the unit's gradient buffer). An index the block lacks stays null.
 struct BlockWeights {
-  void* w[kBlockTensors];
+  void* w[kBlockTensors] = {};
+  size_t offset[kBlockTensors] = {};
 };
 static BlockWeights block_weights(const GPT& m, int l, void* base) {
   BlockWeights bw;
   const ParamUnit& u = m.layout.units[m.layout.block_unit[l]];
-  for (int i = 0; i < kBlockTensors; i++) bw.w[i] = tensor_at(base, u, i, dtype_size(m.dt));
+  const std::vector<int>& order = block_tensor_order(m.layout, l);
+  for (size_t i = 0; i < order.size(); i++) {
+    bw.w[order[i]] = tensor_at(base, u, (int)i, dtype_size(m.dt));
+    bw.offset[order[i]] = u.tensors[i].offset;
+  }
   return bw;
 }
 // A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
@@ -509,8 +578,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   const TensorParallel& tp = lay.tp;
   const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
-  const ParamUnit& u = lay.units[lay.block_unit[l]];
-  auto grad = [&](int i) { return g + u.tensors[i].offset; };
+  auto grad = [&](int i) { return g + bw.offset[i]; };
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
   void* const* w = bw.w;

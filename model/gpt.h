@@ -36,13 +36,18 @@ struct Fp8Context;
 struct Fp8Recipe;
 
 // Indices of the tensors of a block unit, in unit order (see gpt_layout).
+// A dense block holds all but kRouterW; an MoE block (model/moe.h) holds no dense MLP (kFcW,
+// kFcProjW, kFcB, kFcProjB) but the router, and its experts live in a unit of their own.
 enum BlockTensor {
   kQkvW = 0, kAttnProjW, kFcW, kFcProjW,  // decayed, split over tp
   kQkvB, kFcB,                            // split over tp (column-parallel biases)
   kAttnProjB, kFcProjB,                   // replicated over tp (row-parallel biases)
   kLn1W, kLn1B, kLn2W, kLn2B,             // replicated; gradients partial over tp under SP
+  kRouterW,                               // MoE: replicated, partial under SP, not decayed
   kBlockTensors
 };
+// The tensors of an MoE block's expert unit, in unit order (replicated over tp).
+enum ExpertTensor { kExpertFcW = 0, kExpertProjW, kExpertFcB, kExpertProjB, kExpertTensors };
 enum RootTensor { kWte = 0, kWpe, kLnfW, kLnfB, kRootTensors };
 // The linear layers of a block; layer l's are numbered kBlockLinears * l + these (FP8 scales).
 enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kBlockLinears };
@@ -59,16 +64,28 @@ struct ContextPlace {
   int size = 1, rank = 0;
 };
 struct ContextParallel;
+// This rank's place in the expert-parallel group (parallel/expert_parallel.h): it holds experts
+// [rank*E/size, (rank+1)*E/size) of every MoE block (comm may be null: other ranks' layouts).
+struct ExpertPlace {
+  Comm* comm = nullptr;
+  int size = 1, rank = 0;
+};
+struct MoeLayer;
 
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
   TensorParallel tp;             // this rank's place in the tensor-parallel group
   PipelinePlace pp;              // ... in the pipeline
-  ContextPlace cp;               // ... and in the context-parallel group
+  ContextPlace cp;               // ... in the context-parallel group
+  ExpertPlace ep;                // ... and in the expert-parallel group
+  int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
   int blocks_per_stage = 0;      // L / (p*v)
   int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
   std::vector<int> block_unit;   // per global layer: its index in units, -1 on another stage
+  std::vector<int> expert_unit;  // per global layer: its experts' unit; -1: dense or elsewhere
+  std::vector<bool> moe;         // per global layer: an MoE block
   size_t parameters = 0;         // global, llm.c's N: wte counted with Vp rows
+  size_t active_parameters = 0;  // those one token uses: the dense ones, routers, top_k experts
   int NH_local = 0;              // heads on this rank (NH / tp)
   int Vp_local = 0;              // vocabulary rows of wte on this rank, from vocab_first
   int vocab_first = 0;
@@ -88,7 +105,8 @@ struct GPTLayout {
 // (tp.comm may be null: the checkpoint index asks for other ranks' layouts).
 GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorParallel{},
                      const PipelinePlace& pp = PipelinePlace{},
-                     const ContextPlace& cp = ContextPlace{});
+                     const ContextPlace& cp = ContextPlace{},
+                     const ExpertPlace& ep = ExpertPlace{});
 
 enum class Recompute { None, Gelu, Block };
 Recompute parse_recompute(const std::string& s);

@@ -112,7 +112,8 @@ static void add_row_blocks(const TensorPlacement& t, int64_t lr, int64_t lc, int
   while (rows > 0) {
     int64_t left = 0;
     const int64_t g = global_row(t, lr, &left);
-    const int64_t n = std::min(rows, left);
+    const int64_t per = t.rows / t.stacked;  // a stacked tensor's rows per expert
+    const int64_t n = std::min({rows, left, per - g % per});
     out.push_back({g, n, t.col_first + lc, w, (size_t)(lr * t.local_cols + lc)});
     lr += n;
     rows -= n;

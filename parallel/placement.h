@@ -61,6 +61,10 @@ struct TensorPlacement {
   float init_std = 0;     // > 0: N(0, init_std) for the global rows below init_rows
   float init_value = 0;   // otherwise this constant (1 for LayerNorm weights)
   int64_t init_rows = 0;  // wte: V; its padded rows start at zero
+  // > 1: the logical tensor is `stacked` equal tensors of rows/stacked rows each, one per expert
+  // (3-D in checkpoints: (stacked, rows/stacked, cols), or 2-D for a vector); blocks never
+  // cross from one to the next (global_blocks cuts them there).
+  int64_t stacked = 1;
 
   int64_t local_rows() const;
   size_t local_numel() const { return (size_t)(local_rows() * local_cols); }
