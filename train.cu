@@ -57,12 +57,6 @@ static bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
-static void require_implemented_axes(const ParallelConfig& p) {
-  CHECK_ALL(p.ep == 1,
-            "[parallel] ep = %d: data, tensor, pipeline and context parallelism (dp, fsdp, tp, "
-            "sp, pp, cp) are supported so far; expert parallelism is not yet", p.ep);
-}
-
 static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
   if (!cfg.data.tokenizer.empty()) return cfg.data.tokenizer;
   const std::string& first = train.files.front();
@@ -315,8 +309,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
-  require_implemented_axes(r.cfg.parallel);
-
   setup(r, world_rank, world_size, local_rank);
   print_banner(r);
   const auto start = std::chrono::steady_clock::now();

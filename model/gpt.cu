@@ -29,6 +29,7 @@
 #include <cmath>
 
 #include "model/fp8.h"
+#include "model/moe.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 
@@ -190,6 +191,7 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
     }
     if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
     g.block_unit[l] = (int)g.units.size();
+    u.paired = g.moe[l];  // used with its experts
     g.units.push_back(u);
     if (!g.moe[l]) continue;
     g.expert_unit[l] = (int)g.units.size();
@@ -217,9 +219,12 @@ static Ptr new_buffer(GPT& m, size_t bytes) {
   return (Ptr)p;
 }
 
-// One full set of a layer's activations. `r3` is allocated separately (it is always kept).
-// Nt = the tokens this rank holds in the residual stream, N = all tokens, Cl = C / tp.
-static LayerActs new_layer_acts(GPT& m, bool with_gelu) {
+void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes); }
+
+// One full set of a layer's activations. `r3` is allocated separately (it is always kept), and
+// so are an MoE block's (moe). Nt = the tokens this rank holds in the residual stream, N = all
+// tokens, Cl = C / tp. with_mlp false: no dense MLP (an MoE block).
+static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   const GPTLayout& g = m.layout;
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), C = g.C;
   const size_t Cl = C / g.tp.size, a = dtype_size(m.dt);
@@ -229,8 +234,8 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu) {
   x.atty = new_buffer<void*>(m, N * Cl * a);
   x.r2 = new_buffer<void*>(m, Nt * C * a);
   x.ln2 = new_buffer<void*>(m, Nt * C * a);
-  x.fch = new_buffer<void*>(m, N * 4 * Cl * a);
-  x.fch_gelu = with_gelu ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
+  x.fch = with_mlp ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
+  x.fch_gelu = with_gelu && with_mlp ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
   x.ln1_mean = new_buffer<float*>(m, Nt * 4);
   x.ln1_rstd = new_buffer<float*>(m, Nt * 4);
   x.ln2_mean = new_buffer<float*>(m, Nt * 4);
@@ -262,11 +267,15 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
   sl.grad = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
-  for (int l = 0; l < g.blocks_per_stage; l++) {
+  for (int j = 0; j < g.blocks_per_stage; j++) {
+    // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
+    bool dense = false, moe = false;
+    for (int c = 0; c < g.pp.v; c++) (g.moe[g.first_block(c) + j] ? moe : dense) = true;
     LayerActs x = m.recompute == Recompute::Block
                       ? shared
-                      : new_layer_acts(m, m.recompute == Recompute::None);
-    if (m.recompute == Recompute::Gelu) x.fch_gelu = shared_gelu;
+                      : new_layer_acts(m, m.recompute == Recompute::None, dense);
+    if (m.recompute == Recompute::Gelu && dense) x.fch_gelu = shared_gelu;
+    x.moe = moe ? moe_new_acts(m) : nullptr;
     x.r3 = new_buffer<void*>(m, Nt * g.C * a);
     sl.layers.push_back(x);
   }
@@ -285,6 +294,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
   const size_t Cl = C / tp.size;
 
+  moe_create(m);  // before the slots: their MoE layers' buffers are sized by it
   LayerActs shared{};
   if (recompute == Recompute::Block) shared = new_layer_acts(m, true);
   void* shared_gelu =
@@ -329,6 +339,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
 }
 
 void gpt_destroy(GPT& m) {
+  moe_destroy(m);
   if (m.fp8) {
     fp8_destroy(*m.fp8);
     delete m.fp8;
@@ -357,6 +368,7 @@ static void* tensor_at(void* base, const ParamUnit& u, int i, size_t elem) {
 struct BlockWeights {
   void* w[kBlockTensors] = {};
   size_t offset[kBlockTensors] = {};
+  ExpertWeights experts{}, expert_grads{};  // an MoE block's (from its expert unit)
 };
 static BlockWeights block_weights(const GPT& m, int l, void* base) {
   BlockWeights bw;
@@ -367,6 +379,13 @@ static BlockWeights block_weights(const GPT& m, int l, void* base) {
     bw.offset[order[i]] = u.tensors[i].offset;
   }
   return bw;
+}
+// The expert tensors of MoE block l in a flat buffer of the expert unit (weights: elem =
+// dtype size; gradients: 4).
+static ExpertWeights expert_tensors(const GPT& m, int l, void* base, size_t elem) {
+  const ParamUnit& u = m.layout.units[m.layout.expert_unit[l]];
+  return {tensor_at(base, u, kExpertFcW, elem), tensor_at(base, u, kExpertProjW, elem),
+          tensor_at(base, u, kExpertFcB, elem), tensor_at(base, u, kExpertProjB, elem)};
 }
 // A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
 static void* root_weight(const GPT& m, int i) {
@@ -419,7 +438,7 @@ static const void* block_input(const ActivationSlot& sl, int j) {
 // hidden columns (Cl = C/tp) and tp_all_tokens and row_parallel_forward move the activations
 // (parallel/tensor_parallel.cu).
 static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
-                          int T, bool write_output, ops::Stream s) {
+                          int T, bool write_output, float dloss, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
   const int C = g.C, Cl = C / tp.size, HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
@@ -437,6 +456,10 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
   row_parallel_forward(m, site + kAttnProjLinear, a.r2, a.atty, w[kAttnProjW], w[kAttnProjB], x,
                        N, Cl, C, s);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, dt, s);
+  if (g.moe[l]) {  // the experts run on this rank's tokens: no tensor-parallel collective
+    moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
+    return;
+  }
   const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);
   linear_forward(m, site + kFcLinear, a.fch_gelu, a.fch, ln2, w[kFcW], w[kFcB], nullptr, N, C,
                  4 * Cl, s);
@@ -455,12 +478,15 @@ static void prefetch(ParamStore& store, int current, int next) {
 static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int first = g.first_block(c.chunk), n = g.blocks_per_stage;
+  const size_t e = dtype_size(m.dt);
   for (int j = 0; j < n; j++) {
-    const int l = first + j, unit = g.block_unit[l];
-    void* w = params_acquire(store, unit);
+    const int l = first + j, unit = g.block_unit[l], experts = g.expert_unit[l];
+    BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
+    if (experts >= 0) bw.experts = expert_tensors(m, l, params_acquire(store, experts), e);
     prefetch(store, unit, j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
-    block_forward(m, m.slots[c.slot], j, l, block_weights(m, l, w), c.B, c.T, true, s);
+    block_forward(m, m.slots[c.slot], j, l, bw, c.B, c.T, true, c.dloss, s);
     params_release(store, unit);
+    if (experts >= 0) params_release(store, experts);
   }
 }
 
@@ -567,13 +593,42 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
+// The dense MLP's backward: d(r3) = dres -> d(ln2), which it returns. Under tensor parallelism
+// d(r3) is gathered over the tokens first, and d(ln2) is a partial sum over the ranks.
+static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
+                                const void* dres, float* g, int N, ops::Stream s) {
+  const TensorParallel& tp = m.layout.tp;
+  const int C = m.layout.C, Cl = C / tp.size, site = kBlockLinears * l;
+  const DType dt = m.dt;
+  auto grad = [&](int i) { return g + bw.offset[i]; };
+  void* const* w = bw.w;
+  // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
+  const void* dr3 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
+  linear_backward(m, site + kFcProjLinear, m.dfch, grad(kFcProjW), grad(kFcProjB), dr3,
+                  a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
+  const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);
+  linear_backward(m, site + kFcLinear, m.dln_all, grad(kFcW), grad(kFcB), m.dfch, ln2, w[kFcW],
+                  nullptr, N, C, 4 * Cl, s);
+  return tp_sum_partials(tp, m.dln_all, m.dln, N, C, dt, s);
+}
+
+// An MoE block's MLP backward (model/moe.cu): d(r3) = dres -> d(ln2) in m.dln, on this rank's
+// tokens.
+static const void* moe_mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
+                                    const void* dres, float* g, int B, int T, float dloss,
+                                    ops::Stream s) {
+  moe_backward(m, *a.moe, m.dln, dres, a.ln2, bw.w[kRouterW], g + bw.offset[kRouterW],
+               bw.experts, bw.expert_grads, B, T, dloss, s);
+  return m.dln;
+}
+
 // Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Weight
 // gradients are accumulated into `g` (the unit's fp32 gradient buffer). Under tensor parallelism
 // each row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens) and each
 // column-parallel GEMM's dX is a partial sum over the ranks (f backward: tp_sum_partials); the
 // column-parallel GEMMs' inputs are gathered again for their weight gradients.
 static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw,
-                           float* g, int B, int T, ops::Stream s) {
+                           float* g, int B, int T, float dloss, ops::Stream s) {
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
   const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
@@ -584,14 +639,9 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   void* const* w = bw.w;
   void* dres = sl.grad;
   const int site = kBlockLinears * l;
-  // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
-  const void* dr3 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
-  linear_backward(m, site + kFcProjLinear, m.dfch, grad(kFcProjW), grad(kFcProjB), dr3,
-                  a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
-  const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);
-  linear_backward(m, site + kFcLinear, m.dln_all, grad(kFcW), grad(kFcB), m.dfch, ln2, w[kFcW],
-                  nullptr, N, C, 4 * Cl, s);
-  const void* dln2 = tp_sum_partials(tp, m.dln_all, m.dln, N, C, dt, s);
+  const void* dln2 = lay.moe[l]
+      ? moe_mlp_backward(m, a, l, bw, dres, g, B, T, dloss, s)
+      : mlp_backward(m, a, l, bw, dres, g, N, s);
   ops::layernorm_backward(dres, grad(kLn2W), grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
                           a.ln2_rstd, Nt, C, dt, s);  // dres is now d(r2)
   const void* dr2 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
@@ -614,18 +664,26 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
   const int first = g.first_block(c.chunk), n = g.blocks_per_stage, N = c.B * c.T;
   ops::range_push("backward");
   for (int j = n - 1; j >= 0; j--) {
-    const int l = first + j, unit = g.block_unit[l];
-    void* w = params_acquire(store, unit);
+    const int l = first + j, unit = g.block_unit[l], experts = g.expert_unit[l];
+    BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
+    if (experts >= 0) {
+      bw.experts = expert_tensors(m, l, params_acquire(store, experts), dtype_size(m.dt));
+      bw.expert_grads = expert_tensors(m, l, grads_acquire(store, experts), 4);
+    }
     prefetch(store, unit, j > 0 ? g.block_unit[l - 1] : c.next_unit);
     float* gw = grads_acquire(store, unit);
-    BlockWeights bw = block_weights(m, l, w);
-    if (m.recompute == Recompute::Block) block_forward(m, sl, j, l, bw, c.B, c.T, false, s);
-    if (m.recompute == Recompute::Gelu)
+    if (m.recompute == Recompute::Block)
+      block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
+    if (m.recompute == Recompute::Gelu && !g.moe[l])
       ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size,
                         m.dt, s);
-    block_backward(m, sl, j, l, bw, gw, c.B, c.T, s);
+    block_backward(m, sl, j, l, bw, gw, c.B, c.T, c.dloss, s);
     params_release(store, unit);
     grads_release(store, unit, c.last_micro_step);
+    if (experts >= 0) {
+      params_release(store, experts);
+      grads_release(store, experts, c.last_micro_step);
+    }
   }
   if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
     tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,

@@ -70,7 +70,8 @@ struct ExpertPlace {
   Comm* comm = nullptr;
   int size = 1, rank = 0;
 };
-struct MoeLayer;
+struct MoeActs;
+struct MoeState;
 
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
@@ -119,6 +120,7 @@ Recompute parse_recompute(const std::string& s);
 struct LayerActs {
   void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fch_gelu, *r3;  // r3 = block output = next input
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+  MoeActs* moe;  // an MoE block's (model/moe.h): fch and fch_gelu are then unused
 };
 
 // One micro-batch in flight through one chunk: what its backward needs.
@@ -159,6 +161,7 @@ struct GPT {
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
   ContextParallel* cp = nullptr;  // ring attention's state and buffers (cp > 1), else null
+  MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
   float* root_grad = nullptr;
@@ -175,6 +178,9 @@ void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompu
                 ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1,
                 ops::Stream ring = nullptr);
 void gpt_destroy(GPT& model);
+// A zeroed activation buffer of the model, counted in activation_bytes, freed by gpt_destroy
+// (count_only: counted only, nullptr). For the model's parts in other files (model/moe.cu).
+void* gpt_new_buffer(GPT& model, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
 // Stages. A step (or a forward-only pass) is gpt_step_begin, stage forwards and backwards in the

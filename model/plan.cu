@@ -163,7 +163,7 @@ void memory(const Config& c, const Shape& s, const GPTLayout& g, const PipelineS
     if (u.whole_step) transient += padded * (s.e + 4);
     else largest = std::max(largest, padded);
   }
-  transient += 2 * largest * (s.e + 4);
+  transient += fsdp_pool_slots(g.units) * largest * (s.e + 4);
   GPT m;
   m.count_only = true;
   Fp8Recipe recipe;

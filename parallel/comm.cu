@@ -211,9 +211,27 @@ void barrier(Comm& c) {
   MPI_Barrier(c.mpi);
 }
 
+void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
+  if (c.size == 1) {
+    std::memcpy(recv, send, (size_t)per_peer * sizeof(int));
+    return;
+  }
+  tally(c, CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
+  MPI_Alltoall(send, per_peer, MPI_INT, recv, per_peer, MPI_INT, c.mpi);
+}
+
+void all_reduce_host_sum(Comm& c, int* x, int n) {
+  if (c.size == 1) return;
+  tally(c, CollectiveKind::AllReduce, (size_t)n * sizeof(int));
+  MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_INT, MPI_SUM, c.mpi);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host helpers (control plane, not counted)
 // ---------------------------------------------------------------------------------------------
+void all_reduce_host_sum(Comm& c, double* x, int n) {
+  if (c.size > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c.mpi);
+}
 static double host_reduce(Comm& c, double x, MPI_Op op) {
   if (c.size == 1) return x;
   double r = 0;

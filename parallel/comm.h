@@ -113,7 +113,15 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
                   const size_t* recv_counts, DType dt, ops::Stream s);
 void barrier(Comm& c);
 
-// Host-side helpers on small host values (logging, agreeing on success, max of a scalar).
+// Small integer arrays on the host that steer the device work: the experts' token counts
+// (parallel/expert_parallel.cu). Blocking MPI calls under both backends, counted like the
+// others (4 bytes per int: all_to_all_host as its send buffer, c.size * per_peer ints).
+void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv);
+void all_reduce_host_sum(Comm& c, int* x, int n);  // in place
+
+// Host-side helpers on small host values (logging, agreeing on success, max of a scalar),
+// not counted: they carry no payload of the model.
+void all_reduce_host_sum(Comm& c, double* x, int n);  // in place
 double all_reduce_host_sum(Comm& c, double x);
 double all_reduce_host_max(Comm& c, double x);
 bool all_agree(Comm& c, bool ok);  // true iff ok on every rank

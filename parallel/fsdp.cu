@@ -48,8 +48,6 @@
 
 #include <algorithm>
 
-static const int kPoolSlots = 2;
-
 static int take_slot(std::vector<int>& owner, int unit) {
   for (size_t i = 0; i < owner.size(); i++)
     if (owner[i] < 0) {
@@ -80,7 +78,7 @@ void fsdp_init(ParamStore& st) {
     us.params = ops::alloc(us.padded_numel * elem);  // the root keeps its own buffers
     us.grad_full = (float*)ops::alloc(us.padded_numel * sizeof(float));
   }
-  for (int i = 0; i < kPoolSlots; i++) {
+  for (int i = 0; i < st.pool_slots; i++) {
     st.gather_pool.push_back(ops::alloc(largest_block * elem));
     st.gather_owner.push_back(-1);
     st.grad_pool.push_back((float*)ops::alloc(largest_block * sizeof(float)));
@@ -100,7 +98,7 @@ void fsdp_destroy(ParamStore& st) {
     ops::release(us.params);
     ops::release(us.grad_full);
   }
-  for (int i = 0; i < kPoolSlots; i++) {
+  for (size_t i = 0; i < st.gather_pool.size(); i++) {
     ops::release(st.gather_pool[i]);
     ops::release(st.grad_pool[i]);
     ops::event_destroy(st.grad_slot_reduced[i]);

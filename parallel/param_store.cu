@@ -65,6 +65,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.embed = comms[Axis::Embed];
   st.compute = compute;
   st.comm = comm;
+  st.pool_slots = fsdp_pool_slots(units);
   const bool sharded = mode == ShardingMode::FSDP;
   for (const ParamUnit& pu : units) {
     UnitState us;

@@ -64,7 +64,8 @@ struct ParamStore {
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
   // FSDP: a small pool of full-unit buffers (weights in the compute dtype, gradients in fp32),
-  // enough for the unit in use plus the one being prefetched.
+  // enough for the unit in use plus the one being prefetched (pool_slots: fsdp_pool_slots).
+  int pool_slots = 2;
   std::vector<void*> gather_pool;
   std::vector<int> gather_owner;   // unit using each pool slot, -1 if free
   std::vector<float*> grad_pool;

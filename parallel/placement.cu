@@ -73,6 +73,12 @@ void finish_unit(ParamUnit& u) {
   }
 }
 
+int fsdp_pool_slots(const std::vector<ParamUnit>& units) {
+  for (const ParamUnit& u : units)
+    if (u.paired) return 3;
+  return 2;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Geometry
 // ---------------------------------------------------------------------------------------------

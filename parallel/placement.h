@@ -86,7 +86,13 @@ struct ParamUnit {
   bool whole_step = false;
   bool tied = false;
   bool tied_copy = false;
+  // Acquired together with the next unit (an MoE block's dense part and its experts, model/gpt.cu):
+  // FSDP then keeps one more gathered buffer, so that the next block can still be prefetched.
+  bool paired = false;
 };
+// FSDP's gathered buffers for the non-root units: one in use and one being prefetched, plus one
+// when units are acquired in pairs.
+int fsdp_pool_slots(const std::vector<ParamUnit>& units);
 
 // Building a unit, tensor by tensor (offsets aligned to kTensorAlign). `finish_unit` pads the
 // unit and checks the ordering rule above, so a layout that breaks it fails at start-up.

@@ -1,0 +1,290 @@
+// model/moe.cu - the mixture-of-experts MLP of an MoE block (model/moe.h).
+//
+// The math, per token x (a row of ln2, C channels), with E experts of hidden size D:
+//
+//   z = x W_r^T                      router logits (E), W_r (E,C), no bias; fp32 from here on
+//   p = softmax(z)                   over all E experts
+//   chosen = the top_k experts by p (a tie goes to the lower index)
+//   g_e = p_e / sum_{chosen} p       the gates (top_k = 1: the raw p_e)
+//   out = sum_{e chosen} g_e * (gelu(x W_fc,e^T + b_fc,e) W_proj,e^T + b_proj,e)
+//
+// Dropless: every token reaches all its experts (no capacity factor, no token ever dropped).
+// The router's choice has no gradient; the gates do, through p, to W_r.
+//
+// Two losses steer the router, both added to the language-model loss:
+//   load balance (per sequence s, E experts, T positions):
+//     f_{s,e} = (slots of s's tokens that chose e) / (T * top_k)     a count: no gradient
+//     P_{s,e} = mean over s's tokens of p_e
+//     aux_s   = E * sum_e f_{s,e} P_{s,e}          (1 when perfectly balanced, E at worst)
+//     term    = moe_aux_loss * mean over the global batch's sequences, summed over MoE layers
+//   z-loss: moe_z_loss * mean over tokens of logsumexp(z)^2, summed over MoE layers (keeps the
+//     logits small, so the fp32 softmax stays accurate)
+// Per sequence makes the loss independent of the layout: a sequence may be split over context-
+// parallel ranks and sequence-parallel ranks, so its expert counts are summed over those ranks
+// first (two small integer all-reduces); then every rank knows f for its tokens, and the
+// gradient of the term w.r.t. p_{t,e} is moe_aux_loss * E * f_{s,e} / (T * sequences), which is
+// exactly the per-token scale of the LM loss's gradient times moe_aux_loss * E * f_{s,e} * T / T.
+//
+// The pipeline of one layer's forward (this rank's Nt tokens; ep > 1 adds the two trips of
+// parallel/expert_parallel.cu, ep = 1 needs neither):
+//   router GEMM -> moe_router_forward -> choices to the host (the one sync: the dispatch plan is
+//   made there) -> balance statistics -> route -> gather the pairs' rows into expert order ->
+//   [to the experts' ranks] -> per local expert: fc + GELU, proj (one GEMM each on all its rows)
+//   -> [back home] -> combine with the gates, + residual.
+// The backward runs it in reverse: combine backward (d rows, d gates), [to the experts], the
+// expert GEMMs' backward, [home], unpermute backward (each token sums its top_k rows), then the
+// router: d gates + the balance gradient + the z-loss through the softmax, and the router GEMM's
+// backward, whose input gradient adds to the experts'.
+//
+// Under tensor parallelism the experts are not split: each tp rank runs its own tokens (its N/tp
+// with sequence parallelism, when their gradients are partial sums over tp like the
+// LayerNorms'; without it every tp rank runs the same tokens). Under pipeline and context
+// parallelism a layer sees its rank's tokens and nothing else changes.
+#include "model/moe.h"
+
+#include <algorithm>
+
+#include "model/gpt.h"
+
+// ---------------------------------------------------------------------------------------------
+// Buffers
+// ---------------------------------------------------------------------------------------------
+MoeActs* moe_new_acts(GPT& m) {
+  const GPTLayout& g = m.layout;
+  MoeState& st = *m.moe;
+  const size_t Nt = g.tp.tokens(m.B * m.T);
+  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
+  const size_t rows = st.max_rows;
+  MoeActs* acts = new MoeActs;
+  st.owned_acts.push_back(acts);
+  MoeActs& x = *acts;
+  x.logits = (float*)gpt_new_buffer(m, Nt * E * 4);
+  x.probs = (float*)gpt_new_buffer(m, Nt * E * 4);
+  x.lse = (float*)gpt_new_buffer(m, Nt * 4);
+  x.gate = (float*)gpt_new_buffer(m, Nt * k * 4);
+  x.expert = (int*)gpt_new_buffer(m, Nt * k * 4);
+  x.x = gpt_new_buffer(m, rows * C * a);
+  x.h = gpt_new_buffer(m, rows * D * a);
+  x.hg = st.shared_hg ? st.shared_hg : gpt_new_buffer(m, rows * D * a);
+  x.y = gpt_new_buffer(m, Nt * k * C * a);
+  ep_route_create(x.route, st.ep, (int)Nt, m.count_only, &m.activation_bytes);
+  return acts;
+}
+
+void moe_create(GPT& m) {
+  const GPTLayout& g = m.layout;
+  if (g.E == 0) return;
+  MoeState* st = new MoeState;
+  m.moe = st;
+  st->ep = ExpertParallel{g.ep.comm, g.ep.size, g.ep.rank, g.E, g.top_k};
+  const int Nt = g.tp.tokens(m.B * m.T);
+  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
+  const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt);
+  const bool ep = g.ep.size > 1;
+  st->send = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  st->recv = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  st->expert_out = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  st->d_expert = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  st->d_rows = gpt_new_buffer(m, Nt * k * C * a);
+  st->dh = gpt_new_buffer(m, rows * D * a);
+  st->dgate = (float*)gpt_new_buffer(m, Nt * k * 4);
+  st->dprobs = (float*)gpt_new_buffer(m, Nt * E * 4);
+  st->dlogits = (float*)gpt_new_buffer(m, Nt * E * 4);
+  st->logits_dt = m.dt == DType::F32 ? nullptr : gpt_new_buffer(m, Nt * E * a);
+  st->d_router_in = gpt_new_buffer(m, Nt * C * a);
+  if (m.recompute == Recompute::Gelu) st->shared_hg = gpt_new_buffer(m, rows * D * a);
+  st->stats.tokens.assign(g.L, {});
+}
+
+void moe_destroy(GPT& m) {
+  if (!m.moe) return;
+  for (MoeActs* a : m.moe->owned_acts) {
+    ep_route_destroy(a->route);
+    delete a;
+  }
+  delete m.moe;
+  m.moe = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load-balancing statistics (host)
+// ---------------------------------------------------------------------------------------------
+// The sequence (0..B-1) of local token i: this rank's tokens are the rows [first, first + Nt)
+// of the micro-batch's B x T local positions (T per sequence on this rank), stored chunk-major
+// under context parallelism (parallel/tensor_parallel.h, TokenPositions).
+struct SequenceOf {
+  int first, B, len;
+  int operator()(int i) const { return ((first + i) % (B * len)) / len; }
+};
+
+// Counts per (sequence, expert) over every rank holding part of the sequences, then the gradient
+// of the balance term w.r.t. p for each local token (a.balance_grad) and this rank's share of the
+// term's value. Returns that share (summed over all ranks: the term's value for the micro-batch).
+static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
+                      const std::vector<float>& probs, int B, int T, float dloss_scale) {
+  const GPTLayout& g = m.layout;
+  const int E = g.E, k = g.top_k, Nt = g.tp.tokens(B * T);
+  const bool sp = g.tp.sp && g.tp.size > 1;
+  const int chunks = g.cp.size > 1 ? 2 : 1;
+  const SequenceOf seq{sp ? g.tp.rank * Nt : 0, B, T / chunks};
+  std::vector<int> counts((size_t)B * E, 0);
+  for (int i = 0; i < Nt; i++)
+    for (int j = 0; j < k; j++) counts[(size_t)seq(i) * E + expert[(size_t)i * k + j]]++;
+  if (sp) all_reduce_host_sum(*g.tp.comm, counts.data(), B * E);
+  if (g.cp.size > 1) all_reduce_host_sum(*g.cp.comm, counts.data(), B * E);
+  // d term / d p_{t,e} = aux_coef * E * f_{s,e} / (T_full * sequences) = aux_coef * E * f *
+  // dloss_scale, dloss_scale being 1 / (tokens of the global batch).
+  const double T_full = (double)T * g.cp.size;
+  const double scale = (double)m.moe->aux_coef * dloss_scale * E / (T_full * k);
+  a.balance_grad.resize((size_t)Nt * E);
+  double share = 0;
+  for (int i = 0; i < Nt; i++)
+    for (int e = 0; e < E; e++) {
+      const size_t at = (size_t)i * E + e;
+      a.balance_grad[at] = (float)(scale * counts[(size_t)seq(i) * E + e]);
+      share += (double)a.balance_grad[at] * probs[at];
+    }
+  return share;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------
+// Expert j's (of this rank) weights inside the unit: each tensor stacks the experts' blocks.
+static ExpertWeights expert_at(const GPTLayout& g, const ExpertWeights& w, int j, size_t elem) {
+  const size_t C = g.C, D = g.d_expert;
+  auto at = [&](void* base, size_t per) { return (void*)((char*)base + j * per * elem); };
+  return {at(w.fc_w, D * C), at(w.proj_w, C * D), at(w.fc_b, D), at(w.proj_b, C)};
+}
+
+// The router: logits (fp32), then softmax, top-k and gates.
+static void router_forward(GPT& m, MoeActs& a, const void* inp, const void* router_w, int Nt,
+                           ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  void* z = m.dt == DType::F32 ? (void*)a.logits : m.moe->logits_dt;
+  ops::matmul_forward(z, nullptr, inp, router_w, nullptr, nullptr, Nt, g.C, g.E, m.dt, s);
+  if (z != a.logits) ops::cast(a.logits, DType::F32, z, m.dt, (size_t)Nt * g.E, s);
+  ops::moe_router_forward(a.logits, Nt, g.E, g.top_k, a.expert, a.gate, a.probs, a.lse, s);
+}
+
+// The step's statistics of one layer: tokens per expert, the two loss terms (this rank's share).
+static void record_stats(GPT& m, MoeActs& a, int layer, const std::vector<float>& lse,
+                         double balance_share, float dloss_scale) {
+  MoeStepStats& st = m.moe->stats;
+  std::vector<double>& tokens = st.tokens[layer];
+  tokens.resize(m.layout.E, 0.0);
+  for (int e = 0; e < m.layout.E; e++) tokens[e] += a.route.plan.expert_counts[e];
+  double z = 0;
+  for (float x : lse) z += (double)x * x;
+  st.aux_loss += balance_share;
+  st.z_loss += (double)m.moe->z_coef * dloss_scale * z;
+}
+
+// Each local expert's rows through fc + GELU and proj: x (M,C) -> y (M,C), expert-major.
+static void experts_forward(GPT& m, MoeActs& a, const ExpertWeights& w, void* y, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  const ExpertRoute& r = a.route;
+  for (int j = 0; j < m.moe->ep.experts_per_rank(); j++) {
+    const int n = r.expert_rows[j];
+    if (n == 0) continue;
+    const size_t row = r.expert_first[j];
+    const ExpertWeights ew = expert_at(g, w, j, e);
+    void* h = (char*)a.h + row * D * e;
+    void* hg = (char*)a.hg + row * D * e;
+    ops::matmul_forward(hg, h, (char*)a.x + row * C * e, ew.fc_w, ew.fc_b, nullptr, n, C, D,
+                        m.dt, s);
+    ops::matmul_forward((char*)y + row * C * e, nullptr, hg, ew.proj_w, ew.proj_b, nullptr, n, D,
+                        C, m.dt, s);
+  }
+}
+
+void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, const void* residual,
+                 const void* router_w, const ExpertWeights& w, int B, int T, float dloss_scale,
+                 ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  MoeState& st = *m.moe;
+  const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
+  router_forward(m, a, inp, router_w, Nt, s);
+  std::vector<int> expert((size_t)Nt * k);
+  std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
+  ops::stream_sync(s);  // the dispatch is planned on the host
+  ops::copy_to_host(expert.data(), a.expert, expert.size() * sizeof(int));
+  ops::copy_to_host(probs.data(), a.probs, probs.size() * sizeof(float));
+  ops::copy_to_host(lse.data(), a.lse, lse.size() * sizeof(float));
+  ep_route(a.route, st.ep, expert.data(), Nt, s);
+  if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
+    const double share = balance(m, a, expert, probs, B, T, dloss_scale);
+    record_stats(m, a, layer, lse, share, dloss_scale);
+  }
+
+  const bool ep = st.ep.size > 1;
+  ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
+  experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
+  if (ep) ep_to_home(st.ep, a.route, st.expert_out, a.y, st.send, C, m.dt, s);
+  ops::moe_combine(out, a.y, a.gate, a.route.position, Nt, k, C, m.dt, s);
+  ops::add_bias_residual(out, out, nullptr, residual, Nt, C, m.dt, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------
+// The expert GEMMs' backward, in place: dy (M,C) expert-major holds d(expert output) on entry
+// and d(expert input) on exit.
+static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const ExpertWeights& dw,
+                             void* dy, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  MoeState& st = *m.moe;
+  const ExpertRoute& r = a.route;
+  if (m.recompute == Recompute::Gelu && r.M > 0)
+    ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
+  for (int j = 0; j < st.ep.experts_per_rank(); j++) {
+    const int n = r.expert_rows[j];
+    if (n == 0) continue;
+    const size_t row = r.expert_first[j];
+    const ExpertWeights ew = expert_at(g, w, j, e), gw = expert_at(g, dw, j, 4);
+    void* dy_j = (char*)dy + row * C * e;
+    void* dh = (char*)st.dh + row * D * e;
+    ops::matmul_backward(dh, (float*)gw.proj_w, (float*)gw.proj_b, dy_j, (char*)a.hg + row * D * e,
+                         ew.proj_w, (char*)a.h + row * D * e, n, D, C, m.dt, s);
+    ops::matmul_backward(dy_j, (float*)gw.fc_w, (float*)gw.fc_b, dh, (char*)a.x + row * C * e,
+                         ew.fc_w, nullptr, n, C, D, m.dt, s);
+  }
+}
+
+// The router's backward: the gates' gradient, the balance gradient and the z-loss through the
+// softmax into the logits, then the router GEMM (its input gradient into d_router_in).
+static void router_backward(GPT& m, MoeActs& a, const void* inp, const void* router_w,
+                            float* d_router_w, int Nt, float dloss_scale, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  MoeState& st = *m.moe;
+  ops::copy_to_device_async(st.dprobs, a.balance_grad.data(), a.balance_grad.size() * 4, s);
+  ops::moe_router_backward(st.dlogits, a.probs, a.expert, a.gate, st.dgate, st.dprobs, a.lse,
+                           st.z_coef * dloss_scale, Nt, g.E, g.top_k, s);
+  void* dz = st.dlogits;
+  if (m.dt != DType::F32) {
+    ops::cast(st.logits_dt, m.dt, st.dlogits, DType::F32, (size_t)Nt * g.E, s);
+    dz = st.logits_dt;
+  }
+  ops::matmul_backward(st.d_router_in, d_router_w, nullptr, dz, inp, router_w, nullptr, Nt, g.C,
+                       g.E, m.dt, s);
+}
+
+void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* inp,
+                  const void* router_w, float* d_router_w, const ExpertWeights& w,
+                  const ExpertWeights& dw, int B, int T, float dloss_scale, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  MoeState& st = *m.moe;
+  const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
+  const bool ep = st.ep.size > 1;
+  ops::moe_combine_backward(st.d_rows, st.dgate, dout, a.y, a.gate, a.route.position, Nt, k, C,
+                            m.dt, s);
+  if (ep) ep_to_experts(st.ep, a.route, st.d_rows, st.d_expert, st.recv, C, m.dt, s);
+  experts_backward(m, a, w, dw, ep ? st.d_expert : st.d_rows, s);
+  if (ep) ep_to_home(st.ep, a.route, st.d_expert, st.d_rows, st.send, C, m.dt, s);
+  ops::moe_unpermute_backward(dinp, st.d_rows, a.route.position, Nt, k, C, m.dt, s);
+  router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, s);
+  ops::add_bias_residual(dinp, dinp, nullptr, st.d_router_in, Nt, C, m.dt, s);
+}

@@ -1,0 +1,78 @@
+// model/moe.h - the mixture-of-experts MLP: router, top-k, experts, combine, and the two router
+// losses (load balance, z-loss). model/gpt.cu calls it in place of the dense MLP in MoE blocks;
+// the math is at the top of model/moe.cu, the token movement between ranks in
+// parallel/expert_parallel.cu.
+#pragma once
+#include <vector>
+
+#include "parallel/expert_parallel.h"
+
+struct GPT;
+
+// One MoE block's activations for one micro-batch in flight (a LayerActs points at it).
+struct MoeActs {
+  float* logits = nullptr;  // (Nt,E) router logits z, fp32
+  float* probs = nullptr;   // (Nt,E) softmax(z)
+  float* lse = nullptr;     // (Nt) logsumexp(z)
+  float* gate = nullptr;    // (Nt,top_k) the chosen experts' gates
+  int* expert = nullptr;    // (Nt,top_k) the chosen experts
+  void* x = nullptr;        // (max rows,C) the rows this rank's experts run, expert-major
+  void* h = nullptr;        // (max rows,D) their fc outputs, before the GELU
+  void* hg = nullptr;       // (max rows,D) after it (shared by all layers under recompute)
+  void* y = nullptr;        // (Nt*top_k,C) the experts' outputs, back home, dispatch order
+  ExpertRoute route;        // where the pairs went (host plan + device gather indices)
+  std::vector<float> balance_grad;  // (Nt,E) d(aux loss)/d(probs), made in the forward (host)
+};
+
+// What the layers have seen this step, on this rank (summed over the ranks by the trainer).
+struct MoeStepStats {
+  std::vector<std::vector<double>> tokens;  // per global layer: pairs routed to each expert
+  double aux_loss = 0, z_loss = 0;          // their terms of the loss, this rank's share
+};
+
+// The MoE state of a model: the ep group, scratch buffers, the losses' coefficients.
+struct MoeState {
+  ExpertParallel ep;
+  float aux_coef = 0, z_coef = 0;  // [train] moe_aux_loss, moe_z_loss
+  int max_rows = 0;                // rows this rank's experts can receive per micro-batch
+  // scratch, shared by every layer: N = tokens of a micro-batch on this rank (Nt)
+  void* send = nullptr;            // (max rows,C) rows on their way (ep > 1)
+  void* recv = nullptr;            // (max rows,C) rows arriving (ep > 1)
+  void* expert_out = nullptr;      // (max rows,C) the experts' outputs, expert-major (ep > 1)
+  void* d_rows = nullptr;          // (Nt*top_k,C) gradients of the pairs' rows, dispatch order
+  void* d_expert = nullptr;        // (max rows,C) the same at the experts (ep > 1)
+  void* dh = nullptr;              // (max rows,D)
+  float* dgate = nullptr;          // (Nt,top_k)
+  float* dprobs = nullptr;         // (Nt,E) the load-balancing gradient, uploaded
+  float* dlogits = nullptr;        // (Nt,E)
+  void* logits_dt = nullptr;       // (Nt,E) the router GEMM's output/gradient in the compute dtype
+  void* d_router_in = nullptr;     // (Nt,C) the router's input gradient
+  void* shared_hg = nullptr;       // recompute: the one GELU output buffer
+  MoeStepStats stats;
+  std::vector<MoeActs*> owned_acts;  // every layer's, for moe_destroy
+};
+
+// Allocates the MoE state and one MoeActs per MoE layer of each activation slot (through the
+// model's counted allocator; count_only models count only). Called by gpt_create.
+void moe_create(GPT& m);
+void moe_destroy(GPT& m);
+// One MoE layer's activations for one slot (after moe_create; freed by moe_destroy).
+MoeActs* moe_new_acts(GPT& m);
+
+// The expert weights of MoE block l, from its expert unit (weights or gradients).
+struct ExpertWeights {
+  void *fc_w, *proj_w, *fc_b, *proj_b;
+};
+
+// out (Nt,C) = residual + MoE(inp), inp = ln2 (Nt,C): this rank's tokens of a micro-batch of B
+// sequences of T local positions. router_w (E,C). dloss_scale: the scale of one token's loss in
+// the step's loss (1 / tokens of the global batch); != 0 means training: the balance gradient is
+// prepared and the layer's loss terms and token counts go into the step's stats.
+void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, const void* residual,
+                 const void* router_w, const ExpertWeights& w, int B, int T, float dloss_scale,
+                 ops::Stream s);
+// dinp (Nt,C) = d(MoE)/d(inp) given dout (Nt,C); weight gradients accumulated (fp32) into dw
+// (the expert unit's gradients) and d_router_w.
+void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* inp,
+                  const void* router_w, float* d_router_w, const ExpertWeights& w,
+                  const ExpertWeights& dw, int B, int T, float dloss_scale, ops::Stream s);

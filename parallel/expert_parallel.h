@@ -1,0 +1,62 @@
+// parallel/expert_parallel.h - expert parallelism: moving each token to the ranks that hold its
+// experts and the experts' outputs back. The idea, the bytes and a diagram are at the top of
+// parallel/expert_parallel.cu; the MoE layer that uses this is model/moe.cu.
+//
+// One MoE layer and one micro-batch, on one rank of an ep group:
+//   ep_route            the router's choices (host) -> an ExpertRoute: the dispatch plan of this
+//                       rank's (token, slot) pairs, the token counts exchanged with the group,
+//                       and the index arrays the row gathers need, uploaded to the device
+//   ep_to_experts       pair rows in dispatch order (this rank's pairs, sorted by expert) ->
+//                       the rows this rank's experts run, expert-major (one GEMM per expert)
+//   ep_to_home          the reverse: the experts' rows -> this rank's pairs, dispatch order
+// The backward uses the same two moves on gradients (to_experts for d(expert output), to_home
+// for d(expert input)). With ep = 1 the dispatch order already is expert-major and both moves
+// are the identity: the caller skips them (ExpertParallel::size == 1).
+#pragma once
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "parallel/expert_dispatch_plan.h"
+
+struct ExpertParallel {
+  Comm* comm = nullptr;  // the ep group (its ranks hold different experts, the same layers)
+  int size = 1, rank = 0;
+  int E = 0, top_k = 0;
+  int experts_per_rank() const { return E / size; }
+  // The most rows this rank's experts can receive in one micro-batch of N tokens: every rank's
+  // N tokens, each sending at most min(top_k, E/ep) of its pairs here (dropless: buffers are
+  // sized for it, nothing is ever dropped).
+  int max_expert_rows(int N) const;
+};
+
+// Where every pair of one layer and micro-batch goes, on both sides of the all-to-all.
+struct ExpertRoute {
+  ExpertDispatchPlan plan;         // this rank's N*top_k pairs (host)
+  std::vector<int> from;           // (size x E/ep) rows source rank s sends to local expert j
+  std::vector<int> expert_rows;    // (E/ep) rows local expert j runs: the sum over sources
+  std::vector<int> expert_first;   // (E/ep) its first row in the expert-major buffer
+  std::vector<size_t> send_counts, recv_counts;  // (size) rows to / from each rank
+  int M = 0;                       // rows at this rank's experts (sum of expert_rows)
+  // Device index arrays (int32), written by ep_route:
+  int* token_of_row = nullptr;     // (N*top_k) dispatch row i holds the token of pair order[i]
+  int* position = nullptr;         // (N*top_k) the plan's inverse: pair p's dispatch row
+  int* regroup = nullptr;          // (max rows) expert-major row i <- received row regroup[i]
+  int* ungroup = nullptr;          // (max rows) received-order row i <- expert-major row ungroup[i]
+};
+
+// Allocates a route's device arrays for micro-batches of up to N tokens (count_only: counts the
+// bytes in *bytes, allocates nothing). ep_route_destroy frees them.
+void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, bool count_only,
+                     size_t* bytes);
+void ep_route_destroy(ExpertRoute& r);
+// Builds the route of N tokens from the router's choices expert (N x top_k, host): the plan, the
+// counts exchange over the ep group (a host all-to-all of E/ep ints per peer: the receivers
+// must know their row counts before the rows arrive), the gather indices, uploaded on s.
+void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops::Stream s);
+// rows (N*top_k x C, dispatch order) -> expert_major (r.M x C). recv: scratch of max rows x C.
+void ep_to_experts(ExpertParallel& ep, const ExpertRoute& r, const void* rows, void* expert_major,
+                   void* recv, int C, DType dt, ops::Stream s);
+// expert_major (r.M x C) -> rows (N*top_k x C, dispatch order). send: scratch of max rows x C.
+void ep_to_home(ExpertParallel& ep, const ExpertRoute& r, const void* expert_major, void* rows,
+                void* send, int C, DType dt, ops::Stream s);
