@@ -8,6 +8,7 @@
 // ParamStore), then the global gradient norm, clipping, AdamW, and the logs. Everything device-
 // or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
 // which weights), model/ (GPT-2 itself), data/ and checkpoint/.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -125,6 +126,8 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   }
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
   const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
+  r.model.moe_aux_loss = cfg.train.moe_aux_loss;
+  r.model.moe_z_loss = cfg.train.moe_z_loss;
   gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T / cp.size,
              r.compute, fp8 ? &recipe : nullptr, r.pipeline.slots, r.comm);
   r.tokens.resize((size_t)cfg.train.grad_accum * B * T / cp.size);
@@ -167,6 +170,11 @@ static void print_banner(const Run& r) {
               r.mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
+  if (r.layout.E > 0)
+    std::printf("experts  %d experts of hidden %d, top-%d, in %d of %d blocks, ep=%d (%d experts "
+                "per rank): %zu parameters active per token\n", r.layout.E, r.layout.d_expert,
+                r.layout.top_k, (int)std::count(r.layout.moe.begin(), r.layout.moe.end(), true),
+                r.layout.L, r.mesh.ep, r.layout.E / r.mesh.ep, r.layout.active_parameters);
   if (r.mesh.cp > 1)
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
                 "sequence; attention is a ring over the cp group\n", r.mesh.cp,
@@ -223,6 +231,10 @@ static StepReport train_step(Run& r, int step) {
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
   rep.loss = last_stage_mean(r.model, r.mesh.world, local_loss, r.mesh.dp);
+  if (r.model.moe) {
+    rep.moe = true;
+    rep.moe_report = moe_step_report(r.model, r.mesh.world);
+  }
   CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
 

@@ -168,6 +168,8 @@ struct GPT {
   std::vector<void*> owned;       // every buffer above, for gpt_destroy
   size_t activation_bytes = 0;    // their total size
   bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
+  float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
+  float moe_z_loss = 0;
 };
 
 // T: the positions of a sequence this rank holds (seq_len / cp). fp8: the FP8 recipe of the block

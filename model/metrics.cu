@@ -5,7 +5,7 @@
 #include <cstring>
 
 double model_flops_per_token(const GPTLayout& g) {
-  return 6.0 * (double)g.parameters + 6.0 * g.L * g.C * (double)g.T;
+  return 6.0 * (double)g.active_parameters + 6.0 * g.L * g.C * (double)g.T;
 }
 
 double hardware_flops_per_token(const GPTLayout& g, Recompute r) {
@@ -91,6 +91,19 @@ static std::string duration_text(double seconds) {
   return buf;
 }
 
+// An MoE model's part of the step line: the router losses and the worst layer's load, the
+// busiest expert's pairs over the mean (1 = perfectly balanced).
+static std::string moe_text(const StepReport& r) {
+  if (!r.moe) return "";
+  double worst = 0;
+  for (const MoeLayerReport& l : r.moe_report.layers)
+    if (l.mean > 0) worst = std::max(worst, l.max / l.mean);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), " | aux %.4f z %.4f | expert load max/mean %.2f",
+                r.moe_report.aux_loss, r.moe_report.z_loss, worst);
+  return buf;
+}
+
 static void print_step_line(const StepReport& r) {
   char mfu[64] = "MFU n/a";
   if (r.mfu >= 0)
@@ -99,12 +112,27 @@ static void print_step_line(const StepReport& r) {
   if (r.elapsed_s >= 0)
     progress = " | " + duration_text(r.elapsed_s) + " elapsed, " +
                (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
-  std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
+  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
               "mem %.2f GiB (peak %.2f)%s%s%s\n",
-              r.step, r.steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, mfu,
+              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms,
+              r.tokens_per_s, mfu,
               r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0, progress.c_str(),
               r.note.empty() ? "" : " | ", r.note.c_str());
   std::fflush(stdout);
+}
+
+// `,"aux_loss":x,"z_loss":x,"moe":[{"layer":l,"min":..,"max":..,"mean":..,"tokens":[..]}..]`
+static void print_moe_json(FILE* f, const MoeReport& m) {
+  std::fprintf(f, ",\"aux_loss\":%.9g,\"z_loss\":%.9g,\"moe\":[", m.aux_loss, m.z_loss);
+  for (size_t i = 0; i < m.layers.size(); i++) {
+    const MoeLayerReport& l = m.layers[i];
+    std::fprintf(f, "%s{\"layer\":%d,\"min\":%.0f,\"max\":%.0f,\"mean\":%.9g,\"tokens\":[",
+                 i ? "," : "", l.layer, l.min, l.max, l.mean);
+    for (size_t e = 0; e < l.tokens.size(); e++)
+      std::fprintf(f, "%s%.0f", e ? "," : "", l.tokens[e]);
+    std::fprintf(f, "]}");
+  }
+  std::fprintf(f, "]");
 }
 
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line) {
@@ -126,6 +154,7 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
                    r.fp8[i].name.c_str(), r.fp8[i].amax, r.fp8[i].scale);
     std::fprintf(log.jsonl, "}");
   }
+  if (r.moe) print_moe_json(log.jsonl, r.moe_report);
   print_comm_json(log.jsonl, comm);
   std::fprintf(log.jsonl, "}\n");
   std::fflush(log.jsonl);

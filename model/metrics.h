@@ -4,7 +4,8 @@
 // MFU uses llm.c's count of model FLOPs per token (https://github.com/karpathy/llm.c,
 // gpt2_estimate_mfu in train_gpt2.cu),
 //     6 N + 6 L C T
-// with N every parameter including the embeddings (wte counted with its padded Vp rows, as llm.c
+// with N every parameter a token uses (for a mixture of experts the active ones: the dense
+// parameters, the routers and top_k of the E experts of each MoE block), including the embeddings (wte counted with its padded Vp rows, as llm.c
 // does) - this is PaLM's 6N + 12LCT with the attention term halved for the causal mask. MFU =
 // achieved model FLOP/s over the dense BF16 peak of all devices in the run; runs in fp32 (or fp8)
 // are still measured against the BF16 peak. HFU counts the FLOPs actually executed, i.e. adds
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "model/gpt.h"
+#include "model/moe.h"
 #include "parallel/comm.h"
 
 double model_flops_per_token(const GPTLayout& g);
@@ -37,6 +39,8 @@ struct StepReport {
                                       // of the time left at the mean pace so far; < 0 = unknown
   std::string note;                   // appended to the step line ("attention flash")
   std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
+  bool moe = false;                   // an MoE model: moe_report holds its step statistics
+  MoeReport moe_report;
 };
 
 struct MetricsLog {

@@ -77,6 +77,8 @@ void moe_create(GPT& m) {
   MoeState* st = new MoeState;
   m.moe = st;
   st->ep = ExpertParallel{g.ep.comm, g.ep.size, g.ep.rank, g.E, g.top_k};
+  st->aux_coef = m.moe_aux_loss;
+  st->z_coef = m.moe_z_loss;
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
   const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt);
@@ -287,4 +289,37 @@ void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* 
   ops::moe_unpermute_backward(dinp, st.d_rows, a.route.position, Nt, k, C, m.dt, s);
   router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, s);
   ops::add_bias_residual(dinp, dinp, nullptr, st.d_router_in, Nt, C, m.dt, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+// ---------------------------------------------------------------------------------------------
+MoeReport moe_step_report(GPT& m, Comm& world) {
+  const GPTLayout& g = m.layout;
+  MoeStepStats& st = m.moe->stats;
+  std::vector<double> sums((size_t)g.L * g.E + 2, 0.0);  // every layer's counts, then the losses
+  for (int l = 0; l < g.L; l++)
+    for (size_t e = 0; e < st.tokens[l].size(); e++) sums[(size_t)l * g.E + e] = st.tokens[l][e];
+  sums[(size_t)g.L * g.E] = st.aux_loss;
+  sums[(size_t)g.L * g.E + 1] = st.z_loss;
+  all_reduce_host_sum(world, sums.data(), (int)sums.size());
+  // Without sequence parallelism the tp ranks route the same tokens: count them once.
+  const double copies = g.tp.size > 1 && !g.tp.sp ? g.tp.size : 1;
+  for (double& x : sums) x /= copies;
+  MoeReport r;
+  r.aux_loss = sums[(size_t)g.L * g.E];
+  r.z_loss = sums[(size_t)g.L * g.E + 1];
+  for (int l = 0; l < g.L; l++) {
+    if (!g.moe[l]) continue;
+    MoeLayerReport lr;
+    lr.layer = l;
+    lr.tokens.assign(sums.begin() + (size_t)l * g.E, sums.begin() + (size_t)(l + 1) * g.E);
+    lr.min = *std::min_element(lr.tokens.begin(), lr.tokens.end());
+    lr.max = *std::max_element(lr.tokens.begin(), lr.tokens.end());
+    for (double x : lr.tokens) lr.mean += x / g.E;
+    r.layers.push_back(lr);
+  }
+  st = MoeStepStats{};
+  st.tokens.assign(g.L, {});
+  return r;
 }

@@ -30,6 +30,17 @@ struct MoeStepStats {
   double aux_loss = 0, z_loss = 0;          // their terms of the loss, this rank's share
 };
 
+// The step's MoE statistics over every rank (moe_step_report).
+struct MoeLayerReport {
+  int layer = 0;
+  double min = 0, max = 0, mean = 0;  // (token, slot) pairs routed to an expert, over the experts
+  std::vector<double> tokens;         // per expert
+};
+struct MoeReport {
+  double aux_loss = 0, z_loss = 0;    // the two terms the optimizer saw (coefficients included)
+  std::vector<MoeLayerReport> layers; // every MoE layer of the model, in order
+};
+
 // The MoE state of a model: the ep group, scratch buffers, the losses' coefficients.
 struct MoeState {
   ExpertParallel ep;
@@ -58,6 +69,10 @@ void moe_create(GPT& m);
 void moe_destroy(GPT& m);
 // One MoE layer's activations for one slot (after moe_create; freed by moe_destroy).
 MoeActs* moe_new_acts(GPT& m);
+
+// Sums the step's statistics over all ranks (collective over `world`; host values, not counted)
+// and resets them for the next step.
+MoeReport moe_step_report(GPT& m, Comm& world);
 
 // The expert weights of MoE block l, from its expert unit (weights or gradients).
 struct ExpertWeights {
