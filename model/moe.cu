@@ -65,7 +65,7 @@ MoeActs* moe_new_acts(GPT& m) {
   x.expert = (int*)gpt_new_buffer(m, Nt * k * 4);
   x.x = gpt_new_buffer(m, rows * C * a);
   x.h = gpt_new_buffer(m, rows * D * a);
-  x.hg = st.shared_hg ? st.shared_hg : gpt_new_buffer(m, rows * D * a);
+  x.hg = m.recompute == Recompute::Gelu ? st.shared_hg : gpt_new_buffer(m, rows * D * a);
   x.y = gpt_new_buffer(m, Nt * k * C * a);
   ep_route_create(x.route, st.ep, (int)Nt, m.count_only, &m.activation_bytes);
   return acts;

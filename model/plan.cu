@@ -17,7 +17,17 @@
 //   pp            the schedule's sends and receives, each B*T/cp (/tp with SP) * C * e.
 //   cp            per block: cp-1 K, V transfers of N*2C/tp*e forward (again when recomputed),
 //                 cp-1 backward and cp of dK, dV in fp32.
-//   stage         FP8: one 4-byte all-reduce (max) per cast, 16 per block (22 recomputed).
+//   stage         FP8: one 4-byte all-reduce (max) per cast, 16 per block (22 recomputed), 8
+//                 per MoE block (its experts run in the compute dtype).
+//   ep            per MoE block and micro-batch (ep > 1): one all-to-all of the expert counts
+//                 (4*E bytes) and four of the pairs' rows (2 forward, 2 backward): the two
+//                 trips out send tokens(N)*top_k*C*e bytes each (dropless: every pair is sent,
+//                 its own rank's too); the two trips back send the rows this rank's experts ran,
+//                 which depends on the routing: the plan assumes a balanced router (the same).
+//   expert grads  the expert units' gradients over the ranks holding the same experts (ep-dp),
+//                 as dp above; an MoE block also sums its sequences' expert counts for the
+//                 load-balancing loss, B*E*4 bytes per micro-batch over tp (SP) and over cp.
+// An MoE block has no dense MLP: 2 tp sums (and with SP 3 gathers) instead of 4 (and 6).
 #include "model/plan.h"
 
 #include <algorithm>
@@ -35,7 +45,7 @@
 namespace {
 
 struct Shape {
-  int B, T, Tl, m, dp, pp, cp, tp, v;
+  int B, T, Tl, m, dp, pp, cp, tp, v, ep;
   bool sp, fsdp, fp8;
   DType dt;
   size_t e;
@@ -46,7 +56,7 @@ Shape shape_of(const Config& c) {
   const ParallelConfig& p = c.parallel;
   Shape s;
   s.B = c.train.micro_batch, s.T = c.model.seq_len, s.Tl = s.T / p.cp, s.m = c.train.grad_accum;
-  s.dp = p.dp, s.pp = p.pp, s.cp = p.cp, s.tp = p.tp, s.v = p.pp_virtual;
+  s.dp = p.dp, s.pp = p.pp, s.cp = p.cp, s.tp = p.tp, s.v = p.pp_virtual, s.ep = p.ep;
   s.sp = p.sp && p.tp > 1, s.fsdp = p.fsdp && p.dp * p.cp > 1;
   s.dt = c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
   s.fp8 = c.precision.compute == "fp8";
@@ -63,8 +73,21 @@ void add(CommStats& st, Axis a, CollectiveKind k, uint64_t calls, uint64_t bytes
 GPTLayout layout_of(const Config& c, const Shape& s, const RankPlan& r) {
   TensorParallel tp;
   tp.size = s.tp, tp.rank = r.tp_rank, tp.sp = c.parallel.sp;
+  const int dpcp = r.dp_rank * s.cp + r.cp_rank;
   return gpt_layout(c.model, tp, PipelinePlace{s.pp, r.pp_rank, s.v},
-                    ContextPlace{nullptr, s.cp, r.cp_rank});
+                    ContextPlace{nullptr, s.cp, r.cp_rank},
+                    ExpertPlace{nullptr, s.ep, dpcp % s.ep});
+}
+
+// The MoE and dense blocks this rank holds (all chunks).
+struct BlockCounts {
+  uint64_t dense = 0, moe = 0;
+};
+BlockCounts blocks_held(const GPTLayout& g) {
+  BlockCounts n;
+  for (int l = 0; l < g.L; l++)
+    if (g.block_unit[l] >= 0) (g.moe[l] ? n.moe : n.dense)++;
+  return n;
 }
 
 // The dp (x cp) group of a unit: its size, this rank's index, and the shard it owns.
@@ -72,7 +95,9 @@ struct Group {
   int size, rank;
   Axis axis;
 };
-Group grad_group(const Shape& s, const RankPlan& r) {
+Group grad_group(const Shape& s, const RankPlan& r, const ParamUnit& u) {
+  const int dpcp = r.dp_rank * s.cp + r.cp_rank;
+  if (u.grad_axis == Axis::EPDP) return {s.dp * s.cp / s.ep, dpcp / s.ep, Axis::EPDP};
   if (s.cp > 1) return {s.dp * s.cp, r.dp_rank * s.cp + r.cp_rank, Axis::DPCP};
   return {s.dp, r.dp_rank, Axis::DP};
 }
@@ -83,20 +108,20 @@ FlatRange shard_of(const Shape& s, const Group& g, const ParamUnit& u) {
 void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
   if (s.tp == 1) return;
   const bool first = r.pp_rank == 0, last = r.pp_rank == s.pp - 1;
-  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage, N = (uint64_t)s.B * s.Tl;
+  const BlockCounts held = blocks_held(g);
+  const uint64_t Lr = held.dense + held.moe, N = (uint64_t)s.B * s.Tl;
   const uint64_t act = N * g.C * s.e, recomputed = s.rc == Recompute::Block ? Lr : 0;
-  const uint64_t sums = 4 * Lr + recomputed + first + last;
+  const uint64_t sums = 4 * held.dense + 2 * held.moe + recomputed + first + last;
   add(st, Axis::TP, s.sp ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
       s.m * sums, s.m * sums * act);
   if (s.sp) {
-    const uint64_t gathers = 6 * Lr + 2 * recomputed + first + last;
+    const uint64_t gathers = 6 * held.dense + 3 * held.moe + 2 * recomputed + first + last;
     add(st, Axis::TP, CollectiveKind::AllGather, s.m * gathers, s.m * gathers * act);
   }
   if (last) add(st, Axis::TP, CollectiveKind::AllGather, s.m, s.m * s.tp * N * 3 * 4);
   if (!s.sp) return;
-  const Group gg = grad_group(s, r);
   for (const ParamUnit& u : g.units) {  // the LayerNorms' partial gradients, once per step
-    const FlatRange sh = shard_of(s, gg, u);
+    const FlatRange sh = shard_of(s, grad_group(s, r, u), u);
     const size_t lo = std::max(sh.first, u.partial_begin), hi = std::min(sh.end, u.numel);
     if (hi > lo) add(st, Axis::TP, CollectiveKind::AllReduce, 1, 4 * (hi - lo));
   }
@@ -108,14 +133,29 @@ void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& s
 void fp8_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
   const int stage = s.dp * s.cp * s.tp;
   if (!s.fp8 || stage == 1) return;
-  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage;
-  const uint64_t casts = s.m * Lr * (16 + (s.rc == Recompute::Block ? 6 : 0));
+  const BlockCounts held = blocks_held(g);
+  const uint64_t casts =
+      s.m * (held.dense * (16 + (s.rc == Recompute::Block ? 6 : 0)) + held.moe * 8);
   add(st, Axis::Stage, CollectiveKind::AllReduce, casts, casts * 4);
 }
 
+// Expert parallelism and the load-balancing loss's counts (model/moe.cu), per micro-batch.
+void moe_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
+  const uint64_t moe = blocks_held(g).moe * s.m;
+  if (moe == 0) return;
+  const uint64_t rows = (uint64_t)g.tp.tokens(s.B * s.Tl) * g.top_k;
+  if (s.ep > 1) {
+    add(st, Axis::EP, CollectiveKind::AllToAll, moe, moe * 4 * g.E);
+    add(st, Axis::EP, CollectiveKind::AllToAll, 4 * moe, 4 * moe * rows * g.C * s.e);
+  }
+  const uint64_t counts = (uint64_t)s.B * g.E * 4;
+  if (s.sp) add(st, Axis::TP, CollectiveKind::AllReduce, moe, moe * counts);
+  if (s.cp > 1) add(st, Axis::CP, CollectiveKind::AllReduce, moe, moe * counts);
+}
+
 void dp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
-  const Group gg = grad_group(s, r);
   for (const ParamUnit& u : g.units) {
+    const Group gg = grad_group(s, r, u);
     const size_t padded = padded_numel(u.numel, gg.size), shard = shard_of(s, gg, u).size();
     if (gg.size > 1 && !s.fsdp) add(st, gg.axis, CollectiveKind::AllReduce, 1, 4 * u.numel);
     if (gg.size > 1 && s.fsdp) {
@@ -153,9 +193,9 @@ void pp_cp_comm(const Shape& s, const GPTLayout& g, const PipelineSchedule& sche
 // for blocks.
 void memory(const Config& c, const Shape& s, const GPTLayout& g, const PipelineSchedule& sched,
             RankPlan& r) {
-  const Group gg = grad_group(s, r);
   size_t largest = 0, transient = 0;
   for (const ParamUnit& u : g.units) {
+    const Group gg = grad_group(s, r, u);
     const size_t shard = shard_of(s, gg, u).size(), padded = padded_numel(u.numel, gg.size);
     r.state_bytes += 16 * shard;
     if (s.dt != DType::F32) r.state_bytes += (s.fsdp ? shard : u.numel) * s.e;
@@ -193,7 +233,8 @@ double comm_ms(const Config& c, const Shape& s, const CommStats& st) {
     if (n > 1) {
       wire += 2.0 * (n - 1) / n * k.bytes[(int)CollectiveKind::AllReduce];
       wire += (double)(n - 1) / n * (k.bytes[(int)CollectiveKind::AllGather] +
-                                     k.bytes[(int)CollectiveKind::ReduceScatter]);
+                                     k.bytes[(int)CollectiveKind::ReduceScatter] +
+                                     k.bytes[(int)CollectiveKind::AllToAll]);
     }
     ms += wire / (gbs * 1e9) * 1e3;
   }
@@ -210,8 +251,8 @@ Plan plan_layout(const Config& c) {
   // The layout and the memory of a rank depend on its pp and tp ranks only (dp x cp shards are
   // equal): worked out once per (pp, tp) role; the communication per rank (its shard decides
   // which LayerNorm ranges it sums over tp).
-  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, 1, s.dp * s.cp, 1, world / s.pp,
-                       s.pp > 1 ? 2 : 1};  // per Axis, as the mesh builds the groups
+  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, s.ep, s.dp * s.cp, s.dp * s.cp / s.ep,
+                       world / s.pp, s.pp > 1 ? 2 : 1};  // per Axis, as the mesh builds them
   std::vector<GPTLayout> layouts(s.pp * s.tp);
   std::vector<RankPlan> roles(s.pp * s.tp);
   for (int w = 0; w < world; w++) {
@@ -233,6 +274,7 @@ Plan plan_layout(const Config& c) {
     dp_comm(s, g, r, r.comm);
     pp_cp_comm(s, g, sched, r, r.comm);
     fp8_comm(s, g, r.comm);
+    moe_comm(s, g, r.comm);
     plan.ranks.push_back(r);
   }
   // The step: the rank with the most compute-bound work sets it (all ranks of a balanced

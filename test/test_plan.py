@@ -4,7 +4,9 @@ For real CPU layouts of a tiny GPT (L = 4, 4 heads, C = 32, T = 16), each traine
 one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-reduces); dp2
 FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
 4 micro-batches and gpipe over 2; cp2, also with recompute "block"; dp2 x pp2 x cp2 x tp2 FSDP
-(np = 16). For each, rank 0 of the plan
+(np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
+dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
+on the routing: calls exact, bytes within 25% of the plan's balanced estimate). For each, rank 0 of the plan
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
 metrics' run record) and the communication of every step (calls and bytes per axis and
 collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe.
@@ -25,6 +27,8 @@ from trainer import (Checks, base_sections, make_experiment, read_metrics,  # no
 checks = Checks("test_plan")
 L, NH, C, T, V = 4, 4, 32, 16, 101
 
+MOE = {"n_experts": 4, "top_k": 2, "d_expert": 48}  # with every block an MoE block unless said
+
 LAYOUTS = [
     ("one rank fp32", {}, {}),
     ("dp2 DDP bf16", {"dp": 2}, {"precision": {"compute": "bf16"}}),
@@ -40,6 +44,12 @@ LAYOUTS = [
     ("cp2 recompute block", {"cp": 2}, {"train": {"recompute": "block"}}),
     ("dp2 x pp2 x cp2 x tp2 FSDP (np=16)", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "fsdp": True},
      {"train": {"grad_accum": 2}}),
+    ("MoE dp4 x ep4 FSDP bf16", {"dp": 4, "ep": 4, "fsdp": True},
+     {"model": MOE, "precision": {"compute": "bf16"}, "train": {"recompute": "gelu"}}),
+    ("MoE dp2 x cp2 x tp2 sp x ep2 fp8 (np=8)", {"dp": 2, "cp": 2, "tp": 2, "ep": 2},
+     {"model": MOE, "precision": {"compute": "fp8"}}),
+    ("MoE dp2 x pp2 x ep2 FSDP", {"dp": 2, "pp": 2, "ep": 2, "fsdp": True},
+     {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 2}}),
 ]
 
 
@@ -68,6 +78,17 @@ def check_layout(tmp, i, what, par, extra):
     r0 = plan["ranks"][0]
     same_state = r0["state_bytes"] == info["state_bytes"]
     same_act = r0["activation_bytes"] == info["activation_bytes"]
+    if "ep" in r0["comm"]:
+        # The rows a rank's experts send back depend on the routing: the plan assumes a balanced
+        # router. Calls are exact; bytes within 25% (test_moe checks them against the routing).
+        planned = r0["comm"]["ep"]["all_to_all"]
+        for s in steps:
+            got = s["comm"]["ep"]["all_to_all"]
+            checks.check(f"{what}: ep all-to-all calls exact, bytes near the balanced plan",
+                         got["calls"] == planned["calls"] and
+                         abs(got["bytes"] - planned["bytes"]) <= 0.25 * planned["bytes"],
+                         f"plan {planned}, measured {got}")
+            got["bytes"] = planned["bytes"]
     same_comm = all(s["comm"] == r0["comm"] for s in steps)
     checks.check(f"{what}: plan = measured", same_state and same_act and same_comm and
                  len(plan["ranks"]) == world,
