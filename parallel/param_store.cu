@@ -186,14 +186,16 @@ void grads_wait(ParamStore& st) {
 double grad_norm(ParamStore& st) {
   ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
+    // A replicated (DDP) unit is counted by its group's rank 0 only; a sharded one by every rank.
+    // Units differ in group (experts: ep-dp), so this is decided per unit.
+    if (st.mode != ShardingMode::FSDP && us.group->rank != 0) continue;
     const size_t lo = us.shard_offset, end = std::min(lo + us.shard_numel, us.owned_end);
     if (end > lo) ops::sum_squares_accumulate(st.norm_scratch, us.grad, end - lo, st.compute);
   }
   float local = 0;
   ops::stream_sync(st.compute);
   ops::copy_to_host(&local, st.norm_scratch, sizeof(float));
-  const bool group_owner = st.mode == ShardingMode::FSDP || st.units[0].group->rank == 0;
-  return std::sqrt(all_reduce_host_sum(*st.world, group_owner ? (double)local : 0.0));
+  return std::sqrt(all_reduce_host_sum(*st.world, (double)local));
 }
 
 bool tied_copies_equal(ParamStore& st) {

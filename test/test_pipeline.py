@@ -65,12 +65,14 @@ def expected_comm(p, v, m, B, dp=1, tp=1, sp=True, fsdp=False, dtype_bytes=4, ra
 
 
 def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, fsdp=False,
-          dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1):
+          dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1, ep=1, moe=None):
+    """moe: [model] keys of a mixture of experts (n_experts, top_k, ...), or None: dense."""
     sec = base_sections(tmp, steps, micro_batch=B, grad_accum=m)
     del sec["init"]
-    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V}
+    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V,
+                    **(moe or {})}
     sec["train"]["seed"] = 777
-    sec["parallel"] = {"dp": dp, "tp": tp, "sp": sp, "fsdp": fsdp, "pp": pp, "cp": cp,
+    sec["parallel"] = {"dp": dp, "tp": tp, "sp": sp, "fsdp": fsdp, "pp": pp, "cp": cp, "ep": ep,
                        "pp_schedule": schedule, "pp_virtual": v}
     sec["precision"] = {"compute": dtype}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
