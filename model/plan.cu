@@ -346,9 +346,9 @@ static double mib(size_t b) { return b / 1048576.0; }
 
 void plan_print(const Plan& plan, const Config& c, FILE* out) {
   const ParallelConfig& p = c.parallel;
-  std::fprintf(out, "plan     dp=%d%s pp=%d (%s, v=%d) cp=%d tp=%d%s: %zu ranks, %.0f tokens per "
-               "step\n", p.dp, p.fsdp ? " FSDP" : "", p.pp, p.pp_schedule.c_str(), p.pp_virtual,
-               p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "", plan.ranks.size(),
+  std::fprintf(out, "plan     dp=%d%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
+               "tokens per step\n", p.dp, p.fsdp ? " FSDP" : "", p.pp, p.pp_schedule.c_str(),
+               p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "", p.ep, plan.ranks.size(),
                plan.tokens_per_step);
   std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB\n");
   for (const RankPlan& r : plan.ranks) {
@@ -389,7 +389,7 @@ std::string plan_write_json(const Plan& plan, const std::string& path) {
 
 bool plan_search(const Config& cfg, int n, FILE* out) {
   struct Row {
-    int dp, pp, cp, tp, accum;
+    int dp, pp, cp, tp, ep, accum;
     Plan plan;
   };
   std::vector<Row> rows;
@@ -405,8 +405,14 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
         if (global % ((long)cfg.train.micro_batch * c.parallel.dp)) continue;
         c.train.grad_accum = (int)(global / ((long)cfg.train.micro_batch * c.parallel.dp));
         if (pp == 1) c.parallel.pp_schedule = "1f1b", c.parallel.pp_virtual = 1;
-        if (!mesh_validate(c, n).empty()) continue;
-        rows.push_back({c.parallel.dp, pp, cp, tp, c.train.grad_accum, plan_layout(c)});
+        // Experts: every ep that divides dp x cp and the experts (1 for a dense model).
+        for (int ep = 1; ep <= c.parallel.dp * cp; ep++) {
+          if ((c.parallel.dp * cp) % ep || (ep > 1 && (cfg.model.n_experts % ep))) continue;
+          if (ep > 1 && cfg.model.n_experts == 0) break;
+          c.parallel.ep = ep;
+          if (!mesh_validate(c, n).empty()) continue;
+          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum, plan_layout(c)});
+        }
       }
   if (rows.empty()) {
     std::fprintf(out, "error: no valid layout of %d GPUs for this model and batch (tp must divide "
@@ -418,15 +424,15 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
   });
   std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
                "fastest estimated step first:\n"
-               "    dp   pp   cp   tp  accum    step ms    MFU   bubble  peak GiB\n", n, global,
+               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB\n", n, global,
                cfg.model.seq_len, cfg.train.micro_batch);
   bool any_fits = false;
   for (const Row& r : rows) {
     size_t peak = 0;
     for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp, r.cp,
-                 r.tp, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp,
+                 r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
                  peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
   }
   if (!any_fits)

@@ -117,13 +117,23 @@ def test_bad_input(tmp):
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and
             ln.split()[0].isdigit()]
     products = [int(a) * int(b) * int(c) * int(d) for a, b, c, d, *_ in rows]
-    same_batch = all(int(row[0]) * int(row[4]) == 8 for row in rows)  # dp x grad_accum x 1
-    times = [float(row[5]) for row in rows]
+    same_batch = all(int(row[0]) * int(row[5]) == 8 for row in rows)  # dp x grad_accum x 1
+    times = [float(row[6]) for row in rows]
     checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest first",
                  rows and all(x == 8 for x in products) and same_batch and
-                 times == sorted(times) and
-                 any(row[:5] == ["8", "1", "1", "1", "1"] for row in rows),
-                 f"{len(rows)} layouts, first {rows[0][:6] if rows else None}")
+                 times == sorted(times) and all(row[4] == "1" for row in rows) and
+                 any(row[:6] == ["8", "1", "1", "1", "1", "1"] for row in rows),
+                 f"{len(rows)} layouts, first {rows[0][:7] if rows else None}")
+    sec = sections(tmp, "search_moe", {}, {"train": {"micro_batch": 1, "grad_accum": 8},
+                                           "model": MOE})
+    r = run(write_config(tmp, "search_moe.toml", sec), ["--plan-search=8"])
+    rows = [[int(x) for x in ln.split()[:6]] for ln in r.stdout.splitlines()
+            if ln.startswith("  ") and ln.split()[0].isdigit()]
+    eps = sorted({row[4] for row in rows})
+    valid = all((row[0] * row[2]) % row[4] == 0 and MOE["n_experts"] % row[4] == 0 for row in rows)
+    checks.check("--plan-search 8 of an MoE model: every valid ep of each layout",
+                 eps == [1, 2, 4] and valid and any(row[:5] == [8, 1, 1, 1, 4] for row in rows),
+                 f"{len(rows)} layouts, ep values {eps}")
 
 
 def main():
