@@ -17,6 +17,9 @@ test/run_gpu.sh, i.e. `make test-gpu` and bundle/run.sh).
    micro-batches and ring attention cp=2, on the one GPU with the MPI backend (mpirun) vs the
    one-rank CPU run with the same global batch: 10 steps within 1e-5 (fp32). Skipped, saying so,
    without mpirun.
+6. Mixture of experts (8 experts of 256, top-2, every second block): 10 steps ./train fp32 vs
+   ./train_cpu within 1e-4, bf16 within 1e-2 of the CPU's bf16, and ep=2 over MPI on the one GPU
+   within 1e-5 of the one-rank CPU run (skipped without mpirun); a second GPU run bitwise equal.
 5. Recompute through the trainer: 5 steps with recompute gelu and block give bitwise the losses
    and gradient norms of recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it
    is not bitwise by design (bitwise_expected).
@@ -252,11 +255,48 @@ def test_recompute_train(rng):
                                  "steps (tol 1e-2; not bitwise in bf16 by design)")
 
 
+# --- 6. mixture of experts ----------------------------------------------------------------------
+
+def test_moe(rng):
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, T, steps = 4, 64, 10
+        make_experiment(tmp, rng, L=2, NH=2, C=128, T=T, V=300, n_tokens=steps * rows * T + 1,
+                        model=False)
+        sec = base_sections(tmp, steps, lr=1e-3, micro_batch=rows, weight_decay=0.1,
+                            grad_clip=1.0, moe_z_loss=0.001)
+        del sec["init"]
+        sec["model"] = {"n_layer": 2, "n_head": 2, "d_model": 128, "seq_len": T,
+                        "vocab_size": 300, "n_experts": 8, "top_k": 2, "moe_every": 2,
+                        "d_expert": 256}
+        cpu = losses(train_records(TRAIN_CPU, tmp, "moe_cpu", sec))
+        gpu = losses(train_records(TRAIN, tmp, "moe_gpu", sec))
+        again = losses(train_records(TRAIN, tmp, "moe_gpu_again", sec))
+        r = max_rel(gpu, cpu) if len(gpu) == len(cpu) == steps else float("inf")
+        checks.check("MoE 10 steps ./train fp32 vs ./train_cpu", r < 1e-4,
+                     f"max rel err {r:.1e} per step (tol 1e-4)")
+        checks.check("MoE ./train run to run", gpu == again, "bitwise equal losses")
+        sec["precision"] = {"compute": "bf16"}
+        cpu16 = losses(train_records(TRAIN_CPU, tmp, "moe_cpu_bf16", sec))
+        gpu16 = losses(train_records(TRAIN, tmp, "moe_gpu_bf16", sec))
+        r = max_rel(gpu16, cpu16) if len(gpu16) == len(cpu16) == steps else float("inf")
+        checks.check("MoE bf16 ./train vs ./train_cpu", r < 1e-2, f"max rel err {r:.1e}")
+        if shutil.which(MPIRUN_CMD[0]) is None:
+            print("  SKIP MoE ep=2 over MPI: no mpirun")
+            return
+        sec["precision"] = {"compute": "fp32"}
+        sec["train"]["micro_batch"] = rows // 2
+        sec["parallel"] = {"dp": 2, "ep": 2, "backend": "mpi"}
+        ep2 = losses(train_records(TRAIN, tmp, "moe_ep2", sec, np_ranks=2))
+        r = max_rel(ep2, cpu) if len(ep2) == len(cpu) == steps else float("inf")
+        checks.check("MoE dp2 x ep2 on one GPU (MPI) vs one-rank CPU", r < 1e-5,
+                     f"max rel err {r:.1e} over {steps} steps (tol 1e-5)")
+
+
 def main():
     rng = seeded_rng("test_gpu_train", f"; TRAIN={TRAIN} "
           f"TRAIN_CPU={TRAIN_CPU} BUILD={BUILD}")
     for test in (test_model_grads, test_train_fp32_vs_cpu, test_bf16_follows_fp32,
-                 test_fsdp_mpi, test_recompute_train):
+                 test_fsdp_mpi, test_recompute_train, test_moe):
         print(f"- {test.__name__}", flush=True)
         try:
             test(rng)
