@@ -126,6 +126,43 @@ double forward_ms(const Bench& b, const std::string& name) {
   return 0;
 }
 
+// Mixture of experts (model/moe.cu): E experts' MLPs run as one GEMM per expert on its rows (a
+// loop of cuBLASLt calls), against the same FLOPs as one dense GEMM pair on all the rows. The
+// rows are N*top_k pairs spread evenly (a balanced router): E = 8, top_k = 2, hidden 4C each.
+void bench_experts(Bench& b, const ModelShape& m) {
+  const int E = 8, top_k = 2, C = m.C, D = 4 * C;
+  const size_t rows = (size_t)m.B * m.T * top_k, per = rows / E;
+  constexpr DType bf16 = DType::BF16;
+  void* x = random_device(b, rows * C, bf16, 310);
+  void* fc = random_device(b, (size_t)E * D * C, bf16, 311, 0.02f);
+  void* proj = random_device(b, (size_t)E * C * D, bf16, 312, 0.02f);
+  void* h = ops::alloc(rows * D * 2);
+  void* hg = ops::alloc(rows * D * 2);
+  void* y = ops::alloc(rows * C * 2);
+  const double flops = 2.0 * 2.0 * rows * C * D;
+  char shape[96];
+  std::snprintf(shape, sizeof(shape), "rows=%zu C=%d D=%d E=%d", rows, C, D, E);
+  const double dense = time_op(b, [&](int) {
+    ops::matmul_forward(hg, h, x, fc, nullptr, nullptr, (int)rows, C, D, bf16, b.stream);
+    ops::matmul_forward(y, nullptr, hg, proj, nullptr, nullptr, (int)rows, D, C, bf16, b.stream);
+  });
+  report(b, std::string(m.name) + " moe dense-equivalent fwd", shape, flops, dense);
+  const double experts = time_op(b, [&](int) {
+    for (int e = 0; e < E; e++) {
+      const size_t r = e * per;
+      char* he = (char*)h + r * D * 2;
+      char* hge = (char*)hg + r * D * 2;
+      ops::matmul_forward(hge, he, (char*)x + r * C * 2, (char*)fc + (size_t)e * D * C * 2,
+                          nullptr, nullptr, (int)per, C, D, bf16, b.stream);
+      ops::matmul_forward((char*)y + r * C * 2, nullptr, hge,
+                          (char*)proj + (size_t)e * C * D * 2, nullptr, nullptr, (int)per, D, C,
+                          bf16, b.stream);
+    }
+  });
+  report(b, std::string(m.name) + " moe per-expert loop fwd", shape, flops, experts);
+  for (void* p : {x, fc, proj, h, hg, y}) ops::release(p);
+}
+
 }  // namespace
 
 void bench_matmul(Bench& b) {
@@ -136,9 +173,11 @@ void bench_matmul(Bench& b) {
       for (const Linear& l : gpt2_linears(m))
         if (std::string(l.name) != "lm_head")  // stays bf16 in the fp8 recipe
           bench_linear_fp8(b, m, l, forward_ms(b, std::string(m.name) + " " + l.name + " fwd"));
+  for (const ModelShape& m : bench_models(b)) bench_experts(b, m);
   b.notes.push_back(
       "gemm: %ceil = of the bf16 8192^3 rate measured above; bwd = dinp + dweight (+ dbias), "
       "4*N*C*OC FLOPs; no target in the issue; fp8 rows: forward only, speed-up over the bf16 "
       "fwd row of the same layer (gemm = pre-cast operands; linear = amax + scale + casts + gemm "
-      "+ epilogue)");
+      "+ epilogue); moe rows: the experts' fc+gelu and proj forward as one GEMM per expert "
+      "(8 experts, top-2, balanced) vs one dense GEMM pair of the same FLOPs");
 }
