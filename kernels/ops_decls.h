@@ -183,9 +183,15 @@ void moe_router_forward(const float* logits, int N, int E, int top_k, int* exper
 //   L = sum_{n,j} dgate[n,j] * gate[n,j]  +  sum_{n,e} dprobs_aux[n,e] * p[n,e]
 //       + z_coef * sum_n lse[n]^2
 // with respect to z, where dgate (N,top_k) is the gradient of the loss w.r.t. the gates,
-// dprobs_aux (N,E) the gradient of the load-balancing loss w.r.t. p (moe_aux_loss; nullptr: none)
-// and z_coef the z-loss coefficient per token (coefficient / N for a mean; 0: no z-loss). The
-// choice of experts is piecewise constant: it has no gradient. Per row, with e_j = expert[n,j]:
+// dprobs_aux (N,E) the gradient of the load-balancing loss w.r.t. p (nullptr: none) and z_coef
+// the z-loss coefficient per token (coefficient / N for a mean; 0: no z-loss). dprobs_aux comes
+// from the MoE layer (model/moe.cu, `balance`), which computes the balance gradient on the host:
+// a sequence may be split over context-parallel and sequence-parallel ranks, whose expert counts
+// are summed first; per token t of sequence s (T positions, `sequences` in the global batch),
+//   dprobs_aux[t,e] = aux_coef * E * f_{s,e} / (T * sequences),
+//   f_{s,e} = (slots (t, j) of s with expert[t,j] == e) / (T * top_k)
+// (test/test_moe_router.py checks this formula against autograd of the balance loss). The choice
+// of experts is piecewise constant: it has no gradient. Per row, with e_j = expert[n,j]:
 //   gradient w.r.t. p, dp (E):
 //     dp_e  = dprobs_aux[n,e]                                     (0 without it), and then
 //     top_k == 1: dp_{e_0} += dgate_0
@@ -196,18 +202,6 @@ void moe_router_forward(const float* logits, int N, int E, int top_k, int* exper
 void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
                          const float* dgate, const float* dprobs_aux, const float* lse,
                          float z_coef, int N, int E, int top_k, Stream s);
-// The load-balancing loss of B sequences of T tokens (N = B*T rows of expert and probs, as the
-// forward wrote them). Per sequence s and expert e:
-//   f_{s,e} = (number of slots (t, j) of s with expert[t,j] == e) / (T * top_k)   (no gradient)
-//   P_{s,e} = (1/T) sum_{t in s} p_{t,e}
-//   aux[s]  = E * sum_e f_{s,e} P_{s,e}       (written, (B); the layer's aux is their mean)
-// If dprobs_aux (N,E) is given it is written with the gradient of aux_coef * mean_s aux[s]
-// w.r.t. p, which is the same for every token t of a sequence s:
-//   dprobs_aux[t,e] = aux_coef * E * f_{s,e} / (T * B)
-// One op for statistics, value and gradient: exact (counts are integers), deterministic (every
-// sum runs in a fixed order, no atomics). Sequences are whole on this rank (no context parallel).
-void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
-                  float aux_coef, int B, int T, int E, int top_k, Stream s);
 
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts: moving tokens (kernels/cpu/moe_dispatch.cpp, kernels/cuda/moe_dispatch.cu)

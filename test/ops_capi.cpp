@@ -119,10 +119,6 @@ void op_moe_router_backward(float* dlogits, const float* probs, const int* exper
   ops::moe_router_backward(dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E,
                            top_k, test_stream());
 }
-void op_moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
-                     float aux_coef, int B, int T, int E, int top_k) {
-  ops::moe_aux_loss(aux, dprobs_aux, expert, probs, aux_coef, B, T, E, top_k, test_stream());
-}
 
 void op_moe_permute(void* out, const void* in, const int* rows, int M, int C, int dt) {
   ops::moe_permute(out, in, rows, M, C, dtype_of(dt), test_stream());

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """test/test_moe_router.py - the mixture-of-experts router ops of the CPU backend
-(moe_router_forward, moe_router_backward, moe_aux_loss; contracts in kernels/ops_decls.h) against
-PyTorch float64.
+(moe_router_forward, moe_router_backward; contracts in kernels/ops_decls.h) against PyTorch
+float64, the backward with the load-balancing gradient and the z-loss on.
 
 Inputs: router logits z (N, E), random normal times 2, rounded to fp32 (the reference starts from
 the same fp32 values, in float64). Rows are redrawn until no two logits of a row lie within 1e-3
@@ -16,12 +16,17 @@ p in decreasing order (ties: lower index first), gates p / (sum of the chosen p)
 the raw p; f_{s,e} = slots of sequence s routed to e / (T top_k) (a constant), P_{s,e} = mean of
 p_e over s, aux = mean_s E sum_e f P; the loss
     L = sum(gate * w) + aux_coef * aux + z_coef * mean_n lse^2       (w random)
-and dL/dz by autograd. The ops get dgate = w, dprobs_aux from moe_aux_loss and z_coef / N.
+and dL/dz by autograd. The ops get dgate = w, z_coef / N and dprobs_aux, the balance gradient,
+made here in numpy from the op's own expert choices by the formula of kernels/ops_decls.h (the
+one model/moe.cu's `balance` uses on the host, where a sequence's counts are summed over the
+context-parallel and sequence-parallel ranks first):
+    dprobs_aux[t,e] = aux_coef * E * f_{s(t),e} / (T * B)
 
 Checks (relative error ||got - ref|| / ||ref||; outputs poisoned with NaN first):
   expert                  exactly the reference's choice (and order), tie row included
-  gate, probs, lse, aux   1e-6
-  dprobs_aux              1e-6 against autograd of aux_coef * aux w.r.t. p (p as a leaf)
+  gate, probs, lse        1e-6
+  dprobs_aux              1e-6: the numpy formula above against autograd of aux_coef * aux
+                          w.r.t. p (p as a leaf)
   dlogits                 1e-5 against autograd of L w.r.t. z (also with no aux and no z-loss)
   determinism             a second call, and a call on 1 OpenMP thread, give the same bits
 
@@ -45,7 +50,6 @@ close = report.close
 def load_library(path):
     return load(path, {"op_moe_router_forward": [P, I, I, I, P, P, P, P],
                        "op_moe_router_backward": [P, P, P, P, P, P, P, Fl, I, I, I],
-                       "op_moe_aux_loss": [P, P, P, P, Fl, I, I, I, I],
                        "op_set_num_threads": [I]})
 
 
@@ -80,19 +84,26 @@ def reference_choice(p, top_k):
                      for n in range(p.shape[0])], dtype=np.int32)
 
 
+def balance_grad(expert, B, T, E, top_k, aux_coef):
+    """dprobs_aux (N*E, fp32) from the chosen experts: aux_coef * E * f_{s,e} / (T * B), the same
+    for every token of sequence s; f_{s,e} = slots of s choosing e / (T * top_k)."""
+    counts = np.zeros((B, E))
+    np.add.at(counts, (np.repeat(np.arange(B), T * top_k), expert.astype(np.int64)), 1)
+    f = counts / (T * top_k)
+    return np.repeat(aux_coef * E * f / (T * B), T, axis=0).astype(np.float32).ravel()
+
+
 def run_ops(lib, z, B, T, E, top_k, aux_coef, z_coef):
     N = B * T
     ex, gate = poisoned(N * top_k, np.int32), poisoned(N * top_k)
     probs, lse = poisoned(N * E), poisoned(N)
     lib.op_moe_router_forward(ptr(z), N, E, top_k, ptr(ex), ptr(gate), ptr(probs), ptr(lse))
-    aux, dpa = poisoned(B), poisoned(N * E) if aux_coef != 0 else None
-    lib.op_moe_aux_loss(ptr(aux), ptr(dpa), ptr(ex), ptr(probs), aux_coef, B, T, E, top_k)
+    dpa = balance_grad(ex, B, T, E, top_k, aux_coef) if aux_coef != 0 else None
     w = np.random.default_rng(N * 131 + E * 7 + top_k).standard_normal(N * top_k).astype(np.float32)
     dz = poisoned(N * E)
     lib.op_moe_router_backward(ptr(dz), ptr(probs), ptr(ex), ptr(gate), ptr(w), ptr(dpa), ptr(lse),
                                z_coef / N, N, E, top_k)
-    return dict(expert=ex, gate=gate, probs=probs, lse=lse, aux=aux, dprobs_aux=dpa, dlogits=dz,
-                w=w)
+    return dict(expert=ex, gate=gate, probs=probs, lse=lse, dprobs_aux=dpa, dlogits=dz, w=w)
 
 
 def reference(z32, B, T, E, top_k, w, aux_coef, z_coef):
@@ -121,8 +132,7 @@ def reference(z32, B, T, E, top_k, w, aux_coef, z_coef):
     p_leaf = p.detach().clone().requires_grad_()
     (aux_coef * aux_of(p_leaf).mean()).backward()
     return dict(expert=chosen, gate=g.detach().numpy(), probs=p.detach().numpy(),
-                lse=lse.detach().numpy(), aux=aux_s.detach().numpy(),
-                dprobs_aux=p_leaf.grad.numpy(), dlogits=z.grad.numpy())
+                lse=lse.detach().numpy(), dprobs_aux=p_leaf.grad.numpy(), dlogits=z.grad.numpy())
 
 
 def check_case(lib, B, T, E, top_k, aux_coef, z_coef):
@@ -137,10 +147,11 @@ def check_case(lib, B, T, E, top_k, aux_coef, z_coef):
         report(list(got["expert"][:2]) == [0, E - 1], f"{name} tie row 0: experts 0 then {E - 1}")
     elif E > 1:
         report(got["expert"][0] == 0, f"{name} tie row 0: expert 0 (the lower index)")
-    for key in ("gate", "probs", "lse", "aux"):
+    for key in ("gate", "probs", "lse"):
         close(f"{name} {key}", got[key].ravel(), ref[key].ravel(), 1e-6)
     if aux_coef != 0:
-        close(f"{name} dprobs_aux", got["dprobs_aux"], ref["dprobs_aux"].ravel(), 1e-6)
+        close(f"{name} dprobs_aux (numpy formula)", got["dprobs_aux"], ref["dprobs_aux"].ravel(),
+              1e-6)
     close(f"{name} dlogits", got["dlogits"], ref["dlogits"].ravel(), 1e-5)
     return z, got
 

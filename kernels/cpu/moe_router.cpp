@@ -3,12 +3,11 @@
 //   forward:  p = softmax(z), lse = logsumexp(z), the top_k experts of each token (chosen on z,
 //             decreasing, ties to the lower index) and their gates (p renormalised over the
 //             chosen experts when top_k > 1, the raw p when top_k == 1);
-//   backward: dz through the gates, the load-balancing loss' dp and the z-loss, per row;
-//   aux loss: per sequence, the fraction of slots routed to each expert f and the mean p P,
-//             aux = E * sum_e f_e P_e, and its gradient w.r.t. p.
+//   backward: dz through the gates, the load-balancing loss' dp (given: model/moe.cu makes it on
+//             the host) and the z-loss, per row.
 //
-// Parallelism: token rows in parallel (sequences for the aux loss). Every row is computed the
-// same way on any thread count, so results are bitwise the same for any number of threads.
+// Parallelism: token rows in parallel. Every row is computed the same way on any thread count,
+// so results are bitwise the same for any number of threads.
 #include <cmath>
 
 #include "kernels/cpu/cpu_common.h"
@@ -76,28 +75,6 @@ void router_backward_row(float* dz, const float* p, const int* expert, const flo
   }
 }
 
-// One sequence of T tokens: counts and sums of p per expert (in token order), aux, gradient.
-// `fP` is E floats of scratch.
-void aux_loss_sequence(float* aux, float* dprobs_aux, const int* expert, const float* probs,
-                       float aux_coef, int B, int T, int E, int top_k, float* fP) {
-  float total = 0.0f;
-  for (int e = 0; e < E; e++) {
-    int count = 0;
-    float psum = 0.0f;
-    for (int t = 0; t < T; t++) {
-      for (int j = 0; j < top_k; j++) count += expert[(size_t)t * top_k + j] == e;
-      psum += probs[(size_t)t * E + e];
-    }
-    fP[e] = (float)count / ((float)T * top_k);  // f_e
-    total += fP[e] * (psum / (float)T);
-  }
-  *aux = (float)E * total;
-  if (!dprobs_aux) return;
-  for (int e = 0; e < E; e++) fP[e] = aux_coef * (float)E * fP[e] / ((float)T * (float)B);
-  for (int t = 0; t < T; t++)
-    for (int e = 0; e < E; e++) dprobs_aux[(size_t)t * E + e] = fP[e];
-}
-
 }  // namespace
 }  // namespace cpu
 
@@ -118,18 +95,6 @@ void moe_router_backward(float* dlogits, const float* probs, const int* expert, 
     const size_t r = (size_t)n * E, rk = (size_t)n * top_k;
     cpu::router_backward_row(dlogits + r, probs + r, expert + rk, gate + rk, dgate + rk,
                              dprobs_aux ? dprobs_aux + r : nullptr, lse[n], z_coef, E, top_k);
-  }
-}
-
-void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
-                  float aux_coef, int B, int T, int E, int top_k, Stream s) {
-  cpu::Scratch scratch(nullptr, (size_t)B * E);  // own buffer: rows of fP, one per sequence
-#pragma omp parallel for schedule(static) if ((size_t)B * T * E > CPU_PARALLEL_MIN)
-  for (long b = 0; b < (long)B; b++) {
-    const size_t r = (size_t)b * T;
-    cpu::aux_loss_sequence(aux + b, dprobs_aux ? dprobs_aux + r * E : nullptr,
-                           expert + r * top_k, probs + r * E, aux_coef, B, T, E, top_k,
-                           scratch.data() + (size_t)b * E);
   }
 }
 

@@ -3,9 +3,8 @@
 //   forward:  p = softmax(z), lse = logsumexp(z), the top_k experts of each token (chosen on z,
 //             decreasing, ties to the lower index) and their gates (p renormalised over the
 //             chosen experts when top_k > 1, the raw p when top_k == 1);
-//   backward: dz through the gates, the load-balancing loss' dp and the z-loss, per row;
-//   aux loss: per sequence, the fraction of slots routed to each expert f and the mean p P,
-//             aux = E * sum_e f_e P_e, and its gradient w.r.t. p.
+//   backward: dz through the gates, the load-balancing loss' dp (given: model/moe.cu makes it on
+//             the host) and the z-loss, per row.
 // The same formulas and the same per-row order of the small sums over slots as the CPU backend
 // (kernels/cpu/moe_router.cpp); the sums over experts run as warp reductions here.
 //
@@ -15,17 +14,14 @@
 //   are butterfly reductions (__shfl_xor), so every lane holds the same result. Top-k runs
 //   top_k rounds of a warp arg-max over the experts that rank after the previous pick (larger
 //   logit first, then lower index: a total order, so every lane agrees on the winner and no
-//   list of chosen experts is kept). Lane 0 writes the row's experts and gates.
-// - aux loss: one block per sequence; thread e (striding) counts the slots that chose e and sums
-//   p_e over the sequence in token order; one thread then sums E f_e P_e in expert order; then
-//   all threads write the sequence's dprobs_aux rows. No atomics: deterministic run to run.
+//   list of chosen experts is kept). Lane 0 writes the row's experts and gates. No atomics:
+//   deterministic run to run.
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace ops {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // warps per block in the row kernels
-constexpr int kAuxThreads = 128;
 
 __device__ __forceinline__ bool ranks_before(float za, int a, float zb, int b) {
   return za > zb || (za == zb && a < b);
@@ -119,38 +115,6 @@ __global__ void router_backward_kernel(float* dlogits, const float* __restrict__
   }
 }
 
-// One block per sequence b; fP (dynamic shared memory, E floats) holds f_e, then the gradient.
-__global__ void aux_loss_kernel(float* aux, float* dprobs_aux, const int* __restrict__ expert,
-                                const float* __restrict__ probs, float aux_coef, int B, int T,
-                                int E, int top_k) {
-  extern __shared__ float fP[];
-  const int b = blockIdx.x;
-  const int* ex = expert + (size_t)b * T * top_k;
-  const float* p = probs + (size_t)b * T * E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int count = 0;
-    float psum = 0.0f;
-    for (int t = 0; t < T; t++) {
-      for (int j = 0; j < top_k; j++) count += ex[(size_t)t * top_k + j] == e;
-      psum += p[(size_t)t * E + e];
-    }
-    fP[e] = (float)count / ((float)T * top_k);
-    fP[E + e] = fP[e] * (psum / (float)T);  // f_e P_e, summed below in expert order
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0.0f;
-    for (int e = 0; e < E; e++) s += fP[E + e];
-    aux[b] = (float)E * s;
-  }
-  if (!dprobs_aux) return;
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    fP[e] = aux_coef * (float)E * fP[e] / ((float)T * (float)B);
-  __syncthreads();
-  float* d = dprobs_aux + (size_t)b * T * E;
-  for (size_t i = threadIdx.x; i < (size_t)T * E; i += blockDim.x) d[i] = fP[i % E];
-}
-
 }  // namespace
 
 void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
@@ -170,14 +134,6 @@ void moe_router_backward(float* dlogits, const float* probs, const int* expert, 
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   router_backward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(
       dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E, top_k);
-  LAUNCH_CHECK();
-}
-
-void moe_aux_loss(float* aux, float* dprobs_aux, const int* expert, const float* probs,
-                  float aux_coef, int B, int T, int E, int top_k, Stream s) {
-  if (B <= 0 || T <= 0) return;
-  aux_loss_kernel<<<B, kAuxThreads, 2 * E * sizeof(float), s->stream>>>(
-      aux, dprobs_aux, expert, probs, aux_coef, B, T, E, top_k);
   LAUNCH_CHECK();
 }
 
