@@ -33,7 +33,8 @@ DEFAULTS = {
     "data": {"train": None, "val": "", "shuffle": False, "tokenizer": ""},
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
-              "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none"},
+              "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
+              "moe_aux_loss": 0.01, "moe_z_loss": 0.0},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "backend": ""},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
@@ -47,8 +48,10 @@ DEFAULTS = {
              "memory_gib": 80.0},
 }
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
-PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len"]  # max_seq_len defaults to seq_len or maxT
-FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps"}
+# max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
+PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert"]
+FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps",
+                "moe_aux_loss", "moe_z_loss"}
 
 
 def check(ok, what):
