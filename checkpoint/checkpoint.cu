@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <tuple>
 
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
@@ -60,19 +61,12 @@ static void fail_together(Comm& world, const std::string& problem, const std::st
   FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
-// The layouts of every (pp, tp) rank, which the index maps the writers' files with.
-static std::vector<GPTLayout> writer_layouts(const Config& cfg, const GPTLayout& mine) {
-  std::vector<GPTLayout> all;
-  for (int p = 0; p < mine.pp.p; p++)
-    for (int r = 0; r < mine.tp.size; r++) {
-      TensorParallel tp = mine.tp;
-      tp.comm = nullptr;
-      tp.rank = r;
-      PipelinePlace pp = mine.pp;
-      pp.rank = p;
-      all.push_back(gpt_layout(cfg.model, tp, pp));
-    }
-  return all;
+// The model's shape as the index records it, and the format version it needs (hdf5_format.h).
+static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTLayout& g) {
+  m.L = g.L, m.NH = g.NH, m.C = g.C, m.T = g.T, m.V = g.V, m.Vp = g.Vp, m.maxT = g.maxT;
+  if (g.E == 0) return;
+  m.format_version = kCheckpointFormatMoe;
+  m.E = g.E, m.d_expert = g.d_expert, m.moe_every = model.moe_every;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -132,12 +126,12 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.writer_cp = layout.cp.size;
   meta.writer_pp = layout.pp.p;
   meta.writer_pp_virtual = layout.pp.v;
-  meta.L = layout.L, meta.NH = layout.NH, meta.C = layout.C;
-  meta.T = layout.T, meta.V = layout.V, meta.Vp = layout.Vp, meta.maxT = layout.maxT;
+  meta.writer_ep = layout.ep.size;
+  record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
   std::string problem =
-      h5_write_index(tmp + "/" + kIndexFileName, writer_layouts(cfg, layout), meta);
+      h5_write_index(tmp + "/" + kIndexFileName, writer_layouts(cfg.model, layout), meta);
   if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
@@ -171,9 +165,9 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   const std::string file = tmp + "/" + rank_file_name(world.rank);
   FileDigest digest;
-  // writer = world rank (hdf5_format.h); its slice of the dp x cp ranks holding its units
-  problem = h5_write_rank_file(file, store, layout, mesh.dp_rank * mesh.cp + mesh.cp_rank,
-                               mesh.dp * mesh.cp);
+  // writer = world rank (hdf5_format.h); its slices of the ranks holding its units
+  const WriterShards shards{mesh.dp_rank * mesh.cp + mesh.cp_rank, mesh.dp * mesh.cp, mesh.ep};
+  problem = h5_write_rank_file(file, store, layout, shards);
   if (problem.empty()) problem = sync_and_digest(file, &digest);
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
   fail_together(world, problem, not_saved);
@@ -228,21 +222,29 @@ static std::string resolve(const CheckpointConfig& c, std::string* ckpt) {
   return "";
 }
 
-static std::string shape_text(int L, int NH, int C, int maxT, int V) {
-  char s[160];
-  std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, max_seq_len %d, "
-                "vocab_size %d)", L, NH, C, maxT, V);
+static std::string shape_text(const CheckpointMeta& m) {
+  char s[240];
+  int n = std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, max_seq_len %d, "
+                        "vocab_size %d", m.L, m.NH, m.C, m.maxT, m.V);
+  if (m.E > 0)
+    n += std::snprintf(s + n, sizeof(s) - n, ", n_experts %d, d_expert %d, moe_every %d", m.E,
+                       m.d_expert, m.moe_every);
+  std::snprintf(s + n, sizeof(s) - n, ")");
   return s;
 }
 
 // The index against the model and the manifest: same shape (max_seq_len, not the seq_len it was
-// trained at: any seq_len <= max_seq_len resumes it); every writer file listed.
-static std::string check_index(const CheckpointMeta& m, const GPTLayout& g,
-                               const std::vector<ManifestEntry>& entries,
+// trained at: any seq_len <= max_seq_len resumes it; the experts, not top_k: any top_k uses
+// them); every writer file listed.
+static std::string check_index(const CheckpointMeta& m, const ModelConfig& model,
+                               const GPTLayout& g, const std::vector<ManifestEntry>& entries,
                                const std::string& ckpt) {
-  if (m.L != g.L || m.NH != g.NH || m.C != g.C || m.maxT != g.maxT || m.V != g.V)
-    return ckpt + " holds a model of shape " + shape_text(m.L, m.NH, m.C, m.maxT, m.V) +
-           " but the config asks for " + shape_text(g.L, g.NH, g.C, g.maxT, g.V);
+  CheckpointMeta want;
+  record_shape(want, model, g);
+  if (std::tie(m.L, m.NH, m.C, m.maxT, m.V, m.E, m.d_expert, m.moe_every) !=
+      std::tie(want.L, want.NH, want.C, want.maxT, want.V, want.E, want.d_expert, want.moe_every))
+    return ckpt + " holds a model of shape " + shape_text(m) + " but the config asks for " +
+           shape_text(want);
   for (int w = 0; w < m.writers; w++) {
     const std::string f = rank_file_name(w);
     if (std::none_of(entries.begin(), entries.end(),
@@ -253,8 +255,9 @@ static std::string check_index(const CheckpointMeta& m, const GPTLayout& g,
 }
 
 // Verifies the manifest (ranks share the checksums) and opens the index on every rank.
-static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm& world,
-                          CheckpointIndex* index, CheckpointMeta* meta) {
+static void open_verified(const std::string& ckpt, const ModelConfig& model,
+                          const GPTLayout& layout, Comm& world, CheckpointIndex* index,
+                          CheckpointMeta* meta) {
   std::vector<ManifestEntry> entries;
   std::string problem = manifest_read(ckpt, &entries);
   if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
@@ -264,7 +267,7 @@ static void open_verified(const std::string& ckpt, const GPTLayout& layout, Comm
   if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
   fail_together(world, problem, "cannot resume: ");
   problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
-  if (problem.empty()) problem = check_index(*meta, layout, entries, ckpt);
+  if (problem.empty()) problem = check_index(*meta, model, layout, entries, ckpt);
   fail_together(world, problem, "cannot resume: ");
 }
 
@@ -285,7 +288,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   }
   CheckpointIndex index;
   CheckpointMeta meta;
-  open_verified(ckpt, layout, world, &index, &meta);
+  open_verified(ckpt, cfg.model, layout, world, &index, &meta);
   for (StateKind kind : kStates)
     param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
   h5_close_index(index);

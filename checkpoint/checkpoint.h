@@ -28,7 +28,7 @@
 // - Layout independence: nothing in the index depends on who wrote it. A reader asks for "rows
 //   [a, b) of h.3/attn/qkv/weight" (a ParamFill, parallel/param_store.h: exactly how random init
 //   and llm.c import fill a shard) and HDF5 finds which writer files hold them. So any dp, FSDP
-//   on or off, any tensor-parallel degree reads its own hyperslabs and nothing else.
+//   on or off, any tensor- or expert-parallel degree reads its own hyperslabs and nothing else.
 // In replicated mode (DDP) every rank holds everything, but each writes only 1/dp, the slice
 // FSDP would own, so a save is as parallel as in FSDP.
 //

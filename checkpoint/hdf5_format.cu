@@ -29,8 +29,26 @@ std::string rank_file_name(int writer) {
   return name;
 }
 
-FlatRange writer_range(const ParamUnit& u, int shard_rank, int shards, int tp_rank) {
-  return clip(shard_range(u.numel, shard_rank, shards), owned_end(u, tp_rank));
+FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank) {
+  const bool experts = u.grad_axis == Axis::EPDP;  // held by the ranks of one ep rank only
+  const int rank = experts ? s.index / s.ep : s.index, ranks = experts ? s.count / s.ep : s.count;
+  return clip(shard_range(u.numel, rank, ranks), owned_end(u, tp_rank));
+}
+
+std::vector<GPTLayout> writer_layouts(const ModelConfig& model, const GPTLayout& mine) {
+  std::vector<GPTLayout> all;
+  for (int p = 0; p < mine.pp.p; p++)
+    for (int r = 0; r < mine.tp.size; r++)
+      for (int e = 0; e < mine.ep.size; e++) {
+        TensorParallel tp = mine.tp;
+        tp.comm = nullptr;
+        tp.rank = r;
+        const PipelinePlace pp{mine.pp.p, p, mine.pp.v};
+        const ContextPlace cp{nullptr, mine.cp.size, 0};
+        const ExpertPlace ep{nullptr, mine.ep.size, e};
+        all.push_back(gpt_layout(model, tp, pp, cp, ep));
+      }
+  return all;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -108,6 +126,11 @@ int64_t read_attr_i64(hid_t obj, const char* name) {
   return value;
 }
 
+// An attribute that older checkpoints lack: `absent` stands for it there.
+int64_t read_attr_or(hid_t obj, const char* name, int64_t absent) {
+  return H5Aexists(obj, name) > 0 ? read_attr_i64(obj, name) : absent;
+}
+
 hid_t utf8_string_type() {
   hid_t t = ok(H5Tcopy(H5T_C_S1), "H5Tcopy");
   ok(H5Tset_size(t, H5T_VARIABLE), "H5Tset_size");
@@ -172,22 +195,23 @@ static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind 
 }
 
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, int shard_rank, int shards) {
+                               const GPTLayout& layout, const WriterShards& shards) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
-    write_attr_i64(file, "shard_rank", shard_rank);
+    write_attr_i64(file, "shard_rank", shards.index);
     write_attr_i64(file, "tp_rank", layout.tp.rank);
     write_attr_i64(file, "pp_rank", layout.pp.rank);
+    write_attr_i64(file, "ep_rank", layout.ep.rank);
     const int tp_rank = layout.tp.rank;
     size_t largest = 0;
     for (const ParamUnit& pu : layout.units)
-      largest = std::max(largest, writer_range(pu, shard_rank, shards, tp_rank).size());
+      largest = std::max(largest, writer_range(pu, shards, tp_rank).size());
     std::vector<float> host(largest);
     for (StateKind kind : kAllKinds)
       for (size_t u = 0; u < layout.units.size(); u++) {
-        const FlatRange range = writer_range(layout.units[u], shard_rank, shards, tp_rank);
+        const FlatRange range = writer_range(layout.units[u], shards, tp_rank);
         if (range.size() > 0) write_unit_range(file, store, u, kind, range, host);
       }
     close_file(file, path);
@@ -197,40 +221,70 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
   return "";
 }
 
-// Selects block b of a logical tensor in `space` (rank 2: a matrix; rank 1: a vector).
-static void select_block(hid_t space, int rank, const Block& b) {
-  if (rank == 2) {
-    hsize_t start[2] = {(hsize_t)b.row, (hsize_t)b.col}, count[2] = {(hsize_t)b.rows, (hsize_t)b.cols};
-    ok(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr), "select");
-  } else {
-    hsize_t start = (hsize_t)b.row, count = (hsize_t)b.rows;
-    ok(H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &count, nullptr), "select");
-  }
+// The dataset shape of logical tensor t (hdf5_format.h): (rows, cols), (rows,) for a vector, and
+// a leading experts axis for a stacked tensor: (E, rows/E, cols), (E, rows/E).
+static std::vector<hsize_t> dataset_dims(const TensorPlacement& t) {
+  std::vector<hsize_t> dims;
+  if (t.stacked > 1) dims.push_back((hsize_t)t.stacked);
+  dims.push_back((hsize_t)(t.rows / t.stacked));
+  if (t.cols > 1) dims.push_back((hsize_t)t.cols);
+  return dims;
 }
 
-// Maps the blocks of tensor t that writer range wr holds into the virtual dataset.
-static void map_writer_part(hid_t dcpl, hid_t vspace, int rank, const TensorPlacement& t,
-                            const FlatRange& wr, const std::string& source,
-                            const std::string& source_dataset) {
+static std::string shape_text(const std::vector<hsize_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); i++) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + ")";
+}
+
+// Selects block b of logical tensor t in `space` (shaped as dataset_dims(t)): global row b.row
+// of a stacked tensor is row b.row % (rows/E) of expert b.row / (rows/E).
+static void select_block(hid_t space, const TensorPlacement& t, const Block& b) {
+  const int64_t per = t.rows / t.stacked;  // rows per expert (all of them when not stacked)
+  CHECK(b.row % per + b.rows <= per, "%s: block of rows [%lld, %lld) crosses an expert",
+        t.name.c_str(), (long long)b.row, (long long)(b.row + b.rows));
+  std::vector<hsize_t> start, count;
+  if (t.stacked > 1) start.push_back((hsize_t)(b.row / per)), count.push_back(1);
+  start.push_back((hsize_t)(b.row % per)), count.push_back((hsize_t)b.rows);
+  if (t.cols > 1) start.push_back((hsize_t)b.col), count.push_back((hsize_t)b.cols);
+  ok(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+     "select");
+}
+
+// Maps the blocks of tensor t that writer range wr holds into the virtual dataset; returns the
+// number of elements mapped.
+static size_t map_writer_part(hid_t dcpl, hid_t vspace, const TensorPlacement& t,
+                              const FlatRange& wr, const std::string& source,
+                              const std::string& source_dataset) {
   hsize_t src_len = wr.size();
   H5Id sspace(ok(H5Screate_simple(1, &src_len, nullptr), "H5Screate_simple"));
+  size_t mapped = 0;
   for (const Block& b : blocks_in_range(t, wr)) {
-    select_block(vspace, rank, b);
+    select_block(vspace, t, b);
     hsize_t sstart = b.local - wr.first, scount = b.numel();
     ok(H5Sselect_hyperslab(sspace, H5S_SELECT_SET, &sstart, nullptr, &scount, nullptr), "select");
     ok(H5Pset_virtual(dcpl, vspace, source.c_str(), source_dataset.c_str(), sspace),
        "H5Pset_virtual " + t.name);
+    mapped += b.numel();
   }
+  return mapped;
 }
 
-// Writer w's coordinates (hdf5_format.h): its slice of the dp x cp ranks, its pp and tp ranks.
+// Writer w's coordinates (hdf5_format.h): its place in dp x cp, its pp, tp and ep ranks.
 struct WriterPlace {
-  int shard_rank, shards, pp_rank, tp_rank;
+  WriterShards shards;
+  int pp_rank, tp_rank, ep_rank;
 };
 static WriterPlace writer_place(int w, const CheckpointMeta& m) {
   const int tp = m.writer_tp, cp = m.writer_cp, pp = m.writer_pp;
   const int dp = m.writers / (tp * cp * pp), dp_rank = w / (tp * cp * pp);
-  return {dp_rank * cp + w / tp % cp, dp * cp, w / (tp * cp) % pp, w % tp};
+  const int index = dp_rank * cp + w / tp % cp;
+  return {{index, dp * cp, m.writer_ep}, w / (tp * cp) % pp, w % tp, index % m.writer_ep};
+}
+// The layout it holds, among writer_layouts' (hdf5_format.h).
+static const GPTLayout& writer_layout(const std::vector<GPTLayout>& layouts,
+                                      const WriterPlace& wp, const CheckpointMeta& m) {
+  return layouts[(wp.pp_rank * m.writer_tp + wp.tp_rank) * m.writer_ep + wp.ep_rank];
 }
 
 // Where the writers hold a logical tensor: (writer, local unit, tensor index) for each writer
@@ -244,9 +298,9 @@ static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
   TensorSources src;
   for (int w = 0; w < meta.writers; w++) {
     const WriterPlace wp = writer_place(w, meta);
-    const GPTLayout& g = layouts[wp.pp_rank * meta.writer_tp + wp.tp_rank];
+    const GPTLayout& g = writer_layout(layouts, wp, meta);
     for (size_t u = 0; u < g.units.size(); u++) {
-      const FlatRange wr = writer_range(g.units[u], wp.shard_rank, wp.shards, wp.tp_rank);
+      const FlatRange wr = writer_range(g.units[u], wp.shards, wp.tp_rank);
       for (size_t i = 0; i < g.units[u].tensors.size(); i++) {
         const std::string& name = g.units[u].tensors[i].name;
         auto [it, added] = src.parts.try_emplace(name);
@@ -259,32 +313,32 @@ static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
   return src;
 }
 
-// One logical tensor, as a virtual dataset over the files of the writers that hold it.
+// One logical tensor, as a virtual dataset over the files of the writers that hold it. Refuses a
+// tensor whose elements the writers do not hold exactly once (a bug in the writer geometry).
 static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layouts,
                                  const std::string& name,
                                  const std::vector<std::array<int, 3>>& parts, StateKind kind,
                                  const CheckpointMeta& meta) {
-  auto layout_of = [&](int w) -> const GPTLayout& {
-    const WriterPlace wp = writer_place(w, meta);
-    return layouts[wp.pp_rank * meta.writer_tp + wp.tp_rank];
+  auto unit_of = [&](const std::array<int, 3>& p) -> const ParamUnit& {
+    return writer_layout(layouts, writer_place(p[0], meta), meta).units[p[1]];
   };
-  auto placement = [&](const std::array<int, 3>& p) -> const TensorPlacement& {
-    return layout_of(p[0]).units[p[1]].tensors[p[2]];
-  };
-  const TensorPlacement& t0 = placement(parts.front());
-  const int rank = t0.cols == 1 ? 1 : 2;
-  hsize_t dims[2] = {(hsize_t)t0.rows, (hsize_t)t0.cols};
-  H5Id vspace(ok(H5Screate_simple(rank, dims, nullptr), "H5Screate_simple"));
+  const TensorPlacement& t = unit_of(parts.front()).tensors[parts.front()[2]];
+  const std::vector<hsize_t> dims = dataset_dims(t);
+  H5Id vspace(ok(H5Screate_simple((int)dims.size(), dims.data(), nullptr), "H5Screate_simple"));
   H5Id dcpl(ok(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"));
   const float nan = NAN;
   ok(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "H5Pset_fill_value");
+  size_t mapped = 0;
   for (const std::array<int, 3>& p : parts) {
     const WriterPlace wp = writer_place(p[0], meta);
-    const ParamUnit& pu = layout_of(p[0]).units[p[1]];
-    const FlatRange wr = writer_range(pu, wp.shard_rank, wp.shards, wp.tp_rank);
-    map_writer_part(dcpl, vspace, rank, pu.tensors[p[2]], wr, rank_file_name(p[0]),
-                    unit_dataset(kind, p[1]));
+    const ParamUnit& pu = unit_of(p);
+    const FlatRange wr = writer_range(pu, wp.shards, wp.tp_rank);
+    mapped += map_writer_part(dcpl, vspace, pu.tensors[p[2]], wr, rank_file_name(p[0]),
+                              unit_dataset(kind, p[1]));
   }
+  if (mapped != t.numel())
+    throw H5Failure(name + ": the writers hold " + std::to_string(mapped) + " elements of its " +
+                    std::to_string(t.numel()) + ", not each one once");
   ok(H5Sselect_all(vspace), "select");
   const std::string full = std::string(state_kind_name(kind)) + "/" + name;
   H5Id lcpl(link_props());
@@ -300,10 +354,13 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "writer_cp", m.writer_cp);
   write_attr_i64(file, "writer_pp", m.writer_pp);
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
+  write_attr_i64(file, "writer_ep", m.writer_ep);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
                                                {"d_model", m.C}, {"seq_len", m.T},
                                                {"vocab_size", m.V}, {"padded_vocab", m.Vp},
-                                               {"max_seq_len", m.maxT}};
+                                               {"max_seq_len", m.maxT}, {"n_experts", m.E},
+                                               {"d_expert", m.d_expert},
+                                               {"moe_every", m.moe_every}};
   for (const auto& kv : shape) write_attr_i64(file, kv.first, kv.second);
   write_string(file, "config", m.config_toml);
   H5Id rng(create_group(file, "rng"));
@@ -349,22 +406,25 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
   try {
     H5Id file(ok(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"));
     m->format_version = (int)read_attr_i64(file, "format_version");
-    if (m->format_version != kCheckpointFormatVersion)
+    if (m->format_version < kCheckpointFormatDense || m->format_version > kCheckpointFormatMoe)
       return path + ": format version " + std::to_string(m->format_version) +
-             ", this trainer reads version " + std::to_string(kCheckpointFormatVersion);
+             ", this trainer reads versions " + std::to_string(kCheckpointFormatDense) + " to " +
+             std::to_string(kCheckpointFormatMoe);
     m->step = read_attr_i64(file, "step");
     m->writers = (int)read_attr_i64(file, "writers");
-    m->writer_tp = H5Aexists(file, "writer_tp") > 0 ? (int)read_attr_i64(file, "writer_tp") : 1;
-    m->writer_pp = H5Aexists(file, "writer_pp") > 0 ? (int)read_attr_i64(file, "writer_pp") : 1;
-    m->writer_cp = H5Aexists(file, "writer_cp") > 0 ? (int)read_attr_i64(file, "writer_cp") : 1;
-    m->writer_pp_virtual = H5Aexists(file, "writer_pp_virtual") > 0
-                               ? (int)read_attr_i64(file, "writer_pp_virtual") : 1;
+    m->writer_tp = (int)read_attr_or(file, "writer_tp", 1);
+    m->writer_pp = (int)read_attr_or(file, "writer_pp", 1);
+    m->writer_cp = (int)read_attr_or(file, "writer_cp", 1);
+    m->writer_pp_virtual = (int)read_attr_or(file, "writer_pp_virtual", 1);
+    m->writer_ep = (int)read_attr_or(file, "writer_ep", 1);
+    m->E = (int)read_attr_or(file, "n_experts", 0);
+    m->d_expert = (int)read_attr_or(file, "d_expert", 0);
+    m->moe_every = (int)read_attr_or(file, "moe_every", 0);
     int* shape[] = {&m->L, &m->NH, &m->C, &m->T, &m->V, &m->Vp};
     const char* names[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size",
                            "padded_vocab"};
     for (int i = 0; i < 6; i++) *shape[i] = (int)read_attr_i64(file, names[i]);
-    const bool has_max = H5Aexists(file, "max_seq_len") > 0;  // older checkpoints: = seq_len
-    m->maxT = has_max ? (int)read_attr_i64(file, "max_seq_len") : m->T;
+    m->maxT = (int)read_attr_or(file, "max_seq_len", m->T);
     m->config_toml = read_string(file, "config");
     H5Id rng(ok(H5Gopen2(file, "rng", H5P_DEFAULT), "no group rng"));
     H5Id seed(ok(H5Aopen(rng, "seed", H5P_DEFAULT), "no attribute rng/seed"));
@@ -390,15 +450,12 @@ void h5_close_index(CheckpointIndex& index) {
 static void read_block(hid_t ds, const TensorPlacement& t, const Block& b, float* dst) {
   H5Id fspace(ok(H5Dget_space(ds), "H5Dget_space"));
   const int rank = ok(H5Sget_simple_extent_ndims(fspace), "H5Sget_simple_extent_ndims");
-  hsize_t dims[2] = {0, 1};
-  ok(H5Sget_simple_extent_dims(fspace, dims, nullptr), "H5Sget_simple_extent_dims");
-  const int64_t cols = rank == 2 ? (int64_t)dims[1] : 1;
-  if (rank < 1 || rank > 2 || (int64_t)dims[0] != t.rows || cols != t.cols)
-    throw H5Failure("has shape (" + std::to_string(dims[0]) +
-                    (rank == 2 ? ", " + std::to_string(dims[1]) : std::string()) +
-                    "), the model's tensor is (" + std::to_string(t.rows) + ", " +
-                    std::to_string(t.cols) + ")");
-  select_block(fspace, rank, b);
+  std::vector<hsize_t> dims(rank);
+  ok(H5Sget_simple_extent_dims(fspace, dims.data(), nullptr), "H5Sget_simple_extent_dims");
+  if (dims != dataset_dims(t))
+    throw H5Failure("has shape " + shape_text(dims) + ", the model's tensor is " +
+                    shape_text(dataset_dims(t)));
+  select_block(fspace, t, b);
   hsize_t n = b.numel();
   H5Id mspace(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
   ok(H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst), "cannot read");

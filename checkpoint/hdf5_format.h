@@ -3,31 +3,44 @@
 // logical tensor whole. The why is in checkpoint/checkpoint.h; this is the how.
 //
 // Writer geometry. Every rank writes; writer w is world rank
-// w = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank. It saves its slice of each of its
-// (tp- and pp-local) units over the dp x cp ranks that hold the same units (slice
-// dp_rank * cp + cp_rank of dp * cp) - FSDP's own shard geometry (shard_range,
-// parallel/placement.h), so an FSDP rank writes exactly what it holds and a replicated (DDP)
-// rank writes the same slice of its full copy - but the tail of a unit that is replicated over
-// tp (LayerNorms, wpe, row-parallel biases) only from tp rank 0, and nothing
-// of the last pipeline stage's copy of the root (the first stage's is saved): every element of
-// every logical tensor is written exactly once.
+// w = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank. It saves, of each of its (tp-,
+// pp- and ep-local) units, the slice that FSDP gives it over the ranks holding the same unit
+// (shard_range, parallel/placement.h), so an FSDP rank writes exactly what it holds and a
+// replicated (DDP) rank writes the same slice of its full copy:
+//   dense units (grad_axis DP or DPCP)  slice dpcp_index of dp * cp, dpcp_index = dp_rank * cp +
+//                                       cp_rank: every rank of dp x cp holds them
+//   expert units (grad_axis EPDP)       slice dpcp_index / ep of dp * cp / ep: only the ranks
+//                                       with ep_rank = dpcp_index % ep hold these experts
+// but the tail of a unit that is replicated over tp (LayerNorms, wpe, row-parallel biases, the
+// routers and every expert tensor) only from tp rank 0, and nothing of the last pipeline stage's
+// copy of the root (the first stage's is saved): every element of every logical tensor is
+// written exactly once (h5_write_index checks the count of each tensor).
 //
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
-//                n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab, max_seq_len (wpe's
-//                rows; absent in older checkpoints: = seq_len)
+//                writer_ep, n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab,
+//                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense).
+//                Absent in older checkpoints: max_seq_len = seq_len, writer_ep = 1, dense.
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
-//                virtual datasets of the logical shape ((rows, cols), or (rows,) for vectors)
+//                virtual datasets of the logical shape: (rows, cols), or (rows,) for vectors;
+//                a stacked tensor (TensorPlacement::stacked = E, the experts of an MoE block)
+//                has a leading experts axis: (E, rows/E, cols), or (E, rows/E)
 // A writer's slice of a tensor is a flat range of its local block, which is not one hyperslab of
 // the logical tensor; it maps as the global blocks of parallel/placement.h (global_blocks): a
-// partial first row, whole rows cut where the tp row ranges break, a partial last row. The
-// virtual datasets' fill value is NaN, so a source file gone missing shows as NaN in h5py rather
-// than as plausible zeros (resume checks every file against the manifest before reading).
+// partial first row, whole rows cut where the tp row ranges or the experts break, a partial
+// last row. Global row g of a stacked tensor is row g % (rows/E) of expert g / (rows/E); a block
+// never crosses experts, so each block is one hyperslab. The virtual datasets' fill value is
+// NaN, so a source file gone missing shows as NaN in h5py rather than as plausible zeros
+// (resume checks every file against the manifest before reading).
+//
+// Versions. 1: dense models. 2: a model with experts (3-D datasets, the MoE attributes), which a
+// version-1 reader must refuse rather than look for the dense MLP. A dense model is still
+// written as version 1, so older readers keep reading it; this one reads both.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,17 +50,23 @@
 #include "model/gpt.h"
 #include "parallel/param_store.h"
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatDense = 1;  // the version written for a dense model
+constexpr int kCheckpointFormatMoe = 2;    // ... for a model with experts; the newest one read
 extern const char* const kIndexFileName;  // "checkpoint.h5"
 std::string rank_file_name(int writer);   // "rank_00003.h5"
 
-// The range of unit `u` (this writer's local layout) that a writer saves: slice shard_rank of
-// `shards` (its dp x cp index), clipped to what its tp rank owns.
-FlatRange writer_range(const ParamUnit& u, int shard_rank, int shards, int tp_rank);
+// A writer's place in dp x cp: its index there (dp_rank * cp + cp_rank), their number (dp * cp),
+// and the expert-parallel degree that groups them (ep_rank = index % ep).
+struct WriterShards {
+  int index = 0, count = 1, ep = 1;
+};
+// The range of unit `u` (this writer's local layout) that a writer saves: its slice over the
+// ranks holding the unit (the writer geometry above), clipped to what its tp rank owns.
+FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
 
 // Everything but the tensors.
 struct CheckpointMeta {
-  int format_version = kCheckpointFormatVersion;
+  int format_version = kCheckpointFormatDense;
   int64_t step = 0;
   uint64_t seed = 0;
   DataPosition data;
@@ -57,17 +76,23 @@ struct CheckpointMeta {
   int writer_cp = 1;      // its context-parallel degree
   int writer_pp = 1;      // its pipeline degree and chunks per pipeline rank
   int writer_pp_virtual = 1;
+  int writer_ep = 1;      // its expert-parallel degree
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
+  int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
 };
 
 // Writes this writer's ranges of the master, m and v of every unit (copied from the device).
 // The store's compute stream must be idle. Returns "" or a message naming the file.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, int shard_rank, int shards);
-// Writes the index; layouts[pp_rank * writer_tp + tp_rank] is the layout of that (pp, tp) rank
-// (writer_pp * writer_tp of them; dp does not change a layout). Returns "" or a message naming
-// the file.
+                               const GPTLayout& layout, const WriterShards& shards);
+// The layouts of every (pp, tp, ep) rank of the layout `mine` belongs to (its tp, pp, cp and ep
+// degrees; dp and cp ranks do not change a layout), which the index maps the writers' files
+// with: layouts[(pp_rank * tp + tp_rank) * ep + ep_rank].
+std::vector<GPTLayout> writer_layouts(const ModelConfig& model, const GPTLayout& mine);
+// Writes the index over the files of meta.writers writers; `layouts` as writer_layouts gives
+// them. Returns "" or a message naming the file (or the tensor whose elements the writers do
+// not hold exactly once).
 std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& layouts,
                            const CheckpointMeta& meta);
 

@@ -48,6 +48,7 @@ run plan        $PY test/test_plan.py
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
+run checkpoint-writers "$BUILD/test_checkpoint_writers"
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
 run usability   $PY test/test_usability.py

@@ -22,6 +22,15 @@ batch of 4 sequences (np=4 x 1, np=2 x 2, np=1 x 4), shuffled data.
    and optim/v equal (1-beta1) g and (1-beta2) g^2 for the PyTorch float64 gradient g (1e-4
    relative), and step, seed, data position, writers and the stored config are right; h5dump
    reads a tensor too.
+6. Mixture of experts (L=2, E=4 experts of d_expert 48, top_k 2, every block MoE; random init,
+   global batch 4): a dp2 x ep2 FSDP run saves at steps 3 and 6. Resumed at step 3 with the same
+   layout, steps 4-6 are bit-exact; resumed on one rank and at dp4 x ep4 FSDP, within 1e-5 of the
+   uninterrupted run. h5py reads the experts as 3-D datasets ((E, d_expert, C), (E, C,
+   d_expert), biases (E, d_expert), (E, C), the router (E, C)) in model/ and both moments, with
+   no NaN (no gap), format version 2 and the MoE attributes. A config with another n_experts is
+   refused naming both shapes.
+The writer geometry of every layout (ep included) is checked exhaustively, without training, by
+build/test_checkpoint_writers (test/test_checkpoint_writers.cpp).
 """
 import glob
 import json
@@ -346,6 +355,79 @@ def test_h5py(tmp, rng):
     return ckpt
 
 
+# ---------------------------------------------------------------------------------------------
+MOE = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V, "n_experts": 4,
+       "top_k": 2, "moe_every": 1, "d_expert": 48}
+
+
+def moe_layout(dp, ep, fsdp=True):
+    return [f"--parallel.dp={dp}", f"--parallel.ep={ep}",
+            f"--parallel.fsdp={'true' if fsdp else 'false'}",
+            f"--train.micro_batch={GLOBAL_ROWS // dp}"]
+
+
+def moe_expected_shapes(E, D):
+    """The expert and router datasets of every block, in every state group."""
+    shapes = {}
+    for group in ("model", "optim/m", "optim/v"):
+        for l in range(L):
+            h = f"{group}/h.{l}/mlp/"
+            shapes.update({h + "router/weight": (E, C), h + "experts/fc/weight": (E, D, C),
+                           h + "experts/proj/weight": (E, C, D), h + "experts/fc/bias": (E, D),
+                           h + "experts/proj/bias": (E, C)})
+    return shapes
+
+
+def check_moe_h5py(ckpt):
+    f = h5py.File(os.path.join(ckpt, "checkpoint.h5"), "r")
+    E, D = MOE["n_experts"], MOE["d_expert"]
+    want = moe_expected_shapes(E, D)
+    got = {name: f[name].shape for name in want if name in f}
+    datasets = []
+    f.visititems(lambda n, o: datasets.append(n) if isinstance(o, h5py.Dataset) else None)
+    nan = [n for n in datasets if n != "config" and np.isnan(f[n][...]).any()]
+    dense_mlp = [n for n in datasets if "/mlp/fc/" in n or "/mlp/proj/" in n]
+    attrs = tuple(int(f.attrs[k]) for k in ("format_version", "writer_ep", "n_experts",
+                                            "d_expert", "moe_every"))
+    f.close()
+    checks.check("MoE h5py: experts 3-D (E, D, C), (E, C, D), (E, D), (E, C), router (E, C); "
+                 "no NaN; version 2 and the MoE attributes",
+                 got == want and not nan and not dense_mlp and attrs == (2, 2, E, D, 1),
+                 f"{len(got)} of {len(want)} shapes right, NaN in {nan[:3]}, dense MLP "
+                 f"{dense_mlp[:2]}, (version, writer_ep, n_experts, d_expert, moe_every) {attrs}")
+
+
+def test_moe(tmp, rng):
+    make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, model=False)
+    sec = base_sections(tmp, 6, micro_batch=1)
+    del sec["init"]  # an MoE model starts from random init
+    sec["model"] = dict(MOE)
+    sec["data"]["shuffle"] = True
+    cfg = write_config(tmp, "moe.toml", sec)
+    ck = os.path.join(tmp, "ck")
+    run(cfg, moe_layout(2, 2) + [f"--checkpoint.dir={ck}", "--checkpoint.every=3",
+                                 f"--log.metrics={tmp}/ref.jsonl"], np_ranks=2)
+    reference, start = losses(f"{tmp}/ref.jsonl"), f"{ck}/step_000003"
+    for what, np_ranks, layout_args in (("dp2 x ep2 FSDP", 2, moe_layout(2, 2)),
+                                        ("one rank", 1, moe_layout(1, 1, fsdp=False)),
+                                        ("dp4 x ep4 FSDP", 4, moe_layout(4, 4))):
+        metrics = f"{tmp}/resumed_{np_ranks}.jsonl"
+        run(cfg, layout_args + [f"--checkpoint.resume={start}", f"--log.metrics={metrics}"],
+            np_ranks=np_ranks)
+        got = losses(metrics)
+        d = max(abs(got[s] - reference[s]) for s in got) if sorted(got) == [4, 5, 6] else 1.0
+        exact = np_ranks == 2
+        checks.check(f"MoE dp2 x ep2 FSDP checkpoint resumed at {what}: steps 4-6 " +
+                     ("bit-exact" if exact else "within 1e-5"), d == 0 if exact else d < 1e-5,
+                     f"steps {sorted(got)}, max |loss - uninterrupted| {d:.2e}")
+    check_moe_h5py(start)
+    other = dict(MOE, n_experts=8)
+    sec["model"] = other
+    expect_refusal("MoE: another n_experts names both shapes", write_config(tmp, "e8.toml", sec),
+                   1, [f"--checkpoint.resume={start}"],
+                   ["n_experts 4, d_expert 48, moe_every 1)", "n_experts 8, d_expert 48"])
+
+
 def main():
     seed = int(os.environ.get("SEED", np.random.SeedSequence().entropy % (2**32)))
     print(f"test_checkpoint: seed {seed} (SEED={seed} reproduces)")
@@ -364,6 +446,9 @@ def main():
         h = os.path.join(tmp, "h5py")
         os.makedirs(h)
         test_h5py(h, rng)
+        m = os.path.join(tmp, "moe")
+        os.makedirs(m)
+        test_moe(m, rng)
     checks.report()
 
 

@@ -13,6 +13,8 @@ and saves; then
    gelu_new, logits = h @ wte^T) over the validation rows gives the trainer's validation loss
    within 1e-5 relative.
 3. A checkpoint with a corrupted file is refused by the exporter, naming the file.
+4. A mixture-of-experts checkpoint (one step of a tiny MoE model on one rank) is refused by both
+   exports, naming the checkpoint and saying why, and nothing is written.
 """
 import json
 import math
@@ -168,6 +170,23 @@ def test_refuses_corrupt(tmp, ckpt):
                  not os.path.exists(os.path.join(tmp, "never")), r.stderr.strip()[:200])
 
 
+def test_refuses_moe(tmp):
+    sec = base_sections(tmp, 1, micro_batch=MICRO)
+    del sec["init"]  # an MoE model starts from random init
+    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V,
+                    "n_experts": 4, "top_k": 2}
+    sec["checkpoint"] = {"dir": os.path.join(tmp, "moe_ck")}
+    run(write_config(tmp, "moe.toml", sec))
+    ckpt = os.path.join(tmp, "moe_ck", "step_000001")
+    for fmt, out in (("llmc", "moe.bin"), ("hf", "moe_hf")):
+        out = os.path.join(tmp, out)
+        r = subprocess.run(EXPORT + [fmt, ckpt, out], capture_output=True, text=True)
+        checks.check(f"{fmt} export refuses an MoE checkpoint, naming it",
+                     r.returncode != 0 and ckpt in r.stderr and "mixture-of-experts" in r.stderr
+                     and "no llm.c or Hugging Face GPT-2 equivalent" in r.stderr and
+                     not os.path.exists(out), r.stderr.strip()[:200])
+
+
 def main():
     rng = seeded_rng("test_export")
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,6 +200,7 @@ def main():
         test_llmc(tmp, ckpt, val_loss)
         test_hf(tmp, ckpt, val_loss)
         test_refuses_corrupt(tmp, ckpt)
+        test_refuses_moe(tmp)
     checks.report()
 
 

@@ -14,7 +14,8 @@ shorter seq_len, so the export loads at any seq_len up to max_seq_len.
 CKPT is a checkpoint directory (dir/step_000123), its checkpoint.h5, or a [checkpoint] dir, in
 which case the checkpoint that dir/latest names is taken. Every file is checked against the
 manifest (size and CRC32) first: a missing source file of a virtual dataset would otherwise
-read as NaN.
+read as NaN. A mixture-of-experts checkpoint (attribute n_experts > 0) is refused: neither
+format has experts or a router.
 
 Conversions. llm.c keeps our layout: linear weights (out, in), wte with the padded vocabulary,
 tensors of one kind stacked over the layers. Hugging Face's GPT-2 uses Conv1D, whose weights are
@@ -84,10 +85,19 @@ def verify_manifest(ckpt):
             sys.exit(f"error: {file} fails its checksum (the file is corrupt)")
 
 
+def refuse_moe(f, ckpt):
+    """Experts and routers have no place in llm.c's or Hugging Face's GPT-2."""
+    experts = int(f.attrs.get("n_experts", 0))  # absent before MoE existed: dense
+    if experts > 0:
+        sys.exit(f"error: {ckpt} is a mixture-of-experts model (n_experts = {experts}): MoE has "
+                 "no llm.c or Hugging Face GPT-2 equivalent, so it cannot be exported")
+
+
 def open_checkpoint(path):
     ckpt = checkpoint_dir(path)
     verify_manifest(ckpt)
     f = h5py.File(os.path.join(ckpt, "checkpoint.h5"), "r")
+    refuse_moe(f, ckpt)
     shape = {k: int(f.attrs[k]) for k in ("n_layer", "n_head", "d_model", "seq_len",
                                           "vocab_size", "padded_vocab")}
     # wpe's rows; checkpoints written before max_seq_len was recorded trained at all of them
