@@ -10,8 +10,8 @@ the pipeline runs check_tied (the two wte copies bitwise equal after every step)
 Mixture of experts (4 experts, top-2, in every second block, moe_z_loss on), against the one-rank
 MoE run: dp2 x cp2 x tp2 with ep2 (np = 8), pp2 x cp2 x tp2 (np = 8), dp2 x pp2 x cp2 x tp2 with
 FSDP and ep4 (np = 16).
-Checkpoints: the np = 16 layout saves at step 5; resumed in another 16-rank layout
-(pp2 x cp4 x tp2) and on one rank, steps 6-10 equal the uninterrupted run within 1e-5.
+Checkpoints: the np = 16 MoE layout saves at step 5; resumed in another 16-rank layout
+(pp2 x cp4 x tp2 with ep2) and on one rank, steps 6-10 equal the uninterrupted run within 1e-5.
 """
 import os
 import sys
@@ -37,25 +37,27 @@ def test_rows(tmp):
     ref = train(tmp, "one_m2", 4, 2, 4, steps=STEPS)
     row(tmp, ref, "dp2 x pp2 x tp2 FSDP sp (np=8)", "dpt", 4, 2, 2, dp=2, pp=2, tp=2, fsdp=True)
     row(tmp, ref, "pp2 x cp2 x tp2 (np=8)", "pct", 4, 2, 4, pp=2, cp=2, tp=2)
-    d = os.path.join(tmp, "ck")
-    full = row(tmp, ref, "dp2 x pp2 x cp2 x tp2 FSDP (np=16)", "all", 4, 2, 2, dp=2, pp=2, cp=2,
-               tp=2, fsdp=True, ckpt={"dir": d, "every": 5})
-    resume = {"dir": d, "resume": os.path.join(d, "step_000005")}
-    for what, name, B, layout in [("pp2 x cp4 x tp2 (np=16)", "r16", 4, dict(pp=2, cp=4, tp=2)),
-                                  ("one rank", "r1", 4, {})]:
-        got = train(tmp, name, 4, 2, B, steps=STEPS, ckpt=resume, **layout)
-        r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in full[0][5:]])
-        checks.check(f"np=16 save at step 5 resumed at {what}", len(got[0]) == 5 and r < 1e-5,
-                     f"steps 6-10 max rel err {r:.2e} vs the uninterrupted run")
+    row(tmp, ref, "dp2 x pp2 x cp2 x tp2 FSDP (np=16)", "all", 4, 2, 2, dp=2, pp=2, cp=2, tp=2,
+        fsdp=True)
     moe = {"n_experts": 4, "top_k": 2, "moe_every": 2, "d_expert": 24}
-    ref_moe = train(tmp, "moe_one", 4, 2, 4, steps=STEPS, moe=moe, extra=["--train.moe_z_loss=0.01"])
-    for what, name, B, layout in [
-            ("MoE dp2 x cp2 x tp2 ep2 (np=8)", "moe_dct", 2, dict(dp=2, cp=2, tp=2, ep=2)),
-            ("MoE pp2 x cp2 x tp2 (np=8)", "moe_pct", 4, dict(pp=2, cp=2, tp=2)),
-            ("MoE dp2 x pp2 x cp2 x tp2 FSDP ep4 (np=16)", "moe_all", 2,
-             dict(dp=2, pp=2, cp=2, tp=2, ep=4, fsdp=True))]:
-        row(tmp, ref_moe, what, name, 4, 2, B, moe=moe, extra=["--train.moe_z_loss=0.01"],
-            **layout)
+    z = ["--train.moe_z_loss=0.01"]
+    ref_moe = train(tmp, "moe_one", 4, 2, 4, steps=STEPS, moe=moe, extra=z)
+    row(tmp, ref_moe, "MoE dp2 x cp2 x tp2 ep2 (np=8)", "moe_dct", 4, 2, 2, moe=moe, extra=z,
+        dp=2, cp=2, tp=2, ep=2)
+    row(tmp, ref_moe, "MoE pp2 x cp2 x tp2 (np=8)", "moe_pct", 4, 2, 4, moe=moe, extra=z, pp=2,
+        cp=2, tp=2)
+    d = os.path.join(tmp, "ck")
+    full = row(tmp, ref_moe, "MoE dp2 x pp2 x cp2 x tp2 FSDP ep4 (np=16)", "moe_all", 4, 2, 2,
+               moe=moe, extra=z, dp=2, pp=2, cp=2, tp=2, ep=4, fsdp=True,
+               ckpt={"dir": d, "every": 5})
+    resume = {"dir": d, "resume": os.path.join(d, "step_000005")}
+    for what, name, B, layout in [("pp2 x cp4 x tp2 ep2 (np=16)", "r16", 4,
+                                   dict(pp=2, cp=4, tp=2, ep=2)),
+                                  ("one rank", "r1", 4, {})]:
+        got = train(tmp, name, 4, 2, B, steps=STEPS, ckpt=resume, moe=moe, extra=z, **layout)
+        r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in full[0][5:]])
+        checks.check(f"MoE np=16 save at step 5 resumed at {what}", len(got[0]) == 5 and r < 1e-5,
+                     f"steps 6-10 max rel err {r:.2e} vs the uninterrupted run")
     ref8 = train(tmp, "one8_m4", 8, 4, 2, steps=STEPS)
     row(tmp, ref8, "dp2 x pp4 interleaved v=2 (np=8, L=8)", "il", 8, 4, 1, dp=2, pp=4,
         schedule="interleaved", v=2)
