@@ -6,7 +6,9 @@
 //   block l       four weight matrices, two column-parallel biases, then the LayerNorm vectors
 //                 and the row-parallel biases
 // A rank holds the units of its pipeline stages (one stage: all of them, the root first, then
-// the blocks in order; layout.root_unit and layout.block_unit say where each one is).
+// the blocks in order; layout.root_unit and layout.block_unit say where each one is). An MoE
+// block's experts are a unit of their own, right after it (layout.expert_unit). gpt_layout is
+// in model/gpt_layout.cu, the rest here in model/gpt.cu.
 //
 // The model runs as stages (parallel/pipeline.cu drives them with a schedule): a chunk of
 // consecutive blocks, preceded by the embedding on the first stage and followed by the head and
@@ -108,6 +110,9 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorPara
                      const PipelinePlace& pp = PipelinePlace{},
                      const ContextPlace& cp = ContextPlace{},
                      const ExpertPlace& ep = ExpertPlace{});
+
+// The order of block l's tensors in its unit, as BlockTensor indices (dense or MoE block).
+const std::vector<int>& block_tensor_order(const GPTLayout& g, int layer);
 
 enum class Recompute { None, Gelu, Block };
 Recompute parse_recompute(const std::string& s);

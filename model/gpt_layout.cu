@@ -1,0 +1,180 @@
+// model/gpt_layout.cu - the GPT's parameters as placed tensors (model/gpt.h, gpt_layout): which
+// units a rank holds, which block of each tensor, how each is initialised and reduced.
+//
+// A dense block is one unit; an MoE block (model/moe.h) is two: its attention, LayerNorms and
+// router, and its experts, whose gradients are summed over the ranks holding the same experts
+// (Axis::EPDP). The root (embeddings, final LayerNorm) is held by the first and the last
+// pipeline stage. Every tensor's name keys its random init and its checkpoint dataset.
+#include <cmath>
+
+#include "model/gpt.h"
+
+// Initialisation and weight decay of a placed tensor.
+static TensorPlacement init_normal(TensorPlacement t, float std, int64_t init_rows) {
+  t.decay = t.cols > 1;
+  t.init_std = std;
+  t.init_rows = init_rows;
+  return t;
+}
+static TensorPlacement init_const(TensorPlacement t, float value, bool partial_over_tp) {
+  t.init_value = value;
+  t.grad_partial_over_tp = partial_over_tp;
+  return t;
+}
+
+// The root: wte, wpe, ln_f. Order must match RootTensor.
+static ParamUnit root_unit(const GPTLayout& g, bool sp) {
+  const int r = g.tp.rank, t = g.tp.size;
+  const int64_t C = g.C;
+  const float std = 0.02f;
+  ParamUnit root;
+  add_tensor(root, init_normal(split_rows("wte", g.Vp, C, 1, r, t), std, g.V));  // pad rows: 0
+  add_tensor(root, init_normal(replicated("wpe", g.maxT, C), std, g.maxT));
+  add_tensor(root, init_const(replicated("ln_f/weight", C, 1), 1, sp));
+  add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
+  finish_unit(root);
+  root.whole_step = true;
+  if (g.cp.size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
+  return root;
+}
+
+// Block l: its tensors in unit order, as BlockTensor indices (block_tensor_order says which).
+// A dense block has the MLP; an MoE block has the router instead (its experts: expert_unit).
+static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
+  const int r = g.tp.rank, t = g.tp.size;
+  const int64_t C = g.C;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  const bool moe = g.moe[l];
+  ParamUnit u;
+  const std::string h = "h." + std::to_string(l) + "/";
+  add_tensor(u, init_normal(split_rows(h + "attn/qkv/weight", 3 * C, C, 3, r, t), std, 3 * C));
+  add_tensor(u, init_normal(split_cols(h + "attn/proj/weight", C, C, r, t), proj_std, C));
+  if (!moe) {
+    add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
+    add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
+  }
+  add_tensor(u, init_const(split_rows(h + "attn/qkv/bias", 3 * C, 1, 3, r, t), 0, false));
+  if (!moe) add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
+  // Row-parallel biases: added after the sum, and their gradient is summed over all N tokens
+  // (the gathered dY), so it is complete on every rank even with SP.
+  add_tensor(u, init_const(replicated(h + "attn/proj/bias", C, 1), 0, false));
+  if (!moe) add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
+  add_tensor(u, init_const(replicated(h + "ln_1/weight", C, 1), 1, sp));
+  add_tensor(u, init_const(replicated(h + "ln_1/bias", C, 1), 0, sp));
+  add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
+  add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
+  if (moe) {  // the router sees this rank's tokens (N/tp under SP): partial like the LayerNorms
+    TensorPlacement router = init_normal(replicated(h + "mlp/router/weight", g.E, C), std, g.E);
+    router.decay = false;  // it must close the unit with the partial tensors (placement.h)
+    router.grad_partial_over_tp = sp;
+    add_tensor(u, router);
+  }
+  finish_unit(u);
+  if (g.cp.size > 1) u.grad_axis = Axis::DPCP;
+  return u;
+}
+
+// The order of block l's tensors in its unit, as BlockTensor indices.
+const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
+  static const std::vector<int> dense = {kQkvW, kAttnProjW, kFcW,  kFcProjW, kQkvB, kFcB,
+                                         kAttnProjB, kFcProjB, kLn1W, kLn1B, kLn2W, kLn2B};
+  static const std::vector<int> moe = {kQkvW, kAttnProjW, kQkvB, kAttnProjB, kLn1W,
+                                       kLn1B, kLn2W,      kLn2B, kRouterW};
+  return g.moe[l] ? moe : dense;
+}
+
+// The experts of MoE block l held by this expert-parallel rank: E/ep consecutive experts, each
+// a whole MLP (replicated over tp: every tp rank runs its own tokens through them). Logically
+// the tensors are 3-D, (E, d_expert, C) and so on; a placement stacks the experts' rows, so
+// expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them.
+static ParamUnit expert_unit(const GPTLayout& g, int l, bool sp) {
+  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep.size, first = g.ep.rank * per;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  const std::string h = "h." + std::to_string(l) + "/mlp/experts/";
+  auto experts = [&](const char* name, int64_t rows, int64_t cols) {
+    TensorPlacement t = replicated(h + name, g.E * rows, cols);
+    t.row_ranges = {{first * rows, per * rows}};
+    t.stacked = g.E;
+    return t;
+  };
+  ParamUnit u;
+  add_tensor(u, init_normal(experts("fc/weight", D, C), std, g.E * D));
+  add_tensor(u, init_normal(experts("proj/weight", C, D), proj_std, g.E * C));
+  add_tensor(u, init_const(experts("fc/bias", D, 1), 0, sp));
+  add_tensor(u, init_const(experts("proj/bias", C, 1), 0, sp));
+  for (int i : {kExpertFcW, kExpertProjW}) u.tensors[i].grad_partial_over_tp = sp;
+  finish_unit(u);
+  u.grad_axis = Axis::EPDP;  // summed over the ranks that hold the same experts
+  return u;
+}
+
+static size_t unit_parameters(const ParamUnit& u) {
+  size_t n = 0;
+  for (const TensorPlacement& t : u.tensors) n += t.numel();
+  return n;
+}
+
+GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp,
+                     const ContextPlace& cp, const ExpertPlace& ep) {
+  GPTLayout g;
+  g.L = m.n_layer;
+  g.NH = m.n_head;
+  g.C = m.d_model;
+  g.T = m.seq_len;
+  g.maxT = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
+  g.V = m.vocab_size;
+  g.Vp = m.padded_vocab();
+  g.tp = tp;
+  g.pp = pp;
+  g.cp = cp;
+  g.ep = ep;
+  g.E = m.n_experts;
+  g.top_k = m.n_experts > 0 ? m.top_k : 0;
+  g.d_expert = m.expert_hidden();
+  g.moe.resize(g.L);
+  for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
+  g.NH_local = g.NH / tp.size;
+  g.Vp_local = g.Vp / tp.size;
+  g.vocab_first = tp.rank * g.Vp_local;
+  g.blocks_per_stage = g.L / (pp.p * pp.v);
+  const bool sp = tp.sp && tp.size > 1;  // LayerNorm gradients are partial sums over tp
+
+  // The first and the last stage each hold the root (parallel/placement.h: tied).
+  ParamUnit root = root_unit(g, sp);
+  g.parameters = unit_parameters(root);
+  const bool first = pp.rank == 0, last = pp.rank == pp.p - 1;
+  if (first || last) {
+    root.tied = pp.p > 1;
+    root.tied_copy = pp.p > 1 && !first;
+    g.root_unit = 0;
+    g.units.push_back(root);
+  }
+  g.active_parameters = g.parameters;
+  g.block_unit.assign(g.L, -1);
+  g.expert_unit.assign(g.L, -1);
+  for (int l = 0; l < g.L; l++) {
+    ParamUnit u = block_unit(g, l, sp);
+    g.parameters += unit_parameters(u);
+    g.active_parameters += unit_parameters(u);
+    ParamUnit experts;
+    if (g.moe[l]) {
+      experts = expert_unit(g, l, sp);
+      g.parameters += unit_parameters(experts);
+      g.active_parameters += unit_parameters(experts) / g.E * g.top_k;
+    }
+    if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
+    g.block_unit[l] = (int)g.units.size();
+    u.paired = g.moe[l];  // used with its experts
+    g.units.push_back(u);
+    if (!g.moe[l]) continue;
+    g.expert_unit[l] = (int)g.units.size();
+    g.units.push_back(experts);
+  }
+  return g;
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "gelu") return Recompute::Gelu;
+  if (s == "block") return Recompute::Block;
+  return Recompute::None;
+}
