@@ -182,18 +182,20 @@ void grads_wait(ParamStore& st) {
 }
 
 // Each logical element once: over tp the elements this rank owns (placement.h: owned_end); FSDP
-// shards are disjoint, DDP replicas count on group rank 0 only.
+// shards are disjoint; DDP replicas count on rank 0 of their unit's group only. The groups differ
+// per unit: an expert unit's is ep-dp, whose rank-0 members are the ranks of one ep block, each
+// holding other experts, so every one of them counts its experts.
 double grad_norm(ParamStore& st) {
   ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
+    if (st.mode != ShardingMode::FSDP && us.group->rank != 0) continue;  // a replica counts it
     const size_t lo = us.shard_offset, end = std::min(lo + us.shard_numel, us.owned_end);
     if (end > lo) ops::sum_squares_accumulate(st.norm_scratch, us.grad, end - lo, st.compute);
   }
   float local = 0;
   ops::stream_sync(st.compute);
   ops::copy_to_host(&local, st.norm_scratch, sizeof(float));
-  const bool group_owner = st.mode == ShardingMode::FSDP || st.units[0].group->rank == 0;
-  return std::sqrt(all_reduce_host_sum(*st.world, group_owner ? (double)local : 0.0));
+  return std::sqrt(all_reduce_host_sum(*st.world, (double)local));
 }
 
 bool tied_copies_equal(ParamStore& st) {
