@@ -36,7 +36,10 @@
 // Bytes per MoE layer and micro-batch, per rank, with N tokens of C channels in b-byte dtype:
 //   counts    E ints (4E bytes)
 //   dispatch  N*top_k*C*b sent in all (those to itself included; they never leave the rank)
-//   combine   the same back; the backward repeats both trips (4 payload all-to-alls in all)
+//   combine   M*C*b back, M the rows this rank's experts ran (what it received in the dispatch:
+//             routing-dependent per rank, the same as the dispatch summed over the group)
+//   the backward repeats both trips (4 payload all-to-alls in all; the comm counters count the
+//   send side, so per rank 2*(N*top_k + M)*C*b bytes and 4E for the counts)
 // With a balanced router a fraction (ep-1)/ep of the rows leaves the rank. Imbalance shows up as
 // uneven receive counts: the busiest rank's expert GEMMs set the pace of the whole group (the
 // load-balancing loss in model/moe.cu pushes the router towards even counts; the trainer logs

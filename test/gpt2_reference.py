@@ -124,8 +124,16 @@ def llmc_batches(tokens, B, T):
             yield (torch.tensor(window[:-1].reshape(B, T)), torch.tensor(window[1:].reshape(B, T)))
 
 
-def gpt2_loss(P, idx, targets, L, NH, V):
-    """Mean cross-entropy of GPT-2 (float64) over idx (B,T)."""
+def dense_mlp(P, l, ln2):
+    """Block l's MLP: gelu(ln2 W_fc^T + b_fc) W_proj^T + b_proj."""
+    h = f"h.{l}/"
+    fc = F.gelu(ln2 @ P[h + "mlp/fc/weight"].T + P[h + "mlp/fc/bias"], approximate="tanh")
+    return fc @ P[h + "mlp/proj/weight"].T + P[h + "mlp/proj/bias"]
+
+
+def gpt2_loss(P, idx, targets, L, NH, V, mlp=dense_mlp):
+    """Mean cross-entropy of GPT-2 (float64) over idx (B,T). mlp(P, l, ln2) -> block l's MLP
+    output (test/moe_reference.py passes its mixture of experts)."""
     B, T = idx.shape
     C = P["wte"].shape[1]
     HS = C // NH
@@ -141,8 +149,7 @@ def gpt2_loss(P, idx, targets, L, NH, V):
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + y @ P[h + "attn/proj/weight"].T + P[h + "attn/proj/bias"]
         ln2 = F.layer_norm(x, (C,), P[h + "ln_2/weight"], P[h + "ln_2/bias"], 1e-5)
-        fc = F.gelu(ln2 @ P[h + "mlp/fc/weight"].T + P[h + "mlp/fc/bias"], approximate="tanh")
-        x = x + fc @ P[h + "mlp/proj/weight"].T + P[h + "mlp/proj/bias"]
+        x = x + mlp(P, l, ln2)
     lnf = F.layer_norm(x, (C,), P["ln_f/weight"], P["ln_f/bias"], 1e-5)
     logits = lnf @ P["wte"].T
     return F.cross_entropy(logits[..., :V].reshape(B * T, V), targets.reshape(B * T))

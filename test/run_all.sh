@@ -27,6 +27,7 @@ source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run model       $PY test/test_model.py
+run moe-grads   $PY test/test_moe_grads.py
 run train       $PY test/test_train.py
 run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"
@@ -44,6 +45,7 @@ run distributed $PY test/test_distributed.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
+run moe         $PY test/test_moe.py
 run plan        $PY test/test_plan.py
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
