@@ -11,7 +11,7 @@ Communication counted per step equals the analytic value exactly: DDP one fp32 a
   reduce-scatter per block, and per step one all-gather and one reduce-scatter of the root.
 A rank killed mid-run (SIGKILL) makes mpirun exit non-zero within 60 s; bad degree combinations,
   the pipeline schedule's rules ([parallel] pp_schedule, pp_virtual against n_layer and the
-  micro-batches of a step) and not-yet-supported axes are refused before any work.
+  micro-batches of a step) and ep on a dense model are refused before any work.
 """
 import os
 import signal
@@ -148,7 +148,7 @@ def test_refused_layouts(rng):
         cases = [
             ("dp*tp*pp*cp != world", 2, {"dp": 1}, ["dp", "2"]),
             ("tp must divide n_head", 2, {"tp": 2}, ["n_head", "tp"]),
-            ("ep not supported yet", 2, {"dp": 2, "ep": 2}, ["ep = 2", "not yet"]),
+            ("ep > 1 on a dense model", 2, {"dp": 2, "ep": 2}, ["[parallel] ep = 2", "n_experts"]),
             ("unknown pipeline schedule", 2, {"pp": 2, "pp_schedule": "zigzag"},
              ["pp_schedule", "zigzag"]),
             ("pp_virtual > 1 without interleaving", 2, {"pp": 2, "pp_virtual": 2},
