@@ -1,9 +1,9 @@
 """test/test_matrix.py - every axis at once, against the one-rank run.
 
-Tiny GPTs (2 heads, C = 32, T = 16; L = 4, or 8 for the interleaved row), 10 steps at lr 1e-3,
-global batch 8 sequences, random init (every layout starts from the same weights): per-step
-losses and gradient norms, the validation loss and the sampled tokens of each layout equal the
-one-rank run with the same micro-batches within 1e-5 (fp32):
+Tiny GPTs (2 heads, C = 32, T = 16; L = 4, or 8 for the interleaved row), 10 steps at lr 1e-3 (Adam
+eps 1e-6: test_pipeline.train), global batch 8 sequences, random init (every layout starts from the
+same weights): per-step losses and gradient norms, the validation loss and the sampled tokens of
+each layout equal the one-rank run with the same micro-batches within 1e-5 (fp32):
   dp2 x pp2 x tp2 with FSDP and SP (np = 8), pp2 x cp2 x tp2 (np = 8),
   dp2 x pp2 x cp2 x tp2 with FSDP (np = 16), dp2 x pp4 interleaved (v = 2, np = 8);
 the pipeline runs check_tied (the two wte copies bitwise equal after every step).
