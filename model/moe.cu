@@ -15,15 +15,15 @@
 //   load balance (per sequence s, E experts, T positions):
 //     f_{s,e} = (slots of s's tokens that chose e) / (T * top_k)     a count: no gradient
 //     P_{s,e} = mean over s's tokens of p_e
-//     aux_s   = E * sum_e f_{s,e} P_{s,e}          (1 when perfectly balanced, E at worst)
+//     aux_s   = E * sum_e f_{s,e} P_{s,e}     (1 when balanced; E/top_k when all pick the same)
 //     term    = moe_aux_loss * mean over the global batch's sequences, summed over MoE layers
 //   z-loss: moe_z_loss * mean over tokens of logsumexp(z)^2, summed over MoE layers (keeps the
 //     logits small, so the fp32 softmax stays accurate)
 // Per sequence makes the loss independent of the layout: a sequence may be split over context-
 // parallel ranks and sequence-parallel ranks, so its expert counts are summed over those ranks
 // first (two small integer all-reduces); then every rank knows f for its tokens, and the
-// gradient of the term w.r.t. p_{t,e} is moe_aux_loss * E * f_{s,e} / (T * sequences), which is
-// exactly the per-token scale of the LM loss's gradient times moe_aux_loss * E * f_{s,e} * T / T.
+// gradient of the term w.r.t. p_{t,e} is moe_aux_loss * E * f_{s,e} / (T * sequences): the scale
+// the LM loss gives each token, 1 / (T * sequences), times moe_aux_loss * E * f_{s,e}.
 //
 // The pipeline of one layer's forward (this rank's Nt tokens; ep > 1 adds the two trips of
 // parallel/expert_parallel.cu, ep = 1 needs neither):
