@@ -542,10 +542,6 @@ void check_experts(Checker& c) {
   if (cfg.parallel.ep > 0 && m.n_experts % cfg.parallel.ep != 0)
     c.problems.add(key("model.n_experts") + " is not a multiple of " + key("parallel.ep") +
                    " (each expert-parallel rank holds n_experts/ep experts)");
-  if (cfg.train.recompute == "block")
-    c.problems.add(key("train.recompute") + " is not supported with " + key("model.n_experts") +
-                   ": recomputing an MoE block would repeat its all-to-alls; use \"gelu\" or "
-                   "\"none\"");
   if (!cfg.init.from.empty())
     c.problems.add(key("init.from") + " names an llm.c model, which is dense; it cannot start "
                    "a model with " + key("model.n_experts"));

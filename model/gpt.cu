@@ -284,7 +284,10 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
                        N, Cl, C, s);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, dt, s);
   if (g.moe[l]) {  // the experts run on this rank's tokens: no tensor-parallel collective
-    moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
+    if (write_output)
+      moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
+    else
+      moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
     return;
   }
   const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);

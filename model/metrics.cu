@@ -10,11 +10,9 @@ double model_flops_per_token(const GPTLayout& g) {
 
 double hardware_flops_per_token(const GPTLayout& g, Recompute r) {
   double f = model_flops_per_token(g);
-  if (r == Recompute::Block) {
-    double block_params = 0;
-    for (size_t u = 1; u < g.units.size(); u++)
-      for (const TensorPlacement& t : g.units[u].tensors) block_params += (double)t.numel();
-    f += 2.0 * block_params + 2.0 * g.L * g.C * (double)g.T;
+  if (r == Recompute::Block) {  // the blocks' forward again: every active parameter but the root's
+    const double root = ((double)g.Vp + g.maxT) * g.C + 2.0 * g.C;
+    f += 2.0 * ((double)g.active_parameters - root) + 2.0 * g.L * g.C * (double)g.T;
   }
   return f;
 }

@@ -63,10 +63,11 @@ MoeActs* moe_new_acts(GPT& m) {
   x.lse = (float*)gpt_new_buffer(m, Nt * 4);
   x.gate = (float*)gpt_new_buffer(m, Nt * k * 4);
   x.expert = (int*)gpt_new_buffer(m, Nt * k * 4);
-  x.x = gpt_new_buffer(m, rows * C * a);
-  x.h = gpt_new_buffer(m, rows * D * a);
-  x.hg = m.recompute == Recompute::Gelu ? st.shared_hg : gpt_new_buffer(m, rows * D * a);
-  x.y = gpt_new_buffer(m, Nt * k * C * a);
+  const bool block = m.recompute == Recompute::Block;
+  x.x = block ? st.shared.x : gpt_new_buffer(m, rows * C * a);
+  x.h = block ? st.shared.h : gpt_new_buffer(m, rows * D * a);
+  x.hg = m.recompute != Recompute::None ? st.shared.hg : gpt_new_buffer(m, rows * D * a);
+  x.y = block ? st.shared.y : gpt_new_buffer(m, Nt * k * C * a);
   ep_route_create(x.route, st.ep, (int)Nt, m.count_only, &m.activation_bytes);
   return acts;
 }
@@ -94,7 +95,12 @@ void moe_create(GPT& m) {
   st->dlogits = (float*)gpt_new_buffer(m, Nt * E * 4);
   st->logits_dt = m.dt == DType::F32 ? nullptr : gpt_new_buffer(m, Nt * E * a);
   st->d_router_in = gpt_new_buffer(m, Nt * C * a);
-  if (m.recompute == Recompute::Gelu) st->shared_hg = gpt_new_buffer(m, rows * D * a);
+  if (m.recompute != Recompute::None) st->shared.hg = gpt_new_buffer(m, rows * D * a);
+  if (m.recompute == Recompute::Block) {
+    st->shared.x = gpt_new_buffer(m, rows * C * a);
+    st->shared.h = gpt_new_buffer(m, rows * D * a);
+    st->shared.y = gpt_new_buffer(m, Nt * k * C * a);
+  }
   st->stats.tokens.assign(g.L, {});
 }
 
@@ -201,6 +207,24 @@ static void experts_forward(GPT& m, MoeActs& a, const ExpertWeights& w, void* y,
   }
 }
 
+// The pairs' rows along the route to this rank's experts, through them, and back home:
+// inp (Nt,C) -> a.x (expert-major) -> a.h, a.hg -> a.y (Nt*top_k rows, dispatch order).
+static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int Nt,
+                        ops::Stream s) {
+  MoeState& st = *m.moe;
+  const int k = m.layout.top_k, C = m.layout.C;
+  const bool ep = st.ep.size > 1;
+  ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
+  experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
+  if (ep) ep_to_home(st.ep, a.route, st.expert_out, a.y, st.send, C, m.dt, s);
+}
+
+void moe_recompute(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int B, int T,
+                   ops::Stream s) {
+  run_experts(m, a, inp, w, m.layout.tp.tokens(B * T), s);
+}
+
 void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, const void* residual,
                  const void* router_w, const ExpertWeights& w, int B, int T, float dloss_scale,
                  ops::Stream s) {
@@ -220,11 +244,7 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
     record_stats(m, a, layer, lse, share, dloss_scale);
   }
 
-  const bool ep = st.ep.size > 1;
-  ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
-  if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
-  experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
-  if (ep) ep_to_home(st.ep, a.route, st.expert_out, a.y, st.send, C, m.dt, s);
+  run_experts(m, a, inp, w, Nt, s);
   ops::moe_combine(out, a.y, a.gate, a.route.position, Nt, k, C, m.dt, s);
   ops::add_bias_residual(out, out, nullptr, residual, Nt, C, m.dt, s);
 }
@@ -240,7 +260,7 @@ static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const E
   const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
   MoeState& st = *m.moe;
   const ExpertRoute& r = a.route;
-  if (m.recompute == Recompute::Gelu && r.M > 0)
+  if (m.recompute == Recompute::Gelu && r.M > 0)  // ("block" recomputed it with the rest)
     ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
   for (int j = 0; j < st.ep.experts_per_rank(); j++) {
     const int n = r.expert_rows[j];

@@ -58,7 +58,9 @@ struct MoeState {
   float* dlogits = nullptr;        // (Nt,E)
   void* logits_dt = nullptr;       // (Nt,E) the router GEMM's output/gradient in the compute dtype
   void* d_router_in = nullptr;     // (Nt,C) the router's input gradient
-  void* shared_hg = nullptr;       // recompute: the one GELU output buffer
+  // Recompute: "gelu" shares the GELU outputs (hg) of every layer; "block" shares all four
+  // expert-side buffers (x, h, hg, y), refilled by moe_recompute before each layer's backward.
+  MoeActs shared;
   MoeStepStats stats;
   std::vector<MoeActs*> owned_acts;  // every layer's, for moe_destroy
 };
@@ -86,6 +88,11 @@ struct ExpertWeights {
 void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, const void* residual,
                  const void* router_w, const ExpertWeights& w, int B, int T, float dloss_scale,
                  ops::Stream s);
+// recompute = "block": before the layer's backward, refills the expert-side buffers (x, h, hg, y)
+// from inp = ln2, recomputed, along the route the forward took (no router, no host sync, no
+// counts exchange; with ep > 1 the two all-to-alls of the forward run again). out is not written.
+void moe_recompute(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int B, int T,
+                   ops::Stream s);
 // dinp (Nt,C) = d(MoE)/d(inp) given dout (Nt,C); weight gradients accumulated (fp32) into dw
 // (the expert unit's gradients) and d_router_w.
 void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* inp,

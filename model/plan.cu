@@ -18,16 +18,18 @@
 //   cp            per block: cp-1 K, V transfers of N*2C/tp*e forward (again when recomputed),
 //                 cp-1 backward and cp of dK, dV in fp32.
 //   stage         FP8: one 4-byte all-reduce (max) per cast, 16 per block (22 recomputed), 8
-//                 per MoE block (its experts run in the compute dtype).
+//                 per MoE block (12 recomputed; its experts run in the compute dtype).
 //   ep            per MoE block and micro-batch (ep > 1): one all-to-all of the expert counts
 //                 (4*E bytes) and four of the pairs' rows (2 forward, 2 backward): the two
 //                 trips out send tokens(N)*top_k*C*e bytes each (dropless: every pair is sent,
 //                 its own rank's too); the two trips back send the rows this rank's experts ran,
 //                 which depends on the routing: the plan assumes a balanced router (the same).
+//                 Recompute "block" repeats the forward's two trips (not the counts).
 //   expert grads  the expert units' gradients over the ranks holding the same experts (ep-dp),
 //                 as dp above; an MoE block also sums its sequences' expert counts for the
 //                 load-balancing loss, B*E*4 bytes per micro-batch over tp (SP) and over cp.
-// An MoE block has no dense MLP: 2 tp sums (and with SP 3 gathers) instead of 4 (and 6).
+// An MoE block has no dense MLP: 2 tp sums (and with SP 3 gathers) instead of 4 (and 6); its
+// recomputed forward adds 1 sum and 1 gather (a dense block's: 1 and 2).
 #include "model/plan.h"
 
 #include <algorithm>
@@ -115,7 +117,8 @@ void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& s
   add(st, Axis::TP, s.sp ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
       s.m * sums, s.m * sums * act);
   if (s.sp) {
-    const uint64_t gathers = 6 * held.dense + 3 * held.moe + 2 * recomputed + first + last;
+    const uint64_t regathers = s.rc == Recompute::Block ? 2 * held.dense + held.moe : 0;
+    const uint64_t gathers = 6 * held.dense + 3 * held.moe + regathers + first + last;
     add(st, Axis::TP, CollectiveKind::AllGather, s.m * gathers, s.m * gathers * act);
   }
   if (last) add(st, Axis::TP, CollectiveKind::AllGather, s.m, s.m * s.tp * N * 3 * 4);
@@ -134,8 +137,9 @@ void fp8_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
   const int stage = s.dp * s.cp * s.tp;
   if (!s.fp8 || stage == 1) return;
   const BlockCounts held = blocks_held(g);
+  const bool block = s.rc == Recompute::Block;
   const uint64_t casts =
-      s.m * (held.dense * (16 + (s.rc == Recompute::Block ? 6 : 0)) + held.moe * 8);
+      s.m * (held.dense * (16 + (block ? 6 : 0)) + held.moe * (8 + (block ? 4 : 0)));
   add(st, Axis::Stage, CollectiveKind::AllReduce, casts, casts * 4);
 }
 
@@ -144,9 +148,10 @@ void moe_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
   const uint64_t moe = blocks_held(g).moe * s.m;
   if (moe == 0) return;
   const uint64_t rows = (uint64_t)g.tp.tokens(s.B * s.Tl) * g.top_k;
-  if (s.ep > 1) {
+  if (s.ep > 1) {  // recompute "block" runs the forward's two trips again
+    const uint64_t trips = s.rc == Recompute::Block ? 6 : 4;
     add(st, Axis::EP, CollectiveKind::AllToAll, moe, moe * 4 * g.E);
-    add(st, Axis::EP, CollectiveKind::AllToAll, 4 * moe, 4 * moe * rows * g.C * s.e);
+    add(st, Axis::EP, CollectiveKind::AllToAll, trips * moe, trips * moe * rows * g.C * s.e);
   }
   const uint64_t counts = (uint64_t)s.B * g.E * 4;
   if (s.sp) add(st, Axis::TP, CollectiveKind::AllReduce, moe, moe * counts);

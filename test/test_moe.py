@@ -14,6 +14,8 @@ within ~1e-7):
      M1  dp4 x ep 1, 2, 4; dp2 x ep2 FSDP; dp2 x pp2 x ep2; dp1 x cp2 x ep2
      M2  dp2 x tp2 x ep2 with sp and grad_accum 4 (micro-batches of one sequence, which sp
          cuts in two: its expert counts need the all-reduce over tp), and without sp
+   M1 dp2 x ep2 with recompute "gelu" and "block" gives bitwise the metrics of no recompute over
+   5 steps ("block" with two more ep all-to-alls per MoE layer and micro-batch);
    dp4 x ep4 run twice gives bitwise the same metrics (losses, norms, both router losses,
    tokens per expert), and every run's tokens per expert sum, per MoE layer and step, to the
    global tokens of the step times top_k.
@@ -32,8 +34,7 @@ within ~1e-7):
    sequence-parallel gradient sums (one all-reduce per unit over its partial-gradient tail,
    from the unit geometry: model/gpt.cu, parallel/placement.cu).
 3. Refused before any work, naming the keys: n_experts % ep != 0, top_k > n_experts, ep not
-   dividing dp*cp, moe_every 0 and > n_layer, ep > 1 with n_experts = 0, recompute "block" with
-   experts, [init] from with experts.
+   dividing dp*cp, moe_every 0 and > n_layer, ep > 1 with n_experts = 0, [init] from with experts.
 4. M1 learns: 60 steps at lr 1e-2 on learnable_tokens (each token one of 3 successors of the
    previous one: the loss can fall from ln 101 = 4.6 towards ln 3 = 1.1): the mean loss of the
    last 5 steps is below half the first step's (measured: 38-43%).
@@ -62,10 +63,10 @@ M2 = dict(M1, top_k=1, moe_every=2)
 
 
 def sections(tmp, name, model, steps=STEPS, lr=1e-3, dp=1, tp=1, pp=1, cp=1, ep=1, sp=True,
-             fsdp=False, grad_accum=1):
+             fsdp=False, grad_accum=1, recompute="none"):
     sec = base_sections(tmp, steps, lr=lr, micro_batch=ROWS // dp // grad_accum,
                         grad_accum=grad_accum, moe_aux_loss=AUX, moe_z_loss=ZL, seed=4242,
-                        eps=EPS)
+                        eps=EPS, recompute=recompute)
     del sec["init"]
     sec["model"] = dict(model)
     sec["parallel"] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "sp": sp, "fsdp": fsdp}
@@ -207,6 +208,18 @@ def test_layouts(tmp):
         steps = train(tmp, label.replace(" ", ""), M1, **kw)
         compare(f"M1 {label}", steps, one, M1)
         check_comm(f"M1 {label}", steps, M1, **kw)
+    # recompute: the same computation again (the route of the forward is kept), so bitwise the
+    # same metrics as no recompute; "block" repeats the forward's two all-to-alls per MoE layer
+    plain = train(tmp, "dp2_ep2", M1, steps=5, dp=2, ep=2)
+    for mode in ("gelu", "block"):
+        steps = train(tmp, f"dp2_ep2_{mode}", M1, steps=5, dp=2, ep=2, recompute=mode)
+        keys = ("loss", "grad_norm", "aux_loss", "z_loss", "moe")
+        same = all(a[k] == b[k] for a, b in zip(steps, plain) for k in keys)
+        calls = [s["comm"]["ep"]["all_to_all"]["calls"] for s in (steps[0], plain[0])]
+        want = calls[1] + (2 * L if mode == "block" else 0)
+        checks.check(f"M1 dp2 x ep2 recompute {mode}: bitwise the metrics of none",
+                     same and len(steps) == len(plain) and calls[0] == want,
+                     f"5 steps; ep all-to-alls per step {calls[0]} (none: {calls[1]}, want {want})")
     one2 = train(tmp, "one_m2", M2)
     check_tokens("M2 one rank", one2, M2)
     # sp on with grad_accum 4: micro-batches of one sequence, cut in two by sp, so that its
@@ -233,8 +246,6 @@ def test_refused(tmp):
         ("moe_every > n_layer", dict(M1, moe_every=3), {}, {}, ["moe_every = 3", "n_layer = 2"]),
         ("ep > 1 without experts", dict(M1, n_experts=0), dict(dp=2, ep=2), {},
          ["ep = 2", "n_experts"]),
-        ("recompute block with experts", M1, {}, {"recompute": "block"},
-         ["recompute = \"block\"", "n_experts = 4"]),
         ("[init] from with experts", M1, {}, {"from": model_file},
          ["[init] from", "n_experts = 4"]),
     ]

@@ -5,6 +5,7 @@ one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-
 FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
 4 micro-batches and gpipe over 2; cp2, also with recompute "block"; dp2 x pp2 x cp2 x tp2 FSDP
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
+dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed,
 dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
 on the routing: calls exact, bytes within 25% of the plan's balanced estimate). For each, rank 0 of the plan
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
@@ -48,6 +49,9 @@ LAYOUTS = [
      {"model": MOE, "precision": {"compute": "bf16"}, "train": {"recompute": "gelu"}}),
     ("MoE dp2 x cp2 x tp2 sp x ep2 fp8 (np=8)", {"dp": 2, "cp": 2, "tp": 2, "ep": 2},
      {"model": MOE, "precision": {"compute": "fp8"}}),
+    ("MoE dp2 x tp2 sp x ep2 fp8 recompute block", {"dp": 2, "tp": 2, "ep": 2},
+     {"model": dict(MOE, moe_every=2), "precision": {"compute": "fp8"},
+      "train": {"recompute": "block"}}),
     ("MoE dp2 x pp2 x ep2 FSDP", {"dp": 2, "pp": 2, "ep": 2, "fsdp": True},
      {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 2}}),
 ]
