@@ -195,6 +195,7 @@ static void* tensor_at(void* base, const ParamUnit& u, int i, size_t elem) {
 struct BlockWeights {
   void* w[kBlockTensors] = {};
   size_t offset[kBlockTensors] = {};
+  float* grads = nullptr;                   // the unit's fp32 gradient buffer (backward)
   ExpertWeights experts{}, expert_grads{};  // an MoE block's (from its expert unit)
 };
 static BlockWeights block_weights(const GPT& m, int l, void* base) {
@@ -213,6 +214,25 @@ static ExpertWeights expert_tensors(const GPT& m, int l, void* base, size_t elem
   const ParamUnit& u = m.layout.units[m.layout.expert_unit[l]];
   return {tensor_at(base, u, kExpertFcW, elem), tensor_at(base, u, kExpertProjW, elem),
           tensor_at(base, u, kExpertFcB, elem), tensor_at(base, u, kExpertProjB, elem)};
+}
+// Block l from the store: its unit and, for an MoE block, its experts' unit, acquired and
+// released together (ParamUnit::paired); with `grads` also their gradient buffers.
+static BlockWeights acquire_block(GPT& m, ParamStore& store, int l, bool grads) {
+  const int unit = m.layout.block_unit[l], experts = m.layout.expert_unit[l];
+  BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
+  if (experts >= 0)
+    bw.experts = expert_tensors(m, l, params_acquire(store, experts), dtype_size(m.dt));
+  if (!grads) return bw;
+  bw.grads = grads_acquire(store, unit);
+  if (experts >= 0) bw.expert_grads = expert_tensors(m, l, grads_acquire(store, experts), 4);
+  return bw;
+}
+static void release_block(GPT& m, ParamStore& store, int l, bool grads, bool last_micro_step) {
+  for (int unit : {m.layout.block_unit[l], m.layout.expert_unit[l]}) {
+    if (unit < 0) continue;
+    params_release(store, unit);
+    if (grads) grads_release(store, unit, last_micro_step);
+  }
 }
 // A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
 static void* root_weight(const GPT& m, int i) {
@@ -308,15 +328,12 @@ static void prefetch(ParamStore& store, int current, int next) {
 static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int first = g.first_block(c.chunk), n = g.blocks_per_stage;
-  const size_t e = dtype_size(m.dt);
   for (int j = 0; j < n; j++) {
-    const int l = first + j, unit = g.block_unit[l], experts = g.expert_unit[l];
-    BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
-    if (experts >= 0) bw.experts = expert_tensors(m, l, params_acquire(store, experts), e);
-    prefetch(store, unit, j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
+    const int l = first + j;
+    const BlockWeights bw = acquire_block(m, store, l, false);
+    prefetch(store, g.block_unit[l], j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
     block_forward(m, m.slots[c.slot], j, l, bw, c.B, c.T, true, c.dloss, s);
-    params_release(store, unit);
-    if (experts >= 0) params_release(store, experts);
+    release_block(m, store, l, false, false);
   }
 }
 
@@ -453,12 +470,14 @@ static const void* moe_mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeig
 }
 
 // Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Weight
-// gradients are accumulated into `g` (the unit's fp32 gradient buffer). Under tensor parallelism
-// each row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens) and each
-// column-parallel GEMM's dX is a partial sum over the ranks (f backward: tp_sum_partials); the
-// column-parallel GEMMs' inputs are gathered again for their weight gradients.
+// gradients are accumulated into bw.grads (the unit's fp32 gradient buffer). Under tensor
+// parallelism each row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens)
+// and each column-parallel GEMM's dX is a partial sum over the ranks (f backward:
+// tp_sum_partials); the column-parallel GEMMs' inputs are gathered again for their weight
+// gradients.
 static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw,
-                           float* g, int B, int T, float dloss, ops::Stream s) {
+                           int B, int T, float dloss, ops::Stream s) {
+  float* g = bw.grads;
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
   const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
@@ -494,26 +513,16 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
   const int first = g.first_block(c.chunk), n = g.blocks_per_stage, N = c.B * c.T;
   ops::range_push("backward");
   for (int j = n - 1; j >= 0; j--) {
-    const int l = first + j, unit = g.block_unit[l], experts = g.expert_unit[l];
-    BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
-    if (experts >= 0) {
-      bw.experts = expert_tensors(m, l, params_acquire(store, experts), dtype_size(m.dt));
-      bw.expert_grads = expert_tensors(m, l, grads_acquire(store, experts), 4);
-    }
-    prefetch(store, unit, j > 0 ? g.block_unit[l - 1] : c.next_unit);
-    float* gw = grads_acquire(store, unit);
+    const int l = first + j;
+    const BlockWeights bw = acquire_block(m, store, l, true);
+    prefetch(store, g.block_unit[l], j > 0 ? g.block_unit[l - 1] : c.next_unit);
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
     if (m.recompute == Recompute::Gelu && !g.moe[l])
       ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size,
                         m.dt, s);
-    block_backward(m, sl, j, l, bw, gw, c.B, c.T, c.dloss, s);
-    params_release(store, unit);
-    grads_release(store, unit, c.last_micro_step);
-    if (experts >= 0) {
-      params_release(store, experts);
-      grads_release(store, experts, c.last_micro_step);
-    }
+    block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, s);
+    release_block(m, store, l, true, c.last_micro_step);
   }
   if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
     tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,

@@ -233,13 +233,12 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
   router_forward(m, a, inp, router_w, Nt, s);
   std::vector<int> expert((size_t)Nt * k);
-  std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
-  ops::stream_sync(s);  // the dispatch is planned on the host
-  ops::copy_to_host(expert.data(), a.expert, expert.size() * sizeof(int));
-  ops::copy_to_host(probs.data(), a.probs, probs.size() * sizeof(float));
-  ops::copy_to_host(lse.data(), a.lse, lse.size() * sizeof(float));
-  ep_route(a.route, st.ep, expert.data(), Nt, s);
+  ops::copy_to_host(expert.data(), a.expert, expert.size() * sizeof(int));  // waits: the one sync
+  ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
   if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
+    std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
+    ops::copy_to_host(probs.data(), a.probs, probs.size() * sizeof(float));
+    ops::copy_to_host(lse.data(), a.lse, lse.size() * sizeof(float));
     const double share = balance(m, a, expert, probs, B, T, dloss_scale);
     record_stats(m, a, layer, lse, share, dloss_scale);
   }

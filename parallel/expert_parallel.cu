@@ -79,18 +79,14 @@ void ep_route_destroy(ExpertRoute& r) {
   r = ExpertRoute{};
 }
 
-// The counts exchange: from[s*per + j] = rows that rank s sends to local expert j.
+// The counts exchange: from[s*per + j] = rows that rank s sends to local expert j (with one
+// rank, its own counts). From them: the rows each local expert runs, where they start in the
+// expert-major buffer, and the rows that arrive from each rank.
 static void exchange_counts(ExpertRoute& r, ExpertParallel& ep) {
   const int per = ep.experts_per_rank();
   r.from.assign((size_t)ep.size * per, 0);
-  all_to_all_host(*ep.comm, r.plan.expert_counts.data(), per, r.from.data());
-}
-
-// From the counts: rows per local expert, receive counts, and the two gathers between the
-// received (source-major) order and the expert-major order the GEMMs want.
-static void regroup_indices(ExpertRoute& r, const ExpertParallel& ep, std::vector<int>& regroup,
-                            std::vector<int>& ungroup) {
-  const int per = ep.experts_per_rank();
+  if (ep.size == 1) r.from = r.plan.expert_counts;  // (a one-rank layout may have no comm)
+  else all_to_all_host(*ep.comm, r.plan.expert_counts.data(), per, r.from.data());
   r.expert_rows.assign(per, 0);
   r.recv_counts.assign(ep.size, 0);
   for (int s = 0; s < ep.size; s++)
@@ -101,6 +97,13 @@ static void regroup_indices(ExpertRoute& r, const ExpertParallel& ep, std::vecto
   r.expert_first.assign(per, 0);
   for (int j = 1; j < per; j++) r.expert_first[j] = r.expert_first[j - 1] + r.expert_rows[j - 1];
   r.M = r.expert_first[per - 1] + r.expert_rows[per - 1];
+}
+
+// The two gathers between the received (source-major) order and the expert-major order the
+// GEMMs want (ep > 1; with one rank the two orders are the same).
+static void regroup_indices(const ExpertRoute& r, const ExpertParallel& ep,
+                            std::vector<int>& regroup, std::vector<int>& ungroup) {
+  const int per = ep.experts_per_rank();
   regroup.assign(r.M, 0);
   ungroup.assign(r.M, 0);
   std::vector<int> next(r.expert_first);  // the next free expert-major row of each expert
@@ -121,15 +124,8 @@ void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops:
   ops::copy_to_device_async(r.token_of_row, token_of_row.data(), pairs * sizeof(int), s);
   ops::copy_to_device_async(r.position, r.plan.position.data(), pairs * sizeof(int), s);
   r.send_counts.assign(r.plan.rank_send_counts.begin(), r.plan.rank_send_counts.end());
-  if (ep.size == 1) {  // every expert is here, in dispatch order
-    r.from = r.plan.expert_counts;
-    r.expert_rows = r.plan.expert_counts;
-    r.expert_first.assign(r.plan.expert_offsets.begin(), r.plan.expert_offsets.end() - 1);
-    r.recv_counts = r.send_counts;
-    r.M = pairs;
-    return;
-  }
   exchange_counts(r, ep);
+  if (ep.size == 1) return;  // every expert is here, in dispatch order: nothing to regroup
   std::vector<int> regroup, ungroup;
   regroup_indices(r, ep, regroup, ungroup);
   ops::copy_to_device_async(r.regroup, regroup.data(), r.M * sizeof(int), s);
