@@ -2,8 +2,9 @@
 // file plus command-line overrides (`--train.lr=3e-4`) and validated before any work starts.
 //
 // Every error names the key and where it came from (file:line:col, or the override text) and
-// exits non-zero; see model/config.cu. Adding a key means: a field here, a line in the schema in
-// config.cu, a line in the README's config reference.
+// exits non-zero; see model/config.cu (and its parts model/config_schema.cu, config_checks.cu).
+// Adding a key means: a field here, a line in the schema in model/config_schema.cu, a line in
+// docs/CONFIG.md.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,0 +1,229 @@
+// model/config_checks.cu - what makes a config valid, once it is read (model/config_schema.h):
+// the [model] shape from an [init] from model file, each value alone and against the others,
+// and this job's world size and files. Every problem names the values involved and where each
+// came from; all problems of a phase are reported together.
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "kernels/common.h"
+#include "model/config_schema.h"
+
+namespace config_detail {
+
+// ---------------------------------------------------------------------------------------------
+// [init] from: the model shape from an llm.c model file.
+
+struct ModelFileShape {
+  int version = 0, maxT = 0, V = 0, L = 0, NH = 0, C = 0, Vp = 0;
+};
+
+// Reads and checks the header; returns "" or what is wrong with the file.
+static std::string read_model_header(const std::string& path, ModelFileShape* shape) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return strf("cannot open the file: %s", std::strerror(errno));
+  int32_t h[256] = {0};
+  size_t got = std::fread(h, sizeof(int32_t), 256, f);
+  std::fseek(f, 0, SEEK_END);
+  long bytes = std::ftell(f);
+  std::fclose(f);
+  if (got != 256) return strf("not an llm.c model file: %ld bytes, shorter than the header", bytes);
+  if (h[0] != 20240326) return strf("not an llm.c model file: magic %d, expected 20240326", h[0]);
+  if (h[1] != 3 && h[1] != 5)
+    return strf("llm.c model file version %d, expected 3 (fp32) or 5 (bf16)", h[1]);
+  *shape = ModelFileShape{h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+  const ModelFileShape& s = *shape;
+  if (s.maxT <= 0 || s.V <= 0 || s.L <= 0 || s.NH <= 0 || s.C <= 0 ||
+      s.Vp != (s.V + 127) / 128 * 128)
+    return strf("malformed header: maxT=%d V=%d L=%d NH=%d C=%d Vp=%d (sizes must be positive, "
+                "Vp = V rounded up to a multiple of 128)", s.maxT, s.V, s.L, s.NH, s.C, s.Vp);
+  int64_t C = s.C;  // llm.c's parameter count: wte, wpe, L blocks, ln_f
+  int64_t params = (int64_t)s.Vp * C + (int64_t)s.maxT * C + s.L * (12 * C * C + 13 * C) + 2 * C;
+  int64_t expected = 1024 + params * (s.version == 3 ? 4 : 2);
+  if (bytes != expected)
+    return strf("the file has %ld bytes, but its header (L=%d NH=%d C=%d maxT=%d Vp=%d, "
+                "version %d) needs %lld", bytes, s.L, s.NH, s.C, s.maxT, s.Vp, s.version,
+                (long long)expected);
+  return "";
+}
+
+// Fills missing [model] keys from the model file and checks that given ones agree with it. The
+// file's maxT is the model's max_seq_len (its wpe rows); seq_len, the length trained at, may be
+// anything up to it and defaults to it. Without a file, max_seq_len defaults to seq_len.
+// `check_files` false: a model file is opened only when a key is missing.
+void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Problems& problems) {
+  const char* names[] = {"n_layer", "n_head", "d_model", "max_seq_len", "vocab_size"};
+  int* fields[] = {&cfg.model.n_layer, &cfg.model.n_head, &cfg.model.d_model,
+                   &cfg.model.max_seq_len, &cfg.model.vocab_size};
+  auto given = [&](const char* name) { return origins.count(std::string("model.") + name) > 0; };
+  bool all_given = given("seq_len");
+  for (const char* name : {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"}) {
+    all_given &= given(name);
+    if (!given(name) && cfg.init.from.empty())
+      problems.add(strf("missing required key [model] %s in %s (required unless [init] from "
+                        "names an llm.c model file)", name, cfg.path.c_str()));
+  }
+  if (cfg.init.from.empty()) {
+    if (!given("max_seq_len")) cfg.model.max_seq_len = cfg.model.seq_len;
+    return;
+  }
+  if (all_given && given("max_seq_len") && !check_files) return;
+  ModelFileShape s;
+  std::string err = read_model_header(cfg.init.from, &s);
+  if (!err.empty()) {
+    problems.add(mention(cfg, origins, "init.from") + ": " + err);
+    return;
+  }
+  int file[] = {s.L, s.NH, s.C, s.maxT, s.V};
+  std::string file_shape, config_shape;
+  bool agree = true;
+  for (int i = 0; i < 5; i++) {
+    std::string id = std::string("model.") + names[i];
+    file_shape += strf(" %s=%d", names[i], file[i]);
+    if (origins.count(id)) {
+      config_shape += strf(" %s=%d (%s)", names[i], *fields[i], origins[id].c_str());
+      agree &= *fields[i] == file[i];
+    } else {
+      *fields[i] = file[i];
+      origins[id] = "read from " + cfg.init.from;
+    }
+  }
+  if (!agree)
+    problems.add(strf("[model] disagrees with the model file %s: the file has%s; the config "
+                      "has%s", mention(cfg, origins, "init.from").c_str(), file_shape.c_str(),
+                      config_shape.c_str()));
+  if (!given("seq_len")) {
+    cfg.model.seq_len = s.maxT;
+    origins["model.seq_len"] = "read from " + cfg.init.from;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value checks.
+
+// FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):
+// the channels per tensor-parallel rank d_model/tp (then also 3 and 4 times it) and the tokens
+// of a micro-batch, micro_batch * seq_len (the depth of the weight-gradient GEMM).
+static void check_fp8_shapes(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.precision.compute != "fp8") return;
+  const int tp = std::max(1, cfg.parallel.tp);
+  if (cfg.model.d_model > 0 && (cfg.model.d_model % tp != 0 || (cfg.model.d_model / tp) % 16))
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs d_model/tp to be a "
+                   "multiple of 16 (FP8 GEMM dimensions), got " +
+                   mention(cfg, c.origins, "model.d_model") + " / " +
+                   mention(cfg, c.origins, "parallel.tp"));
+  const long tokens = (long)cfg.train.micro_batch * cfg.model.seq_len;
+  if (tokens > 0 && tokens % 16 != 0)
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs micro_batch * seq_len "
+                   "to be a multiple of 16 (the depth of the FP8 weight-gradient GEMM), got " +
+                   mention(cfg, c.origins, "train.micro_batch") + " * " +
+                   mention(cfg, c.origins, "model.seq_len"));
+}
+
+// Mixture of experts: the [model] keys and what they need of the rest of the config.
+static void check_experts(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ModelConfig& m = cfg.model;
+  auto key = [&](const char* id) { return mention(cfg, c.origins, id); };
+  c.require(m.n_experts >= 0, "model.n_experts", "must be >= 0 (0 = a dense model)");
+  c.require(m.d_expert >= 0, "model.d_expert", "must be >= 0 (0 = 4 * d_model)");
+  if (m.n_experts <= 0) {
+    if (cfg.parallel.ep > 1)
+      c.problems.add(key("parallel.ep") + " needs experts to shard: set [model] n_experts "
+                     "(a multiple of ep), or ep = 1 for a dense model");
+    return;
+  }
+  c.require(m.top_k >= 1 && m.top_k <= m.n_experts, "model.top_k",
+            strf("must be between 1 and [model] n_experts = %d", m.n_experts));
+  c.require(m.moe_every >= 1 && m.moe_every <= std::max(1, m.n_layer), "model.moe_every",
+            strf("must be between 1 and [model] n_layer = %d (block l is an MoE block when "
+                 "(l + 1) %% moe_every == 0)", m.n_layer));
+  if (cfg.parallel.ep > 0 && m.n_experts % cfg.parallel.ep != 0)
+    c.problems.add(key("model.n_experts") + " is not a multiple of " + key("parallel.ep") +
+                   " (each expert-parallel rank holds n_experts/ep experts)");
+  if (!cfg.init.from.empty())
+    c.problems.add(key("init.from") + " names an llm.c model, which is dense; it cannot start "
+                   "a model with " + key("model.n_experts"));
+}
+
+void check_values(Checker& c) {
+  const Config& cfg = c.cfg;
+  for (const char* id : {"model.n_layer", "model.n_head", "model.d_model", "model.seq_len",
+                         "model.max_seq_len", "model.vocab_size", "train.micro_batch",
+                         "train.grad_accum", "train.steps", "parallel.dp", "parallel.tp",
+                         "parallel.pp", "parallel.cp", "parallel.ep", "log.every",
+                         "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history",
+                         "parallel.pp_virtual", "plan.gpus_per_node"})
+    c.require(c.int_value(id) > 0, id, "must be positive");
+  for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
+                         "log.sample_every", "precision.fp8_margin"})
+    c.require(c.int_value(id) >= 0, id, "must be >= 0");
+  for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
+                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss"})
+    c.require(c.float_value(id) >= 0, id, "must be >= 0");
+  for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
+                         "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})
+    c.require(c.float_value(id) > 0, id, "must be > 0");
+  for (const char* id : {"train.beta1", "train.beta2"})
+    c.require(c.float_value(id) >= 0 && c.float_value(id) < 1, id, "must be in [0, 1)");
+  c.require(cfg.train.eps > 0, "train.eps", "must be > 0");
+  c.require(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+  if (cfg.model.n_head > 0 && cfg.model.d_model % cfg.model.n_head != 0)
+    c.problems.add(mention(cfg, c.origins, "model.n_head") + " does not divide " +
+                   mention(cfg, c.origins, "model.d_model"));
+  if (cfg.model.seq_len > 0 && cfg.model.seq_len > cfg.model.max_seq_len)
+    c.problems.add(mention(cfg, c.origins, "model.seq_len") + " exceeds " +
+                   mention(cfg, c.origins, "model.max_seq_len") + ": a run uses the first "
+                   "seq_len rows of the position table (wpe), which has max_seq_len rows, so "
+                   "seq_len must be <= max_seq_len (for random init, raise [model] max_seq_len)");
+  if (cfg.train.min_lr > cfg.train.lr)
+    c.problems.add(mention(cfg, c.origins, "train.min_lr") + " is greater than " +
+                   mention(cfg, c.origins, "train.lr"));
+  if (cfg.log.val_every > 0 && cfg.data.val.empty())
+    c.problems.add(mention(cfg, c.origins, "log.val_every") + " needs [data] val (validation "
+                   "shards), which is not set");
+  if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
+    c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
+  check_fp8_shapes(c);
+  check_experts(c);
+  const ParallelConfig& p = cfg.parallel;
+  if (p.ep > 0 && p.dp > 0 && p.cp > 0 && (p.dp * p.cp) % p.ep != 0)
+    c.problems.add(mention(cfg, c.origins, "parallel.ep") + strf(" does not divide dp*cp = %d",
+                   p.dp * p.cp) + " (" + mention(cfg, c.origins, "parallel.dp") + ", " +
+                   mention(cfg, c.origins, "parallel.cp") + ")");
+}
+
+// The checks that need this job (world size) and this machine (files).
+void check_job(Checker& c, int world_size) {
+  const Config& cfg = c.cfg;
+  const ParallelConfig& p = cfg.parallel;
+  long long product = (long long)p.dp * p.tp * p.pp * p.cp;
+  std::string degrees;
+  for (const char* id : {"parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp"})
+    degrees += (degrees.empty() ? "" : ", ") + mention(cfg, c.origins, id);
+  if (product != world_size)
+    c.problems.add(strf("the parallel degrees multiply to dp*tp*pp*cp = %lld, but the job has "
+                        "world size %d: ", product, world_size) + degrees +
+                   " (ep is not a factor of the world: it lives inside dp*cp)");
+  for (const char* id : {"data.train", "data.val"}) {
+    const std::string& pattern = *std::get<std::string*>(field_of(cfg, key_by_id(id)));
+    if (pattern.empty() && std::string(id) == "data.val") continue;
+    glob_t g;
+    int rc = glob(pattern.c_str(), 0, nullptr, &g);
+    size_t matches = rc == 0 ? g.gl_pathc : 0;
+    if (rc == 0) globfree(&g);
+    c.require(matches > 0, id, "the pattern matches no file");
+  }
+  const std::string& resume = cfg.checkpoint.resume;
+  struct stat st;
+  if (!resume.empty() && resume != "latest")
+    c.require(stat(resume.c_str(), &st) == 0, "checkpoint.resume",
+              "no such checkpoint (expected \"\", \"latest\" or an existing path)");
+}
+
+}  // namespace config_detail
