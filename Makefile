@@ -41,7 +41,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 # comm_nccl_absent.cu stands in for it in the CPU binary.
 SHARED_SRC := train.cu kernels/common.cpp \
               $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
-                $(wildcard model/*.cu parallel/*.cu checkpoint/*.cu data/*.cpp))
+                $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 NCCL_SRC   := parallel/comm_nccl.cu

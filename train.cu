@@ -18,15 +18,15 @@
 #include "checkpoint/checkpoint.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
-#include "model/config.h"
-#include "model/evaluate.h"
+#include "config/config.h"
+#include "training/evaluate.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
 #include "model/init.h"
-#include "model/metrics.h"
-#include "model/optimizer.h"
-#include "model/plan.h"
+#include "training/metrics.h"
+#include "training/optimizer.h"
+#include "training/plan.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
   CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   const PlanFlags planner = plan_take_flags(&argc, argv);
-  if (planner.any()) {  // the layout the config names, not this launch's: model/plan.h
+  if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
     r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
     const ParallelConfig& p = r.cfg.parallel;
     const std::string problem = mesh_validate(r.cfg, planner.search > 0 ? planner.search

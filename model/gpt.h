@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "config/config.h"
 #include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 

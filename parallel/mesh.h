@@ -20,7 +20,7 @@
 // n_head, 4*d_model and the padded vocabulary, and seq_len with sequence parallelism; 2*cp
 // divides seq_len; n_layer >= pp; ep divides dp*cp. Each failure names the degrees and the rule.
 #pragma once
-#include "model/config.h"
+#include "config/config.h"
 #include "parallel/comm.h"
 
 struct Mesh {

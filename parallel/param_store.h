@@ -101,7 +101,7 @@ void params_release(ParamStore& store, int unit);
 float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
 
-// The optimizer's side (model/optimizer.cu).
+// The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);
 // After the last micro-step: partial gradients summed over tp, and every outstanding reduction
 // finished on the compute stream.

@@ -1,4 +1,4 @@
-// model/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
+// training/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
 //
 // For the layout the config names (dp x pp x cp x tp, FSDP or not, the pipeline schedule), it
 // works out per rank what the trainer would hold and send, from the same placement map, store
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "config/config.h"
 #include "parallel/comm.h"
 
 struct RankPlan {

@@ -1,4 +1,4 @@
-// model/config_checks.cu - what makes a config valid, once it is read (model/config_schema.h):
+// config/config_checks.cu - what makes a config valid, once it is read (config/config_schema.h):
 // the [model] shape from an [init] from model file, each value alone and against the others,
 // and this job's world size and files. Every problem names the values involved and where each
 // came from; all problems of a phase are reported together.
@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "kernels/common.h"
-#include "model/config_schema.h"
+#include "config/config_schema.h"
 
 namespace config_detail {
 

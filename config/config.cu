@@ -1,4 +1,4 @@
-// model/config.cu - the run configuration: a TOML file (TOML++), then `--section.key=value`
+// config/config.cu - the run configuration: a TOML file (TOML++), then `--section.key=value`
 // overrides, then validation; gives a Config and the resolved config as TOML text.
 //
 // Schema. TOML++ has no strict mode, so each key is one line of a schema (section, key, pointer
@@ -26,8 +26,8 @@
 // to the same float, so parse_config_text(cfg.toml_text) gives back the same Config.
 //
 // The reader is three files: this one (the file, the overrides, putting it together),
-// model/config_schema.cu (the schema and the values) and model/config_checks.cu (the checks).
-#include "model/config.h"
+// config/config_schema.cu (the schema and the values) and config/config_checks.cu (the checks).
+#include "config/config.h"
 
 #include <cerrno>
 #include <cstring>
@@ -35,7 +35,7 @@
 #include <sstream>
 
 #include "kernels/common.h"
-#include "model/config_schema.h"
+#include "config/config_schema.h"
 
 using namespace config_detail;
 

@@ -1,4 +1,4 @@
-// model/plan.cu - the layout planner (model/plan.h): per rank, state and activation bytes from
+// training/plan.cu - the layout planner (training/plan.h): per rank, state and activation bytes from
 // the trainer's own accounting, communication per step from the collectives' counts, then a
 // device model for the step time.
 //
@@ -30,7 +30,7 @@
 //                 load-balancing loss, B*E*4 bytes per micro-batch over tp (SP) and over cp.
 // An MoE block has no dense MLP: 2 tp sums (and with SP 3 gathers) instead of 4 (and 6); its
 // recomputed forward adds 1 sum and 1 gather (a dense block's: 1 and 2).
-#include "model/plan.h"
+#include "training/plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,7 +39,7 @@
 
 #include "model/fp8.h"
 #include "model/gpt.h"
-#include "model/metrics.h"
+#include "training/metrics.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"

@@ -1,9 +1,9 @@
-// model/evaluate.cu - validation loss and sampling (model/evaluate.h).
+// training/evaluate.cu - validation loss and sampling (training/evaluate.h).
 //
 // Sampling runs the full forward over a window of T tokens for every new token (no KV cache):
 // simple, and cheap next to training. Positions after the current length hold end-of-text
 // tokens; causal attention keeps them from influencing the position we read.
-#include "model/evaluate.h"
+#include "training/evaluate.h"
 
 #include "parallel/context_parallel.h"
 

@@ -1,9 +1,9 @@
-// model/config.h - the run configuration: one plain struct per TOML section, filled from a config
+// config/config.h - the run configuration: one plain struct per TOML section, filled from a config
 // file plus command-line overrides (`--train.lr=3e-4`) and validated before any work starts.
 //
 // Every error names the key and where it came from (file:line:col, or the override text) and
-// exits non-zero; see model/config.cu (and its parts model/config_schema.cu, config_checks.cu).
-// Adding a key means: a field here, a line in the schema in model/config_schema.cu, a line in
+// exits non-zero; see config/config.cu (and its parts config/config_schema.cu, config_checks.cu).
+// Adding a key means: a field here, a line in the schema in config/config_schema.cu, a line in
 // docs/CONFIG.md.
 #pragma once
 #include <cstdint>
