@@ -304,17 +304,11 @@ int main(int argc, char** argv) {
   const PlanFlags planner = plan_take_flags(&argc, argv);
   if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
     r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
-    const ParallelConfig& p = r.cfg.parallel;
-    const std::string problem = mesh_validate(r.cfg, planner.search > 0 ? planner.search
-                                                                        : p.dp * p.pp * p.cp * p.tp);
-    CHECK_ALL(planner.search > 0 || problem.empty(), "%s", problem.c_str());
     const int rc = r.rank0 ? plan_run(r.cfg, planner) : 0;
     runtime_finalize();
     return rc;
   }
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
-  const std::string layout_problem = mesh_validate(r.cfg, world_size);
-  CHECK_ALL(layout_problem.empty(), "%s", layout_problem.c_str());
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();

@@ -87,6 +87,6 @@ struct Checker {
   }
 };
 void check_values(Checker& c);                // the values, alone and against each other
-void check_job(Checker& c, int world_size);   // against this job (world size) and machine (files)
+void check_files(Checker& c);                 // against this machine (the files it names)
 
 }  // namespace config_detail

@@ -1,5 +1,4 @@
-// parallel/mesh.cu - MPI start-up and shutdown, the validation of the parallel degrees, and the
-// device mesh: each rank's coordinates and one communicator per axis (layout in mesh.h).
+// parallel/mesh.cu - MPI start-up and shutdown, and the device mesh: each rank's coordinates and one communicator per axis (layout in mesh.h).
 //
 // Failure handling: one failing rank must end the whole job, naming itself. runtime_init installs
 //   - the FATAL hook (kernels/common.h): prefix "[rank r] " on every message, then
@@ -15,14 +14,12 @@
 // Groups are made with MPI_Comm_split over MPI_COMM_WORLD: ranks with equal "color" form a group,
 // ordered by "key". The color of an axis is the rank's coordinates on every other axis, the key
 // its coordinate on this one. Every axis is built, even those no parallelism uses yet.
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 
 #include "parallel/mesh.h"
-#include "parallel/pipeline_schedule.h"
 
 namespace {
 
@@ -67,26 +64,11 @@ void on_mpi_error(MPI_Comm*, int* error_code, ...) {
   FATAL("%s", what.c_str());
 }
 
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, args);
-  va_end(args);
-  return buf;
-}
-
 // Splits MPI_COMM_WORLD by color, orders by key, and makes this rank's group a Comm.
 void make_comm(Comm& c, Axis axis, int color, int key, CommBackend backend, CommStats* stats) {
   MPI_Comm group;
   MPI_Comm_split(MPI_COMM_WORLD, color, key, &group);
   comm_create(c, axis, group, backend, stats);
-}
-
-// Every rank reaches the same verdict: rank 0 reports it once and every rank exits cleanly.
-[[noreturn]] void stop_invalid_layout(const std::string& message) {
-  FATAL_ALL("%s", message.c_str());
 }
 
 }  // namespace
@@ -129,73 +111,15 @@ void runtime_finalize() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation: every rule that ties the degrees to the model or the world size, checked before
-// any work. All violated rules are reported, one per line, each naming the degrees and the rule.
-// ---------------------------------------------------------------------------------------------
-std::string mesh_validate(const Config& cfg, int world_size) {
-  const ParallelConfig& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  const struct { const char* key; int value; } degrees[] = {
-      {"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"cp", p.cp}, {"ep", p.ep}};
-  for (const auto& d : degrees)
-    if (d.value < 1) return format("[parallel] %s = %d must be at least 1", d.key, d.value);
-
-  std::string errors;
-  auto fail = [&](const std::string& msg) { errors += (errors.empty() ? "" : "\n") + msg; };
-  const long product = (long)p.dp * p.pp * p.cp * p.tp;
-  if (product != world_size)
-    fail(format("[parallel] dp*pp*cp*tp = %d*%d*%d*%d = %ld does not equal the %d rank(s) "
-                "launched (the product of the degrees must equal the world size: launch with "
-                "mpirun -np %ld or change the degrees)",
-                p.dp, p.pp, p.cp, p.tp, product, world_size, product));
-  if (m.n_head % p.tp != 0)
-    fail(format("[parallel] tp = %d does not divide [model] n_head = %d (each tensor-parallel "
-                "rank holds n_head/tp heads)", p.tp, m.n_head));
-  if ((4L * m.d_model) % p.tp != 0)
-    fail(format("[parallel] tp = %d does not divide 4*d_model = 4*%d = %d (each tensor-parallel "
-                "rank holds 4*d_model/tp columns of the MLP)", p.tp, m.d_model, 4 * m.d_model));
-  if (m.padded_vocab() % p.tp != 0)
-    fail(format("[parallel] tp = %d does not divide the padded vocabulary %d (vocab_size %d "
-                "rounded up to a multiple of 128; each tensor-parallel rank holds padded/tp rows "
-                "of wte)", p.tp, m.padded_vocab(), m.vocab_size));
-  if (p.tp > 1 && p.sp && m.seq_len % p.tp != 0)
-    fail(format("[parallel] tp = %d does not divide [model] seq_len = %d (sequence parallelism "
-                "gives each tensor-parallel rank seq_len/tp positions; or set sp = false)",
-                p.tp, m.seq_len));
-  if (p.cp > 1 && m.seq_len % (2 * p.cp) != 0)
-    fail(format("[parallel] cp = %d: 2*cp = %d does not divide [model] seq_len = %d (zigzag "
-                "context parallelism cuts each sequence into 2*cp chunks, two per rank)",
-                p.cp, 2 * p.cp, m.seq_len));
-  else if (p.cp > 1 && p.sp && (m.seq_len / p.cp) % p.tp != 0)
-    fail(format("[parallel] tp = %d does not divide seq_len/cp = %d/%d = %d (sequence "
-                "parallelism splits each context-parallel rank's positions over tp)",
-                p.tp, m.seq_len, p.cp, m.seq_len / p.cp));
-  if (p.pp > 1 || p.pp_virtual > 1) {  // the schedule's rules (parallel/pipeline_schedule.h)
-    const std::string rules = pipeline_validate(p.pp_schedule, p.pp, cfg.train.grad_accum,
-                                                p.pp_virtual, m.n_layer);
-    if (!rules.empty())
-      fail(format("[parallel] pp = %d, pp_schedule = \"%s\", pp_virtual = %d, [train] "
-                  "grad_accum = %d (the micro-batches of a step): ", p.pp, p.pp_schedule.c_str(),
-                  p.pp_virtual, cfg.train.grad_accum) + rules);
-  }
-  if (m.n_layer < p.pp)
-    fail(format("[parallel] pp = %d exceeds [model] n_layer = %d (each pipeline stage needs at "
-                "least one layer)", p.pp, m.n_layer));
-  if ((p.dp * p.cp) % p.ep != 0)
-    fail(format("[parallel] ep = %d does not divide dp*cp = %d*%d = %d (expert parallelism "
-                "shards the experts over blocks of ep ranks inside dp x cp)",
-                p.ep, p.dp, p.cp, p.dp * p.cp));
-  return errors;
-}
-
-// ---------------------------------------------------------------------------------------------
 // The mesh
 // ---------------------------------------------------------------------------------------------
 // The stats pointers of the comms point into `mesh`: a Mesh must stay where mesh_init built it.
 void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, int local_rank,
                CommBackend backend) {
-  const std::string invalid = mesh_validate(cfg, world_size);
-  if (!invalid.empty()) stop_invalid_layout(invalid);
+  const ParallelConfig& p = cfg.parallel;
+  CHECK(p.dp * p.pp * p.cp * p.tp == world_size, "mesh: dp*pp*cp*tp = %d*%d*%d*%d for %d ranks "
+        "(the config check, config/layout_rules.cu, should have refused it)", p.dp, p.pp, p.cp,
+        p.tp, world_size);
   if (backend == CommBackend::NCCL) comm_nccl::require();
 
   mesh.world_size = world_size;

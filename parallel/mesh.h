@@ -16,9 +16,8 @@
 //   stage ranks with the same pp_rank                  (FP8 amax agreement inside a stage)
 //   embed pp ranks 0 and pp-1 of one pipeline          (the tied embedding's gradient)
 //
-// Validation runs before any work: the product of the degrees equals the world size; tp divides
-// n_head, 4*d_model and the padded vocabulary, and seq_len with sequence parallelism; 2*cp
-// divides seq_len; n_layer >= pp; ep divides dp*cp. Each failure names the degrees and the rule.
+// The degrees were checked against the model and the world size when the config was read
+// (config/layout_rules.cu).
 #pragma once
 #include "config/config.h"
 #include "parallel/comm.h"
@@ -38,14 +37,10 @@ struct Mesh {
 void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int* local_rank);
 void runtime_finalize();
 
-// Checks the degrees against the model and the world size (exits with a message naming the
-// degrees and the rule on failure), then builds every group with `backend`. The device must be
+// Builds every group with `backend` (the layout passed config/layout_rules.cu). The device must be
 // initialised first (ops::device_init) when the backend is NCCL.
 void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, int local_rank,
                CommBackend backend);
 void mesh_destroy(Mesh& mesh);
 // The mesh's communicators by axis, for the parameter store.
 CommsByAxis mesh_comms(Mesh& mesh);
-// The validation alone (no MPI), used by mesh_init and by tests. Returns "" when the layout is
-// valid, else the message.
-std::string mesh_validate(const Config& cfg, int world_size);

@@ -38,7 +38,7 @@ struct Pipeline {
   std::vector<ops::Event> events;    // two per compute action, and one for the step's start
 };
 
-// Builds the schedule (the rules are checked before any work by mesh_validate) and sizes the
+// Builds the schedule (its rules were checked when the config was read: pipeline_rules) and sizes the
 // slots from its simulation.
 void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
                    Comm* comm);

@@ -122,43 +122,6 @@ const char* pipe_op_name(PipeOp op) {
 // ---------------------------------------------------------------------------------------------
 // Rules
 // ---------------------------------------------------------------------------------------------
-static std::string format(const char* fmt, int a, int b = 0, int c = 0, int d = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof(buf), fmt, a, b, c, d);
-  return buf;
-}
-
-std::string pipeline_validate(const std::string& kind, int p, int m, int v, int n_layer) {
-  std::string msg;
-  auto add = [&](const std::string& line) { msg += (msg.empty() ? "" : "\n") + line; };
-  const bool interleaved = kind == "interleaved";
-  if (kind != "gpipe" && kind != "1f1b" && !interleaved)
-    add("pipeline: schedule \"" + kind + "\" is unknown (one of \"gpipe\", \"1f1b\", "
-        "\"interleaved\")");
-  if (p < 1 || m < 1 || v < 1) {
-    add(format("pipeline: pp = %d, micro-batches m = %d and virtual chunks v = %d must each be "
-               "at least 1", p, m, v));
-    return msg;  // the rules below divide by these
-  }
-  if (v > 1 && !interleaved)
-    add(format("pipeline: v = %d chunks per rank needs the \"interleaved\" schedule (\"", v) +
-        kind + "\" runs one chunk per rank)");
-  if (interleaved && v < 2)
-    add("pipeline: the \"interleaved\" schedule needs v >= 2 chunks per rank (with one chunk "
-        "per rank it is \"1f1b\")");
-  if (interleaved && p < 3)
-    add(format("pipeline: the \"interleaved\" schedule needs pp >= 3, not %d (at pp = 2 the "
-               "activations and the gradients between the two ranks share one ordered channel "
-               "and would have to interleave in the same order on both ends)", p));
-  if (interleaved && m % p != 0)
-    add(format("pipeline: the \"interleaved\" schedule needs the micro-batches m = %d to be a "
-               "multiple of pp = %d (they go through each chunk in groups of pp)", m, p));
-  if (n_layer > 0 && n_layer % (p * v) != 0)
-    add(format("pipeline: n_layer = %d is not a multiple of pp*v = %d*%d = %d (each of the pp*v "
-               "stages holds the same number of blocks)", n_layer, p, v, p * v));
-  return msg;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Building
 // ---------------------------------------------------------------------------------------------
@@ -199,7 +162,7 @@ static void place_messages(PipelineSchedule& s);  // below, after the simulator 
 // Every rank: w warm-up forwards, then one forward and one backward at a time (steady state), then
 // the remaining backwards (cool-down). Then the messages move to where rendezvous needs them.
 PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v) {
-  const std::string err = pipeline_validate(kind, p, m, v, 0);
+  const std::string err = pipeline_rules(kind, p, m, v, 0);
   CHECK(err.empty(), "%s", err.c_str());
   PipelineSchedule s;
   s.kind = kind, s.p = p, s.m = m, s.v = v;

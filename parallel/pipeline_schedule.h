@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "config/config.h"
+
 enum class PipeOp : int {
   Forward = 0,   // forward of (micro, chunk): input from stage s-1 (or the data at stage 0)
   Backward,      // backward of (micro, chunk): output gradient from stage s+1 (or the loss)
@@ -43,15 +45,9 @@ struct PipelineSchedule {
   std::vector<std::vector<PipeAction>> ranks;  // ranks[r]: rank r's actions, in order
 };
 
-// "" if (kind, p, m, v) can be built, else one line per broken rule, each naming it:
-//   kind is one of "gpipe", "1f1b", "interleaved";  p, m, v >= 1;
-//   v > 1 only with "interleaved", and "interleaved" needs v >= 2;
-//   "interleaved" needs p >= 3 (at p = 2 both directions share one channel between the ranks)
-//   and m % p == 0 (micro-batches travel through each chunk in groups of p);
-//   n_layer % (p*v) == 0 when n_layer > 0 (every stage gets n_layer/(p*v) blocks; pass 0 to skip).
-std::string pipeline_validate(const std::string& kind, int p, int m, int v, int n_layer);
-
-// The schedule; stops the job (FATAL) on a configuration pipeline_validate refuses. Every send
+// The rules of (kind, p, m, v) are config/layout_rules.cu's pipeline_rules: a config that breaks
+// them is refused when it is read.
+// The schedule; stops the job (FATAL) on a configuration pipeline_rules refuses. Every send
 // and receive sits where the lists run under rendezvous too: at a moment both ranks are between
 // computes in the timeline with F = 1, B = 2. On the interleaved schedule's link from rank p-1 to
 // rank 0 that puts some receives several computes before their consumer (more as p grows) and

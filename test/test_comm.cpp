@@ -14,7 +14,7 @@
 //                                     included), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
-//                                     prints mesh_validate's verdict ("ok" or the message)
+//                                     prints layout_problems' verdict ("ok" or the message)
 //   mpirun -np N test_comm layout dp tp pp cp ep [nccl]
 //                                     mesh_init alone; rank 0 prints "ok" (or the job dies)
 //   mpirun -np N test_comm fatal|throw|hang
@@ -493,7 +493,7 @@ int run_validate(int argc, char** argv) {
   int v[9];
   for (int i = 0; i < 9; ++i) v[i] = std::atoi(argv[2 + i]);
   const Config cfg = make_config({v[1], v[2], v[3], v[4], v[5]}, v[6], v[7], v[8]);
-  const std::string msg = mesh_validate(cfg, v[0]);
+  const std::string msg = layout_problems(cfg, v[0]);
   std::printf("%s\n", msg.empty() ? "ok" : msg.c_str());
   return 0;
 }

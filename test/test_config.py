@@ -357,7 +357,8 @@ def file_error_cases(tmp):
                  ["dp = 1", "tp = 2", "pp = 3", "cp = 1", "world size 1"],
                  ((keys["parallel.tp"][0], keys["parallel.tp"][2]),
                   (keys["parallel.pp"][0], keys["parallel.pp"][2])))
-    case("ep does not divide dp*cp", {"parallel.ep": "2"}, ["ep = 2", "dp*cp"], "parallel.ep")
+    case("ep does not divide dp*cp", {"parallel.ep": "2", "model.n_experts": "4"},
+         ["ep = 2", "dp*cp"], "parallel.ep")
     case("train glob matches nothing", {"data.train": f'"{tmp}/nothing_*.bin"'},
          ["[data] train", f"{tmp}/nothing_*.bin", "matches no file"], "data.train")
     case("val glob matches nothing", {"data.val": f'"{tmp}/nothing_*.bin"'},

@@ -34,7 +34,7 @@ struct Plan {
   std::string does_not_fit;     // "" or which rank needs how much more than [plan] memory_gib
 };
 
-// Plans cfg's layout; cfg must have passed mesh_validate for its own world size.
+// Plans cfg's layout; cfg must have passed layout_problems (config/config.h).
 Plan plan_layout(const Config& cfg);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
 // The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
