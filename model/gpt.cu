@@ -54,7 +54,7 @@ void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes);
 static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   const GPTLayout& g = m.layout;
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), C = g.C;
-  const size_t Cl = C / g.tp.size, a = dtype_size(m.dt);
+  const size_t Cl = C / g.tp.size(), a = dtype_size(m.dt);
   LayerActs x{};
   x.ln1 = new_buffer<void*>(m, Nt * C * a);
   x.qkv = new_buffer<void*>(m, N * 3 * Cl * a);
@@ -78,7 +78,7 @@ static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, b
   for (int l = 0; l < g.L; l++)
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
-  const int Cl = g.C / g.tp.size;
+  const int Cl = g.C / g.tp.size();
   Fp8Context* f = new Fp8Context;
   f->count_only = count_only;
   fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), s);
@@ -119,7 +119,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.T = T;
   const TensorParallel& tp = layout.tp;
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
-  const size_t Cl = C / tp.size;
+  const size_t Cl = C / tp.size();
 
   moe_create(m);  // before the slots: their MoE layers' buffers are sized by it
   LayerActs shared{};
@@ -139,7 +139,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   if (tp.active()) {
     m.vocab_row = new_buffer<void*>(m, layout.Vp * a);
     m.ce_stats = new_buffer<float*>(m, N * 3 * 4);
-    m.ce_parts = new_buffer<float*>(m, tp.size * N * 3 * 4);
+    m.ce_parts = new_buffer<float*>(m, tp.size() * N * 3 * 4);
     m.partial = new_buffer<void*>(m, N * C * a);
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
@@ -153,12 +153,10 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     m.fp8 = new_fp8(layout, *fp8, (int)N, m.count_only, s);
     m.activation_bytes += m.fp8->bytes;
   }
-  if (layout.cp.size > 1) {
+  if (layout.cp->size > 1) {
     m.cp = new ContextParallel;
     m.cp->count_only = m.count_only;
-    m.cp->size = layout.cp.size;
-    m.cp->rank = layout.cp.rank;
-    cp_create(*m.cp, layout.cp.comm, B, T * layout.cp.size, layout.NH_local, layout.C / layout.NH,
+    cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH,
               dt, ring);  // the plan is over whole sequences
     m.activation_bytes += m.cp->bytes;
   }
@@ -288,7 +286,7 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
                           int T, bool write_output, float dloss, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
-  const int C = g.C, Cl = C / tp.size, HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
+  const int C = g.C, Cl = C / tp.size(), HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
@@ -374,7 +372,7 @@ static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, op
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
 static TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
-  return cp_positions_of(g.cp.size, g.cp.rank, c.B, c.T * g.cp.size);
+  return cp_positions_of(g.cp->size, g.cp->rank, c.B, c.T * g.cp->size);
 }
 
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -426,7 +424,7 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
   const size_t e = dtype_size(m.dt);
   const void* src = (const char*)m.logits + (size_t)n * g.Vp_local * e;
   if (g.tp.active()) {  // every rank's vocabulary columns, in rank order
-    all_gather(*g.tp.comm, src, m.vocab_row, g.Vp_local, m.dt, s);
+    all_gather(*g.tp.group, src, m.vocab_row, g.Vp_local, m.dt, s);
     src = m.vocab_row;
   }
   std::vector<unsigned char> raw(g.Vp * e);
@@ -445,7 +443,7 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
 static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
                                 const void* dres, float* g, int N, ops::Stream s) {
   const TensorParallel& tp = m.layout.tp;
-  const int C = m.layout.C, Cl = C / tp.size, site = kBlockLinears * l;
+  const int C = m.layout.C, Cl = C / tp.size(), site = kBlockLinears * l;
   const DType dt = m.dt;
   auto grad = [&](int i) { return g + bw.offset[i]; };
   void* const* w = bw.w;
@@ -480,7 +478,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   float* g = bw.grads;
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
-  const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
+  const int C = lay.C, Cl = C / tp.size(), HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
   auto grad = [&](int i) { return g + bw.offset[i]; };
   const void* x = block_input(sl, j);
@@ -519,7 +517,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
     if (m.recompute == Recompute::Gelu && !g.moe[l])
-      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size,
+      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size(),
                         m.dt, s);
     block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, s);
     release_block(m, store, l, true, c.last_micro_step);
@@ -536,7 +534,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
 // ---------------------------------------------------------------------------------------------
 void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B,
                           int T, float dloss, float loss_scale_for_log, ops::Stream s) {
-  CHECK(m.layout.pp.p == 1, "gpt_forward_backward runs a one-stage model");
+  CHECK(m.layout.pp.p() == 1, "gpt_forward_backward runs a one-stage model");
   StageCall c;
   c.B = B, c.T = T, c.dloss = dloss, c.loss_scale_for_log = loss_scale_for_log;
   c.last_micro_step = true;
@@ -549,7 +547,7 @@ void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const in
 
 void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
                  ops::Stream s) {
-  CHECK(m.layout.pp.p == 1, "gpt_forward runs a one-stage model");
+  CHECK(m.layout.pp.p() == 1, "gpt_forward runs a one-stage model");
   StageCall c;
   c.B = B, c.T = T, c.with_loss = targets != nullptr;
   gpt_step_begin(m, store, false);

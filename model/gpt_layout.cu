@@ -24,7 +24,7 @@ static TensorPlacement init_const(TensorPlacement t, float value, bool partial_o
 
 // The root: wte, wpe, ln_f. Order must match RootTensor.
 static ParamUnit root_unit(const GPTLayout& g, bool sp) {
-  const int r = g.tp.rank, t = g.tp.size;
+  const int r = g.tp.rank(), t = g.tp.size();
   const int64_t C = g.C;
   const float std = 0.02f;
   ParamUnit root;
@@ -34,14 +34,14 @@ static ParamUnit root_unit(const GPTLayout& g, bool sp) {
   add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
   finish_unit(root);
   root.whole_step = true;
-  if (g.cp.size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
+  if (g.cp->size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
   return root;
 }
 
 // Block l: its tensors in unit order, as BlockTensor indices (block_tensor_order says which).
 // A dense block has the MLP; an MoE block has the router instead (its experts: expert_unit).
 static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
-  const int r = g.tp.rank, t = g.tp.size;
+  const int r = g.tp.rank(), t = g.tp.size();
   const int64_t C = g.C;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
   const bool moe = g.moe[l];
@@ -70,7 +70,7 @@ static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
     add_tensor(u, router);
   }
   finish_unit(u);
-  if (g.cp.size > 1) u.grad_axis = Axis::DPCP;
+  if (g.cp->size > 1) u.grad_axis = Axis::DPCP;
   return u;
 }
 
@@ -88,7 +88,7 @@ const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
 // the tensors are 3-D, (E, d_expert, C) and so on; a placement stacks the experts' rows, so
 // expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them.
 static ParamUnit expert_unit(const GPTLayout& g, int l, bool sp) {
-  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep.size, first = g.ep.rank * per;
+  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep->size, first = g.ep->rank * per;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
   const std::string h = "h." + std::to_string(l) + "/mlp/experts/";
   auto experts = [&](const char* name, int64_t rows, int64_t cols) {
@@ -114,8 +114,7 @@ static size_t unit_parameters(const ParamUnit& u) {
   return n;
 }
 
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp,
-                     const ContextPlace& cp, const ExpertPlace& ep) {
+GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   GPTLayout g;
   g.L = m.n_layer;
   g.NH = m.n_head;
@@ -124,28 +123,30 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
   g.maxT = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
   g.V = m.vocab_size;
   g.Vp = m.padded_vocab();
-  g.tp = tp;
-  g.pp = pp;
-  g.cp = cp;
-  g.ep = ep;
+  g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
+  g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual};
+  g.cp = &mesh[Axis::CP];
+  g.ep = &mesh[Axis::EP];
+  const TensorParallel& tp = g.tp;
+  const PipelinePlace& pp = g.pp;
   g.E = m.n_experts;
   g.top_k = m.n_experts > 0 ? m.top_k : 0;
   g.d_expert = m.expert_hidden();
   g.moe.resize(g.L);
   for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
-  g.NH_local = g.NH / tp.size;
-  g.Vp_local = g.Vp / tp.size;
-  g.vocab_first = tp.rank * g.Vp_local;
-  g.blocks_per_stage = g.L / (pp.p * pp.v);
-  const bool sp = tp.sp && tp.size > 1;  // LayerNorm gradients are partial sums over tp
+  g.NH_local = g.NH / tp.size();
+  g.Vp_local = g.Vp / tp.size();
+  g.vocab_first = tp.rank() * g.Vp_local;
+  g.blocks_per_stage = g.L / (pp.p() * pp.v);
+  const bool sp = tp.sp && tp.active();  // LayerNorm gradients are partial sums over tp
 
   // The first and the last stage each hold the root (parallel/placement.h: tied).
   ParamUnit root = root_unit(g, sp);
   g.parameters = unit_parameters(root);
-  const bool first = pp.rank == 0, last = pp.rank == pp.p - 1;
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.p() - 1;
   if (first || last) {
-    root.tied = pp.p > 1;
-    root.tied_copy = pp.p > 1 && !first;
+    root.tied = pp.p() > 1;
+    root.tied_copy = pp.p() > 1 && !first;
     g.root_unit = 0;
     g.units.push_back(root);
   }
@@ -162,7 +163,7 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
       g.parameters += unit_parameters(experts);
       g.active_parameters += unit_parameters(experts) / g.E * g.top_k;
     }
-    if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
+    if ((l / g.blocks_per_stage) % pp.p() != pp.rank()) continue;  // stage l/bps lives elsewhere
     g.block_unit[l] = (int)g.units.size();
     u.paired = g.moe[l];  // used with its experts
     g.units.push_back(u);

@@ -77,13 +77,13 @@ void moe_create(GPT& m) {
   if (g.E == 0) return;
   MoeState* st = new MoeState;
   m.moe = st;
-  st->ep = ExpertParallel{g.ep.comm, g.ep.size, g.ep.rank, g.E, g.top_k};
+  st->ep = ExpertParallel{g.ep, g.E, g.top_k};
   st->aux_coef = m.moe_aux_loss;
   st->z_coef = m.moe_z_loss;
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
   const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt);
-  const bool ep = g.ep.size > 1;
+  const bool ep = g.ep->size > 1;
   st->send = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
   st->recv = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
   st->expert_out = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
@@ -132,17 +132,17 @@ static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
                       const std::vector<float>& probs, int B, int T, float dloss_scale) {
   const GPTLayout& g = m.layout;
   const int E = g.E, k = g.top_k, Nt = g.tp.tokens(B * T);
-  const bool sp = g.tp.sp && g.tp.size > 1;
-  const int chunks = g.cp.size > 1 ? 2 : 1;
-  const SequenceOf seq{sp ? g.tp.rank * Nt : 0, B, T / chunks};
+  const bool sp = g.tp.sp && g.tp.size() > 1;
+  const int chunks = g.cp->size > 1 ? 2 : 1;
+  const SequenceOf seq{sp ? g.tp.rank() * Nt : 0, B, T / chunks};
   std::vector<int> counts((size_t)B * E, 0);
   for (int i = 0; i < Nt; i++)
     for (int j = 0; j < k; j++) counts[(size_t)seq(i) * E + expert[(size_t)i * k + j]]++;
-  if (sp) all_reduce_host_sum(*g.tp.comm, counts.data(), B * E);
-  if (g.cp.size > 1) all_reduce_host_sum(*g.cp.comm, counts.data(), B * E);
+  if (sp) all_reduce_host_sum(*g.tp.group, counts.data(), B * E);
+  if (g.cp->size > 1) all_reduce_host_sum(*g.cp, counts.data(), B * E);
   // d term / d p_{t,e} = aux_coef * E * f_{s,e} / (T_full * sequences) = aux_coef * E * f *
   // dloss_scale, dloss_scale being 1 / (tokens of the global batch).
-  const double T_full = (double)T * g.cp.size;
+  const double T_full = (double)T * g.cp->size;
   const double scale = (double)m.moe->aux_coef * dloss_scale * E / (T_full * k);
   a.balance_grad.resize((size_t)Nt * E);
   double share = 0;
@@ -213,7 +213,7 @@ static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights
                         ops::Stream s) {
   MoeState& st = *m.moe;
   const int k = m.layout.top_k, C = m.layout.C;
-  const bool ep = st.ep.size > 1;
+  const bool ep = st.ep.size() > 1;
   ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
   if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
   experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
@@ -299,7 +299,7 @@ void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* 
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
-  const bool ep = st.ep.size > 1;
+  const bool ep = st.ep.size() > 1;
   ops::moe_combine_backward(st.d_rows, st.dgate, dout, a.y, a.gate, a.route.position, Nt, k, C,
                             m.dt, s);
   if (ep) ep_to_experts(st.ep, a.route, st.d_rows, st.d_expert, st.recv, C, m.dt, s);
@@ -323,7 +323,7 @@ MoeReport moe_step_report(GPT& m, Comm& world) {
   sums[(size_t)g.L * g.E + 1] = st.z_loss;
   all_reduce_host_sum(world, sums.data(), (int)sums.size());
   // Without sequence parallelism the tp ranks route the same tokens: count them once.
-  const double copies = g.tp.size > 1 && !g.tp.sp ? g.tp.size : 1;
+  const double copies = g.tp.size() > 1 && !g.tp.sp ? g.tp.size() : 1;
   for (double& x : sums) x /= copies;
   MoeReport r;
   r.aux_loss = sums[(size_t)g.L * g.E];

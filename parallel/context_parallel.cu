@@ -91,11 +91,11 @@ static void* alloc_counted(ContextParallel& cp, size_t bytes) {
   return cp.count_only ? nullptr : ops::alloc(bytes);
 }
 
-void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
                ops::Stream ring) {
-  cp.comm = comm;
-  cp.plan = cp_plan_build(cp.size, T);
-  cp.B = B, cp.Tc = T / (2 * cp.size), cp.NH = NH, cp.HS = HS, cp.dt = dt;
+  cp.group = group;
+  cp.plan = cp_plan_build(cp.size(), T);
+  cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.HS = HS, cp.dt = dt;
   cp.ring = ring;
   if (!cp.count_only) {
     cp.ready = ops::event_create();
@@ -137,7 +137,7 @@ T* chunk(T* base, int local, int B, const ContextParallel& cp, int width, size_t
 // Which of the two chunks of `holder` (in its local order) global chunk `g` is.
 int local_of(const ContextParallel& cp, int holder, int g) {
   int first, second;
-  cp_local_chunks(cp.size, holder, &first, &second);
+  cp_local_chunks(cp.size(), holder, &first, &second);
   return g == first ? 0 : 1;
 }
 
@@ -146,12 +146,12 @@ int local_of(const ContextParallel& cp, int holder, int g) {
 void exchange(ContextParallel& cp, const std::vector<P2POp>& ops_list, DType dt, ops::Stream s) {
   ops::event_record(cp.ready, s);
   ops::stream_wait_event(cp.ring, cp.ready);
-  p2p_batch(*cp.comm, ops_list.data(), (int)ops_list.size(), dt, cp.ring);
+  p2p_batch(*cp.group, ops_list.data(), (int)ops_list.size(), dt, cp.ring);
   ops::event_record(cp.arrived, cp.ring);
 }
 
 std::vector<P2POp> pass_on(const ContextParallel& cp, void* out, void* in, size_t count) {
-  const int next = (cp.rank + 1) % cp.size, prev = (cp.rank + cp.size - 1) % cp.size;
+  const int next = (cp.rank() + 1) % cp.size(), prev = (cp.rank() + cp.size() - 1) % cp.size();
   return {{true, out, count, next}, {false, in, count, prev}};
 }
 
@@ -172,13 +172,13 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
   const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
   local_kv(cp, cp.kv[0], qkv, B, s);
   bool written[2] = {false, false};  // the first block of a query chunk writes, later ones merge
-  for (int step = 0; step < cp.size; step++) {
+  for (int step = 0; step < cp.size(); step++) {
     void* held = cp.kv[step % 2];
-    if (step + 1 < cp.size)  // the next K, V travel while these blocks compute
+    if (step + 1 < cp.size())  // the next K, V travel while these blocks compute
       exchange(cp, pass_on(cp, held, cp.kv[(step + 1) % 2], kv_count), cp.dt, s);
-    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    const CpStep& st = cp.plan.ranks[cp.rank()][step];
     for (const CpBlock& blk : st.blocks) {
-      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int qi = local_of(cp, cp.rank(), blk.q_chunk);
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       void* o = chunk(out, qi, B, cp, C, e);
       float* l = chunk(lse, qi, B, cp, cp.NH, sizeof(float));
@@ -194,7 +194,7 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
                                    cp.dt, s);
       ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
     }
-    if (step + 1 < cp.size) ops::stream_wait_event(s, cp.arrived);
+    if (step + 1 < cp.size()) ops::stream_wait_event(s, cp.arrived);
   }
 }
 
@@ -207,13 +207,13 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
   ops::fill_zero(cp.dq, rows * C * sizeof(float), s);
   ops::fill_zero(cp.dkv[0], rows * 2 * C * sizeof(float), s);
   local_kv(cp, cp.kv[0], qkv, B, s);
-  for (int step = 0; step < cp.size; step++) {
+  for (int step = 0; step < cp.size(); step++) {
     const int cur = step % 2, next = (step + 1) % 2;
-    const bool more = step + 1 < cp.size;
+    const bool more = step + 1 < cp.size();
     if (more) exchange(cp, pass_on(cp, cp.kv[cur], cp.kv[next], kv_count), cp.dt, s);
-    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    const CpStep& st = cp.plan.ranks[cp.rank()][step];
     for (const CpBlock& blk : st.blocks) {
-      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int qi = local_of(cp, cp.rank(), blk.q_chunk);
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       ops::attention_block_backward(
           chunk(cp.dq, qi, B, cp, C, sizeof(float)),
@@ -229,6 +229,6 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
   }
   // After cp hops the dK, dV of this rank's own chunks are back, in dkv[cp % 2].
   ops::copy_columns(dqkv, 3 * C, cp.dt, cp.dq, C, DType::F32, (int)rows, C, s);
-  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size % 2], 2 * C, DType::F32,
+  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size() % 2], 2 * C, DType::F32,
                     (int)rows, 2 * C, s);
 }

@@ -15,9 +15,10 @@
 #include "parallel/tensor_parallel.h"
 
 struct ContextParallel {
-  Comm* comm = nullptr;  // the cp group (nullptr with size 1)
-  int size = 1, rank = 0;
-  bool active() const { return size > 1; }
+  Comm* group = nullptr;  // this rank's cp group (the mesh's)
+  int size() const { return group->size; }
+  int rank() const { return group->rank; }
+  bool active() const { return size() > 1; }
   ContextParallelPlan plan;
   int B = 0, Tc = 0, NH = 0, HS = 0;  // largest micro-batch, chunk length, local heads, head size
   DType dt = DType::F32;
@@ -42,8 +43,9 @@ void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int 
 // The local index of global position t of sequence b, or -1 if another cp rank holds it.
 int cp_local_index(int cp, int rank, int B, int T, int b, int t);
 
-// cp.size and cp.rank set by the caller; comm may be null with cp.count_only.
-void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
+// B sequences of T positions (all cp ranks' together) over the group; with cp.count_only set
+// first, the buffers are counted, not allocated.
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
                ops::Stream ring);
 void cp_destroy(ContextParallel& cp);
 

@@ -11,7 +11,7 @@
 //   ep_to_home          the reverse: the experts' rows -> this rank's pairs, dispatch order
 // The backward uses the same two moves on gradients (to_experts for d(expert output), to_home
 // for d(expert input)). With ep = 1 the dispatch order already is expert-major and both moves
-// are the identity: the caller skips them (ExpertParallel::size == 1).
+// are the identity: the caller skips them (ExpertParallel::size() == 1).
 #pragma once
 #include <vector>
 
@@ -20,10 +20,11 @@
 #include "parallel/expert_dispatch_plan.h"
 
 struct ExpertParallel {
-  Comm* comm = nullptr;  // the ep group (its ranks hold different experts, the same layers)
-  int size = 1, rank = 0;
+  Comm* group = nullptr;  // the ep group (its ranks hold different experts, the same layers)
   int E = 0, top_k = 0;
-  int experts_per_rank() const { return E / size; }
+  int size() const { return group->size; }
+  int rank() const { return group->rank; }
+  int experts_per_rank() const { return E / size(); }
   // The most rows this rank's experts can receive in one micro-batch of N tokens: every rank's
   // N tokens, each sending at most min(top_k, E/ep) of its pairs here (dropless: buffers are
   // sized for it, nothing is ever dropped).

@@ -85,11 +85,10 @@ static int peak_slots(const PipelineSchedule& s, int rank) {
   return peak;
 }
 
-void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
-                   Comm* comm) {
+void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
+  const int p = group->size, rank = group->rank;
   pl.schedule = pipeline_build(kind, p, m, v);
-  pl.rank = rank;
-  pl.comm = comm;
+  pl.comm = group;
   const PipelineSimulation sim =
       pipeline_simulate(pl.schedule, 1.0, 2.0, PipeComm::Rendezvous);
   CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
@@ -211,8 +210,9 @@ SlotPool make_pool(int slots, int m) {
 }  // namespace
 
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.rank];
-  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, true, s, make_pool(pl.slots, pl.schedule.m)};
+  const int rank = pl.comm->rank;
+  const std::vector<PipeAction>& list = pl.schedule.ranks[rank];
+  Executor ex{pl.schedule, stages, *pl.comm, rank, true, s, make_pool(pl.slots, pl.schedule.m)};
   ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;
   size_t e = 1;
@@ -234,12 +234,12 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
   const int p = pl.schedule.p, v = pl.schedule.v, S = p * v;
   std::vector<PipeAction> list;  // each chunk: receive the input, forward, send the output
   for (int c = 0; c < v; c++) {
-    const int stage = c * p + pl.rank;
+    const int stage = c * p + pl.comm->rank;
     if (stage > 0) list.push_back({PipeOp::RecvForward, 0, c, (stage - 1) % p});
     list.push_back({PipeOp::Forward, 0, c, -1});
     if (stage < S - 1) list.push_back({PipeOp::SendForward, 0, c, (stage + 1) % p});
   }
-  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, false, s, make_pool(1, 1)};
+  Executor ex{pl.schedule, stages, *pl.comm, pl.comm->rank, false, s, make_pool(1, 1)};
   for_each_step(list, [&](size_t begin, size_t end) {
     if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, list, begin, end);
     else compute(ex, list, begin);
@@ -278,9 +278,7 @@ PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
                            t.start_ms, t.end_ms};
     std::copy(row, row + 5, &mine[5 * k]);
   }
-  if (p > 1) MPI_Allgather(mine.data(), 5 * n, MPI_DOUBLE, all.data(), 5 * n, MPI_DOUBLE,
-                           pl.comm->mpi);
-  else all = mine;
+  all_gather_host(*pl.comm, mine.data(), mine.size() * sizeof(double), all.data());
   PipelineReport rep;
   rep.busy_ms.assign(p, 0.0);
   for (int r = 0; r < p; r++)

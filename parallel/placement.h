@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/axis.h"
 
 constexpr size_t kTensorAlign = 64;  // elements: every tensor starts 16-byte aligned in any dtype
 

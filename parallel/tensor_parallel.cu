@@ -68,7 +68,7 @@
 const void* tp_all_tokens(const TensorParallel& tp, void* all, const void* mine, int N, int C,
                           DType dt, ops::Stream s) {
   if (!tp.active() || !tp.sp) return mine;
-  all_gather(*tp.comm, mine, all, (size_t)tp.tokens(N) * C, dt, s);
+  all_gather(*tp.group, mine, all, (size_t)tp.tokens(N) * C, dt, s);
   return all;
 }
 
@@ -76,10 +76,10 @@ void* tp_sum_partials(const TensorParallel& tp, void* partial, void* mine, int N
                       DType dt, ops::Stream s) {
   if (!tp.active()) return partial;
   if (!tp.sp) {
-    all_reduce_sum(*tp.comm, partial, (size_t)N * C, dt, s);
+    all_reduce_sum(*tp.group, partial, (size_t)N * C, dt, s);
     return partial;
   }
-  reduce_scatter_sum(*tp.comm, partial, mine, (size_t)tp.tokens(N) * C, dt, s);
+  reduce_scatter_sum(*tp.group, partial, mine, (size_t)tp.tokens(N) * C, dt, s);
   return mine;
 }
 
@@ -101,7 +101,7 @@ void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, co
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
   for (int k = 0; k < pos.chunks; k++) {
-    const void* wpe_k = tp.rank == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
+    const void* wpe_k = tp.rank() == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
     ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
                          wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows);
   }
@@ -129,8 +129,8 @@ void tp_cross_entropy(const TensorParallel& tp, void* logits, float* losses, flo
     return;
   }
   ops::classifier_shard_stats(stats, logits, targets, N, Vs, col0, V, dt, s);
-  all_gather(*tp.comm, stats, parts, (size_t)N * 3, DType::F32, s);
-  ops::classifier_merge_stats(stats, losses, parts, targets, tp.size, N, s);
+  all_gather(*tp.group, stats, parts, (size_t)N * 3, DType::F32, s);
+  ops::classifier_merge_stats(stats, losses, parts, targets, tp.size(), N, s);
   if (dloss != 0.0f)
     ops::classifier_shard_backward(logits, stats, targets, dloss, N, Vs, col0, V, dt, s);
 }

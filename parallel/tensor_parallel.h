@@ -9,13 +9,16 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 
+// This rank's tensor-parallel group (the mesh's, parallel/mesh.h) and whether sequence
+// parallelism is on.
 struct TensorParallel {
-  Comm* comm = nullptr;  // the tp group (nullptr with size 1: no tensor parallelism)
-  int size = 1, rank = 0;
+  Comm* group = nullptr;
   bool sp = false;       // sequence parallel: LayerNorms and residuals on N/tp tokens per rank
-  bool active() const { return size > 1; }
+  int size() const { return group->size; }
+  int rank() const { return group->rank; }
+  bool active() const { return size() > 1; }
   // Tokens this rank holds outside the tensor-parallel regions (LayerNorms, residual stream).
-  int tokens(int N) const { return sp && size > 1 ? N / size : N; }
+  int tokens(int N) const { return sp && active() ? N / size() : N; }
 };
 
 // Make every token available before a column-parallel GEMM (Megatron's f, forward), or before

@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/comm_mpi_internal.h"  // the test checks the MPI groups themselves
 #include "parallel/mesh.h"
 
 #ifdef COMM_TEST_FAKE_DEVICE
@@ -127,7 +128,8 @@ std::vector<Coord> coordinates(const Layout& L) {
 }
 
 // (what members share, position in the group) of a rank on an axis, as mesh.h defines the groups.
-std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w) {
+std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, const Layout& L) {
+  const bool end = L.pp > 1 && (c.pp == 0 || c.pp == L.pp - 1);  // of its pipeline
   switch (a) {
     case Axis::World: return {{0, 0, 0}, w};
     case Axis::DP: return {{c.pp, c.cp, c.tp}, c.dp};
@@ -136,16 +138,21 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w) {
     case Axis::CP: return {{c.dp, c.pp, c.tp}, c.cp};
     case Axis::DPCP: return {{c.pp, c.tp, 0}, c.dpcp};
     case Axis::EP: return {{c.pp, c.tp, c.ep_block}, c.ep};
+    case Axis::Stage: return {{c.pp, 0, 0}, w};
+    case Axis::Embed:  // the two ends of a pipeline together; anyone else alone
+      return end ? std::pair<std::array<int, 3>, int>{{c.dpcp, c.tp, 0}, c.pp}
+                 : std::pair<std::array<int, 3>, int>{{-1 - w, 0, 0}, 0};
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }
 
 // World ranks of my group on axis a, in group-rank order.
-std::vector<int> expected_members(const std::vector<Coord>& table, Axis a, int me) {
+std::vector<int> expected_members(const std::vector<Coord>& table, const Layout& L, Axis a,
+                                  int me) {
   std::vector<std::pair<int, int>> by_key;  // (key, world rank)
   for (int w = 0; w < (int)table.size(); ++w)
-    if (group_key(a, table[w], w).first == group_key(a, table[me], me).first)
-      by_key.push_back({group_key(a, table[w], w).second, w});
+    if (group_key(a, table[w], w, L).first == group_key(a, table[me], me, L).first)
+      by_key.push_back({group_key(a, table[w], w, L).second, w});
   std::sort(by_key.begin(), by_key.end());
   std::vector<int> members;
   for (auto& kw : by_key) members.push_back(kw.second);
@@ -154,7 +161,7 @@ std::vector<int> expected_members(const std::vector<Coord>& table, Axis a, int m
 
 std::vector<int> actual_members(const Comm& c) {
   MPI_Group group, world;
-  MPI_Comm_group(c.mpi, &group);
+  MPI_Comm_group(mpi_group(c), &group);
   MPI_Comm_group(MPI_COMM_WORLD, &world);
   std::vector<int> ranks(c.size), members(c.size);
   for (int i = 0; i < c.size; ++i) ranks[i] = i;
@@ -304,10 +311,10 @@ void test_host_helpers(Ctx& ctx, Comm& c, const std::vector<int>& M) {
 const size_t kSizes[] = {1, 7, 4099};
 const size_t kLargeP2P = 262144;  // 1 MB in fp32
 
-void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
+void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table, const Layout& L,
                const std::string& layout) {
   ctx.where = layout + " axis " + axis_name(a);
-  const std::vector<int> M = expected_members(table, a, ctx.world_rank);
+  const std::vector<int> M = expected_members(table, L, a, ctx.world_rank);
   check(ctx, c.axis == a && c.size == (int)M.size(), "axis and group size");
   check(ctx, actual_members(c) == M, "group members (world ranks in group order)");
   check(ctx, c.rank < (int)M.size() && M[c.rank] == ctx.world_rank, "rank within the group");
@@ -386,12 +393,17 @@ std::vector<Layout> layouts_for(int world) {
 
 void check_coordinates(Ctx& ctx, const Mesh& mesh, const Layout& L) {
   const Coord c = coordinates(L)[ctx.world_rank];
-  check(ctx, mesh.dp_rank == c.dp && mesh.pp_rank == c.pp && mesh.cp_rank == c.cp &&
-                 mesh.tp_rank == c.tp && mesh.ep_rank == c.ep,
-        "coordinates");
-  check(ctx, mesh.dp == L.dp && mesh.tp == L.tp && mesh.pp == L.pp && mesh.cp == L.cp &&
-                 mesh.ep == L.ep && mesh.world_size == ctx.world_size &&
-                 mesh.world_rank == ctx.world_rank,
+  const MeshCoords pure = mesh_coords(mesh.shape, ctx.world_rank);
+  check(ctx, mesh[Axis::DP].rank == c.dp && mesh[Axis::PP].rank == c.pp &&
+                 mesh[Axis::CP].rank == c.cp && mesh[Axis::TP].rank == c.tp &&
+                 mesh[Axis::EP].rank == c.ep,
+        "coordinates (group ranks)");
+  check(ctx, pure.dp == c.dp && pure.pp == c.pp && pure.cp == c.cp && pure.tp == c.tp &&
+                 pure.ep == c.ep && mesh_world_rank(mesh.shape, pure) == ctx.world_rank,
+        "coordinates (mesh_coords, mesh_world_rank)");
+  check(ctx, mesh.shape.dp == L.dp && mesh.shape.tp == L.tp && mesh.shape.pp == L.pp &&
+                 mesh.shape.cp == L.cp && mesh.shape.ep == L.ep &&
+                 mesh.shape.world() == ctx.world_size && mesh.world_rank == ctx.world_rank,
         "degrees and world");
 }
 
@@ -417,10 +429,10 @@ void check_summary(Ctx& ctx, Mesh& mesh) {
   const size_t n = 250000;  // fp32: 1 MB
   void* buf = upload(std::vector<float>(n, 1.0f), DType::F32);
   void* gathered = poisoned(n, DType::F32);
-  for (int i = 0; i < 3; ++i) all_reduce_sum(mesh.world, buf, n, DType::F32, nullptr);
+  for (int i = 0; i < 3; ++i) all_reduce_sum(mesh[Axis::World], buf, n, DType::F32, nullptr);
   const size_t per_rank = n / ctx.world_size;
-  all_gather(mesh.world, buf, gathered, per_rank, DType::F32, nullptr);
-  barrier(mesh.world);
+  all_gather(mesh[Axis::World], buf, gathered, per_rank, DType::F32, nullptr);
+  barrier(mesh[Axis::World]);
   char* text = nullptr;
   size_t len = 0;
   FILE* f = open_memstream(&text, &len);
@@ -445,17 +457,19 @@ void check_summary(Ctx& ctx, Mesh& mesh) {
 void run_layout(Ctx& ctx, const Layout& L) {
   const std::string name = describe(L);
   Mesh mesh;
-  mesh_init(mesh, make_config(L), ctx.world_rank, ctx.world_size, 0, ctx.backend);
+  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, ctx.backend);
   ctx.where = name;
   ctx.expected = CommStats{};
   check_coordinates(ctx, mesh, L);
   const std::vector<Coord> table = coordinates(L);
   const std::pair<Comm*, Axis> axes[] = {
-      {&mesh.world, Axis::World}, {&mesh.dp_comm, Axis::DP},     {&mesh.tp_comm, Axis::TP},
-      {&mesh.pp_comm, Axis::PP},  {&mesh.cp_comm, Axis::CP},     {&mesh.dpcp_comm, Axis::DPCP},
-      {&mesh.ep_comm, Axis::EP},  {&mesh.epdp_comm, Axis::EPDP}};
+      {&mesh[Axis::World], Axis::World}, {&mesh[Axis::DP], Axis::DP},
+      {&mesh[Axis::TP], Axis::TP},       {&mesh[Axis::PP], Axis::PP},
+      {&mesh[Axis::CP], Axis::CP},       {&mesh[Axis::DPCP], Axis::DPCP},
+      {&mesh[Axis::EP], Axis::EP},       {&mesh[Axis::EPDP], Axis::EPDP},
+      {&mesh[Axis::Stage], Axis::Stage}, {&mesh[Axis::Embed], Axis::Embed}};
   for (const auto& [comm, axis] : axes) {
-    test_axis(ctx, *comm, axis, table, name);
+    test_axis(ctx, *comm, axis, table, L, name);
     check(ctx, mesh.stats.group_size[(int)axis] == comm->size, "group size in the stats");
   }
   ctx.where = name;
@@ -504,7 +518,7 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
                     std::atoi(argv[5]), std::atoi(argv[6])};
   const CommBackend backend = argc == 8 ? CommBackend::NCCL : CommBackend::MPI;
   Mesh mesh;
-  mesh_init(mesh, make_config(L), ctx.world_rank, ctx.world_size, 0, backend);
+  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, backend);
   if (ctx.world_rank == 0) std::printf("ok\n");
   mesh_destroy(mesh);
   return 0;
@@ -514,17 +528,17 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
 int run_failure(const Ctx& ctx, const std::string& mode) {
   CHECK(ctx.world_size >= 2, "test_comm %s needs at least 2 ranks", mode.c_str());
   Mesh mesh;
-  mesh_init(mesh, make_config({ctx.world_size, 1, 1, 1, 1}), ctx.world_rank, ctx.world_size, 0,
-            CommBackend::MPI);
+  mesh_init(mesh, mesh_shape(make_config({ctx.world_size, 1, 1, 1, 1}).parallel), ctx.world_rank,
+            0, CommBackend::MPI);
   void* buf = upload({1.0f}, DType::F32);
-  all_reduce_sum(mesh.world, buf, 1, DType::F32, nullptr);  // everyone is up
+  all_reduce_sum(mesh[Axis::World], buf, 1, DType::F32, nullptr);  // everyone is up
   if (ctx.world_rank == 1) {
     if (mode == "fatal") FATAL("deliberate failure of rank 1 (test_comm fatal)");
     if (mode == "throw")
       throw std::runtime_error("deliberate exception of rank 1 (test_comm throw)");
     raise(SIGKILL);
   }
-  all_reduce_sum(mesh.world, buf, 1, DType::F32, nullptr);  // never completes
+  all_reduce_sum(mesh[Axis::World], buf, 1, DType::F32, nullptr);  // never completes
   std::fprintf(stderr, "[rank %d] the job survived the failure of rank 1\n", ctx.world_rank);
   return 3;
 }

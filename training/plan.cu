@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "model/fp8.h"
 #include "model/gpt.h"
@@ -72,13 +73,10 @@ void add(CommStats& st, Axis a, CollectiveKind k, uint64_t calls, uint64_t bytes
   st.axis[(int)a].bytes[(int)k] += bytes;
 }
 
-GPTLayout layout_of(const Config& c, const Shape& s, const RankPlan& r) {
-  TensorParallel tp;
-  tp.size = s.tp, tp.rank = r.tp_rank, tp.sp = c.parallel.sp;
-  const int dpcp = r.dp_rank * s.cp + r.cp_rank;
-  return gpt_layout(c.model, tp, PipelinePlace{s.pp, r.pp_rank, s.v},
-                    ContextPlace{nullptr, s.cp, r.cp_rank},
-                    ExpertPlace{nullptr, s.ep, dpcp % s.ep});
+// Rank r's layout, over a mesh that describes its place (parallel/mesh.h).
+GPTLayout layout_of(const Config& c, const RankPlan& r, Mesh& mesh) {
+  mesh_init(mesh, mesh_shape(c.parallel), r.rank, 0, CommBackend::None);
+  return gpt_layout(c.model, mesh);
 }
 
 // The MoE and dense blocks this rank holds (all chunks).
@@ -259,15 +257,18 @@ Plan plan_layout(const Config& c) {
   const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, s.ep, s.dp * s.cp, s.dp * s.cp / s.ep,
                        world / s.pp, s.pp > 1 ? 2 : 1};  // per Axis, as the mesh builds them
   std::vector<GPTLayout> layouts(s.pp * s.tp);
+  std::vector<std::unique_ptr<Mesh>> meshes(s.pp * s.tp);
   std::vector<RankPlan> roles(s.pp * s.tp);
+  const MeshShape shape = mesh_shape(c.parallel);
   for (int w = 0; w < world; w++) {
     RankPlan r;
     for (int a = 0; a < (int)Axis::Count; a++) r.comm.group_size[a] = sizes[a];
-    r.rank = w, r.tp_rank = w % s.tp, r.cp_rank = w / s.tp % s.cp;
-    r.pp_rank = w / (s.tp * s.cp) % s.pp, r.dp_rank = w / (s.tp * s.cp * s.pp);
+    const MeshCoords at = mesh_coords(shape, w);
+    r.rank = w, r.tp_rank = at.tp, r.cp_rank = at.cp, r.pp_rank = at.pp, r.dp_rank = at.dp;
     const int role = r.pp_rank * s.tp + r.tp_rank;
     if (layouts[role].units.empty()) {
-      layouts[role] = layout_of(c, s, r);
+      meshes[role] = std::make_unique<Mesh>();
+      layouts[role] = layout_of(c, r, *meshes[role]);
       roles[role] = r;  // the role's first rank: dp and cp rank 0
       memory(c, s, layouts[role], sched, roles[role]);
     }
@@ -284,7 +285,7 @@ Plan plan_layout(const Config& c) {
   }
   // The step: the rank with the most compute-bound work sets it (all ranks of a balanced
   // layout do the same), slowed by the bubble, plus the communication that is not overlapped.
-  const GPTLayout g0 = layout_of(c, s, plan.ranks[0]);
+  const GPTLayout& g0 = layouts[0];  // rank 0's role
   plan.tokens_per_step = (double)s.B * s.T * s.m * s.dp;
   const double flops = hardware_flops_per_token(g0, s.rc) * plan.tokens_per_step / world;
   plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
