@@ -26,8 +26,9 @@
 // inf. Scales, amaxes and histories stay on the device: no host sync.
 //
 // One scale per tensor across the ranks. Before a scale is computed, the amax is reduced (max)
-// over the amax group - dp x tp today, the whole mesh: tensor-parallel ranks hold slices of the
-// weights, of the row-parallel inputs and of the column-parallel output gradients, and data-
+// over the amax group - the stage group, dp x cp x tp: every rank that runs the same layers (one
+// pp rank; train.cu passes it). Tensor-parallel ranks hold slices of the weights, of the
+// row-parallel inputs and of the column-parallel output gradients, and data- and context-
 // parallel ranks hold other tokens, so without the reduction every layout would quantize with
 // different scales. With it, every layout casts every element to the same FP8 code, and layouts
 // differ only in the order of the fp32 sums. (Sequence-parallel inputs are all-gathered before

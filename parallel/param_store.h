@@ -16,7 +16,8 @@
 //
 // Units are what the placement map says they are on this rank: under tensor parallelism a unit
 // holds this tp rank's blocks, and FSDP shards that local unit over the unit's own group
-// (ParamUnit::grad_axis: dp for dense weights). After the gradients of the step are reduced over
+// (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the same
+// experts). "dp" above stands for that group. After the gradients of the step are reduced over
 // that group, the range whose gradients are partial over tp (LayerNorms under sequence
 // parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
 // once, whichever ranks hold copies of it.

@@ -16,10 +16,10 @@
 // one gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and
 // rank at most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
 //
-// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built and
-// checked in parallel/pipeline_schedule.cu, where the warm-up, the steady one-forward-one-
-// backward state, the cool-down, the memory bound and the bubble (p-1)/(v*m + p-1) are derived.
-// This file runs the list:
+// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built in
+// parallel/pipeline_schedule.cu (the warm-up, the steady one-forward-one-backward state, the
+// cool-down and the memory bound) and checked by parallel/pipeline_simulator.cu; the bubble
+// (p-1)/(v*m + p-1) is derived in docs/PARALLELISM.md. This file runs the list:
 //
 //   rank 1 of 4, 1f1b, m = 4:   recv-fwd 0, F0, send-fwd 0 | recv-fwd 1, F1, send-fwd 1 |
 //                               recv-bwd 0 ... B0 ...

@@ -1,4 +1,5 @@
-// test/test_pipeline_schedule.cpp - checks parallel/pipeline_schedule.* (pure logic, one process).
+// test/test_pipeline_schedule.cpp - checks parallel/pipeline_schedule.h: the schedules, the message
+// placement and the simulator (pure logic, one process).
 //
 // For every schedule and p in {1,2,3,4}, m in {1,2,4,8} (interleaved: v in {2,3} and the m that
 // are multiples of p), the action lists pipeline_build makes, and their simulation with F = 1,
