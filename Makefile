@@ -39,7 +39,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 
 # Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu is the NCCL backend,
 # comm_nccl_absent.cu stands in for it in the CPU binary.
-SHARED_SRC := train.cu kernels/common.cpp \
+SHARED_SRC := train.cu kernels/common.cpp kernels/allocator.cpp \
               $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
                 $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu

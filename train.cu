@@ -128,18 +128,18 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
 
-  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh[Axis::DP].rank,
-                  r.mesh.shape.dp, cfg.data.shuffle, cfg.train.seed);
+  const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
+  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
+                  cfg.data.shuffle, cfg.train.seed);
   if (!cfg.data.val.empty())
-    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, r.mesh[Axis::DP].rank, r.mesh.shape.dp,
-                    false, 0);
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0);
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0);
   RunInfo info;
   info.parameters = r.layout.parameters;
-  info.state_bytes = r.store.state_bytes;
+  info.state_bytes = r.store.state_memory.bytes;
   info.activation_bytes = r.model.activation_bytes;
   info.world_size = world_size;
   info.flops_per_token = model_flops_per_token(r.layout);
@@ -150,8 +150,9 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
 static void print_banner(const Run& r) {
   if (!r.rank0) return;
   const Config& c = r.cfg;
+  const MeshShape& mesh = r.mesh.shape;
   std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
-              ops::backend_name(), r.mesh.shape.world(), c.parallel.backend.c_str());
+              ops::backend_name(), mesh.world(), c.parallel.backend.c_str());
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
@@ -159,26 +160,26 @@ static void print_banner(const Run& r) {
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",
-              r.mesh.shape.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", r.mesh.shape.tp,
-              r.mesh.shape.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
+              mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", mesh.tp,
+              mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
-              c.train.micro_batch * c.train.grad_accum * r.mesh.shape.dp * c.model.seq_len);
+              c.train.micro_batch * c.train.grad_accum * mesh.dp * c.model.seq_len);
   if (r.layout.E > 0)
     std::printf("experts  %d experts of hidden %d, top-%d, in %d of %d blocks, ep=%d (%d experts "
                 "per rank): %zu parameters active per token\n", r.layout.E, r.layout.d_expert,
                 r.layout.top_k, (int)std::count(r.layout.moe.begin(), r.layout.moe.end(), true),
-                r.layout.L, r.mesh.shape.ep, r.layout.E / r.mesh.shape.ep, r.layout.active_parameters);
-  if (r.mesh.shape.cp > 1)
+                r.layout.L, mesh.ep, r.layout.E / mesh.ep, r.layout.active_parameters);
+  if (mesh.cp > 1)
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
-                "sequence; attention is a ring over the cp group\n", r.mesh.shape.cp,
-                c.model.seq_len / (2 * r.mesh.shape.cp));
-  if (r.mesh.shape.pp > 1)
+                "sequence; attention is a ring over the cp group\n", mesh.cp,
+                c.model.seq_len / (2 * mesh.cp));
+  if (mesh.pp > 1)
     std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
-                "bubble (p-1)/(v*m+p-1) = %.3f\n", r.mesh.shape.pp, c.parallel.pp_schedule.c_str(),
+                "bubble (p-1)/(v*m+p-1) = %.3f\n", mesh.pp, c.parallel.pp_schedule.c_str(),
                 c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
-                pipeline_bubble(r.mesh.shape.pp, c.train.grad_accum, c.parallel.pp_virtual));
+                pipeline_bubble(mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
-              r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
+              r.store.state_memory.bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
                 "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
@@ -193,8 +194,6 @@ static StepReport train_step(Run& r, int step) {
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
   comm_stats_reset(r.mesh.stats);
-  grads_zero(r.store);
-  ops::fill_zero(r.model.loss_sum, sizeof(float), r.compute);
   const int cp = r.mesh.shape.cp, T_local = T / cp;
   const size_t n = (size_t)B * T_local;
   for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
@@ -203,16 +202,16 @@ static StepReport train_step(Run& r, int step) {
       continue;
     }
     dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
-    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, r.mesh[Axis::CP].rank, B, T);
-    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, r.mesh[Axis::CP].rank, B, T);
+    const int cp_rank = r.mesh[Axis::CP].rank;
+    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
+    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
   }
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
   const float dloss = 1.0f / ((float)B * T * accum * r.mesh.shape.dp);
-  gpt_train_micro_batches(r.model, r.store, r.pipeline,
-                          {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
-                          1.0f / ((float)B * T * accum), r.compute);
-  grads_wait(r.store);
+  gpt_train_step(r.model, r.store, r.pipeline,
+                 {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
+                 1.0f / ((float)B * T * accum), r.compute);
   StepReport rep;
   rep.step = step;
   rep.steps = c.train.steps;

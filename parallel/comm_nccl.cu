@@ -6,8 +6,8 @@
 // Communicators: one ncclComm per group of two or more ranks, made collectively over the group
 // (comm_create, parallel/comm_mpi_runtime.cu, calls nccl_create for every group of the mesh, in
 // the same order on every rank): group rank 0 draws an ncclUniqueId, the MPI backend's host
-// broadcast hands it to the group, and every member calls ncclCommInitRank. The device must already be selected
-// (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
+// broadcast hands it to the group, and every member calls ncclCommInitRank. The device must
+// already be selected (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
 // concurrently; all-to-all-v the same with a size per peer, zero sizes left out.

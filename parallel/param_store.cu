@@ -14,12 +14,6 @@
 #include <cmath>
 #include <cstring>
 
-static float* alloc_zeroed_f32(size_t n, ops::Stream s) {
-  float* p = (float*)ops::alloc(n * sizeof(float));
-  ops::fill_zero(p, n * sizeof(float), s);
-  return p;
-}
-
 // Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`, one
 // global block of each tensor at a time.
 static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill& fill,
@@ -66,7 +60,11 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.compute = compute;
   st.comm = comm;
   st.pool_slots = fsdp_pool_slots(units);
+  st.state_memory.count_only = st.work_memory.count_only = st.count_only;
   const bool sharded = mode == ShardingMode::FSDP;
+  auto zeroed = [&](size_t n) {
+    return (float*)allocate_zeroed(st.state_memory, n * sizeof(float), compute);
+  };
   for (const ParamUnit& pu : units) {
     UnitState us;
     us.group = comms[pu.grad_axis];
@@ -82,33 +80,24 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
     us.shard_offset = shard.first;
     us.shard_numel = shard.size();
-    us.master = alloc_zeroed_f32(us.shard_numel, compute);
-    us.adam_m = alloc_zeroed_f32(us.shard_numel, compute);
-    us.adam_v = alloc_zeroed_f32(us.shard_numel, compute);
-    us.grad = alloc_zeroed_f32(us.shard_numel, compute);
-    st.state_bytes += 4 * us.shard_numel * sizeof(float);
+    us.master = zeroed(us.shard_numel);
+    us.adam_m = zeroed(us.shard_numel);
+    us.adam_v = zeroed(us.shard_numel);
+    us.grad = zeroed(us.shard_numel);
     st.units.push_back(us);
   }
-  st.norm_scratch = alloc_zeroed_f32(1, compute);
-  st.comm_idle = ops::event_create();
+  st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
+  st.comm_idle = allocate_event(st.work_memory);
   if (sharded) fsdp_init(st);
   else ddp_init(st);
-  param_store_load(st, units, fill);
+  if (!st.count_only) param_store_load(st, units, fill);
 }
 
 void param_store_destroy(ParamStore& st) {
   ops::stream_sync(st.compute);
   ops::stream_sync(st.comm);
-  if (st.mode == ShardingMode::FSDP) fsdp_destroy(st);
-  else ddp_destroy(st);
-  for (UnitState& us : st.units) {
-    ops::release(us.master);
-    ops::release(us.adam_m);
-    ops::release(us.adam_v);
-    ops::release(us.grad);
-  }
-  ops::release(st.norm_scratch);
-  ops::event_destroy(st.comm_idle);
+  allocator_free(st.state_memory);
+  allocator_free(st.work_memory);
   st.units.clear();
 }
 

@@ -86,14 +86,19 @@ static int peak_slots(const PipelineSchedule& s, int rank) {
 }
 
 void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
-  const int p = group->size, rank = group->rank;
-  pl.schedule = pipeline_build(kind, p, m, v);
-  pl.comm = group;
-  const PipelineSimulation sim =
-      pipeline_simulate(pl.schedule, 1.0, 2.0, PipeComm::Rendezvous);
-  CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
+  const PipelineSchedule schedule = pipeline_build(kind, group->size, m, v);
+  const PipelineSimulation sim = pipeline_simulate(schedule, 1.0, 2.0, PipeComm::Rendezvous);
+  CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), group->size, m, v,
         sim.error.c_str());
-  pl.slots = pipeline_slots(pl.schedule, rank);
+  pipeline_init_with(pl, schedule, group);
+}
+
+void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* group) {
+  const int m = schedule.m, v = schedule.v;
+  pl.schedule = schedule;
+  pl.comm = group;
+  pl.slots = pipeline_slots(pl.schedule, group->rank);
+  if (pl.count_only) return;
   pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
@@ -213,16 +218,18 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
   const int rank = pl.comm->rank;
   const std::vector<PipeAction>& list = pl.schedule.ranks[rank];
   Executor ex{pl.schedule, stages, *pl.comm, rank, true, s, make_pool(pl.slots, pl.schedule.m)};
-  ops::event_record(pl.events[0], s);
+  const bool timed_run = !pl.count_only;
+  if (timed_run) ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;
   size_t e = 1;
   for_each_step(list, [&](size_t begin, size_t end) {
     if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, list, begin, end);
-    ops::event_record(pl.events[e++], s);
+    if (timed_run) ops::event_record(pl.events[e++], s);
     compute(ex, list, begin);
-    ops::event_record(pl.events[e++], s);
+    if (timed_run) ops::event_record(pl.events[e++], s);
     timed.push_back(list[begin]);
   });
+  if (!timed_run) return;
   ops::event_sync(pl.events[e - 1]);
   pl.timing.clear();
   for (size_t k = 0; k < timed.size(); k++)

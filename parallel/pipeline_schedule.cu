@@ -1,8 +1,8 @@
 // parallel/pipeline_schedule.cu - pipeline schedules as data: the builder that writes, for p
 // pipeline ranks, m micro-batches and v model chunks per rank, the ordered list of actions each
-// rank performs in one step (gpipe, 1f1b, interleaved 1f1b). No communication and no model. parallel/pipeline.cu runs these lists; pipeline_simulator.cu runs
-// them against each other (and checks them); pipeline_messages.cu moves their sends and receives
-// to where they cannot stall. docs/PARALLELISM.md ("The pipeline schedules") derives the bubble
+// rank performs in one step (gpipe, 1f1b, interleaved 1f1b). No communication and no model.
+// parallel/pipeline.cu runs these lists; pipeline_simulator.cu runs them against each other (and
+// checks them); pipeline_messages.cu moves their sends and receives to where they cannot stall. docs/PARALLELISM.md ("The pipeline schedules") derives the bubble
 // and the warm-ups, and explains why the messages go where they go.
 //
 // The idea. Pipeline parallelism cuts the model into stages, one per rank, and the batch into m

@@ -13,6 +13,10 @@
 //                                     messages), all_to_all_v with uneven counts (zeros
 //                                     included), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
+//   test_comm count                   the Count backend (the planner's), one process: for every
+//                                     layout of 8 ranks and every rank, its groups against the
+//                                     formula, every collective counted by the payload rules and
+//                                     moving nothing, the host helpers as if all ranks were it
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
 //                                     prints layout_problems' verdict ("ok" or the message)
 //   mpirun -np N test_comm layout dp tp pp cp ep [nccl]
@@ -479,6 +483,101 @@ void run_layout(Ctx& ctx, const Layout& L) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The Count backend (the planner's)
+// ---------------------------------------------------------------------------------------------
+// Every collective once on group c (2+ ranks), each buffer filled with a byte pattern that must
+// survive: Count counts like the real backends (comm.h's payload rules) and moves nothing. Returns
+// the counters expected.
+CommCounters count_collectives(Ctx& ctx, Comm& c) {
+  const int n = c.size, next = (c.rank + 1) % n, prev = (c.rank + n - 1) % n;
+  std::vector<char> a(4096, 0x5a), b(4096, 0x3c);
+  const std::vector<char> a0 = a, b0 = b;
+  std::vector<size_t> counts(n), back(n);
+  for (int j = 0; j < n; j++) counts[j] = j + 1, back[j] = 2;
+  all_reduce_sum(c, a.data(), 7, DType::F32, nullptr);
+  all_reduce_max(c, (float*)a.data(), 3, nullptr);
+  reduce_scatter_sum(c, a.data(), b.data(), 5, DType::BF16, nullptr);
+  all_gather(c, a.data(), b.data(), 3, DType::F32, nullptr);
+  broadcast(c, a.data(), 9, DType::BF16, n - 1, nullptr);
+  send_recv(c, a.data(), 4, next, b.data(), 6, prev, DType::F32, nullptr);
+  all_to_all(c, a.data(), b.data(), 2, DType::F32, nullptr);
+  all_to_all_v(c, a.data(), counts.data(), b.data(), back.data(), DType::BF16, nullptr);
+  barrier(c);
+  check(ctx, a == a0 && b == b0, "count: the buffers are untouched");
+  CommCounters want{};
+  auto add = [&](CollectiveKind k, uint64_t bytes) {
+    want.calls[(int)k]++;
+    want.bytes[(int)k] += bytes;
+  };
+  add(CollectiveKind::AllReduce, 28);
+  add(CollectiveKind::AllReduce, 12);
+  add(CollectiveKind::ReduceScatter, (uint64_t)n * 5 * 2);
+  add(CollectiveKind::AllGather, (uint64_t)n * 3 * 4);
+  add(CollectiveKind::Broadcast, 18);
+  add(CollectiveKind::Send, 16);
+  add(CollectiveKind::Recv, 24);
+  add(CollectiveKind::AllToAll, (uint64_t)n * 2 * 4);
+  add(CollectiveKind::AllToAll, (uint64_t)n * (n + 1) / 2 * 2);
+  add(CollectiveKind::Barrier, 0);
+  return want;
+}
+
+// The host helpers answer as if every rank of the group were this one.
+void count_host_helpers(Ctx& ctx, Comm& c, CommCounters& want) {
+  const int n = c.size, per = 3;
+  std::vector<int> send(n * per), recv(n * per, -1);
+  for (int i = 0; i < n * per; i++) send[i] = 100 * c.rank + i;
+  all_to_all_host(c, send.data(), per, recv.data());
+  bool mine = true;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < per; i++) mine &= recv[j * per + i] == send[c.rank * per + i];
+  check(ctx, mine, "count: all_to_all_host gives back this rank's own block from everyone");
+  int x[2] = {3, -4};
+  all_reduce_host_sum(c, x, 2);
+  check(ctx, x[0] == 3 * n && x[1] == -4 * n, "count: all_reduce_host_sum (int) is size times x");
+  want.calls[(int)CollectiveKind::AllToAll]++;
+  want.bytes[(int)CollectiveKind::AllToAll] += (uint64_t)n * per * 4;
+  want.calls[(int)CollectiveKind::AllReduce]++;
+  want.bytes[(int)CollectiveKind::AllReduce] += 8;
+  check(ctx, all_reduce_host_sum(c, 1.5) == 1.5 * n && all_reduce_host_max(c, 2.5) == 2.5 &&
+                 !all_agree(c, false) && all_agree(c, true),
+        "count: the uncounted helpers");
+  std::vector<double> g(n, 0.0);
+  const double v = 7.25;
+  all_gather_host(c, &v, sizeof(v), g.data());
+  const std::vector<std::string> all = all_gather_strings(c, "rank");
+  check(ctx, g == std::vector<double>(n, v) && all == std::vector<std::string>(n, "rank"),
+        "count: the gathers replicate this rank's value");
+}
+
+// For every layout of 8 ranks and each of its ranks, described with the Count backend: the
+// groups are those of the documented formula, and each group's calls are counted exactly.
+int run_count(Ctx& ctx) {
+  for (const Layout& L : layouts_for(8)) {
+    const std::vector<Coord> table = coordinates(L);
+    for (int w = 0; w < 8; w++) {
+      ctx.where = "count " + describe(L) + " rank " + std::to_string(w);
+      Mesh mesh;
+      mesh_init(mesh, mesh_shape(make_config(L).parallel), w, 0, CommBackend::Count);
+      for (int a = 0; a < (int)Axis::Count; a++) {
+        Comm& c = mesh.groups[a];
+        const std::vector<int> M = expected_members(table, L, (Axis)a, w);
+        check(ctx, c.size == (int)M.size() && M[c.rank] == w, "count: group of the formula");
+        if (c.size == 1 || c.size != (int)M.size()) continue;
+        CommCounters want = count_collectives(ctx, c);
+        count_host_helpers(ctx, c, want);
+        const CommCounters& got = mesh.stats.axis[a];
+        check(ctx, std::memcmp(&got, &want, sizeof(want)) == 0,
+              std::string("count: the counters of axis ") + axis_name((Axis)a));
+      }
+      mesh_destroy(mesh);
+    }
+  }
+  std::printf("test_comm count: %ld checks, %ld failures\n", ctx.checks, ctx.failures);
+  return ctx.failures == 0 ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Modes
 // ---------------------------------------------------------------------------------------------
 int run_all(Ctx& ctx) {
@@ -557,6 +656,7 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (mode == "all") rc = run_all(ctx);
   else if (mode == "layout") rc = run_layout_only(ctx, argc, argv);
+  else if (mode == "count") rc = run_count(ctx);
   else if (mode == "fatal" || mode == "throw" || mode == "hang") rc = run_failure(ctx, mode);
   else if (ctx.world_rank == 0) std::fprintf(stderr, "test_comm: unknown mode %s\n", mode.c_str());
   runtime_finalize();

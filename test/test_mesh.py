@@ -13,6 +13,8 @@ Checks:
     and a plausible number of checks; the staged variant at 2 ranks;
   - failure handling at 3 ranks: rank 1 calls FATAL, throws, or SIGKILLs itself while the others
     wait in an all-reduce: mpirun exits non-zero within 60 s and the output names rank 1;
+  - the Count backend of the planner (test_comm count: groups, counters, nothing moved, host
+    helpers as if every rank were this one);
   - layout_problems' message for each rule (test_comm validate ...; the config reader prints
     them, test_config.py and test_usability.py check that path), and mesh_init's handling of
     backend = nccl in a binary built without NCCL.
@@ -154,6 +156,15 @@ def test_validate():
               f"validate {args}: got {out.splitlines()}, want {want}")
 
 
+def test_count():
+    # The planner's Count backend: groups, counters, nothing moved, host helpers (test_comm count)
+    rc, out, _ = run([TEST_COMM, "count"], timeout=60)
+    last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
+    print(f"count backend: {last}")
+    check(rc == 0 and last.startswith("test_comm count:") and last.endswith(", 0 failures") and
+          int(last.split()[2]) > 19000, "test_comm count", out)
+
+
 def test_bad_layouts():
     # a good layout
     rc, out, _ = mpi(4, "layout", "1", "2", "2", "1", "1", timeout=30)
@@ -183,6 +194,7 @@ def main():
     test_failure("throw", "[rank 1] error: uncaught exception: deliberate exception of rank 1")
     test_failure("hang", "process rank 1")
     test_validate()
+    test_count()
     test_bad_layouts()
     secs = time.monotonic() - start
     print(f"test_mesh.py: {CHECKS[0]} checks, {len(FAILURES)} failures, {secs:.1f} s")

@@ -1,236 +1,117 @@
-// training/plan.cu - the layout planner (training/plan.h): per rank, state and activation bytes from
-// the trainer's own accounting, communication per step from the collectives' counts, then a
-// device model for the step time.
+// training/plan.cu - the layout planner (training/plan.h). It does not model the trainer: it runs
+// it. For every rank of the layout the config names, it makes the rank's mesh with the Count
+// backend (every collective checked and counted exactly as a real one, nothing moved:
+// parallel/comm.h), lays the model out, builds the parameter store, the pipeline and the model
+// with counting allocators (kernels/allocator.h: every buffer recorded, none allocated), and runs
+// one training step - the trainer's own gpt_train_step - on the dry stream, where every kernel
+// does nothing. What the counters and the allocators saw is the plan: state bytes, activation
+// bytes, and the communication of a step, per axis and collective. A feature is planned by being
+// written once, in the trainer.
 //
-// Communication per step, per micro-batch of N = B*T/cp tokens, on a rank holding Lr blocks (the
-// first stage also the embedding, the last the head), C channels, e bytes per element:
-//   tp (tp > 1)   sums: 4 per block (2 forward, 2 backward) + 1 per recomputed block + 1 on the
-//                 first stage (embedding) + 1 on the last (head); all-reduces of N*C*e, or with
-//                 SP reduce-scatters; with SP also gathers: 6 per block (2 forward, 4 backward)
-//                 + 2 per recomputed block + 1 first + 1 last, N*C*e each; the last stage's
-//                 cross-entropy statistics, one all-gather of tp*N*3*4; per step one all-reduce
-//                 of each unit's LayerNorm-gradient range in this rank's shard (SP).
-//   dp / dp*cp    DDP: one all-reduce per unit per step (fp32). FSDP: per block and micro-batch
-//                 two all-gathers (forward, backward) and one reduce-scatter; the root once per
-//                 step each.
-//   embed         pp > 1, first and last stage: one all-reduce of the root's gradient shard.
-//   pp            the schedule's sends and receives, each B*T/cp (/tp with SP) * C * e.
-//   cp            per block: cp-1 K, V transfers of N*2C/tp*e forward (again when recomputed),
-//                 cp-1 backward and cp of dK, dV in fp32.
-//   stage         FP8: one 4-byte all-reduce (max) per cast, 16 per block (22 recomputed), 8
-//                 per MoE block (12 recomputed; its experts run in the compute dtype).
-//   ep            per MoE block and micro-batch (ep > 1): one all-to-all of the expert counts
-//                 (4*E bytes) and four of the pairs' rows (2 forward, 2 backward): the two
-//                 trips out send tokens(N)*top_k*C*e bytes each (dropless: every pair is sent,
-//                 its own rank's too); the two trips back send the rows this rank's experts ran,
-//                 which depends on the routing: the plan assumes a balanced router (the same).
-//                 Recompute "block" repeats the forward's two trips (not the counts).
-//   expert grads  the expert units' gradients over the ranks holding the same experts (ep-dp),
-//                 as dp above; an MoE block also sums its sequences' expert counts for the
-//                 load-balancing loss, B*E*4 bytes per micro-batch over tp (SP) and over cp.
-// An MoE block has no dense MLP: 2 tp sums (and with SP 3 gathers) instead of 4 (and 6); its
-// recomputed forward adds 1 sum and 1 gather (a dense block's: 1 and 2).
+// Two things a dry step cannot know are stated as assumptions: the MoE router's choices (the
+// model picks a balanced router in count-only mode, model/moe.cu), and time. The step time is a
+// device model ([plan]): the FLOPs at matmul_efficiency of the peak, slowed by the schedule's
+// bubble, plus the ring bytes of each group at the bandwidth of the link it spans (inside a node
+// or across nodes), none of it overlapped.
 #include "training/plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 
 #include "model/fp8.h"
 #include "model/gpt.h"
-#include "training/metrics.h"
+#include "model/gpt_pipeline.h"
 #include "parallel/mesh.h"
+#include "parallel/param_store.h"
 #include "parallel/pipeline.h"
-#include "parallel/pipeline_schedule.h"
+#include "training/metrics.h"
 
 namespace {
 
-struct Shape {
-  int B, T, Tl, m, dp, pp, cp, tp, v, ep;
-  bool sp, fsdp, fp8;
-  DType dt;
-  size_t e;
-  Recompute rc;
+DType compute_dtype(const Config& c) {
+  return c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
+}
+
+// What one rank of the layout holds and sends in a training step, found by running the step
+// dry: the trainer's setup (train.cu) and gpt_train_step with count-only parts.
+struct DryRank {
+  Mesh mesh;
+  GPTLayout layout;
+  ParamStore store;
+  Pipeline pipeline;
+  GPT model;
 };
 
-Shape shape_of(const Config& c) {
-  const ParallelConfig& p = c.parallel;
-  Shape s;
-  s.B = c.train.micro_batch, s.T = c.model.seq_len, s.Tl = s.T / p.cp, s.m = c.train.grad_accum;
-  s.dp = p.dp, s.pp = p.pp, s.cp = p.cp, s.tp = p.tp, s.v = p.pp_virtual, s.ep = p.ep;
-  s.sp = p.sp && p.tp > 1, s.fsdp = p.fsdp && p.dp * p.cp > 1;
-  s.dt = c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
-  s.fp8 = c.precision.compute == "fp8";
-  s.e = dtype_size(s.dt);
-  s.rc = parse_recompute(c.train.recompute);
-  return s;
-}
-
-void add(CommStats& st, Axis a, CollectiveKind k, uint64_t calls, uint64_t bytes) {
-  st.axis[(int)a].calls[(int)k] += calls;
-  st.axis[(int)a].bytes[(int)k] += bytes;
-}
-
-// Rank r's layout, over a mesh that describes its place (parallel/mesh.h).
-GPTLayout layout_of(const Config& c, const RankPlan& r, Mesh& mesh) {
-  mesh_init(mesh, mesh_shape(c.parallel), r.rank, 0, CommBackend::None);
-  return gpt_layout(c.model, mesh);
-}
-
-// The MoE and dense blocks this rank holds (all chunks).
-struct BlockCounts {
-  uint64_t dense = 0, moe = 0;
-};
-BlockCounts blocks_held(const GPTLayout& g) {
-  BlockCounts n;
-  for (int l = 0; l < g.L; l++)
-    if (g.block_unit[l] >= 0) (g.moe[l] ? n.moe : n.dense)++;
-  return n;
-}
-
-// The dp (x cp) group of a unit: its size, this rank's index, and the shard it owns.
-struct Group {
-  int size, rank;
-  Axis axis;
-};
-Group grad_group(const Shape& s, const RankPlan& r, const ParamUnit& u) {
-  const int dpcp = r.dp_rank * s.cp + r.cp_rank;
-  if (u.grad_axis == Axis::EPDP) return {s.dp * s.cp / s.ep, dpcp / s.ep, Axis::EPDP};
-  if (s.cp > 1) return {s.dp * s.cp, r.dp_rank * s.cp + r.cp_rank, Axis::DPCP};
-  return {s.dp, r.dp_rank, Axis::DP};
-}
-FlatRange shard_of(const Shape& s, const Group& g, const ParamUnit& u) {
-  return s.fsdp ? shard_range(u.numel, g.rank, g.size) : FlatRange{0, u.numel};
-}
-
-void tp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
-  if (s.tp == 1) return;
-  const bool first = r.pp_rank == 0, last = r.pp_rank == s.pp - 1;
-  const BlockCounts held = blocks_held(g);
-  const uint64_t Lr = held.dense + held.moe, N = (uint64_t)s.B * s.Tl;
-  const uint64_t act = N * g.C * s.e, recomputed = s.rc == Recompute::Block ? Lr : 0;
-  const uint64_t sums = 4 * held.dense + 2 * held.moe + recomputed + first + last;
-  add(st, Axis::TP, s.sp ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
-      s.m * sums, s.m * sums * act);
-  if (s.sp) {
-    const uint64_t regathers = s.rc == Recompute::Block ? 2 * held.dense + held.moe : 0;
-    const uint64_t gathers = 6 * held.dense + 3 * held.moe + regathers + first + last;
-    add(st, Axis::TP, CollectiveKind::AllGather, s.m * gathers, s.m * gathers * act);
-  }
-  if (last) add(st, Axis::TP, CollectiveKind::AllGather, s.m, s.m * s.tp * N * 3 * 4);
-  if (!s.sp) return;
-  for (const ParamUnit& u : g.units) {  // the LayerNorms' partial gradients, once per step
-    const FlatRange sh = shard_of(s, grad_group(s, r, u), u);
-    const size_t lo = std::max(sh.first, u.partial_begin), hi = std::min(sh.end, u.numel);
-    if (hi > lo) add(st, Axis::TP, CollectiveKind::AllReduce, 1, 4 * (hi - lo));
-  }
-}
-
-// FP8 (model/fp8.h): every cast's amax is agreed (max, one float) over the stage group: per
-// block and micro-batch 4 linear layers x 2 casts forward (input, weight) and 2 backward
-// (gradient, input again), and 3 x 2 more when the block's forward is recomputed.
-void fp8_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
-  const int stage = s.dp * s.cp * s.tp;
-  if (!s.fp8 || stage == 1) return;
-  const BlockCounts held = blocks_held(g);
-  const bool block = s.rc == Recompute::Block;
-  const uint64_t casts =
-      s.m * (held.dense * (16 + (block ? 6 : 0)) + held.moe * (8 + (block ? 4 : 0)));
-  add(st, Axis::Stage, CollectiveKind::AllReduce, casts, casts * 4);
-}
-
-// Expert parallelism and the load-balancing loss's counts (model/moe.cu), per micro-batch.
-void moe_comm(const Shape& s, const GPTLayout& g, CommStats& st) {
-  const uint64_t moe = blocks_held(g).moe * s.m;
-  if (moe == 0) return;
-  const uint64_t rows = (uint64_t)g.tp.tokens(s.B * s.Tl) * g.top_k;
-  if (s.ep > 1) {  // recompute "block" runs the forward's two trips again
-    const uint64_t trips = s.rc == Recompute::Block ? 6 : 4;
-    add(st, Axis::EP, CollectiveKind::AllToAll, moe, moe * 4 * g.E);
-    add(st, Axis::EP, CollectiveKind::AllToAll, trips * moe, trips * moe * rows * g.C * s.e);
-  }
-  const uint64_t counts = (uint64_t)s.B * g.E * 4;
-  if (s.sp) add(st, Axis::TP, CollectiveKind::AllReduce, moe, moe * counts);
-  if (s.cp > 1) add(st, Axis::CP, CollectiveKind::AllReduce, moe, moe * counts);
-}
-
-void dp_comm(const Shape& s, const GPTLayout& g, const RankPlan& r, CommStats& st) {
-  for (const ParamUnit& u : g.units) {
-    const Group gg = grad_group(s, r, u);
-    const size_t padded = padded_numel(u.numel, gg.size), shard = shard_of(s, gg, u).size();
-    if (gg.size > 1 && !s.fsdp) add(st, gg.axis, CollectiveKind::AllReduce, 1, 4 * u.numel);
-    if (gg.size > 1 && s.fsdp) {
-      const uint64_t times = u.whole_step ? 1 : s.m;
-      add(st, gg.axis, CollectiveKind::AllGather, times * (u.whole_step ? 1 : 2),
-          times * (u.whole_step ? 1 : 2) * padded * s.e);
-      add(st, gg.axis, CollectiveKind::ReduceScatter, times, times * padded * 4);
-    }
-    if (u.tied) add(st, Axis::Embed, CollectiveKind::AllReduce, 1, 4 * shard);
-  }
-}
-
-void pp_cp_comm(const Shape& s, const GPTLayout& g, const PipelineSchedule& sched,
-                const RankPlan& r, CommStats& st) {
-  const uint64_t N = (uint64_t)s.B * s.Tl;
-  const uint64_t msg = (uint64_t)g.tp.tokens((int)N) * g.C * s.e;
-  for (const PipeAction& a : sched.ranks[r.pp_rank]) {
-    if (pipe_op_is_comm(a.op))
-      add(st, Axis::PP, pipe_op_is_send(a.op) ? CollectiveKind::Send : CollectiveKind::Recv, 1,
-          msg);
-  }
-  if (s.cp == 1) return;
-  const uint64_t Lr = (uint64_t)s.v * g.blocks_per_stage, kv = N * 2 * (g.C / s.tp);
-  const uint64_t forwards = s.rc == Recompute::Block ? 2 : 1;
-  const uint64_t kv_moves = s.m * Lr * (forwards + 1) * (s.cp - 1), dkv_moves = s.m * Lr * s.cp;
-  for (CollectiveKind k : {CollectiveKind::Send, CollectiveKind::Recv}) {
-    add(st, Axis::CP, k, kv_moves, kv_moves * kv * s.e);
-    add(st, Axis::CP, k, dkv_moves, dkv_moves * kv * 4);
-  }
-}
-
-// State bytes as the store counts them: fp32 master, m, v, gradient of the shard, and the
-// compute-dtype working copy (of the shard under FSDP, of the unit under DDP; none in fp32).
-// Peak adds FSDP's full-unit buffers: the root's (weights and fp32 gradient) and two of each
-// for blocks.
-void memory(const Config& c, const Shape& s, const GPTLayout& g, const PipelineSchedule& sched,
-            RankPlan& r) {
-  size_t largest = 0, transient = 0;
-  for (const ParamUnit& u : g.units) {
-    const Group gg = grad_group(s, r, u);
-    const size_t shard = shard_of(s, gg, u).size(), padded = padded_numel(u.numel, gg.size);
-    r.state_bytes += 16 * shard;
-    if (s.dt != DType::F32) r.state_bytes += (s.fsdp ? shard : u.numel) * s.e;
-    if (!s.fsdp) continue;
-    if (u.whole_step) transient += padded * (s.e + 4);
-    else largest = std::max(largest, padded);
-  }
-  transient += fsdp_pool_slots(g.units) * largest * (s.e + 4);
-  GPT m;
-  m.count_only = true;
+void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
+  const ops::Stream dry = ops::dry_stream();
+  mesh_init(d.mesh, mesh_shape(c.parallel), world_rank, 0, CommBackend::Count);
+  d.layout = gpt_layout(c.model, d.mesh);
+  d.store.count_only = true;
+  const ShardingMode mode = c.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  param_store_init(d.store, d.layout.units, mode, compute_dtype(c), mesh_comms(d.mesh), dry, dry,
+                   ParamFill{});
+  d.pipeline.count_only = true;
+  pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
   Fp8Recipe recipe;
   recipe.delayed = c.precision.fp8_recipe == "delayed";
   recipe.history = c.precision.fp8_amax_history;
+  recipe.margin = c.precision.fp8_margin;
+  recipe.amax_group = &d.mesh[Axis::Stage];
+  d.model.count_only = true;
+  d.model.moe_aux_loss = c.train.moe_aux_loss;
+  d.model.moe_z_loss = c.train.moe_z_loss;
   const bool fp8 = c.precision.compute == "fp8";
-  gpt_create(m, g, s.dt, s.rc, s.B, s.Tl, nullptr, fp8 ? &recipe : nullptr,
-             pipeline_slots(sched, r.pp_rank));
-  r.activation_bytes = m.activation_bytes;
-  gpt_destroy(m);
-  r.peak_bytes = r.state_bytes + r.activation_bytes + transient;
+  gpt_create(d.model, d.layout, compute_dtype(c), parse_recompute(c.train.recompute),
+             c.train.micro_batch, c.model.seq_len / c.parallel.cp, dry, fp8 ? &recipe : nullptr,
+             d.pipeline.slots, dry);
 }
 
-// Bytes a ring algorithm puts on the wire per rank, over the link of the group's span.
-double comm_ms(const Config& c, const Shape& s, const CommStats& st) {
+// One training step of rank `world_rank`, dry: its memory and its communication.
+// `tokens`: the step's micro-batches (m * B * T/cp ids), read by no kernel: the step is dry.
+RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int* tokens,
+                   int world_rank) {
+  DryRank d;
+  dry_setup(d, c, schedule, world_rank);
+  const int B = c.train.micro_batch, T = c.model.seq_len, m = c.train.grad_accum;
+  const int T_local = T / c.parallel.cp;
+  comm_stats_reset(d.mesh.stats);
+  gpt_train_step(d.model, d.store, d.pipeline, {tokens, tokens, m, B, T_local},
+                 1.0f / ((float)B * T * m * c.parallel.dp), 1.0f / ((float)B * T * m),
+                 ops::dry_stream());
+  RankPlan r;
+  const MeshCoords at = mesh_coords(d.mesh.shape, world_rank);
+  r.rank = world_rank;
+  r.dp_rank = at.dp, r.pp_rank = at.pp, r.cp_rank = at.cp, r.tp_rank = at.tp;
+  r.state_bytes = d.store.state_memory.bytes;
+  r.activation_bytes = d.model.activation_bytes;
+  r.peak_bytes = r.state_bytes + r.activation_bytes + d.store.work_memory.bytes;
+  r.comm = d.mesh.stats;
+  gpt_destroy(d.model);
+  pipeline_destroy(d.pipeline);
+  param_store_destroy(d.store);
+  mesh_destroy(d.mesh);
+  return r;
+}
+
+// Whether every member of a group sits in one node ([plan] gpus_per_node consecutive ranks).
+bool inside_one_node(const std::vector<int>& members, int gpus_per_node) {
+  for (int w : members)
+    if (w / gpus_per_node != members[0] / gpus_per_node) return false;
+  return true;
+}
+
+// The time rank 0's collectives take: the bytes a ring algorithm puts on the wire per rank, over
+// the link its group spans.
+double comm_ms(const Config& c, const CommStats& st) {
   const PlanConfig& p = c.plan;
+  const MeshShape shape = mesh_shape(c.parallel);
   double ms = 0;
   for (int a = 0; a < (int)Axis::Count; a++) {
     const int n = st.group_size[a];
-    int span = s.tp * s.cp * s.pp * s.dp;  // the ranks a group reaches across (tp innermost)
-    if (a == (int)Axis::TP) span = s.tp;
-    if (a == (int)Axis::CP) span = s.tp * s.cp;
-    if (a == (int)Axis::PP || a == (int)Axis::Embed) span = s.tp * s.cp * s.pp;
-    const double gbs = span <= p.gpus_per_node ? p.intra_node_gbs : p.inter_node_gbs;
+    const bool near = inside_one_node(mesh_group_members(shape, (Axis)a, 0), p.gpus_per_node);
+    const double gbs = near ? p.intra_node_gbs : p.inter_node_gbs;
     const CommCounters& k = st.axis[a];
     double wire = k.bytes[(int)CollectiveKind::Send];
     if (n > 1) {
@@ -244,57 +125,41 @@ double comm_ms(const Config& c, const Shape& s, const CommStats& st) {
   return ms;
 }
 
-}  // namespace
-
-Plan plan_layout(const Config& c) {
-  const Shape s = shape_of(c);
-  const int world = s.dp * s.pp * s.cp * s.tp;
-  const PipelineSchedule sched = pipeline_build(c.parallel.pp_schedule, s.pp, s.m, s.v);
-  Plan plan;
-  // The layout and the memory of a rank depend on its pp and tp ranks only (dp x cp shards are
-  // equal): worked out once per (pp, tp) role; the communication per rank (its shard decides
-  // which LayerNorm ranges it sums over tp).
-  const int sizes[] = {world, s.dp, s.tp, s.pp, s.cp, s.ep, s.dp * s.cp, s.dp * s.cp / s.ep,
-                       world / s.pp, s.pp > 1 ? 2 : 1};  // per Axis, as the mesh builds them
-  std::vector<GPTLayout> layouts(s.pp * s.tp);
-  std::vector<std::unique_ptr<Mesh>> meshes(s.pp * s.tp);
-  std::vector<RankPlan> roles(s.pp * s.tp);
-  const MeshShape shape = mesh_shape(c.parallel);
-  for (int w = 0; w < world; w++) {
-    RankPlan r;
-    for (int a = 0; a < (int)Axis::Count; a++) r.comm.group_size[a] = sizes[a];
-    const MeshCoords at = mesh_coords(shape, w);
-    r.rank = w, r.tp_rank = at.tp, r.cp_rank = at.cp, r.pp_rank = at.pp, r.dp_rank = at.dp;
-    const int role = r.pp_rank * s.tp + r.tp_rank;
-    if (layouts[role].units.empty()) {
-      meshes[role] = std::make_unique<Mesh>();
-      layouts[role] = layout_of(c, r, *meshes[role]);
-      roles[role] = r;  // the role's first rank: dp and cp rank 0
-      memory(c, s, layouts[role], sched, roles[role]);
-    }
-    const GPTLayout& g = layouts[role];
-    r.state_bytes = roles[role].state_bytes;
-    r.activation_bytes = roles[role].activation_bytes;
-    r.peak_bytes = roles[role].peak_bytes;
-    tp_comm(s, g, r, r.comm);
-    dp_comm(s, g, r, r.comm);
-    pp_cp_comm(s, g, sched, r, r.comm);
-    fp8_comm(s, g, r.comm);
-    moe_comm(s, g, r.comm);
-    plan.ranks.push_back(r);
-  }
-  // The step: the rank with the most compute-bound work sets it (all ranks of a balanced
-  // layout do the same), slowed by the bubble, plus the communication that is not overlapped.
-  const GPTLayout& g0 = layouts[0];  // rank 0's role
-  plan.tokens_per_step = (double)s.B * s.T * s.m * s.dp;
-  const double flops = hardware_flops_per_token(g0, s.rc) * plan.tokens_per_step / world;
+// The step time and MFU from the device model, over rank 0's layout.
+void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
+  DryRank d;  // rank 0's layout (its FLOPs), built like the others'
+  mesh_init(d.mesh, mesh_shape(c.parallel), 0, 0, CommBackend::None);
+  const GPTLayout g = gpt_layout(c.model, d.mesh);
+  const int world = d.mesh.shape.world();
+  const Recompute rc = parse_recompute(c.train.recompute);
+  plan.tokens_per_step =
+      (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum * c.parallel.dp;
+  const double flops = hardware_flops_per_token(g, rc) * plan.tokens_per_step / world;
   plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
   const PipelineSimulation sim = pipeline_simulate(sched, 1.0, 2.0);
   plan.bubble = 1.0 - sim.busy[0] / sim.makespan;
-  plan.comm_ms = comm_ms(c, s, plan.ranks[0].comm);
+  plan.comm_ms = comm_ms(c, plan.ranks[0].comm);
   plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
-  plan.mfu = model_flops_per_token(g0) * plan.tokens_per_step /
+  plan.mfu = model_flops_per_token(g) * plan.tokens_per_step /
              (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
+  mesh_destroy(d.mesh);
+}
+
+}  // namespace
+
+Plan plan_layout(const Config& c, PlanScope scope) {
+  Plan plan;
+  const MeshShape shape = mesh_shape(c.parallel);
+  const PipelineSchedule schedule = pipeline_build(c.parallel.pp_schedule, shape.pp,
+                                                   c.train.grad_accum, shape.pp_virtual);
+  const std::vector<int> tokens(
+      (size_t)c.train.grad_accum * c.train.micro_batch * c.model.seq_len / shape.cp, 0);
+  for (int w = 0; w < shape.world(); w++) {
+    const MeshCoords at = mesh_coords(shape, w);
+    if (scope == PlanScope::EveryRank || (at.dp == 0 && at.cp == 0 && at.tp == 0))
+      plan.ranks.push_back(plan_rank(c, schedule, tokens.data(), w));
+  }
+  estimate_time(plan, c, schedule);
   const double limit = c.plan.memory_gib * (1ull << 30);
   for (const RankPlan& r : plan.ranks)
     if (r.peak_bytes > limit && plan.does_not_fit.empty()) {
@@ -417,7 +282,8 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
           if (ep > 1 && cfg.model.n_experts == 0) break;
           c.parallel.ep = ep;
           if (!layout_problems(c, n).empty()) continue;
-          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum, plan_layout(c)});
+          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum,
+                          plan_layout(c, PlanScope::Stages)});
         }
       }
   if (rows.empty()) {
