@@ -39,7 +39,7 @@
 template <typename Ptr>
 static Ptr new_buffer(GPT& m, size_t bytes) {
   m.activation_bytes += bytes;
-  if (m.count_only) return nullptr;  // the planner's accounting (training/plan.cu)
+  if (m.count_only || bytes == 0) return nullptr;  // the planner's accounting (training/plan.cu)
   void* p = ops::alloc(bytes);
   ops::fill_zero(p, bytes, m.stream);
   m.owned.push_back(p);

@@ -179,7 +179,8 @@ void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompu
                 ops::Stream ring = nullptr);
 void gpt_destroy(GPT& model);
 // A zeroed activation buffer of the model, counted in activation_bytes, freed by gpt_destroy
-// (count_only: counted only, nullptr). For the model's parts in other files (model/moe.cu).
+// (count_only: counted only, nullptr; 0 bytes: nullptr). For the model's parts in other files
+// (model/moe.cu).
 void* gpt_new_buffer(GPT& model, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
