@@ -23,7 +23,8 @@
 // across the group: tp_all_tokens before a column-parallel GEMM, the row-parallel sum after one,
 // the vocabulary-parallel embedding and cross-entropy. With tp = 1 they do nothing. The four
 // block GEMMs go through linear_forward / linear_backward, which run them in the compute dtype
-// or, with [precision] compute = "fp8", on FP8 operands (model/fp8.h).
+// or, with [precision] compute = "fp8", on FP8 operands (model/fp8.h). Attention goes through the
+// context-parallel entry point (parallel/context_parallel.h), the plain kernel with one cp rank.
 #include "model/gpt.h"
 
 #include <cmath>
@@ -153,13 +154,11 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     m.fp8 = new_fp8(layout, *fp8, (int)N, m.count_only, s);
     m.activation_bytes += m.fp8->bytes;
   }
-  if (layout.cp->size > 1) {
-    m.cp = new ContextParallel;
-    m.cp->count_only = m.count_only;
-    cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH,
-              dt, ring);  // the plan is over whole sequences
-    m.activation_bytes += m.cp->bytes;
-  }
+  m.cp = new ContextParallel;  // with one cp rank it allocates nothing
+  m.cp->count_only = m.count_only;
+  cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH, dt,
+            ring);  // the plan is over whole sequences
+  m.activation_bytes += m.cp->bytes;
   if (!m.count_only) ops::stream_sync(s);
 }
 
@@ -170,11 +169,9 @@ void gpt_destroy(GPT& m) {
     delete m.fp8;
     m.fp8 = nullptr;
   }
-  if (m.cp) {
-    cp_destroy(*m.cp);
-    delete m.cp;
-    m.cp = nullptr;
-  }
+  cp_destroy(*m.cp);  // always there (with one cp rank it holds nothing)
+  delete m.cp;
+  m.cp = nullptr;
   for (void* p : m.owned) ops::release(p);
   m.owned.clear();
   m.slots.clear();
@@ -286,7 +283,7 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
                           int T, bool write_output, float dloss, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
-  const int C = g.C, Cl = C / tp.size(), HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
+  const int C = g.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
@@ -296,8 +293,7 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
   const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
   linear_forward(m, site + kQkvLinear, a.qkv, nullptr, ln1, w[kQkvW], w[kQkvB], nullptr, N, C,
                  3 * Cl, s);
-  if (m.cp) cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, s);  // ring over cp ranks
-  else ops::attention_forward(a.atty, a.lse, a.qkv, B, T, g.NH_local, HS, dt, s);
+  cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
   row_parallel_forward(m, site + kAttnProjLinear, a.r2, a.atty, w[kAttnProjW], w[kAttnProjB], x,
                        N, Cl, C, s);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, dt, s);
@@ -478,7 +474,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   float* g = bw.grads;
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
-  const int C = lay.C, Cl = C / tp.size(), HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
+  const int C = lay.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N);
   const DType dt = m.dt;
   auto grad = [&](int i) { return g + bw.offset[i]; };
   const void* x = block_input(sl, j);
@@ -494,9 +490,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   const void* dr2 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
   linear_backward(m, site + kAttnProjLinear, m.datty, grad(kAttnProjW), grad(kAttnProjB), dr2,
                   a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
-  if (m.cp) cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, s);
-  else
-    ops::attention_backward(m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, lay.NH_local, HS, dt, s);
+  cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
   const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
   linear_backward(m, site + kQkvLinear, m.dln_all, grad(kQkvW), grad(kQkvB), m.dqkv, ln1,
                   w[kQkvW], nullptr, N, C, 3 * Cl, s);

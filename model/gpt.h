@@ -158,7 +158,7 @@ struct GPT {
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
-  ContextParallel* cp = nullptr;  // ring attention's state and buffers (cp > 1), else null
+  ContextParallel* cp = nullptr;  // attention's context-parallel state (one cp rank: empty)
   MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
