@@ -23,7 +23,8 @@
 //
 // The model never talks to a communicator about weights: it asks the ParamStore
 // (parallel/param_store.h) for a unit's weights and gradient buffer, and the store does what DDP
-// or FSDP needs. Activations cross the tensor-parallel group through parallel/tensor_parallel.h.
+// or FSDP needs. Activations cross the tensor-parallel group inside the parallel layers of
+// parallel/tensor_parallel.h.
 #pragma once
 #include <string>
 #include <vector>
