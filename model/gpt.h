@@ -23,7 +23,8 @@
 //
 // The model never talks to a communicator about weights: it asks the ParamStore
 // (parallel/param_store.h) for a unit's weights and gradient buffer, and the store does what DDP
-// or FSDP needs. Activations cross the tensor-parallel group through parallel/tensor_parallel.h.
+// or FSDP needs. Activations cross the tensor-parallel group inside the parallel layers of
+// parallel/tensor_parallel.h.
 #pragma once
 #include <string>
 #include <vector>
@@ -158,7 +159,7 @@ struct GPT {
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
-  ContextParallel* cp = nullptr;  // ring attention's state and buffers (cp > 1), else null
+  ContextParallel* cp = nullptr;  // attention's context-parallel state (one cp rank: empty)
   MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
@@ -179,7 +180,8 @@ void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompu
                 ops::Stream ring = nullptr);
 void gpt_destroy(GPT& model);
 // A zeroed activation buffer of the model, counted in activation_bytes, freed by gpt_destroy
-// (count_only: counted only, nullptr). For the model's parts in other files (model/moe.cu).
+// (count_only: counted only, nullptr; 0 bytes: nullptr). For the model's parts in other files
+// (model/moe.cu).
 void* gpt_new_buffer(GPT& model, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@
 // gradient of the term w.r.t. p_{t,e} is moe_aux_loss * E * f_{s,e} / (T * sequences): the scale
 // the LM loss gives each token, 1 / (T * sequences), times moe_aux_loss * E * f_{s,e}.
 //
-// The pipeline of one layer's forward (this rank's Nt tokens; ep > 1 adds the two trips of
-// parallel/expert_parallel.cu, ep = 1 needs neither):
+// The pipeline of one layer's forward (this rank's Nt tokens; the two trips are those of
+// parallel/expert_parallel.cu, the identity with ep = 1):
 //   router GEMM -> moe_router_forward -> choices to the host (the one sync: the dispatch plan is
 //   made there) -> balance statistics -> route -> gather the pairs' rows into expert order ->
 //   [to the experts' ranks] -> per local expert: fc + GELU, proj (one GEMM each on all its rows)
@@ -82,12 +82,11 @@ void moe_create(GPT& m) {
   st->z_coef = m.moe_z_loss;
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
-  const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt);
-  const bool ep = g.ep->size > 1;
-  st->send = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->recv = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->expert_out = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->d_expert = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt), trip = st->ep.trip_rows(Nt);
+  st->send = gpt_new_buffer(m, trip * C * a);  // the trips' scratch: none with ep = 1
+  st->recv = gpt_new_buffer(m, trip * C * a);
+  st->expert_out = gpt_new_buffer(m, trip * C * a);
+  st->d_expert = gpt_new_buffer(m, trip * C * a);
   st->d_rows = gpt_new_buffer(m, Nt * k * C * a);
   st->dh = gpt_new_buffer(m, rows * D * a);
   st->dgate = (float*)gpt_new_buffer(m, Nt * k * 4);
@@ -228,11 +227,12 @@ static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights
                         ops::Stream s) {
   MoeState& st = *m.moe;
   const int k = m.layout.top_k, C = m.layout.C;
-  const bool ep = st.ep.size() > 1;
-  ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
-  if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
-  experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
-  if (ep) ep_to_home(st.ep, a.route, st.expert_out, a.y, st.send, C, m.dt, s);
+  void* rows = ep_trip_buffer(st.ep, st.send, a.x);  // with ep = 1 the trips are in place
+  void* expert_out = ep_trip_buffer(st.ep, st.expert_out, a.y);
+  ops::moe_permute(rows, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  ep_to_experts(st.ep, a.route, rows, a.x, st.recv, C, m.dt, s);
+  experts_forward(m, a, w, expert_out, s);
+  ep_to_home(st.ep, a.route, expert_out, a.y, st.send, C, m.dt, s);
 }
 
 void moe_recompute(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int B, int T,
@@ -314,12 +314,12 @@ void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* 
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
-  const bool ep = st.ep.size() > 1;
+  void* d_expert = ep_trip_buffer(st.ep, st.d_expert, st.d_rows);  // ep = 1: in place
   ops::moe_combine_backward(st.d_rows, st.dgate, dout, a.y, a.gate, a.route.position, Nt, k, C,
                             m.dt, s);
-  if (ep) ep_to_experts(st.ep, a.route, st.d_rows, st.d_expert, st.recv, C, m.dt, s);
-  experts_backward(m, a, w, dw, ep ? st.d_expert : st.d_rows, s);
-  if (ep) ep_to_home(st.ep, a.route, st.d_expert, st.d_rows, st.send, C, m.dt, s);
+  ep_to_experts(st.ep, a.route, st.d_rows, d_expert, st.recv, C, m.dt, s);
+  experts_backward(m, a, w, dw, d_expert, s);
+  ep_to_home(st.ep, a.route, d_expert, st.d_rows, st.send, C, m.dt, s);
   ops::moe_unpermute_backward(dinp, st.d_rows, a.route.position, Nt, k, C, m.dt, s);
   router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, s);
   ops::add_bias_residual(dinp, dinp, nullptr, st.d_router_in, Nt, C, m.dt, s);

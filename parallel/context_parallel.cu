@@ -94,9 +94,10 @@ static void* alloc_counted(ContextParallel& cp, size_t bytes) {
 void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
                ops::Stream ring) {
   cp.group = group;
-  cp.plan = cp_plan_build(cp.size(), T);
   cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.HS = HS, cp.dt = dt;
   cp.ring = ring;
+  if (!cp.active()) return;  // one rank: attention is the plain kernel, nothing to hold
+  cp.plan = cp_plan_build(cp.size(), T);
   if (!cp.count_only) {
     cp.ready = ops::event_create();
     cp.arrived = ops::event_create();
@@ -165,9 +166,21 @@ void local_kv(ContextParallel& cp, void* kv, const void* qkv, int B, ops::Stream
 
 }  // namespace
 
+// The micro-batch's shape, checked against the ring's buffers: B sequences of T local positions
+// (two chunks of Tc).
+static void check_shape(const ContextParallel& cp, int B, int T) {
+  CHECK(B <= cp.B && T == 2 * cp.Tc,
+        "ring attention: micro-batch %d x %d positions, but the buffers hold %d x %d", B, T, cp.B,
+        2 * cp.Tc);
+}
+
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          ops::Stream s) {
-  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+                          int T_local, ops::Stream s) {
+  if (!cp.active()) {  // every position is here: causal attention over the whole sequence
+    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    return;
+  }
+  check_shape(cp, B, T_local);
   const int C = cp.NH * cp.HS, T = cp.Tc;
   const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
   local_kv(cp, cp.kv[0], qkv, B, s);
@@ -199,8 +212,13 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
 }
 
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
-                           const void* out, const float* lse, int B, ops::Stream s) {
-  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+                           const void* out, const float* lse, int B, int T_local,
+                           ops::Stream s) {
+  if (!cp.active()) {
+    ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    return;
+  }
+  check_shape(cp, B, T_local);
   const int C = cp.NH * cp.HS, T = cp.Tc;
   const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
   const size_t rows = 2 * (size_t)B * T;

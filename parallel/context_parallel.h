@@ -3,6 +3,10 @@
 // at the top of parallel/context_parallel.cu; which blocks a rank computes at each ring step is
 // parallel/context_parallel_plan.h.
 //
+// The model always attends through cp_attention_forward / backward: with one cp rank they are
+// ops::attention_forward / backward over the whole sequence and the state holds nothing (no
+// buffer, no event, no plan), so no caller branches on cp.
+//
 // Local token layout. With cp > 1 rank r holds chunks r and 2cp-1-r (T/(2cp) positions each) of
 // every sequence of its micro-batch, chunk-major: chunk r of all B sequences, then chunk 2cp-1-r
 // of all B sequences. Every op but attention and the embedding is per token and does not care;
@@ -44,15 +48,19 @@ void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int 
 int cp_local_index(int cp, int rank, int B, int T, int b, int t);
 
 // B sequences of T positions (all cp ranks' together) over the group; with cp.count_only set
-// first, the buffers are counted, not allocated.
+// first, the buffers are counted, not allocated. With one rank nothing is allocated (bytes = 0).
 void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
                ops::Stream ring);
 void cp_destroy(ContextParallel& cp);
 
-// Ring attention forward over this rank's two chunks: out (2,B,Tc,C) and lse (2,B,NH,Tc) for
-// the queries of qkv (2,B,Tc,3C), against the keys and values of every chunk before them.
+// Causal attention of B sequences of T_local positions on this rank (2*Tc under cp > 1: its two
+// chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,3C), against the keys and
+// values of every position before them. cp > 1: the ring over the group, out (2,B,Tc,C) and lse
+// (2,B,NH,Tc) chunk-major. One rank: ops::attention_forward, out (B,T,C), lse (B,NH,T).
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          ops::Stream s);
-// Ring attention backward: dqkv (2,B,Tc,3C), written, from dout, and the forward's out and lse.
+                          int T_local, ops::Stream s);
+// Its backward: dqkv, written, from dout and the forward's out and lse (the ring again, or
+// ops::attention_backward with one rank).
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
-                           const void* out, const float* lse, int B, ops::Stream s);
+                           const void* out, const float* lse, int B, int T_local,
+                           ops::Stream s);

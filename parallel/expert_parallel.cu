@@ -54,13 +54,22 @@
 // (DDP) or shard them (FSDP); that is the expert unit's grad axis in model/gpt.cu. Every rank's
 // tokens already reached the experts in the forward, so nothing else is summed.
 //
-// ep = 1 is data parallel MoE: no all-to-all; the dispatch order is expert-major already.
+// ep = 1 is data parallel MoE: the dispatch order is expert-major already, so both trips are the
+// identity. ep_trip_buffer gives the two sides of a trip the same buffer then, trip_rows sizes
+// the scratch at zero, and ep_to_experts / ep_to_home return at once: no copy, no collective, not
+// a byte more than the layer needs, and the model calls the trips unconditionally.
 #include "parallel/expert_parallel.h"
 
 #include <algorithm>
 
 int ExpertParallel::max_expert_rows(int N) const {
   return size() * N * std::min(top_k, experts_per_rank());
+}
+
+int ExpertParallel::trip_rows(int N) const { return size() > 1 ? max_expert_rows(N) : 0; }
+
+void* ep_trip_buffer(const ExpertParallel& ep, void* own, void* other) {
+  return ep.size() > 1 ? own : other;
 }
 
 void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, bool count_only,
@@ -138,8 +147,15 @@ static std::vector<size_t> elements(const std::vector<size_t>& rows, int C) {
   return out;
 }
 
+// One rank: the rows are where they belong already (the same buffer), or one copy away.
+static void stay_home(const ExpertRoute& r, void* dst, const void* src, int C, DType dt,
+                      ops::Stream s) {
+  if (dst != src) ops::copy_on_device(dst, src, (size_t)r.M * C * dtype_size(dt), s);
+}
+
 void ep_to_experts(ExpertParallel& ep, const ExpertRoute& r, const void* rows, void* expert_major,
                    void* recv, int C, DType dt, ops::Stream s) {
+  if (ep.size() == 1) return stay_home(r, expert_major, rows, C, dt, s);
   const std::vector<size_t> send = elements(r.send_counts, C), got = elements(r.recv_counts, C);
   all_to_all_v(*ep.group, rows, send.data(), recv, got.data(), dt, s);
   ops::moe_permute(expert_major, recv, r.regroup, r.M, C, dt, s);
@@ -147,6 +163,7 @@ void ep_to_experts(ExpertParallel& ep, const ExpertRoute& r, const void* rows, v
 
 void ep_to_home(ExpertParallel& ep, const ExpertRoute& r, const void* expert_major, void* rows,
                 void* send, int C, DType dt, ops::Stream s) {
+  if (ep.size() == 1) return stay_home(r, rows, expert_major, C, dt, s);
   ops::moe_permute(send, expert_major, r.ungroup, r.M, C, dt, s);
   const std::vector<size_t> out = elements(r.recv_counts, C), back = elements(r.send_counts, C);
   all_to_all_v(*ep.group, send, out.data(), rows, back.data(), dt, s);

@@ -11,7 +11,8 @@
 //   ep_to_home          the reverse: the experts' rows -> this rank's pairs, dispatch order
 // The backward uses the same two moves on gradients (to_experts for d(expert output), to_home
 // for d(expert input)). With ep = 1 the dispatch order already is expert-major and both moves
-// are the identity: the caller skips them (ExpertParallel::size() == 1).
+// are the identity: a caller that lets ep_trip_buffer pick its buffers hands them the same
+// buffer on both sides, and nothing is copied or sent. So no caller branches on ep.
 #pragma once
 #include <vector>
 
@@ -29,6 +30,10 @@ struct ExpertParallel {
   // N tokens, each sending at most min(top_k, E/ep) of its pairs here (dropless: buffers are
   // sized for it, nothing is ever dropped).
   int max_expert_rows(int N) const;
+  // The rows of each scratch buffer the trips pass through (sent, received, the experts' output
+  // and its gradient before they travel home): max_expert_rows, or 0 with one rank, where
+  // nothing travels.
+  int trip_rows(int N) const;
 };
 
 // Where every pair of one layer and micro-batch goes, on both sides of the all-to-all.
@@ -55,9 +60,15 @@ void ep_route_destroy(ExpertRoute& r);
 // counts exchange over the ep group (a host all-to-all of E/ep ints per peer: the receivers
 // must know their row counts before the rows arrive), the gather indices, uploaded on s.
 void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops::Stream s);
-// rows (N*top_k x C, dispatch order) -> expert_major (r.M x C). recv: scratch of max rows x C.
+// The buffer one side of a trip keeps its rows in: `own` with ep > 1; with one rank both sides
+// hold the same rows in the same order, so the other side's buffer `other`, and the trip between
+// them moves nothing.
+void* ep_trip_buffer(const ExpertParallel& ep, void* own, void* other);
+// rows (N*top_k x C, dispatch order) -> expert_major (r.M x C). recv: scratch of trip_rows x C.
+// One rank: the identity (rows == expert_major: nothing to do; else one copy).
 void ep_to_experts(ExpertParallel& ep, const ExpertRoute& r, const void* rows, void* expert_major,
                    void* recv, int C, DType dt, ops::Stream s);
-// expert_major (r.M x C) -> rows (N*top_k x C, dispatch order). send: scratch of max rows x C.
+// expert_major (r.M x C) -> rows (N*top_k x C, dispatch order). send: scratch of trip_rows x C.
+// One rank: the identity, as above.
 void ep_to_home(ExpertParallel& ep, const ExpertRoute& r, const void* expert_major, void* rows,
                 void* send, int C, DType dt, ops::Stream s);

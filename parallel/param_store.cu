@@ -1,7 +1,7 @@
 // parallel/param_store.cu - the parts of the ParamStore that do not depend on how weights are
-// distributed: shards, filling them from a ParamFill, zeroing gradients, the sum of the partial
-// gradients over tp, the global gradient norm, and the dispatch to DDP (parallel/ddp.cu) or FSDP
-// (parallel/fsdp.cu).
+// distributed: shards, filling them from a ParamFill, zeroing gradients, when the partial
+// gradients are summed over tp (parallel/tensor_parallel.cu sums them), the global gradient norm,
+// and the dispatch to DDP (parallel/ddp.cu) or FSDP (parallel/fsdp.cu).
 //
 // Shard geometry (shard_range, parallel/placement.h). A unit of `numel` elements is padded to a
 // multiple of group size * kTensorAlign, and rank r of the unit's group owns the r-th slice. The
@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "parallel/tensor_parallel.h"
 
 // Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`, one
 // global block of each tensor at a time.
@@ -118,12 +120,6 @@ float* grads_acquire(ParamStore& st, int unit) {
   return st.mode == ShardingMode::FSDP ? fsdp_grads_acquire(st, unit)
                                        : ddp_grads_acquire(st, unit);
 }
-// This rank's shard of the range of unit `us` whose gradients are partial over tp.
-static FlatRange partial_part(const UnitState& us) {
-  const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
-  return {std::max(lo, us.partial_begin), std::min(hi, us.numel)};
-}
-
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (st.mode == ShardingMode::FSDP) fsdp_grads_release(st, unit, last_micro_step);
   else ddp_grads_release(st, unit, last_micro_step);
@@ -137,16 +133,14 @@ void grads_zero(ParamStore& st) {
 }
 
 // Once the step's gradients are summed over each unit's group, the tp ranks' partial gradients
-// (sequence-parallel LayerNorms) are summed over tp, one all-reduce per unit. They wait for the
-// whole backward first: the model's own tp collectives run on the compute stream, and two
-// streams must never interleave collectives of one communicator (NCCL could deadlock).
+// (sequence parallelism: what and why in parallel/tensor_parallel.cu) are summed over tp, one
+// all-reduce per unit. They wait for the whole backward first: the model's own tp collectives run
+// on the compute stream, and two streams must never interleave collectives of one communicator
+// (NCCL could deadlock).
 static void sum_partial_grads_over_tp(ParamStore& st) {
-  for (UnitState& us : st.units) {
-    const FlatRange part = partial_part(us);
-    if (part.size() > 0)
-      all_reduce_sum(*st.tp, us.grad + (part.first - us.shard_offset), part.size(), DType::F32,
-                     st.comm);
-  }
+  for (UnitState& us : st.units)
+    tp_sum_partial_grads(*st.tp, us.grad, {us.shard_offset, us.shard_offset + us.shard_numel},
+                         us.partial_begin, us.numel, st.comm);
 }
 
 // Pipeline parallelism: the first and the last stage each hold the root (the tied wte); each

@@ -33,6 +33,7 @@ run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"
 run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
+run parallel-identity "$BUILD/test_parallel_identity"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
 run moe-router  $PY test/test_moe_router.py
