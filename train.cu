@@ -66,30 +66,15 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
          "/tokenizer.bin";
 }
 
-// [precision] compute -> the dtype of activations and working weights. FP8 runs its block GEMMs
-// with FP8 operands inside a bf16 model (model/fp8.h).
-static DType compute_dtype(const std::string& compute) {
-  if (compute == "fp32") return DType::F32;
-  if (compute == "bf16" || compute == "fp8") return DType::BF16;
-  BUG("[precision] compute = \"%s\" has no dtype", compute.c_str());
-}
-
-static Fp8Recipe fp8_recipe(const PrecisionConfig& p, Mesh& mesh) {
-  Fp8Recipe f;
-  f.delayed = p.fp8_recipe == "delayed";
-  f.history = p.fp8_amax_history;
-  f.margin = p.fp8_margin;
-  f.amax_group = &mesh[Axis::Stage];  // the ranks running the same layers (model/fp8.h)
-  return f;
-}
-
 // Everything a step needs: device, mesh, weights, activations, data, logs.
-static void setup(Run& r, int world_rank, int world_size, int local_rank) {
+static void setup_data_and_logs(Run& r);
+
+static void setup(Run& r, int world_rank, int local_rank) {
   const Config& cfg = r.cfg;
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
   mesh_init(r.mesh, mesh_shape(cfg.parallel), world_rank, local_rank, backend);
-  const DType dt = compute_dtype(cfg.precision.compute);
+  const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
   CHECK_ALL(!fp8 || ops::device_supports_fp8(),
             "[precision] compute = \"fp8\" needs FP8 tensor cores (compute capability 8.9 or "
@@ -116,18 +101,19 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
                      llmc_fill(f, r.layout));
     llmc_close(f);
   }
+  gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
+                         r.compute, r.comm);
+  setup_data_and_logs(r);
+}
+
+// The data (this rank's slice of the batch), a resumed checkpoint, the metrics file.
+static void setup_data_and_logs(Run& r) {
+  const Config& cfg = r.cfg;
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
-  r.model.moe_aux_loss = cfg.train.moe_aux_loss;
-  r.model.moe_z_loss = cfg.train.moe_z_loss;
-  const int cp = r.mesh.shape.cp;
-  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T / cp,
-             r.compute, fp8 ? &recipe : nullptr, r.pipeline.slots, r.comm);
-  r.tokens.resize((size_t)cfg.train.grad_accum * B * T / cp);
+  r.tokens.resize((size_t)cfg.train.grad_accum * B * T / r.mesh.shape.cp);
   r.targets.resize(r.tokens.size());
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
-
   const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
                   cfg.data.shuffle, cfg.train.seed);
@@ -140,8 +126,8 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   RunInfo info;
   info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_memory.bytes;
-  info.activation_bytes = r.model.activation_bytes;
-  info.world_size = world_size;
+  info.activation_bytes = r.model.memory.bytes;
+  info.world_size = r.mesh.shape.world();
   info.flops_per_token = model_flops_per_token(r.layout);
   info.peak_tflops = r.peak_tflops;
   metrics_run(r.metrics, info);
@@ -179,7 +165,7 @@ static void print_banner(const Run& r) {
                 c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
                 pipeline_bubble(mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
-              r.store.state_memory.bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
+              r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
                 "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
@@ -307,7 +293,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
-  setup(r, world_rank, world_size, local_rank);
+  setup(r, world_rank, local_rank);
   print_banner(r);
   const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {

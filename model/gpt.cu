@@ -42,12 +42,7 @@
 // ---------------------------------------------------------------------------------------------
 template <typename Ptr>
 static Ptr new_buffer(GPT& m, size_t bytes) {
-  m.activation_bytes += bytes;
-  if (m.count_only || bytes == 0) return nullptr;  // the planner's accounting (training/plan.cu)
-  void* p = ops::alloc(bytes);
-  ops::fill_zero(p, bytes, m.stream);
-  m.owned.push_back(p);
-  return (Ptr)p;
+  return (Ptr)allocate_zeroed(m.memory, bytes, m.stream);
 }
 
 void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes); }
@@ -76,16 +71,15 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
 }
 
 // The FP8 state of the 4 linear layers of every block (model/fp8.h).
-static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, bool count_only,
-                           ops::Stream s) {
+static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N,
+                           Allocator& memory, ops::Stream s) {
   std::vector<std::string> names;
   for (int l = 0; l < g.L; l++)
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
   const int Cl = g.C / g.tp.size();
   Fp8Context* f = new Fp8Context;
-  f->count_only = count_only;
-  fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), s);
+  fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), memory, s);
   return f;
 }
 
@@ -121,6 +115,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.recompute = recompute;
   m.B = B;
   m.T = T;
+  m.memory.count_only = m.count_only;
   const TensorParallel& tp = layout.tp;
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
   const size_t Cl = C / tp.size();
@@ -154,29 +149,42 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
   if (fp8) {
     CHECK(dt == DType::BF16, "FP8 GEMMs run inside a bf16 model, not %s", dtype_name(dt));
-    m.fp8 = new_fp8(layout, *fp8, (int)N, m.count_only, s);
-    m.activation_bytes += m.fp8->bytes;
+    m.fp8 = new_fp8(layout, *fp8, (int)N, m.memory, s);
   }
   m.cp = new ContextParallel;  // with one cp rank it allocates nothing
-  m.cp->count_only = m.count_only;
   cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH, dt,
-            ring);  // the plan is over whole sequences
-  m.activation_bytes += m.cp->bytes;
-  if (!m.count_only) ops::stream_sync(s);
+            m.memory, ring);  // the plan is over whole sequences
+  ops::stream_sync(s);
+}
+
+DType compute_dtype(const PrecisionConfig& p) {
+  if (p.compute == "fp32") return DType::F32;
+  if (p.compute == "bf16" || p.compute == "fp8") return DType::BF16;
+  BUG("[precision] compute = \"%s\" has no dtype", p.compute.c_str());
+}
+
+void gpt_create_from_config(GPT& m, const GPTLayout& layout, const Config& cfg,
+                            Comm* amax_group, int slots, ops::Stream s, ops::Stream ring) {
+  const PrecisionConfig& p = cfg.precision;
+  Fp8Recipe recipe;
+  recipe.delayed = p.fp8_recipe == "delayed";
+  recipe.history = p.fp8_amax_history;
+  recipe.margin = p.fp8_margin;
+  recipe.amax_group = amax_group;
+  m.moe_aux_loss = cfg.train.moe_aux_loss;
+  m.moe_z_loss = cfg.train.moe_z_loss;
+  gpt_create(m, layout, compute_dtype(p), parse_recompute(cfg.train.recompute),
+             cfg.train.micro_batch, cfg.model.seq_len / layout.cp->size, s,
+             p.compute == "fp8" ? &recipe : nullptr, slots, ring);
 }
 
 void gpt_destroy(GPT& m) {
   moe_destroy(m);
-  if (m.fp8) {
-    fp8_destroy(*m.fp8);
-    delete m.fp8;
-    m.fp8 = nullptr;
-  }
-  cp_destroy(*m.cp);  // always there (with one cp rank it holds nothing)
+  delete m.fp8;
+  m.fp8 = nullptr;
   delete m.cp;
   m.cp = nullptr;
-  for (void* p : m.owned) ops::release(p);
-  m.owned.clear();
+  allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
 }
 
@@ -326,15 +334,15 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
 }
 
 // Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output: a
-// column-parallel GEMM over the vocabulary, in the compute dtype. Returns the final LayerNorm's
-// output over all tokens (the logits GEMM's input, which its backward reuses).
-static const void* head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
+// column-parallel GEMM over the vocabulary, in the compute dtype. Its gathered input stays in the
+// model's tp buffer for head_backward, which follows before any other gather.
+static void head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, sl.layers.back().r3,
                          root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
                          s);
-  return column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr,
-                                 m.lnf, root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, s);
+  column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
+                          root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, s);
 }
 
 // The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
@@ -346,12 +354,12 @@ static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
 
 // The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
 // Leaves d(x_L) in sl.grad.
-static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, ops::Stream s) {
+static void head_backward(GPT& m, ActivationSlot& sl, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int Nt = g.tp.tokens(N);
   const void* dlnf =
       column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), root_grad(m, kWte),
-                               nullptr, m.logits, m.lnf, lnf, root_weight(m, kWte), N, g.C,
+                               nullptr, m.logits, m.lnf, true, root_weight(m, kWte), N, g.C,
                                g.Vp_local, s);
   ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
   ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf,
@@ -376,11 +384,11 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
                          g.Vp_local, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
-    const void* lnf = head_forward(m, sl, N, s);
+    head_forward(m, sl, N, s);
     if (c.with_loss) cross_entropy(m, c.dloss, N, s);
     if (c.loss_scale_for_log != 0)
       ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
-    if (c.dloss != 0) head_backward(m, sl, lnf, N, s);
+    if (c.dloss != 0) head_backward(m, sl, N, s);
   }
   ops::range_pop();
 }
@@ -438,7 +446,7 @@ static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights&
   row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dfch, grad(kFcProjW),
                         grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
   return column_parallel_backward(tp, block_gemm(m, site + kFcLinear), buf, grad(kFcW),
-                                  grad(kFcB), m.dfch, a.ln2, nullptr, w[kFcW], N, C, 4 * Cl, s);
+                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, 4 * Cl, s);
 }
 
 // An MoE block's MLP backward (model/moe.cu): d(r3) = dres -> d(ln2) in m.dln, on this rank's
@@ -476,7 +484,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
                         grad(kAttnProjB), dres, a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
   cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
   const void* dln1 = column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB),
-                                              m.dqkv, a.ln1, nullptr, w[kQkvW], N, C, 3 * Cl, s);
+                                              m.dqkv, a.ln1, false, w[kQkvW], N, C, 3 * Cl, s);
   ops::layernorm_backward(dres, grad(kLn1W), grad(kLn1B), dln1, x, w[kLn1W], a.ln1_mean,
                           a.ln1_rstd, Nt, C, m.dt, s);  // dres is now d(x)
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "config/config.h"
 #include "parallel/mesh.h"
@@ -164,8 +165,9 @@ struct GPT {
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
   float* root_grad = nullptr;
-  std::vector<void*> owned;       // every buffer above, for gpt_destroy
-  size_t activation_bytes = 0;    // their total size
+  // Every buffer above and the FP8, ring-attention and MoE state's: the activation memory
+  // (memory.bytes is what the banner and the planner report), freed by gpt_destroy.
+  Allocator memory;
   bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
@@ -178,10 +180,18 @@ struct GPT {
 void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
                 ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1,
                 ops::Stream ring = nullptr);
+// [precision] compute -> the dtype of activations and working weights (FP8 runs its block GEMMs
+// with FP8 operands inside a bf16 model, model/fp8.h).
+DType compute_dtype(const PrecisionConfig& p);
+// The model a config describes on this layout, as the trainer and the planner make it: the dtype
+// of [precision] compute, [train] recompute and the MoE losses, micro_batch x seq_len/cp tokens,
+// and with compute = "fp8" the FP8 recipe of [precision] whose amaxes are agreed over amax_group
+// (the ranks that run the same layers: the stage group). model.count_only as for gpt_create.
+void gpt_create_from_config(GPT& model, const GPTLayout& layout, const Config& cfg,
+                            Comm* amax_group, int slots, ops::Stream s, ops::Stream ring);
 void gpt_destroy(GPT& model);
-// A zeroed activation buffer of the model, counted in activation_bytes, freed by gpt_destroy
-// (count_only: counted only, nullptr; 0 bytes: nullptr). For the model's parts in other files
-// (model/moe.cu).
+// A zeroed activation buffer of the model, from model.memory (count_only: counted only, nullptr;
+// 0 bytes: nullptr). For the model's parts in other files (model/moe.cu).
 void* gpt_new_buffer(GPT& model, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------

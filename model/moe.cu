@@ -68,7 +68,7 @@ MoeActs* moe_new_acts(GPT& m) {
   x.h = block ? st.shared.h : gpt_new_buffer(m, rows * D * a);
   x.hg = m.recompute != Recompute::None ? st.shared.hg : gpt_new_buffer(m, rows * D * a);
   x.y = block ? st.shared.y : gpt_new_buffer(m, Nt * k * C * a);
-  ep_route_create(x.route, st.ep, (int)Nt, m.count_only, &m.activation_bytes);
+  ep_route_create(x.route, st.ep, (int)Nt, m.memory);
   return acts;
 }
 
@@ -105,10 +105,7 @@ void moe_create(GPT& m) {
 
 void moe_destroy(GPT& m) {
   if (!m.moe) return;
-  for (MoeActs* a : m.moe->owned_acts) {
-    ep_route_destroy(a->route);
-    delete a;
-  }
+  for (MoeActs* a : m.moe->owned_acts) delete a;  // their buffers are the model's memory
   delete m.moe;
   m.moe = nullptr;
 }

@@ -86,42 +86,23 @@ int cp_local_index(int cp, int rank, int B, int T, int b, int t) {
 // ---------------------------------------------------------------------------------------------
 // Buffers
 // ---------------------------------------------------------------------------------------------
-static void* alloc_counted(ContextParallel& cp, size_t bytes) {
-  cp.bytes += bytes;
-  return cp.count_only ? nullptr : ops::alloc(bytes);
-}
-
 void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
-               ops::Stream ring) {
+               Allocator& memory, ops::Stream ring) {
   cp.group = group;
   cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.HS = HS, cp.dt = dt;
   cp.ring = ring;
   if (!cp.active()) return;  // one rank: attention is the plain kernel, nothing to hold
   cp.plan = cp_plan_build(cp.size(), T);
-  if (!cp.count_only) {
-    cp.ready = ops::event_create();
-    cp.arrived = ops::event_create();
-  }
+  cp.ready = allocate_event(memory);
+  cp.arrived = allocate_event(memory);
   const size_t rows = (size_t)B * cp.Tc, C = (size_t)NH * HS, e = dtype_size(dt);
   for (int i = 0; i < 2; i++) {
-    cp.kv[i] = alloc_counted(cp, 2 * rows * 2 * C * e);
-    cp.dkv[i] = (float*)alloc_counted(cp, 2 * rows * 2 * C * sizeof(float));
+    cp.kv[i] = allocate(memory, 2 * rows * 2 * C * e);
+    cp.dkv[i] = (float*)allocate(memory, 2 * rows * 2 * C * sizeof(float));
   }
-  cp.block_out = alloc_counted(cp, rows * C * e);
-  cp.block_lse = (float*)alloc_counted(cp, rows * NH * sizeof(float));
-  cp.dq = (float*)alloc_counted(cp, 2 * rows * C * sizeof(float));
-}
-
-void cp_destroy(ContextParallel& cp) {
-  for (int i = 0; i < 2; i++) {
-    ops::release(cp.kv[i]);
-    ops::release(cp.dkv[i]);
-  }
-  ops::release(cp.block_out);
-  ops::release(cp.block_lse);
-  ops::release(cp.dq);
-  if (cp.ready) ops::event_destroy(cp.ready);
-  if (cp.arrived) ops::event_destroy(cp.arrived);
+  cp.block_out = allocate(memory, rows * C * e);
+  cp.block_lse = (float*)allocate(memory, rows * NH * sizeof(float));
+  cp.dq = (float*)allocate(memory, 2 * rows * C * sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------

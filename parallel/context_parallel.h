@@ -13,6 +13,7 @@
 // each chunk is a contiguous (B, Tc, ...) block for the attention kernels, and the embedding
 // reads wpe at each chunk's global positions (TokenPositions, parallel/tensor_parallel.h).
 #pragma once
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/context_parallel_plan.h"
@@ -36,8 +37,6 @@ struct ContextParallel {
   void* block_out = nullptr;
   float* block_lse = nullptr;
   float* dq = nullptr;
-  size_t bytes = 0;
-  bool count_only = false;  // set before cp_create: add up the bytes, allocate nothing (planner)
 };
 
 // The token positions of rank r's local tokens (B sequences of T positions).
@@ -47,11 +46,11 @@ void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int 
 // The local index of global position t of sequence b, or -1 if another cp rank holds it.
 int cp_local_index(int cp, int rank, int B, int T, int b, int t);
 
-// B sequences of T positions (all cp ranks' together) over the group; with cp.count_only set
-// first, the buffers are counted, not allocated. With one rank nothing is allocated (bytes = 0).
+// B sequences of T positions (all cp ranks' together) over the group; the buffers and events
+// come from `memory`, which owns them (a count-only allocator, the planner's, only counts them).
+// With one rank nothing is taken.
 void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
-               ops::Stream ring);
-void cp_destroy(ContextParallel& cp);
+               Allocator& memory, ops::Stream ring);
 
 // Causal attention of B sequences of T_local positions on this rank (2*Tc under cp > 1: its two
 // chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,3C), against the keys and

@@ -72,20 +72,11 @@ void* ep_trip_buffer(const ExpertParallel& ep, void* own, void* other) {
   return ep.size() > 1 ? own : other;
 }
 
-void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, bool count_only,
-                     size_t* bytes) {
-  const size_t pairs = (size_t)N * ep.top_k, rows = ep.max_expert_rows(N);
+void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, Allocator& memory) {
+  const size_t pairs = (size_t)N * ep.top_k, rows = ep.trip_rows(N);
   int** arrays[] = {&r.token_of_row, &r.position, &r.regroup, &r.ungroup};
-  const size_t counts[] = {pairs, pairs, ep.size() > 1 ? rows : 0, ep.size() > 1 ? rows : 0};
-  for (int i = 0; i < 4; i++) {
-    *bytes += counts[i] * sizeof(int);
-    if (!count_only && counts[i] > 0) *arrays[i] = (int*)ops::alloc(counts[i] * sizeof(int));
-  }
-}
-
-void ep_route_destroy(ExpertRoute& r) {
-  for (int* p : {r.token_of_row, r.position, r.regroup, r.ungroup}) ops::release(p);
-  r = ExpertRoute{};
+  const size_t counts[] = {pairs, pairs, rows, rows};
+  for (int i = 0; i < 4; i++) *arrays[i] = (int*)allocate(memory, counts[i] * sizeof(int));
 }
 
 // The counts exchange: from[s*per + j] = rows that rank s sends to local expert j (with one

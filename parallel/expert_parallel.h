@@ -16,6 +16,7 @@
 #pragma once
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/expert_dispatch_plan.h"
@@ -51,11 +52,9 @@ struct ExpertRoute {
   int* ungroup = nullptr;          // (max rows) received-order row i <- expert-major row ungroup[i]
 };
 
-// Allocates a route's device arrays for micro-batches of up to N tokens (count_only: counts the
-// bytes in *bytes, allocates nothing). ep_route_destroy frees them.
-void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, bool count_only,
-                     size_t* bytes);
-void ep_route_destroy(ExpertRoute& r);
+// A route's device arrays for micro-batches of up to N tokens, from `memory` (which owns them; a
+// count-only allocator, the planner's, only counts them).
+void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, Allocator& memory);
 // Builds the route of N tokens from the router's choices expert (N x top_k, host): the plan, the
 // counts exchange over the ep group (a host all-to-all of E/ep ints per peer: the receivers
 // must know their row counts before the rows arrive), the gather indices, uploaded on s.

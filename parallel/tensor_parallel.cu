@@ -153,10 +153,13 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
 
 const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm,
                                      const TpBuffers& buf, float* dweight, float* dbias,
-                                     const void* dout, const void* inp_mine, const void* inp_all,
+                                     const void* dout, const void* inp_mine, bool gathered_kept,
                                      const void* weight, int N, int K, int OC, ops::Stream s) {
-  // The weight gradient needs the input over all tokens: under SP it was not kept, gather again.
-  const void* inp = inp_all ? inp_all : all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);
+  // The weight gradient needs the input over all tokens: under SP gather it again, unless the
+  // forward's gather is still in buf.gathered.
+  const bool sp = tp.active() && tp.sp;
+  const void* inp = sp && gathered_kept ? buf.gathered
+                                        : all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);
   gemm.backward(gemm, buf.dinp_all, dweight, dbias, dout, inp, weight, nullptr, N, K, OC, s);
   return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
 }

@@ -82,13 +82,13 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
                                     int N, int K, int OC, ops::Stream s);
 // Its backward: dweight, dbias += from dout (N,OC) and the input over all tokens, then dX =
 // dout W_i, a partial sum over the ranks, and f backward sums it (SP: reduce-scatter into
-// buf.dinp; without SP: all-reduce in place in buf.dinp_all). Returns d(inp_mine). inp_all: the
-// forward's input over all tokens if it is still there (the head: its backward follows its
-// forward directly), else null and it is gathered again from inp_mine (activations stay divided
-// by tp).
+// buf.dinp; without SP: all-reduce in place in buf.dinp_all). Returns d(inp_mine).
+// gathered_kept: the forward's gathered input is still in buf.gathered (the head: its backward
+// follows its forward directly); else it is gathered again from inp_mine (activations stay
+// divided by tp). A flag, not a pointer: the planner's dry step has no buffers to test.
 const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm,
                                      const TpBuffers& buf, float* dweight, float* dbias,
-                                     const void* dout, const void* inp_mine, const void* inp_all,
+                                     const void* dout, const void* inp_mine, bool gathered_kept,
                                      const void* weight, int N, int K, int OC, ops::Stream s);
 // Row-parallel (attention projection, fc projection): out (tokens(N),OC) = g(inp W_i^T) + bias +
 // residual, inp (N,K) this rank's K columns (its heads or hidden columns), W_i the matching

@@ -115,7 +115,7 @@ void check_tp_linears(DType dt, int N, int K, int OC) {
   float* db_ref = (float*)clone(db, (size_t)OC * 4);
   void *dinp = ops::alloc((size_t)N * K * e), *dinp_ref = ops::alloc((size_t)N * K * e);
   buf.dinp_all = buf.dinp = dinp;
-  const void* dx = column_parallel_backward(tp, gemm, buf, dw, db, dout, inp, nullptr, weight, N,
+  const void* dx = column_parallel_backward(tp, gemm, buf, dw, db, dout, inp, false, weight, N,
                                             K, OC, stream);
   ops::matmul_backward(dinp_ref, dw_ref, db_ref, dout, inp, weight, nullptr, N, K, OC, dt,
                        stream);
@@ -141,8 +141,9 @@ void check_cp_attention(DType dt, int B, int T, int NH, int HS) {
   Comm group = one_rank(Axis::CP);
   const size_t before = ops::memory_in_use();
   ContextParallel cp;
-  cp_create(cp, &group, B, T, NH, HS, dt, nullptr);
-  results.check(cp.bytes == 0 && ops::memory_in_use() == before && !cp.kv[0] && !cp.dq &&
+  Allocator memory;
+  cp_create(cp, &group, B, T, NH, HS, dt, memory, nullptr);
+  results.check(memory.bytes == 0 && ops::memory_in_use() == before && !cp.kv[0] && !cp.dq &&
                     !cp.ready,
                 "%s cp_create with one rank: 0 bytes counted, nothing allocated", dtype_name(dt));
   const size_t C = (size_t)NH * HS, e = dtype_size(dt), rows = (size_t)B * T;
@@ -160,7 +161,7 @@ void check_cp_attention(DType dt, int B, int T, int NH, int HS) {
   ops::attention_backward(dqkv_ref, dout, qkv, out, lse, B, T, NH, HS, dt, stream);
   results.check(same_bytes(dqkv, dqkv_ref, rows * 3 * C * e),
                 "%s cp_attention_backward: dqkv bitwise", dtype_name(dt));
-  cp_destroy(cp);
+  allocator_free(memory);
   for (void* p : {qkv, dout, out, out_ref, (void*)lse, (void*)lse_ref, dqkv, dqkv_ref})
     ops::release(p);
 }
@@ -181,9 +182,9 @@ void check_ep_trips(int N, int E, int top_k, int C) {
     std::shuffle(all.begin(), all.end(), rng);
     expert.insert(expert.end(), all.begin(), all.begin() + top_k);
   }
-  size_t bytes = 0;
+  Allocator memory;
   ExpertRoute r;
-  ep_route_create(r, ep, N, false, &bytes);
+  ep_route_create(r, ep, N, memory);
   ep_route(r, ep, expert.data(), N, stream);
   results.check(r.M == N * top_k && !r.regroup && !r.ungroup,
                 "ep = 1 route: all %d pairs stay (M = %d), no regroup arrays", N * top_k, r.M);
@@ -202,7 +203,7 @@ void check_ep_trips(int N, int E, int top_k, int C) {
   ep_to_home(ep, r, other, rows, nullptr, C, DType::F32, stream);
   results.check(to_experts && same_bytes(rows, saved, rows_bytes),
                 "ep = 1 trips between two buffers: an exact copy each way");
-  ep_route_destroy(r);
+  allocator_free(memory);
   for (void* p : {rows, saved, other}) ops::release(p);
 }
 

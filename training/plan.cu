@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
 #include "parallel/mesh.h"
@@ -29,10 +28,6 @@
 #include "training/metrics.h"
 
 namespace {
-
-DType compute_dtype(const Config& c) {
-  return c.precision.compute == "fp32" ? DType::F32 : DType::BF16;
-}
 
 // What one rank of the layout holds and sends in a training step, found by running the step
 // dry: the trainer's setup (train.cu) and gpt_train_step with count-only parts.
@@ -50,22 +45,12 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   d.layout = gpt_layout(c.model, d.mesh);
   d.store.count_only = true;
   const ShardingMode mode = c.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
-  param_store_init(d.store, d.layout.units, mode, compute_dtype(c), mesh_comms(d.mesh), dry, dry,
-                   ParamFill{});
+  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
+                   dry, dry, ParamFill{});
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
-  Fp8Recipe recipe;
-  recipe.delayed = c.precision.fp8_recipe == "delayed";
-  recipe.history = c.precision.fp8_amax_history;
-  recipe.margin = c.precision.fp8_margin;
-  recipe.amax_group = &d.mesh[Axis::Stage];
   d.model.count_only = true;
-  d.model.moe_aux_loss = c.train.moe_aux_loss;
-  d.model.moe_z_loss = c.train.moe_z_loss;
-  const bool fp8 = c.precision.compute == "fp8";
-  gpt_create(d.model, d.layout, compute_dtype(c), parse_recompute(c.train.recompute),
-             c.train.micro_batch, c.model.seq_len / c.parallel.cp, dry, fp8 ? &recipe : nullptr,
-             d.pipeline.slots, dry);
+  gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
 }
 
 // One training step of rank `world_rank`, dry: its memory and its communication.
@@ -85,7 +70,7 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   r.rank = world_rank;
   r.dp_rank = at.dp, r.pp_rank = at.pp, r.cp_rank = at.cp, r.tp_rank = at.tp;
   r.state_bytes = d.store.state_memory.bytes;
-  r.activation_bytes = d.model.activation_bytes;
+  r.activation_bytes = d.model.memory.bytes;
   r.peak_bytes = r.state_bytes + r.activation_bytes + d.store.work_memory.bytes;
   r.comm = d.mesh.stats;
   gpt_destroy(d.model);
