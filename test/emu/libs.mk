@@ -36,7 +36,27 @@ $(BUILD)/emu/test_cub: test/emu/test_cub.cpp $(EMU_INCLUDE)/cub/cub.cuh
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_LIB_FLAGS) -I$(EMU_INCLUDE) -o $@ $<
 
-EMU_LIB_TEST_BINS := $(BUILD)/emu/test_cublaslt $(BUILD)/emu/test_nccl $(BUILD)/emu/test_cub
+# attention_cudnn.cu itself, compiled by g++ against the cuDNN stand-in.
+$(BUILD)/emu/test_cudnn: test/emu/test_cudnn.cpp kernels/cuda/attention_cudnn.cu \
+                         $(BUILD)/host/kernels/common.cpp.o $(EMU_STANDINS)
+	$(CXX) $(EMU_LIB_FLAGS) -Wno-unknown-pragmas -o $@ $< $(BUILD)/host/kernels/common.cpp.o \
+	  $(EMU_STANDINS) $(LDLIBS)
+
+# The project's communicator test (test/test_comm.cpp) on the NCCL backend: parallel/comm_nccl.cu
+# compiled by g++ against the NCCL stand-in, the "device" memory functions from the test-only
+# test/emu/ops_host_memory.cpp. Run with COMM_TEST_BACKEND=nccl.
+$(BUILD)/emu/host/%.o: % $(EMU_STANDINS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_LIB_FLAGS) -x c++ -c $< -o $@
+EMU_COMM_TEST_OBJ := $(call obj,host,parallel/comm.cu parallel/comm_mpi.cu parallel/mesh.cu \
+                       parallel/pipeline_schedule.cu kernels/common.cpp test/test_comm.cpp) \
+                     $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+                     $(BUILD)/emu/host/test/emu/ops_host_memory.cpp.o
+$(BUILD)/emu/test_comm_nccl: $(EMU_COMM_TEST_OBJ) $(EMU_STANDINS)
+	$(CXX) -o $@ $(EMU_COMM_TEST_OBJ) $(EMU_STANDINS) $(LDLIBS)
+
+EMU_LIB_TEST_BINS := $(BUILD)/emu/test_cublaslt $(BUILD)/emu/test_nccl $(BUILD)/emu/test_cub \
+                     $(BUILD)/emu/test_cudnn $(BUILD)/emu/test_comm_nccl
 
 .PHONY: emu-standins emu-lib-test-bins emu-lib-tests
 emu-standins: $(EMU_STANDINS)

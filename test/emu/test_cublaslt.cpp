@@ -162,6 +162,14 @@ void refusals_of_pointers() {
            "runs the same call with aligned pointers");
     expect(s.matmul(buf, buf + 512, buf + 128, 1.0f, &r) == CUBLAS_STATUS_INVALID_VALUE,
            "refuses D overlapping A");
+    expect(r.workspaceSize == 0, "needs no workspace when the preference allows none");
+    const uint64_t allowed = 1000;
+    cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &allowed, sizeof(allowed));
+    expect(s.heuristic(&r) == CUBLAS_STATUS_SUCCESS && r.workspaceSize > 0 &&
+               r.workspaceSize <= allowed, "needs a workspace within the preference's limit");
+    expect(s.matmul(buf, buf + 512, buf + 1024, 1.0f, &r) == CUBLAS_STATUS_INVALID_VALUE,
+           "refuses a call without the workspace its algorithm needs");
   }
   {
     Setup s;  // a GELU aux output over D

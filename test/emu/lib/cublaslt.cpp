@@ -15,12 +15,14 @@
 // NOT_SUPPORTED for what has no algorithm) and a line on stderr saying what was asked: nothing is
 // silently ignored.
 //
-// The heuristic returns one algorithm that needs no workspace (so any workspace limit is
-// honoured) and remembers the alignments it was asked to assume: the minimum alignments of the
+// The heuristic returns one algorithm, which needs min(4 KiB, the preference's workspace limit)
+// of workspace and overwrites it in every cublasLtMatmul, and remembers the alignments it was
+// asked to assume: the minimum alignments of the
 // preference for A, B, C and D (256 bytes by default, as in cuBLASLt) and the actual alignment of
 // the bias and aux pointers in the descriptor (cuBLASLt documents that the heuristic reads their
 // values for that). cublasLtMatmul refuses pointers less aligned than the algorithm assumed, which
 // on a GPU would be a misaligned access or a wrong result.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -358,7 +360,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   for (int i = 0; i < 4; i++) r.algo.data[kWordAlignA + i] = pref->min_align[i];
   r.algo.data[kWordAlignBias] = p.desc->bias ? alignment_of(p.desc->bias) : 256;
   r.algo.data[kWordAlignAux] = p.desc->aux ? alignment_of(p.desc->aux) : 256;
-  r.workspaceSize = 0;  // the stand-in needs none, so every workspace limit is honoured
+  r.workspaceSize = std::min(pref->max_workspace, kWorkspaceUse);  // within the limit asked for
+  r.algo.data[kWordWorkspace] = r.workspaceSize;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
   results[0] = r;
@@ -385,10 +388,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "alpha or beta is null");
   if (workspace_bytes > 0 && !workspace)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, "a workspace size without a workspace");
+  const uint64_t needed = algo && algo->data[kWordMagic] == kAlgoMagic ? algo->data[kWordWorkspace] : 0;
+  if (workspace_bytes < needed)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, fn,
+                  "workspace of " + std::to_string(workspace_bytes) + " bytes; the algorithm needs " +
+                      std::to_string(needed));
   const float alpha_value = *static_cast<const float*>(alpha);
   const float beta_value = *static_cast<const float*>(beta);
   st = check_pointers(p, algo, alpha_value, beta_value, A, B, C, D, &why);
   if (st != CUBLAS_STATUS_SUCCESS) return refuse(st, fn, why);
+  std::memset(workspace, 0xA5, needed);  // what a kernel using its workspace would do
   run_matmul(p, alpha_value, A, B, beta_value, C, D);
   return CUBLAS_STATUS_SUCCESS;
 }

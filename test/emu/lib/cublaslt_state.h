@@ -68,10 +68,14 @@ const char* type_name(cudaDataType_t t);
 // Offset in elements of element (i, j) of matrix `batch` of a layout.
 int64_t element_offset(const Layout& l, int64_t i, int64_t j, int64_t batch);
 
-// The algorithm's words (cublasLtMatmulAlgo_t::data): a magic number, then the alignments in
-// bytes the heuristic was asked to assume for A, B, C, D, the bias and the aux matrix.
+// The algorithm's words (cublasLtMatmulAlgo_t::data): a magic number, the alignments in bytes
+// the heuristic was asked to assume for A, B, C, D, the bias and the aux matrix, and the
+// workspace it needs: as much of the allowed workspace as kWorkspaceUse, which cublasLtMatmul
+// then overwrites (so a workspace shared with live data, or smaller than promised, shows).
 constexpr uint64_t kAlgoMagic = 0x656d752d6c742d31ull;  // "emu-lt-1"
-enum AlgoWord { kWordMagic = 0, kWordAlignA = 1, kWordAlignBias = 5, kWordAlignAux = 6 };
+enum AlgoWord { kWordMagic = 0, kWordAlignA = 1, kWordAlignBias = 5, kWordAlignAux = 6,
+                kWordWorkspace = 7 };
+constexpr uint64_t kWorkspaceUse = 4096;
 
 // The largest power of two up to 256 dividing the address (what cuBLASLt calls its alignment).
 uint32_t alignment_of(const void* p);
