@@ -15,12 +15,12 @@ source test/suite.sh
 run emu-cublaslt  $PY test/emu/test_cublaslt.py "$BUILD"
 run emu-cub       $PY test/emu/test_cub.py "$BUILD"
 run emu-cudnn     "$BUILD/emu/test_cudnn"
-run emu-nccl-np3  timeout 300 mpirun -np 3 "$BUILD/emu/test_nccl" $SEED_ARG
-run emu-nccl-np4  timeout 300 mpirun -np 4 "$BUILD/emu/test_nccl" $SEED_ARG
+run emu-nccl-np3  timeout 120 mpirun -np 3 "$BUILD/emu/test_nccl" $SEED_ARG
+run emu-nccl-np4  timeout 120 mpirun -np 4 "$BUILD/emu/test_nccl" $SEED_ARG
 # The project's communicator test on the NCCL backend (parallel/comm_nccl.cu over the stand-in).
 for np in 3 4; do
   run emu-comm-nccl-np$np env COMM_TEST_BACKEND=nccl ${EMU_TEST_SEED:+COMM_TEST_SEED=$EMU_TEST_SEED} \
-    timeout 300 mpirun -np $np "$BUILD/emu/test_comm_nccl"
+    timeout 120 mpirun -np $np "$BUILD/emu/test_comm_nccl"
 done
 
 suite_finish emu-lib-tests

@@ -15,9 +15,11 @@ the fp32 value to bf16 (nearest even) or FP8 (nearest even, saturating, after th
 taken before it). The rounding to bf16 and FP8 is written here from the formats' definitions
 (FP8 by searching the table of all representable values), not from any CUDA header.
 
-Checks per case: every output element within 1 ulp of its output type of the reference (the
-stand-in sums exact products in double and rounds once, so it should equal the correctly rounded
-reference; 1 ulp leaves room for a float64 rounding boundary: measured 0 ulps on every seed tried),
+Checks per case: every output element within 1 ulp of its output type of the reference, and at
+most 1% of them (at least one) not bitwise equal to it (the stand-in sums exact products in double
+and rounds once, so it should equal the correctly rounded reference; a float64 sum landing on the
+other side of a rounding boundary is the only excuse: measured 0 ulps, all equal, on 30 seeds; a
+truncating instead of rounding bf16 conversion stays within 1 ulp but differs on half the elements),
 every byte outside the matrices (padding between columns and batches) and every input buffer left
 as it was, no NaN where the reference has none (the outputs start as NaN, so C == D read with
 beta == 0 would show), the amax within 1 fp32 ulp.
@@ -237,6 +239,9 @@ class Checker:
             total += int(fin.sum())
             self.check(not bad_nan.any(), f"{name}: NaN where the reference has none (or back)")
         self.check(worst <= 1.0, f"{name}: {worst:.2f} ulp from the reference (tolerance 1)")
+        self.check(total - equal <= max(1, total // 100),
+                   f"{name}: {total - equal} of {total} elements differ from the reference "
+                   "(rounding-boundary cases are rare: at most 1% may)")
         self.worst = max(self.worst, worst)
         return f"{name} {worst:.2f} ulp ({equal}/{total} equal)"
 
