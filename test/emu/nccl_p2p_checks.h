@@ -111,7 +111,8 @@ void test_lone_send_recv(Ctx& ctx, Group& g) {
   }
 }
 
-// What the stand-in must refuse. All but the size mismatch fail before any communication.
+// What the stand-in must refuse (six cases). All but the size mismatch fail before any
+// communication.
 void test_refusals(Ctx& ctx, Group& g) {
   std::vector<float> buf(64, 1.0f);
   ncclGroupStart();

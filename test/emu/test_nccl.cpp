@@ -171,6 +171,11 @@ int main(int argc, char** argv) {
   ctx.seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
   MPI_Bcast(&ctx.seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   const int W = ctx.world_size, r = ctx.world_rank;
+  if (W < 2) {
+    std::fprintf(stderr, "test_nccl: run it under mpirun with at least 2 ranks\n");
+    MPI_Finalize();
+    return 2;
+  }
   MPI_Comm dup, parity, ends, middle;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   MPI_Comm_split(MPI_COMM_WORLD, r % 2, r, &parity);
