@@ -34,6 +34,12 @@ NVCCFLAGS := -std=c++17 $(OPT) -g -MMD -MP -lineinfo -I. --expt-relaxed-constexp
              -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
              -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter $(MPI_CFLAGS)
 LDLIBS    := -fopenmp $(MPI_LIBS) $(HDF5_LIBS) $(TOML_LIBS) -lpthread
+# make DEBUG_CHECKS=1: the kernels' own guards that cost time on a GPU (token ids against the
+# vocabulary in the CUDA encoder); the CPU backend always checks them.
+ifeq ($(DEBUG_CHECKS),1)
+  CXXFLAGS  += -DGPT5D_DEBUG_CHECKS
+  NVCCFLAGS += -DGPT5D_DEBUG_CHECKS
+endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas \
              -lcudnn -lnccl
 

@@ -115,10 +115,11 @@ static void setup_data_and_logs(Run& r) {
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
   const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
+  const int V = cfg.model.vocab_size;  // every token read is checked against it
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
-                  cfg.data.shuffle, cfg.train.seed);
+                  cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
-    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0);
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0, V);
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
@@ -248,7 +249,8 @@ static void evaluate(Run& r, int step) {
     metrics_val(r.metrics, step, v);
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
-    const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
+    const bool own_eot = r.tokenizer.loaded && r.tokenizer.eot < r.layout.V;
+    const int eot = own_eot ? r.tokenizer.eot : r.layout.V - 1;
     std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer, eot,
                                    c.log.sample_tokens, c.train.seed + step, c.model.seq_len,
                                    r.compute);

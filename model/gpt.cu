@@ -381,7 +381,7 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
                          root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
-                         g.Vp_local, m.dt, s);
+                         g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
     head_forward(m, sl, N, s);
@@ -508,8 +508,8 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
   }
   if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
     tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
-                          sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, m.dt,
-                          s);
+                          sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
+                          m.dt, s);
   ops::range_pop();
 }
 
