@@ -34,6 +34,17 @@ static bool parse_step_dir(const std::string& name, int64_t* step) {
   return true;
 }
 
+// The step directories of `dir`, newest first.
+static std::vector<int64_t> checkpoint_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const std::string& name : list_dir(dir)) {
+    int64_t s;
+    if (parse_step_dir(name, &s) && is_directory(dir + "/" + name)) steps.push_back(s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 static double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -90,11 +101,8 @@ static std::vector<FileDigest> gather_digests(Comm& world, const FileDigest& min
 // replaced when this run reaches its step). Each is renamed to a temporary first.
 static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
   std::vector<int64_t> steps;
-  for (const std::string& name : list_dir(dir)) {
-    int64_t s;
-    if (parse_step_dir(name, &s) && s <= step && is_directory(dir + "/" + name)) steps.push_back(s);
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t s : checkpoint_steps(dir))
+    if (s <= step) steps.push_back(s);
   for (size_t i = (size_t)keep; i < steps.size(); i++) {
     const std::string victim = dir + "/" + step_dir_name(steps[i]);
     const std::string doomed = victim + ".deleted.tmp";
@@ -194,24 +202,81 @@ static void remove_stale_temporaries(const std::string& dir) {
   sync_dir(dir);
 }
 
-// The checkpoint directory that [checkpoint] resume names; "" in *ckpt for "latest" when there
-// is none yet. Returns "" or the problem.
-static std::string resolve(const CheckpointConfig& c, std::string* ckpt) {
-  ckpt->clear();
-  if (c.resume == "latest") {
-    std::string name;
-    if (!read_text_file(c.dir + "/latest", &name)) return "";
-    name.erase(name.find_last_not_of(" \n\r\t") + 1);
-    *ckpt = c.dir + "/" + name;
-    if (!is_directory(*ckpt))
-      return c.dir + "/latest names " + name + ", which does not exist";
-    return "";
+// Whether ckpt passes its manifest (presence and size of every file, the CRC32s shared over the
+// ranks; agreed): "" or the first problem.
+static std::string verify(const std::string& ckpt, Comm& world) {
+  std::vector<ManifestEntry> entries;
+  std::string problem = manifest_read(ckpt, &entries);
+  if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
+        return e.file == kIndexFileName;
+      }))
+    problem = ckpt + "/manifest.txt does not list " + kIndexFileName;
+  if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
+  return first_problem(world, problem);
+}
+
+// resume = "latest": the checkpoint `latest` names, or, when `latest` is missing or damaged or
+// names a checkpoint that fails its manifest, the newest valid one older than it (any, when
+// `latest` is no guide). "" when the directory holds no checkpoint. Every rank returns the same
+// (the verification is agreed); rank 0 says what it skipped and why.
+static std::string resolve_latest(const std::string& dir, Comm& world) {
+  std::string text, why;
+  int64_t named = -1;
+  if (!read_text_file(dir + "/latest", &text)) why = dir + "/latest is missing";
+  const std::string name = text.substr(0, text.find_last_not_of(" \n\r\t") + 1);
+  if (why.empty() && !parse_step_dir(name, &named))
+    why = dir + "/latest is damaged (it names no step_* directory)";
+  if (why.empty() && !is_directory(dir + "/" + name)) {
+    why = dir + "/latest names " + name + ", which does not exist";
+    named = -1;
   }
-  if (is_directory(c.resume)) *ckpt = c.resume;
-  else if (base_name(c.resume) == kIndexFileName) *ckpt = parent_dir(c.resume);
-  else return "[checkpoint] resume = " + c.resume + ": not a checkpoint directory or " +
-              kIndexFileName;
+  std::vector<int64_t> candidates;
+  for (int64_t s : checkpoint_steps(dir))
+    if (named < 0 || s <= named) candidates.push_back(s);
+  if (world.rank == 0 && !why.empty() && !candidates.empty())
+    std::printf("resume   %s: looking for the newest valid checkpoint\n", why.c_str());
+  std::string problems;
+  for (int64_t s : candidates) {
+    const std::string ckpt = dir + "/" + step_dir_name(s);
+    const std::string problem = verify(ckpt, world);
+    if (problem.empty()) return ckpt;
+    if (world.rank == 0) std::printf("resume   skipping %s: %s\n", ckpt.c_str(), problem.c_str());
+    problems += "\n  " + problem;
+  }
+  if (!candidates.empty()) FATAL_ALL("cannot resume: no valid checkpoint in %s:%s", dir.c_str(),
+                                     problems.c_str());
   return "";
+}
+
+// The checkpoint directory that [checkpoint] resume names (verified), "" for "latest" when there
+// is none yet. Stops the job when there is no valid one.
+static std::string resolve(const CheckpointConfig& c, Comm& world) {
+  if (c.resume == "latest") return resolve_latest(c.dir, world);
+  std::string ckpt;
+  if (is_directory(c.resume)) ckpt = c.resume;
+  else if (base_name(c.resume) == kIndexFileName) ckpt = parent_dir(c.resume);
+  fail_together(world, ckpt.empty() ? "[checkpoint] resume = " + c.resume +
+                ": not a checkpoint directory or " + kIndexFileName : "", "cannot resume: ");
+  fail_together(world, verify(ckpt, world), "cannot resume: ");
+  return ckpt;
+}
+
+// At start-up, before any step: [checkpoint] dir exists and every rank can write into it, and a
+// run that does not resume does not silently replace the checkpoints already there.
+static void prepare_dir(const CheckpointConfig& c, Comm& world) {
+  if (c.dir.empty()) return;
+  if (world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
+  std::string problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
+  fail_together(world, problem, "[checkpoint] dir = " + c.dir + " cannot hold checkpoints: ");
+  std::string held;
+  if (world.rank == 0 && c.resume.empty() && !c.overwrite) {
+    for (int64_t s : checkpoint_steps(c.dir)) held += (held.empty() ? "" : ", ") + step_dir_name(s);
+    if (held.empty() && path_exists(c.dir + "/latest")) held = "latest";
+  }
+  fail_together(world, held.empty() ? "" : "[checkpoint] dir = " + c.dir + " already holds "
+                "checkpoints (" + held + ") and this run does not resume: set [checkpoint] "
+                "resume = \"latest\" to continue from them, or [checkpoint] overwrite = true to "
+                "train from scratch and replace them, or choose another dir", "");
 }
 
 static std::string shape_text(const CheckpointMeta& m) {
@@ -246,19 +311,12 @@ static std::string check_index(const CheckpointMeta& m, const ModelConfig& model
   return "";
 }
 
-// Verifies the manifest (ranks share the checksums) and opens the index on every rank.
-static void open_verified(const std::string& ckpt, const ModelConfig& model,
-                          const GPTLayout& layout, Comm& world, CheckpointIndex* index,
-                          CheckpointMeta* meta) {
+// Opens the index of a verified checkpoint on every rank and checks it against the model.
+static void open_index(const std::string& ckpt, const ModelConfig& model, const GPTLayout& layout,
+                       Comm& world, CheckpointIndex* index, CheckpointMeta* meta) {
   std::vector<ManifestEntry> entries;
   std::string problem = manifest_read(ckpt, &entries);
-  if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
-        return e.file == kIndexFileName;
-      }))
-    problem = ckpt + "/manifest.txt does not list " + kIndexFileName;
-  if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
-  fail_together(world, problem, "cannot resume: ");
-  problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
+  if (problem.empty()) problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
   if (problem.empty()) problem = check_index(*meta, model, layout, entries, ckpt);
   fail_together(world, problem, "cannot resume: ");
 }
@@ -267,12 +325,11 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
-  if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
+  prepare_dir(c, world);
   barrier(world);
   if (c.resume.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  std::string ckpt;
-  fail_together(world, resolve(c, &ckpt), "cannot resume: ");
+  const std::string ckpt = resolve(c, world);
   if (ckpt.empty()) {
     if (world.rank == 0)
       std::printf("resume   no checkpoint in %s yet: starting from step 0\n", c.dir.c_str());
@@ -280,7 +337,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   }
   CheckpointIndex index;
   CheckpointMeta meta;
-  open_verified(ckpt, cfg.model, layout, world, &index, &meta);
+  open_index(ckpt, cfg.model, layout, world, &index, &meta);
   for (StateKind kind : kStates)
     param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
   h5_close_index(index);

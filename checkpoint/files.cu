@@ -164,6 +164,15 @@ std::string make_dir(const std::string& path) {
   return "";
 }
 
+std::string probe_dir(const std::string& dir, const std::string& name) {
+  std::string problem = make_dir(dir);
+  if (problem.empty() && !is_directory(dir)) problem = dir + " exists and is not a directory";
+  const std::string probe = dir + "/" + name;
+  if (problem.empty()) problem = write_file_synced(probe, "probe\n");
+  if (problem.empty() && unlink(probe.c_str()) != 0) problem = errno_text("cannot remove", probe);
+  return problem;
+}
+
 void remove_tree(const std::string& path) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return;

@@ -43,6 +43,9 @@ bool read_text_file(const std::string& path, std::string* out);
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 std::string make_dir(const std::string& path);  // mkdir -p; "" or the error
+// mkdir -p, then writes, fsyncs and removes a small file `name` inside: "" if the directory can
+// hold files, else the error naming the path.
+std::string probe_dir(const std::string& dir, const std::string& name);
 void remove_tree(const std::string& path);      // rm -rf, best effort
 std::string parent_dir(const std::string& path);
 std::string base_name(const std::string& path);

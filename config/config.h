@@ -84,6 +84,7 @@ struct CheckpointConfig { // [checkpoint]
   int every = 0;          // save every this many steps (0 = only after the last step)
   int keep = 3;           // newest checkpoints kept
   std::string resume;     // "" | "latest" | a checkpoint path
+  bool overwrite = false; // a run that does not resume may replace the checkpoints in dir
 };
 
 struct LogConfig {        // [log]

@@ -39,7 +39,7 @@ DEFAULTS = {
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
-    "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": ""},
+    "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": "", "overwrite": False},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
             "check_tied": False},
