@@ -64,6 +64,19 @@ static void fail_together(Comm& world, const std::string& problem, const std::st
   FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
+// fail_together for a save: first rank 0 removes the save's temporary directory, so that a failed
+// save (a full disk) leaves the directory as the previous save left it.
+static void fail_save_together(Comm& world, const std::string& problem, const std::string& what,
+                               const std::string& tmp) {
+  const std::string first = first_problem(world, problem);
+  if (first.empty()) return;
+  if (world.rank == 0) {
+    remove_tree(tmp);
+    sync_dir(parent_dir(tmp));
+  }
+  FATAL_ALL("%s%s", what.c_str(), first.c_str());
+}
+
 // The model's shape as the index records it, and the format version it needs (hdf5_format.h).
 static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTLayout& g) {
   m.L = g.L, m.NH = g.NH, m.C = g.C, m.T = g.T, m.V = g.V, m.Vp = g.Vp, m.maxT = g.maxT;
@@ -130,9 +143,9 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
-  std::string problem =
-      h5_write_index(tmp + "/" + kIndexFileName, writer_units(cfg.model, writer_shape(meta)), meta);
-  if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
+  std::string problem = h5_write_index(tmp + "/" + kIndexFileName,
+                                       writer_units(cfg.model, writer_shape(meta)), meta,
+                                       &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
   if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
@@ -160,22 +173,21 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
     remove_tree(tmp);
     if (problem.empty()) problem = make_dir(tmp);
   }
-  fail_together(world, problem, not_saved);
+  fail_save_together(world, problem, not_saved, tmp);
 
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   const std::string file = tmp + "/" + rank_file_name(world.rank);
   FileDigest digest;
   // writer = world rank (hdf5_format.h); its slices of the ranks holding its units
   const WriterShards shards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
-  problem = h5_write_rank_file(file, store, layout, shards);
-  if (problem.empty()) problem = sync_and_digest(file, &digest);
+  problem = h5_write_rank_file(file, store, layout, shards, &digest);
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
-  fail_together(world, problem, not_saved);
+  fail_save_together(world, problem, not_saved, tmp);
   const double written = seconds_since(t0);
 
   const std::vector<FileDigest> digests = gather_digests(world, digest);
   if (world.rank == 0) problem = commit(cfg, step, layout, train_data, tmp, digests);
-  fail_together(world, problem, not_saved);
+  fail_save_together(world, problem, not_saved, tmp);
   if (world.rank == 0) {
     uint64_t bytes = 0;
     for (const FileDigest& d : digests) bytes += d.bytes;

@@ -34,9 +34,12 @@
 //
 // Saving (checkpoint_save, all ranks):
 //   1. rank 0 creates dir/step_000123.tmp (removing a stale one)                 [barrier]
-//   2. each rank writes rank_<r>.h5 into it, fsyncs it, computes its size and CRC32
-//   3. the ranks agree that every write succeeded (otherwise: stop, naming the rank and file;
-//      nothing was committed, `latest` still names the previous checkpoint)
+//   2. each rank builds rank_<r>.h5 in memory (HDF5's core driver) and writes it into the
+//      directory with plain POSIX writes, fsyncs it and digests (size, CRC32) what it wrote
+//   3. the ranks agree that every write succeeded (otherwise, a full disk say: rank 0 removes
+//      the temporary directory and every rank stops with exit status 1, naming the rank, the
+//      file and the system's reason; nothing was committed, `latest` still names the previous
+//      checkpoint, and no HDF5 file is left half-closed)
 //   4. rank 0 writes checkpoint.h5 and then manifest.txt (sizes + CRCs of all files), fsyncs
 //      both and the directory, renames step_000123.tmp -> step_000123, fsyncs dir, then replaces
 //      `latest` atomically (latest.tmp + fsync + rename + fsync dir), and only then deletes the
@@ -59,8 +62,9 @@
 //
 // Limits: the directory must be on a file system all ranks share (rank 0 writes the index over
 // every rank's file, and resume reads any rank's file). A save needs room for keep + 1
-// checkpoints at once. Data is staged through one host buffer of a unit's slice per rank; on a
-// GPU the device-to-host copies are not overlapped with the writes.
+// checkpoints at once, and host memory of about twice a rank file (its image in HDF5's memory,
+// then the copy that is written); on a GPU the device-to-host copies are not overlapped with
+// the writes.
 #pragma once
 #include <string>
 

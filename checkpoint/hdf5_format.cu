@@ -112,9 +112,24 @@ class H5Id {
   hid_t id_;
 };
 
-// Files are closed explicitly: a failed close (the last flush) must be seen.
-void close_file(H5Id& file, const std::string& path) {
-  ok(H5Fclose(file.release()), "cannot close " + path);
+// A file built in memory: HDF5's core driver without a backing store, growing by `increment`
+// bytes (the expected size, so that it is allocated once). Nothing touches the disk until
+// write_image, which closes it (a close in memory cannot fail for want of disk space) and writes
+// the image with plain POSIX calls.
+hid_t create_in_memory(const std::string& path, size_t increment) {
+  H5Id fapl(ok(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+  ok(H5Pset_fapl_core(fapl, std::max(increment, (size_t)1 << 20), /*backing_store=*/0),
+     "H5Pset_fapl_core");
+  return ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "cannot create");
+}
+
+std::string write_image(H5Id& file, const std::string& path, FileDigest* digest) {
+  ok(H5Fflush(file, H5F_SCOPE_GLOBAL), "cannot flush");
+  const ssize_t bytes = ok(H5Fget_file_image(file, nullptr, 0), "H5Fget_file_image");
+  std::vector<char> image((size_t)bytes);
+  ok(H5Fget_file_image(file, image.data(), image.size()), "H5Fget_file_image");
+  ok(H5Fclose(file.release()), "cannot close");
+  return write_bytes_synced(path, image.data(), image.size(), digest);
 }
 
 hid_t link_props() {  // "create missing parent groups" for paths like model/h.3/attn/qkv/weight
@@ -186,50 +201,71 @@ const StateKind kAllKinds[] = {StateKind::Master, StateKind::AdamM, StateKind::A
 // ---------------------------------------------------------------------------------------------
 // Writing
 // ---------------------------------------------------------------------------------------------
-static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind kind,
-                             const FlatRange& range, std::vector<float>& host) {
-  const UnitState& us = store.units[u];
-  CHECK(range.first >= us.shard_offset && range.end <= us.shard_offset + us.shard_numel,
-        "checkpoint: unit %zu range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", u,
-        range.first, range.end, us.shard_offset, us.shard_offset + us.shard_numel);
-  const float* src = store_state(store, (int)u, kind) + (range.first - us.shard_offset);
-  ops::copy_to_host(host.data(), src, range.size() * sizeof(float));
-  const std::string name = unit_dataset(kind, u);
-  hsize_t n = range.size();
+size_t RankFileContents::floats() const {
+  size_t n = 0;
+  for (const RankFilePart& p : parts) n += p.range.size();
+  return n;
+}
+
+RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards) {
+  RankFileContents c;
+  c.shard_rank = shards.index, c.tp_rank = layout.tp.rank(), c.pp_rank = layout.pp.rank();
+  c.ep_rank = layout.ep->rank;
+  for (StateKind kind : kAllKinds)
+    for (size_t u = 0; u < layout.units.size(); u++) {
+      const FlatRange range = writer_range(layout.units[u], shards, (int)c.tp_rank);
+      if (range.size() > 0) c.parts.push_back({kind, (int)u, range});
+    }
+  return c;
+}
+
+void copy_part(ParamStore& store, const RankFilePart& p, float* dst) {
+  const UnitState& us = store.units[p.unit];
+  CHECK(p.range.first >= us.shard_offset && p.range.end <= us.shard_offset + us.shard_numel,
+        "checkpoint: unit %d range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", p.unit,
+        p.range.first, p.range.end, us.shard_offset, us.shard_offset + us.shard_numel);
+  const float* src = store_state(store, p.unit, p.kind) + (p.range.first - us.shard_offset);
+  ops::copy_to_host(dst, src, p.range.size() * sizeof(float));
+}
+
+static void write_part(hid_t file, const RankFilePart& p, const float* data) {
+  const std::string name = unit_dataset(p.kind, p.unit);
+  hsize_t n = p.range.size();
   H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
   H5Id lcpl(link_props());
   H5Id ds(ok(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT,
                         H5P_DEFAULT), "cannot create " + name));
-  write_attr_i64(ds, "first", (int64_t)range.first);
-  ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
-     "cannot write " + name);
+  write_attr_i64(ds, "first", (int64_t)p.range.first);
+  ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot write " + name);
 }
 
-std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, const WriterShards& shards) {
+std::string h5_write_rank_file(const std::string& path, const RankFileContents& c,
+                               const PartSource& source, FileDigest* digest) {
   quiet_hdf5();
   try {
-    H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                 "cannot create"));
-    write_attr_i64(file, "shard_rank", shards.index);
-    write_attr_i64(file, "tp_rank", layout.tp.rank());
-    write_attr_i64(file, "pp_rank", layout.pp.rank());
-    write_attr_i64(file, "ep_rank", layout.ep->rank);
-    const int tp_rank = layout.tp.rank();
-    size_t largest = 0;
-    for (const ParamUnit& pu : layout.units)
-      largest = std::max(largest, writer_range(pu, shards, tp_rank).size());
-    std::vector<float> host(largest);
-    for (StateKind kind : kAllKinds)
-      for (size_t u = 0; u < layout.units.size(); u++) {
-        const FlatRange range = writer_range(layout.units[u], shards, tp_rank);
-        if (range.size() > 0) write_unit_range(file, store, u, kind, range, host);
-      }
-    close_file(file, path);
+    H5Id file(create_in_memory(path, c.floats() * sizeof(float) + ((size_t)1 << 20)));
+    write_attr_i64(file, "shard_rank", c.shard_rank);
+    write_attr_i64(file, "tp_rank", c.tp_rank);
+    write_attr_i64(file, "pp_rank", c.pp_rank);
+    write_attr_i64(file, "ep_rank", c.ep_rank);
+    for (size_t i = 0; i < c.parts.size(); i++) write_part(file, c.parts[i], source(i));
+    return write_image(file, path, digest);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();
   }
-  return "";
+}
+
+std::string h5_write_rank_file(const std::string& path, ParamStore& store,
+                               const GPTLayout& layout, const WriterShards& shards,
+                               FileDigest* digest) {
+  const RankFileContents c = rank_file_contents(layout, shards);
+  size_t largest = 0;
+  for (const RankFilePart& p : c.parts) largest = std::max(largest, p.range.size());
+  std::vector<float> host(largest);
+  return h5_write_rank_file(path, c, [&](size_t i) {
+    copy_part(store, c.parts[i], host.data());
+    return (const float*)host.data();
+  }, digest);
 }
 
 // The dataset shape of logical tensor t (hdf5_format.h): (rows, cols), (rows,) for a vector, and
@@ -386,11 +422,10 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
 }
 
 std::string h5_write_index(const std::string& path, const WriterUnits& units,
-                           const CheckpointMeta& meta) {
+                           const CheckpointMeta& meta, FileDigest* digest) {
   quiet_hdf5();
   try {
-    H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                 "cannot create"));
+    H5Id file(create_in_memory(path, (size_t)1 << 20));
     write_meta(file, meta);
     const TensorSources src = tensor_sources(units, meta);
     for (StateKind kind : kAllKinds)
@@ -400,11 +435,10 @@ std::string h5_write_index(const std::string& path, const WriterUnits& units,
           throw H5Failure("no writer holds " + name);
         write_virtual_tensor(file, units, name, it->second, kind, meta);
       }
-    close_file(file, path);
+    return write_image(file, path, digest);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();
   }
-  return "";
 }
 
 // ---------------------------------------------------------------------------------------------

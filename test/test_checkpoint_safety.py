@@ -17,16 +17,28 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
 2. Probed at start-up: a [checkpoint] dir that cannot be created (its parent is a file) or is a
    file itself, with every = 1000 (the first save far away): exit 1 before any step, the
    message naming the directory; a dir that does not exist yet is created at start-up.
+3. A full disk (a tmpfs of a chosen size in a private mount namespace, `unshare -rm`; where
+   namespaces are not allowed, RLIMIT_FSIZE, whose writes fail with "File too large"): the
+   disk fills while the ranks write their files of the second checkpoint, and (tmpfs only)
+   while rank 0 writes the index; and the metrics file fills. Each run exits with status 1, no
+   signal (it used to segfault in HDF5 at MPI_Finalize), the message names the file and the
+   system's reason; the previous checkpoint is intact (its manifest verified here with zlib's
+   CRC32), `latest` names it, no temporary is left, and resuming it reproduces the
+   uninterrupted run bit for bit.
 """
 import glob
 import os
+import resource
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer import (Checks, base_sections, make_experiment, read_metrics, run,  # noqa: E402
-                     seeded_rng, write_config)
+from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
+                     read_metrics, run, seeded_rng, write_config)
 
 checks = Checks("test_checkpoint_safety")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -57,10 +69,10 @@ def trainer(cfg, ck, metrics, *extra, check=False):
                np_ranks=2, check=check, timeout=180)
 
 
-def fresh_checkpoints(tmp, cfg, name):
-    """A 6-step run saving every 2 steps, in its own directory."""
+def fresh_checkpoints(tmp, cfg, name, steps=6):
+    """A run saving every 2 steps, in its own directory."""
     ck = os.path.join(tmp, name)
-    trainer(cfg, ck, os.path.join(tmp, name + ".jsonl"), "--train.steps=6", check=True)
+    trainer(cfg, ck, os.path.join(tmp, name + ".jsonl"), f"--train.steps={steps}", check=True)
     return ck
 
 
@@ -145,6 +157,113 @@ def test_probe(tmp, cfg):
                  ok, f"exit {p.returncode}: {sorted(os.listdir(ck)) if os.path.isdir(ck) else None}")
 
 
+def verify_manifest(ckpt):
+    """Every manifest entry present with its size and zlib CRC32: "" or the problem."""
+    try:
+        text = open(os.path.join(ckpt, "manifest.txt"), "rb").read()
+    except OSError as e:
+        return str(e)
+    end = text.rfind(b"end ")
+    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
+        return "manifest's own checksum"
+    for line in text[:end].decode().splitlines()[1:]:
+        size, crc, name = line.split()
+        data = open(os.path.join(ckpt, name), "rb").read()
+        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
+            return name
+    return ""
+
+
+def namespaces_allowed():
+    return subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+def pages(n):
+    return (n + 4095) // 4096 * 4096
+
+
+def on_small_disk(cmd, mount, size, keep):
+    """Runs cmd with a tmpfs of `size` bytes at `mount` (a private mount namespace), then copies
+    the tmpfs's content to `keep`. Returns the CompletedProcess."""
+    script = (f'mkdir -p "{mount}" && mount -t tmpfs -o size={size} tmpfs "{mount}" || exit 99\n'
+              '"$@"; rc=$?\n'
+              f'cp -a "{mount}/." "{keep}/"; exit $rc\n')
+    os.makedirs(keep, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *cmd], capture_output=True,
+                          text=True, timeout=180, env=env)
+
+
+def with_file_limit(args, limit):
+    """The trainer under mpirun -np 2, each rank with RLIMIT_FSIZE = limit and SIGXFSZ ignored
+    (mpirun itself keeps no limit: its own files must grow)."""
+    wrapper = f"trap '' XFSZ; exec prlimit --fsize={limit} \"$@\""
+    cmd = [*MPIRUN, "-np", "2", "sh", "-c", wrapper, "sh", TRAIN_CPU, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+
+def expect_clean_failure(what, p, needles, ck, previous, cfg, tmp, reference):
+    """Exit 1 without a signal naming the file; the previous checkpoint intact and resumable."""
+    crashed = any(w in p.stdout + p.stderr for w in ("Segmentation", "signal", "core dumped"))
+    named = all(n in p.stderr for n in needles)
+    latest = open(os.path.join(ck, "latest")).read().strip() if ck else previous
+    intact = not ck or (latest == previous and verify_manifest(os.path.join(ck, previous)) == ""
+                        and not glob.glob(os.path.join(ck, "*.tmp")))
+    resumed = True
+    if ck and intact:
+        m = os.path.join(tmp, f"after_{what[:12].replace(' ', '_')}.jsonl")
+        r = trainer(cfg, ck, m, "--train.steps=4", "--checkpoint.resume=latest")
+        got, first = losses(m), int(previous[5:]) + 1
+        resumed = r.returncode == 0 and sorted(got) == list(range(first, 5)) and \
+            all(got[s] == reference[s] for s in got)
+    message = next((l for l in p.stderr.splitlines() if "error:" in l), "no error line")
+    checks.check(f"disk full {what}: exit 1, no signal, file named; previous checkpoint intact "
+                 "and resumes bit-exact", p.returncode == 1 and not crashed and named and
+                 intact and resumed,
+                 f"exit {p.returncode}, crash {crashed}, named {named}, latest {latest}, "
+                 f"intact {intact}, resumed {resumed}: {message[:260]}")
+
+
+def test_disk_full(tmp, cfg, reference):
+    ck0 = fresh_checkpoints(tmp, cfg, "ck_sizes")  # the sizes of one checkpoint's files
+    d = os.path.join(ck0, "step_000002")
+    ranks = [pages(os.path.getsize(os.path.join(d, f"rank_0000{r}.h5"))) for r in range(2)]
+    index = pages(os.path.getsize(os.path.join(d, "checkpoint.h5")))
+    one = sum(ranks) + index + 2 * 4096
+    train = [*MPIRUN, "-np", "2", TRAIN_CPU, cfg, *LAYOUT, "--train.steps=4",
+             "--checkpoint.every=2"]
+    if namespaces_allowed():
+        for what, room in (("in the rank files", ranks[0] // 2),
+                           ("in the index", sum(ranks) + index // 2)):
+            mount, keep = os.path.join(tmp, "small"), os.path.join(tmp, "kept_" + what[-5:])
+            ck = os.path.join(mount, "ck")
+            p = on_small_disk(train + [f"--checkpoint.dir={ck}",
+                                       f"--log.metrics={tmp}/full.jsonl"], mount, one + room, keep)
+            file = "checkpoint.h5" if "index" in what else "rank_0000"
+            expect_clean_failure(what, p, [os.path.join(ck, "step_000004.tmp", file),
+                                           "No space left on device"],
+                                 os.path.join(keep, "ck"), "step_000002", cfg, tmp, reference)
+        metrics = os.path.join(mount, "m.jsonl")
+        p = on_small_disk([*MPIRUN, "-np", "2", TRAIN_CPU, cfg, *LAYOUT, "--train.steps=200",
+                           f"--log.metrics={metrics}"], mount, 8192, os.path.join(tmp, "kept_m"))
+        expect_clean_failure("in the metrics file", p, [metrics, "No space left on device"], None,
+                             None, cfg, tmp, reference)
+        return
+    print("  (no user namespaces here: RLIMIT_FSIZE stands in for a full disk)")
+    ck = fresh_checkpoints(tmp, cfg, "ck_limit", steps=2)
+    p = with_file_limit(train[len(MPIRUN) + 3:] + [f"--checkpoint.dir={ck}",
+                                                     "--checkpoint.resume=latest",
+                                                     f"--log.metrics={tmp}/limit.jsonl"],
+                        ranks[0] // 2)
+    expect_clean_failure("in the rank files (RLIMIT_FSIZE)", p, ["rank_0000", "File too large"],
+                         ck, "step_000002", cfg, tmp, reference)
+    metrics = os.path.join(tmp, "limited.jsonl")
+    p = with_file_limit([cfg, *LAYOUT, "--train.steps=200", f"--log.metrics={metrics}"], 8192)
+    expect_clean_failure("in the metrics file (RLIMIT_FSIZE)", p, [metrics, "File too large"],
+                         None, None, cfg, tmp, reference)
+
+
 def main():
     rng = seeded_rng("test_checkpoint_safety")
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,7 +276,8 @@ def main():
         run(cfg, LAYOUT + [f"--log.metrics={ref}"], np_ranks=2, timeout=180)
         reference = losses(ref)
         for test in (lambda: test_never_backwards(tmp, cfg, reference),
-                     lambda: test_probe(tmp, cfg)):
+                     lambda: test_probe(tmp, cfg),
+                     lambda: test_disk_full(tmp, cfg, reference)):
             try:
                 test()
             except (RuntimeError, OSError, KeyError, ValueError) as e:

@@ -1,6 +1,7 @@
 // training/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (training/metrics.h).
 #include "training/metrics.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -29,8 +30,18 @@ double device_peak_tflops(const std::string& name, double override_tflops) {
 
 void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0) {
   if (!is_rank0 || path.empty()) return;
+  log.path = path;
   log.jsonl = std::fopen(path.c_str(), "a");
-  CHECK(log.jsonl, "[log] metrics: cannot open %s for appending", path.c_str());
+  CHECK(log.jsonl, "[log] metrics: cannot open %s for appending: %s", path.c_str(),
+        std::strerror(errno));
+}
+
+// Flushes a record and stops the job if any part of it could not be written.
+static void flush_checked(MetricsLog& log) {
+  errno = 0;
+  if (std::fflush(log.jsonl) == 0 && !std::ferror(log.jsonl)) return;
+  FATAL("[log] metrics: cannot write %s: %s", log.path.c_str(),
+        errno ? std::strerror(errno) : "write error");
 }
 
 void metrics_close(MetricsLog& log) {
@@ -45,7 +56,7 @@ void metrics_run(MetricsLog& log, const RunInfo& i) {
                "\"world_size\":%d,\"flops_per_token\":%.0f,\"peak_tflops\":%.1f}}\n",
                i.parameters, i.state_bytes, i.activation_bytes, i.world_size, i.flops_per_token,
                i.peak_tflops);
-  std::fflush(log.jsonl);
+  flush_checked(log);
 }
 
 static void print_fraction(FILE* f, const char* key, double x) {
@@ -155,11 +166,11 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   if (r.moe) print_moe_json(log.jsonl, r.moe_report);
   print_comm_json(log.jsonl, comm);
   std::fprintf(log.jsonl, "}\n");
-  std::fflush(log.jsonl);
+  flush_checked(log);
 }
 
 void metrics_val(MetricsLog& log, int step, double val_loss) {
   if (!log.jsonl) return;
   std::fprintf(log.jsonl, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
-  std::fflush(log.jsonl);
+  flush_checked(log);
 }

@@ -45,7 +45,10 @@ struct StepReport {
 
 struct MetricsLog {
   FILE* jsonl = nullptr;  // only on rank 0
+  std::string path;
 };
+// Every write is flushed and checked: a failed one (a full disk) stops the job with a message
+// naming the file, instead of losing the metrics silently.
 void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0);
 void metrics_close(MetricsLog& log);
 // The first record of a run: sizes that do not change from step to step.
