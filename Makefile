@@ -43,14 +43,15 @@ endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas \
              -lcudnn -lnccl
 
-# Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu is the NCCL backend,
-# comm_nccl_absent.cu stands in for it in the CPU binary.
+# Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu (with its watchdog
+# thread, nccl_watchdog.cu) is the NCCL backend, comm_nccl_absent.cu stands in for it in the CPU
+# binary.
 SHARED_SRC := train.cu kernels/common.cpp kernels/allocator.cpp \
-              $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
+              $(filter-out parallel/comm_nccl.cu parallel/nccl_watchdog.cu parallel/comm_nccl_absent.cu, \
                 $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
-NCCL_SRC   := parallel/comm_nccl.cu
+NCCL_SRC   := parallel/comm_nccl.cu parallel/nccl_watchdog.cu
 
 obj = $(patsubst %,$(BUILD)/$(1)/%.o,$(2))
 SHARED_OBJ := $(call obj,host,$(SHARED_SRC))

@@ -73,6 +73,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   const Config& cfg = r.cfg;
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
+  r.mesh.watch.timeout_s = cfg.parallel.timeout_s;
   mesh_init(r.mesh, mesh_shape(cfg.parallel), world_rank, local_rank, backend);
   const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
@@ -299,6 +300,7 @@ int main(int argc, char** argv) {
   print_banner(r);
   const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
+    r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
     StepReport rep = train_step(r, step);
     comm_stats_add(r.comm_total, r.mesh.stats);
     const bool first = step == r.resumed_step + 1;

@@ -66,6 +66,7 @@ struct ParallelConfig {   // [parallel]
   int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2)
   bool fsdp = false;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
+  double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
 };
 
 struct PrecisionConfig {  // [precision]

@@ -164,7 +164,8 @@ void check_values(Checker& c) {
                          "log.sample_every", "precision.fp8_margin"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
-                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss"})
+                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
+                         "parallel.timeout_s"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
                          "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})

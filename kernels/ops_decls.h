@@ -46,6 +46,9 @@ void event_destroy(Event e);
 void event_record(Event e, Stream s);
 void stream_wait_event(Stream s, Event e);  // later work on s waits for e (no host wait)
 void event_sync(Event e);
+// Whether the work recorded before e has completed (an event never recorded is done); does not
+// wait. Safe to call from another host thread (the NCCL watchdog, parallel/watchdog.h).
+bool event_done(Event e);
 float event_elapsed_ms(Event start, Event end);  // CPU backend: host wall time between records
 const char* attention_impl_name(Stream s);        // what AttentionImpl::Auto resolved to
 // The backend's own stream handle (a cudaStream_t on CUDA, nullptr on the CPU), for libraries
