@@ -27,6 +27,7 @@
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/plan.h"
+#include "training/preemption.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -124,8 +125,9 @@ static void setup_data_and_logs(Run& r) {
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
-  metrics_open(r.metrics, cfg.log.metrics, r.rank0);
+  metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
   RunInfo info;
+  info.first_step = r.resumed_step + 1;
   info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_memory.bytes;
   info.activation_bytes = r.model.memory.bytes;
@@ -275,9 +277,48 @@ static void print_bubble(Run& r) {
   std::fflush(stdout);
 }
 
+// The steps, from the one after the resumed checkpoint to the last, or until a signal stops
+// them (training/preemption.h). Returns that signal (0: the run is done).
+static int train_steps(Run& r) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
+    r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
+    StepReport rep = train_step(r, step);
+    comm_stats_add(r.comm_total, r.mesh.stats);
+    const bool first = step == r.resumed_step + 1;
+    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
+    if (first)  // "auto" decides at the first call
+      rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
+    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
+    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
+      CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
+                "copies of the tied embedding differ ([log] check_tied)", step);
+    evaluate(r, step);
+    const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
+    const bool saved = checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data,
+                                              r.mesh, stop != 0);
+    if (!stop) continue;
+    if (r.rank0) {
+      char where[512] = "no [checkpoint] dir: nothing saved";
+      if (saved) std::snprintf(where, sizeof(where), "checkpoint %s/step_%06d saved; resume it "
+                               "with [checkpoint] resume = \"latest\"",
+                               r.cfg.checkpoint.dir.c_str(), step);
+      std::printf("preempted: %s received: stopped after step %d of %d; %s\n",
+                  signal_name(stop), step, r.cfg.train.steps, where);
+      std::fflush(stdout);
+    }
+    r.resumed_step = step;  // the steps this run did end here
+    return stop;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int world_rank = 0, world_size = 1, local_rank = 0;
   runtime_init(&argc, &argv, &world_rank, &world_size, &local_rank);
+  preemption_install();
   Run r;
   r.rank0 = world_rank == 0;
   CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
@@ -298,26 +339,12 @@ int main(int argc, char** argv) {
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
   setup(r, world_rank, local_rank);
   print_banner(r);
-  const auto start = std::chrono::steady_clock::now();
-  for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
-    r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
-    StepReport rep = train_step(r, step);
-    comm_stats_add(r.comm_total, r.mesh.stats);
-    const bool first = step == r.resumed_step + 1;
-    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
-    if (first)  // "auto" decides at the first call
-      rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
-    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
-    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
-    if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
-      CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
-                "copies of the tied embedding differ ([log] check_tied)", step);
-    evaluate(r, step);
-    checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
+  const int first = r.resumed_step;
+  const int stopped_by = train_steps(r);
+  if (!stopped_by) {
+    if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - first, stdout);
+    if (r.mesh.shape.pp > 1 && first < r.cfg.train.steps) print_bubble(r);
   }
-  if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - r.resumed_step, stdout);
-  if (r.mesh.shape.pp > 1 && r.resumed_step < r.cfg.train.steps) print_bubble(r);
 
   metrics_close(r.metrics);
   gpt_destroy(r.model);
@@ -327,5 +354,5 @@ int main(int argc, char** argv) {
   ops::stream_destroy(r.comm);
   mesh_destroy(r.mesh);
   runtime_finalize();
-  return 0;
+  return stopped_by ? kExitPreempted : 0;
 }

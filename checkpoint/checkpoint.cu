@@ -88,12 +88,14 @@ static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTL
 // ---------------------------------------------------------------------------------------------
 // Saving
 // ---------------------------------------------------------------------------------------------
-void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh) {
+bool checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
+                            ParamStore& store, const DataLoader& train_data, Mesh& mesh,
+                            bool now) {
   const CheckpointConfig& c = cfg.checkpoint;
-  if (c.dir.empty()) return;
-  if ((c.every > 0 && step % c.every == 0) || step == cfg.train.steps)
-    checkpoint_save(cfg, step, layout, store, train_data, mesh);
+  if (c.dir.empty()) return false;
+  if (!now && !(c.every > 0 && step % c.every == 0) && step != cfg.train.steps) return false;
+  checkpoint_save(cfg, step, layout, store, train_data, mesh);
+  return true;
 }
 
 // Every rank's file digest, on every rank (in writer order: writer = world rank here).

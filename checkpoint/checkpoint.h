@@ -83,9 +83,11 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh);
 
 // After step `step` (and its evaluation): saves when `step` is a multiple of [checkpoint] every
-// or is the last step, if [checkpoint] dir is set. All ranks call it.
-void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh);
+// or is the last step, or when `now` (a preemption: training/preemption.h), if [checkpoint] dir
+// is set. All ranks call it. Returns whether it saved.
+bool checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
+                            ParamStore& store, const DataLoader& train_data, Mesh& mesh,
+                            bool now = false);
 
 // Saves unconditionally into cfg.checkpoint.dir (the protocol above).
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,

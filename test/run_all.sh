@@ -57,6 +57,7 @@ run export      $PY test/test_export.py
 run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
+run preemption  $PY test/test_preemption.py
 run bad-input   $PY test/test_bad_input.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host

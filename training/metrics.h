@@ -49,10 +49,16 @@ struct MetricsLog {
 };
 // Every write is flushed and checked: a failed one (a full disk) stops the job with a message
 // naming the file, instead of losing the metrics silently.
-void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0);
+// resumed_step > 0 (a run resuming a checkpoint of that step): first the records past it of the
+// run being continued are dropped from the file (those a run wrote after its last checkpoint
+// before it died; the resumed run writes them again), so the file holds every step once. The
+// run being continued is the last one whose run record says it started at or before
+// resumed_step + 1; later runs' records go too, earlier runs are left alone.
+void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0, int resumed_step = 0);
 void metrics_close(MetricsLog& log);
 // The first record of a run: sizes that do not change from step to step.
 struct RunInfo {
+  int first_step = 1;          // the first step this run trains (resumed step + 1)
   size_t parameters = 0;       // N
   size_t state_bytes = 0;      // this rank's weights + gradients + optimizer state
   size_t activation_bytes = 0; // this rank's activations and backward scratch
