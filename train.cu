@@ -45,6 +45,7 @@ struct Run {
   std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T/cp each
   std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
   DataLoader train_data, val_data;
+  AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
   Tokenizer tokenizer;
   MetricsLog metrics;
   CommStats comm_total{};
@@ -284,6 +285,9 @@ static int train_steps(Run& r) {
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
     StepReport rep = train_step(r, step);
+    const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
+                                                     r.train_data, r.mesh);
+    rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;
     comm_stats_add(r.comm_total, r.mesh.stats);
     const bool first = step == r.resumed_step + 1;
     rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -297,8 +301,8 @@ static int train_steps(Run& r) {
                 "copies of the tied embedding differ ([log] check_tied)", step);
     evaluate(r, step);
     const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
-    const bool saved = checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data,
-                                              r.mesh, stop != 0);
+    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store,
+                                             r.train_data, r.mesh, stop != 0);
     if (!stop) continue;
     if (r.rank0) {
       char where[512] = "no [checkpoint] dir: nothing saved";

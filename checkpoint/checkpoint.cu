@@ -17,6 +17,7 @@
 
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
+#include "checkpoint/save_phases.h"
 
 static const StateKind kStates[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV};
 
@@ -88,12 +89,25 @@ static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTL
 // ---------------------------------------------------------------------------------------------
 // Saving
 // ---------------------------------------------------------------------------------------------
-bool checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh,
-                            bool now) {
+bool checkpoint_due(const Config& cfg, int step) {
   const CheckpointConfig& c = cfg.checkpoint;
-  if (c.dir.empty()) return false;
-  if (!now && !(c.every > 0 && step % c.every == 0) && step != cfg.train.steps) return false;
+  return !c.dir.empty() && ((c.every > 0 && step % c.every == 0) || step == cfg.train.steps);
+}
+
+double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
+                                  const GPTLayout& layout, ParamStore& store,
+                                  const DataLoader& train_data, Mesh& mesh) {
+  if (!cfg.checkpoint.async || !checkpoint_due(cfg, step) || step == cfg.train.steps) return -1;
+  return async_save_begin(async, cfg, step, layout, store, train_data.pos, mesh);
+}
+
+bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
+                           ParamStore& store, const DataLoader& train_data, Mesh& mesh, bool now) {
+  const bool last = step == cfg.train.steps;
+  const bool began = async.in_flight && async.target.step == step;
+  async_save_poll(async, cfg, layout, mesh[Axis::World], /*wait=*/now || last);
+  if (began) return true;  // finished above when `now`
+  if (cfg.checkpoint.dir.empty() || (!now && !checkpoint_due(cfg, step))) return false;
   checkpoint_save(cfg, step, layout, store, train_data, mesh);
   return true;
 }
@@ -128,13 +142,13 @@ static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
 
 // Rank 0, after every rank file is on disk: index, manifest, rename, `latest`, keep.
 static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
-                          const DataLoader& train_data, const std::string& tmp,
+                          const DataPosition& data, const std::string& tmp,
                           const std::vector<FileDigest>& rank_digests) {
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
   CheckpointMeta meta;
   meta.step = step;
   meta.seed = cfg.train.seed;
-  meta.data = train_data.pos;
+  meta.data = data;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size();
@@ -162,42 +176,58 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   return "";
 }
 
-void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
-                     const DataLoader& train_data, Mesh& mesh) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Comm& world = mesh[Axis::World];
-  const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
-  const std::string tmp = dir + "/" + name + ".tmp";
-  const std::string not_saved = "checkpoint " + dir + "/" + name + " not saved: ";
+SaveTarget save_begin(const Config& cfg, int step, const DataPosition& data, Comm& world) {
+  SaveTarget t;
+  t.start = std::chrono::steady_clock::now();
+  t.step = step, t.data = data;
+  t.dir = cfg.checkpoint.dir, t.name = step_dir_name(step);
+  t.tmp = t.dir + "/" + t.name + ".tmp";
   std::string problem;
   if (world.rank == 0) {
-    problem = make_dir(dir);
-    remove_tree(tmp);
-    if (problem.empty()) problem = make_dir(tmp);
+    problem = make_dir(t.dir);
+    remove_tree(t.tmp);
+    if (problem.empty()) problem = make_dir(t.tmp);
   }
-  fail_save_together(world, problem, not_saved, tmp);
+  fail_save_together(world, problem, "checkpoint " + t.dir + "/" + t.name + " not saved: ", t.tmp);
+  return t;
+}
 
-  ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
-  const std::string file = tmp + "/" + rank_file_name(world.rank);
-  FileDigest digest;
-  // writer = world rank (hdf5_format.h); its slices of the ranks holding its units
-  const WriterShards shards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
-  problem = h5_write_rank_file(file, store, layout, shards, &digest);
+std::string save_rank_file(const SaveTarget& t, int rank) {
+  return t.tmp + "/" + rank_file_name(rank);
+}
+
+WriterShards save_writer_shards(Mesh& mesh) {  // its slices of the ranks holding its units
+  return WriterShards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
+}
+
+void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t, Comm& world,
+                 const std::string& write_problem, const FileDigest& digest, double written_s,
+                 const std::string& how) {
+  const std::string not_saved = "checkpoint " + t.dir + "/" + t.name + " not saved: ";
+  std::string problem = write_problem;
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
-  fail_save_together(world, problem, not_saved, tmp);
-  const double written = seconds_since(t0);
-
+  fail_save_together(world, problem, not_saved, t.tmp);
   const std::vector<FileDigest> digests = gather_digests(world, digest);
-  if (world.rank == 0) problem = commit(cfg, step, layout, train_data, tmp, digests);
-  fail_save_together(world, problem, not_saved, tmp);
-  if (world.rank == 0) {
-    uint64_t bytes = 0;
-    for (const FileDigest& d : digests) bytes += d.bytes;
-    std::printf("checkpoint %s/%s saved in %.3f s (%d rank files, %.1f MiB, written in %.3f s)\n",
-                dir.c_str(), name.c_str(), seconds_since(t0), world.size, bytes / 1048576.0,
-                written);
-    std::fflush(stdout);
-  }
+  if (world.rank == 0) problem = commit(cfg, t.step, layout, t.data, t.tmp, digests);
+  fail_save_together(world, problem, not_saved, t.tmp);
+  if (world.rank != 0) return;
+  uint64_t bytes = 0;
+  for (const FileDigest& d : digests) bytes += d.bytes;
+  std::printf("checkpoint %s/%s saved in %.3f s (%d rank files, %.1f MiB, written in %.3f s%s)\n",
+              t.dir.c_str(), t.name.c_str(), seconds_since(t.start), world.size,
+              bytes / 1048576.0, written_s, how.c_str());
+  std::fflush(stdout);
+}
+
+void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
+                     const DataLoader& train_data, Mesh& mesh) {
+  Comm& world = mesh[Axis::World];
+  const SaveTarget t = save_begin(cfg, step, train_data.pos, world);
+  ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
+  FileDigest digest;
+  const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
+                                                 save_writer_shards(mesh), &digest);
+  save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 
 // ---------------------------------------------------------------------------------------------

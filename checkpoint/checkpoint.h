@@ -68,6 +68,7 @@
 #pragma once
 #include <string>
 
+#include "checkpoint/async_save.h"
 #include "data/dataloader.h"
 #include "config/config.h"
 #include "model/gpt.h"
@@ -82,12 +83,21 @@
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh);
 
-// After step `step` (and its evaluation): saves when `step` is a multiple of [checkpoint] every
-// or is the last step, or when `now` (a preemption: training/preemption.h), if [checkpoint] dir
-// is set. All ranks call it. Returns whether it saved.
-bool checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh,
-                            bool now = false);
+// A save is due after step `step` when [checkpoint] dir is set and the step is a multiple of
+// [checkpoint] every, or the last.
+bool checkpoint_due(const Config& cfg, int step);
+// Right after the step's update, before its step line, all ranks: with [checkpoint] async, begins
+// an asynchronous save of a due step other than the last (checkpoint/async_save.h). Returns the
+// seconds the step waited for it, or -1 when no save began.
+double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
+                                  const GPTLayout& layout, ParamStore& store,
+                                  const DataLoader& train_data, Mesh& mesh);
+// After the step's logs, evaluation and preemption agreement, all ranks: finishes an
+// asynchronous save whose files every rank has written (all of it at the last step or `now`),
+// then saves synchronously when a save is due and was not begun asynchronously, or `now` (a
+// preemption: training/preemption.h). Returns whether it saved this step.
+bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
+                           ParamStore& store, const DataLoader& train_data, Mesh& mesh, bool now);
 
 // Saves unconditionally into cfg.checkpoint.dir (the protocol above).
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,

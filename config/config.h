@@ -86,6 +86,7 @@ struct CheckpointConfig { // [checkpoint]
   int keep = 3;           // newest checkpoints kept
   std::string resume;     // "" | "latest" | a checkpoint path
   bool overwrite = false; // a run that does not resume may replace the checkpoints in dir
+  bool async = false;     // written by a background thread from a host copy (async_save.h)
 };
 
 struct LogConfig {        // [log]

@@ -58,6 +58,7 @@ run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
 run preemption  $PY test/test_preemption.py
+run async-checkpoint $PY test/test_async_checkpoint.py
 run bad-input   $PY test/test_bad_input.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host

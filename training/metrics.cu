@@ -172,9 +172,11 @@ static void print_step_line(const StepReport& r) {
   if (r.elapsed_s >= 0)
     progress = " | " + duration_text(r.elapsed_s) + " elapsed, " +
                (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
-  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
+  char ckpt[48] = "";
+  if (r.ckpt_wait_ms >= 0) std::snprintf(ckpt, sizeof(ckpt), " | ckpt copy %.1f ms", r.ckpt_wait_ms);
+  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms%s | %.0f tok/s | %s | "
               "mem %.2f GiB (peak %.2f)%s%s%s\n",
-              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms,
+              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms, ckpt,
               r.tokens_per_s, mfu,
               r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0, progress.c_str(),
               r.note.empty() ? "" : " | ", r.note.c_str());
@@ -207,6 +209,7 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   std::fprintf(log.jsonl, ",\"mem_bytes\":%zu,\"mem_peak_bytes\":%zu", r.mem_bytes,
                r.mem_peak_bytes);
   if (r.elapsed_s >= 0) std::fprintf(log.jsonl, ",\"elapsed_s\":%.3f", r.elapsed_s);
+  if (r.ckpt_wait_ms >= 0) std::fprintf(log.jsonl, ",\"ckpt_wait_ms\":%.3f", r.ckpt_wait_ms);
   if (!r.fp8.empty()) {
     std::fprintf(log.jsonl, ",\"fp8\":{");
     for (size_t i = 0; i < r.fp8.size(); i++)
