@@ -20,6 +20,7 @@
 #include "data/tokenizer.h"
 #include "config/config.h"
 #include "training/evaluate.h"
+#include "training/health.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
@@ -46,6 +47,8 @@ struct Run {
   std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
   DataLoader train_data, val_data;
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
+  LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
+  StragglerWatch stragglers;
   Tokenizer tokenizer;
   MetricsLog metrics;
   CommStats comm_total{};
@@ -124,7 +127,8 @@ static void setup_data_and_logs(Run& r) {
   if (!cfg.data.val.empty())
     dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0, V);
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
-  r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
+  r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
+                                     r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
   RunInfo info;
@@ -184,6 +188,8 @@ static StepReport train_step(Run& r, int step) {
   const Config& c = r.cfg;
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
+  const double waited0 = r.mesh.watch.waited_s;
+  const DataPosition batch_start = r.train_data.pos;
   comm_stats_reset(r.mesh.stats);
   const int cp = r.mesh.shape.cp, T_local = T / cp;
   const size_t n = (size_t)B * T_local;
@@ -208,20 +214,26 @@ static StepReport train_step(Run& r, int step) {
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
   rep.lr = learning_rate(c.train, step);
-  optimizer_step(r.store, r.layout, c.train, step, (float)rep.lr,
-                 clip_factor(c.train, rep.grad_norm));
   float local_loss = 0;
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
   rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
+  const SpikeVerdict spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
+      dataloader_span(r.train_data, batch_start), r.rank0);
+  if (!spike.skip)  // Adam counts the updates applied (training/health.h)
+    optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr,
+                   clip_factor(c.train, rep.grad_norm));
+  else
+    rep.note = "update skipped: loss spike";
   if (r.model.moe) {
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World]);
   }
-  CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
+  CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
 
   rep.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
   const double tokens = (double)B * T * accum * r.mesh.shape.dp;
   rep.tokens_per_s = tokens / (rep.ms / 1000.0);
   if (r.peak_tflops > 0) {
@@ -285,24 +297,27 @@ static int train_steps(Run& r) {
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
     StepReport rep = train_step(r, step);
+    const RunState state{r.train_data.pos, r.loss_trend};  // what a checkpoint keeps of the run
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
-                                                     r.train_data, r.mesh);
+                                                     state, r.mesh);
     rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;
     comm_stats_add(r.comm_total, r.mesh.stats);
     const bool first = step == r.resumed_step + 1;
     rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
     if (first)  // "auto" decides at the first call
-      rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
+      rep.note += std::string(rep.note.empty() ? "" : " | ") + "attention " +
+                  ops::attention_impl_name(r.compute);
     const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
     if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
       CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
                 "copies of the tied embedding differ ([log] check_tied)", step);
     evaluate(r, step);
+    straggler_step(r.stragglers, r.cfg.log, r.mesh[Axis::World], step, rep.ms, rep.waited_ms);
     const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
-    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store,
-                                             r.train_data, r.mesh, stop != 0);
+    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store, state,
+                                             r.mesh, stop != 0);
     if (!stop) continue;
     if (r.rank0) {
       char where[512] = "no [checkpoint] dir: nothing saved";

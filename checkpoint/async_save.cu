@@ -21,11 +21,11 @@ static void write_copy(AsyncSave* a, int rank) {
 }
 
 double async_save_begin(AsyncSave& a, const Config& cfg, int step, const GPTLayout& layout,
-                        ParamStore& store, const DataPosition& data, Mesh& mesh) {
+                        ParamStore& store, const RunState& run, Mesh& mesh) {
   const auto t0 = std::chrono::steady_clock::now();
   Comm& world = mesh[Axis::World];
   async_save_poll(a, cfg, layout, world, /*wait=*/true);  // one save in flight at a time
-  a.target = save_begin(cfg, step, data, world);
+  a.target = save_begin(cfg, step, run, world);
   a.contents = rank_file_contents(layout, save_writer_shards(mesh));
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   a.parts.assign(a.contents.parts.size(), {});

@@ -45,7 +45,7 @@ struct AsyncSave {
 // Step 1: copies this rank's state and starts the writer (after finishing a save in flight).
 // All ranks call it at the same step. Returns the seconds the step waited.
 double async_save_begin(AsyncSave& a, const Config& cfg, int step, const GPTLayout& layout,
-                        ParamStore& store, const DataPosition& data, Mesh& mesh);
+                        ParamStore& store, const RunState& run, Mesh& mesh);
 // Step 3: after every step, all ranks: finishes the save in flight if every rank's file is
 // written (wait = true: waits for this rank's writer first, so the save is always finished).
 void async_save_poll(AsyncSave& a, const Config& cfg, const GPTLayout& layout, Comm& world,

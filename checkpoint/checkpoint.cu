@@ -95,20 +95,20 @@ bool checkpoint_due(const Config& cfg, int step) {
 }
 
 double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
-                                  const GPTLayout& layout, ParamStore& store,
-                                  const DataLoader& train_data, Mesh& mesh) {
+                                  const GPTLayout& layout, ParamStore& store, const RunState& run,
+                                  Mesh& mesh) {
   if (!cfg.checkpoint.async || !checkpoint_due(cfg, step) || step == cfg.train.steps) return -1;
-  return async_save_begin(async, cfg, step, layout, store, train_data.pos, mesh);
+  return async_save_begin(async, cfg, step, layout, store, run, mesh);
 }
 
 bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
-                           ParamStore& store, const DataLoader& train_data, Mesh& mesh, bool now) {
+                           ParamStore& store, const RunState& run, Mesh& mesh, bool now) {
   const bool last = step == cfg.train.steps;
   const bool began = async.in_flight && async.target.step == step;
   async_save_poll(async, cfg, layout, mesh[Axis::World], /*wait=*/now || last);
   if (began) return true;  // finished above when `now`
   if (cfg.checkpoint.dir.empty() || (!now && !checkpoint_due(cfg, step))) return false;
-  checkpoint_save(cfg, step, layout, store, train_data, mesh);
+  checkpoint_save(cfg, step, layout, store, run, mesh);
   return true;
 }
 
@@ -142,13 +142,14 @@ static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
 
 // Rank 0, after every rank file is on disk: index, manifest, rename, `latest`, keep.
 static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
-                          const DataPosition& data, const std::string& tmp,
+                          const RunState& run, const std::string& tmp,
                           const std::vector<FileDigest>& rank_digests) {
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
   CheckpointMeta meta;
   meta.step = step;
   meta.seed = cfg.train.seed;
-  meta.data = data;
+  meta.data = run.data;
+  meta.loss_trend = run.loss_trend;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size();
@@ -176,10 +177,10 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   return "";
 }
 
-SaveTarget save_begin(const Config& cfg, int step, const DataPosition& data, Comm& world) {
+SaveTarget save_begin(const Config& cfg, int step, const RunState& run, Comm& world) {
   SaveTarget t;
   t.start = std::chrono::steady_clock::now();
-  t.step = step, t.data = data;
+  t.step = step, t.run = run;
   t.dir = cfg.checkpoint.dir, t.name = step_dir_name(step);
   t.tmp = t.dir + "/" + t.name + ".tmp";
   std::string problem;
@@ -208,7 +209,7 @@ void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
   fail_save_together(world, problem, not_saved, t.tmp);
   const std::vector<FileDigest> digests = gather_digests(world, digest);
-  if (world.rank == 0) problem = commit(cfg, t.step, layout, t.data, t.tmp, digests);
+  if (world.rank == 0) problem = commit(cfg, t.step, layout, t.run, t.tmp, digests);
   fail_save_together(world, problem, not_saved, t.tmp);
   if (world.rank != 0) return;
   uint64_t bytes = 0;
@@ -220,9 +221,9 @@ void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t
 }
 
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
-                     const DataLoader& train_data, Mesh& mesh) {
+                     const RunState& run, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
-  const SaveTarget t = save_begin(cfg, step, train_data.pos, world);
+  const SaveTarget t = save_begin(cfg, step, run, world);
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   FileDigest digest;
   const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
@@ -366,7 +367,7 @@ static void open_index(const std::string& ckpt, const ModelConfig& model, const 
 }
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, Mesh& mesh) {
+                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
   prepare_dir(c, world);
@@ -392,6 +393,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   cfg.train.seed = meta.seed;
   train_data.seed = meta.seed;
   dataloader_seek(train_data, meta.data);
+  *loss_trend = meta.loss_trend;
   if (world.rank == 0) {
     std::printf("resume   %s: step %lld, written by %d rank(s), loaded by %d in %.3f s\n",
                 ckpt.c_str(), (long long)meta.step, meta.writers, world.size, seconds_since(t0));

@@ -77,11 +77,11 @@
 
 // At start-up, after the store, model and data loaders exist. Removes the temporaries of
 // interrupted saves from [checkpoint] dir; then, if [checkpoint] resume names a checkpoint,
-// verifies it and loads it: the store's master, m and v, the train loader's position, and the
-// seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
+// verifies it and loads it: the store's master, m and v, the train loader's position, the loss's
+// trend, and the seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
 // (0 for a fresh start). Any problem stops the job with a message naming the file.
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, Mesh& mesh);
+                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh);
 
 // A save is due after step `step` when [checkpoint] dir is set and the step is a multiple of
 // [checkpoint] every, or the last.
@@ -90,15 +90,15 @@ bool checkpoint_due(const Config& cfg, int step);
 // an asynchronous save of a due step other than the last (checkpoint/async_save.h). Returns the
 // seconds the step waited for it, or -1 when no save began.
 double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
-                                  const GPTLayout& layout, ParamStore& store,
-                                  const DataLoader& train_data, Mesh& mesh);
+                                  const GPTLayout& layout, ParamStore& store, const RunState& run,
+                                  Mesh& mesh);
 // After the step's logs, evaluation and preemption agreement, all ranks: finishes an
 // asynchronous save whose files every rank has written (all of it at the last step or `now`),
 // then saves synchronously when a save is due and was not begun asynchronously, or `now` (a
 // preemption: training/preemption.h). Returns whether it saved this step.
 bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
-                           ParamStore& store, const DataLoader& train_data, Mesh& mesh, bool now);
+                           ParamStore& store, const RunState& run, Mesh& mesh, bool now);
 
 // Saves unconditionally into cfg.checkpoint.dir (the protocol above).
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
-                     const DataLoader& train_data, Mesh& mesh);
+                     const RunState& run, Mesh& mesh);

@@ -145,6 +145,20 @@ void write_attr_i64(hid_t obj, const char* name, int64_t value) {
   ok(H5Awrite(attr, H5T_NATIVE_INT64, &value), std::string("cannot write attribute ") + name);
 }
 
+void write_attr_f64(hid_t obj, const char* name, double value) {
+  H5Id space(ok(H5Screate(H5S_SCALAR), "H5Screate"));
+  H5Id attr(ok(H5Acreate2(obj, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT),
+               std::string("cannot create attribute ") + name));
+  ok(H5Awrite(attr, H5T_NATIVE_DOUBLE, &value), std::string("cannot write attribute ") + name);
+}
+
+double read_attr_f64(hid_t obj, const char* name) {
+  H5Id attr(ok(H5Aopen(obj, name, H5P_DEFAULT), std::string("no attribute ") + name));
+  double value = 0;
+  ok(H5Aread(attr, H5T_NATIVE_DOUBLE, &value), std::string("cannot read attribute ") + name);
+  return value;
+}
+
 int64_t read_attr_i64(hid_t obj, const char* name) {
   H5Id attr(ok(H5Aopen(obj, name, H5P_DEFAULT), std::string("no attribute ") + name));
   int64_t value = 0;
@@ -419,6 +433,25 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(data, "epoch", m.data.epoch);
   write_attr_i64(data, "shard", m.data.shard);
   write_attr_i64(data, "row", m.data.row);
+  H5Id train(create_group(file, "train"));
+  write_attr_f64(train, "loss_mean", m.loss_trend.mean);
+  write_attr_f64(train, "loss_var", m.loss_trend.var);
+  write_attr_i64(train, "applied", m.loss_trend.applied);
+  write_attr_i64(train, "skipped", m.loss_trend.skipped);
+  write_attr_i64(train, "skipped_in_a_row", m.loss_trend.skipped_in_a_row);
+}
+
+// The loss's trend; a checkpoint older than it has none: a fresh one.
+static LossTrend read_loss_trend(hid_t file) {
+  LossTrend t;
+  if (H5Lexists(file, "train", H5P_DEFAULT) <= 0) return t;
+  H5Id train(ok(H5Gopen2(file, "train", H5P_DEFAULT), "no group train"));
+  t.mean = read_attr_f64(train, "loss_mean");
+  t.var = read_attr_f64(train, "loss_var");
+  t.applied = read_attr_i64(train, "applied");
+  t.skipped = read_attr_i64(train, "skipped");
+  t.skipped_in_a_row = (int)read_attr_i64(train, "skipped_in_a_row");
+  return t;
 }
 
 std::string h5_write_index(const std::string& path, const WriterUnits& units,
@@ -476,6 +509,7 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->data.epoch = read_attr_i64(data, "epoch");
     m->data.shard = read_attr_i64(data, "shard");
     m->data.row = read_attr_i64(data, "row");
+    m->loss_trend = read_loss_trend(file);
     index->file = file.release();
     index->path = path;
   } catch (const H5Failure& e) {

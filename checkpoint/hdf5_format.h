@@ -26,6 +26,8 @@
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
+//   /train       attributes loss_mean, loss_var (float64), applied, skipped, skipped_in_a_row:
+//                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
 //                virtual datasets of the logical shape: (rows, cols), or (rows,) for vectors;
 //                a stacked tensor (TensorPlacement::stacked = E, the experts of an MoE block)
@@ -49,6 +51,7 @@
 
 #include "checkpoint/files.h"
 #include "data/dataloader.h"
+#include "training/health.h"
 #include "model/gpt.h"
 #include "parallel/param_store.h"
 
@@ -66,12 +69,20 @@ struct WriterShards {
 // ranks holding the unit (the writer geometry above), clipped to what its tp rank owns.
 FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
 
+// What a checkpoint keeps of the run besides the tensors and the config: where the training data
+// is, and the loss's trend (training/health.h: skipped spikes), as they were after its step.
+struct RunState {
+  DataPosition data;
+  LossTrend loss_trend;
+};
+
 // Everything but the tensors.
 struct CheckpointMeta {
   int format_version = kCheckpointFormatDense;
   int64_t step = 0;
   uint64_t seed = 0;
   DataPosition data;
+  LossTrend loss_trend;
   std::string config_toml;
   int writers = 0;        // dp * pp * cp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it

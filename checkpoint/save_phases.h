@@ -21,11 +21,11 @@
 struct SaveTarget {
   int step = 0;
   std::string dir, name, tmp;  // dir, step_000123, dir/step_000123.tmp
-  DataPosition data;           // the train loader's position after the step
+  RunState run;                // the data's position and the loss trend after the step
   std::chrono::steady_clock::time_point start;
 };
 
-SaveTarget save_begin(const Config& cfg, int step, const DataPosition& data, Comm& world);
+SaveTarget save_begin(const Config& cfg, int step, const RunState& run, Comm& world);
 std::string save_rank_file(const SaveTarget& t, int rank);  // its rank file's path
 // This rank's place among the writers (hdf5_format.h): writer = world rank.
 WriterShards save_writer_shards(Mesh& mesh);

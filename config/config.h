@@ -57,6 +57,9 @@ struct TrainConfig {      // [train]
   std::string recompute = "none";      // "none" | "gelu" | "block"
   float moe_aux_loss = 0.01f;          // load-balancing loss coefficient (MoE)
   float moe_z_loss = 0.0f;             // router z-loss coefficient (MoE)
+  float skip_spikes = 0.0f;            // skip an update whose loss is this many running std
+                                       // devs above the running mean (0 = never; health.h)
+  int max_skips = 5;                   // ... and stop after this many in a row
 };
 
 struct ParallelConfig {   // [parallel]
@@ -99,6 +102,8 @@ struct LogConfig {        // [log]
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
   bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
+  int straggler_every = 100;      // report the slowest and fastest rank every this many steps
+  float straggler_factor = 1.25f; // name a rank whose step is this many times the median's
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)

@@ -161,12 +161,14 @@ void check_values(Checker& c) {
                          "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
   for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
-                         "log.sample_every", "precision.fp8_margin"})
+                         "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
                          "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
-                         "parallel.timeout_s"})
+                         "parallel.timeout_s", "train.skip_spikes"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
+  c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
+  c.require(cfg.log.straggler_factor > 1, "log.straggler_factor", "must be > 1");
   for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
                          "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})
     c.require(c.float_value(id) > 0, id, "must be > 0");

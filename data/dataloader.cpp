@@ -268,6 +268,16 @@ void dataloader_seek(DataLoader& dl, const DataPosition& pos) {
   build_orders(dl);
 }
 
+std::string dataloader_span(const DataLoader& dl, const DataPosition& from) {
+  char text[1024];
+  std::snprintf(text, sizeof(text), "%s rows (epoch %lld, shard %lld, row %lld) to (epoch %lld, "
+                "shard %lld = '%s', row %lld)", dl.what.c_str(), (long long)from.epoch,
+                (long long)from.shard, (long long)from.row, (long long)dl.pos.epoch,
+                (long long)dl.pos.shard, dl.files[current_file(dl)].c_str(),
+                (long long)dl.pos.row);
+  return text;
+}
+
 int64_t dataloader_num_batches(const DataLoader& dl) {
   int64_t total = 0;
   for (size_t f = 0; f < dl.files.size(); f++)

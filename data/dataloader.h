@@ -58,6 +58,9 @@ void dataloader_init(DataLoader& dl, const std::string& pattern, const char* wha
 void dataloader_next(DataLoader& dl, int* inputs, int* targets);
 void dataloader_reset(DataLoader& dl);  // back to the start (validation passes)
 void dataloader_seek(DataLoader& dl, const DataPosition& pos);
+// The rows read since position `from`, for a log line: "[data] train rows (epoch 0, shard 1 =
+// 'train_001.bin', row 96) to (epoch 0, shard 1, row 100)".
+std::string dataloader_span(const DataLoader& dl, const DataPosition& from);
 // Number of global micro-batches in one pass over the data (validation sizing).
 int64_t dataloader_num_batches(const DataLoader& dl);
 // Validates one shard file; returns "" or an error message naming the file.

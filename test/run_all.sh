@@ -59,6 +59,8 @@ run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
 run preemption  $PY test/test_preemption.py
 run async-checkpoint $PY test/test_async_checkpoint.py
+run loss-spikes $PY test/test_loss_spikes.py
+run stragglers  $PY test/test_stragglers.py
 run bad-input   $PY test/test_bad_input.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host

@@ -34,7 +34,7 @@ DEFAULTS = {
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
-              "moe_aux_loss": 0.01, "moe_z_loss": 0.0},
+              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "skip_spikes": 0.0, "max_skips": 5},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "backend": "", "timeout_s": 600.0},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
@@ -43,7 +43,7 @@ DEFAULTS = {
                    "async": False},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
-            "check_tied": False},
+            "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25},
     "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
              "memory_gib": 80.0},
@@ -52,7 +52,7 @@ MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # requir
 # max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
 PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert"]
 FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps",
-                "moe_aux_loss", "moe_z_loss"}
+                "moe_aux_loss", "moe_z_loss", "skip_spikes", "straggler_factor"}
 
 
 def check(ok, what):

@@ -38,6 +38,7 @@ struct StepReport {
   double elapsed_s = -1, eta_s = -1;  // wall time since the first step began, and the estimate
                                       // of the time left at the mean pace so far; < 0 = unknown
   double ckpt_wait_ms = -1;           // the wait for an asynchronous checkpoint's copy (< 0: none)
+  double waited_ms = 0;               // of ms, the time spent waiting for other ranks in MPI
   std::string note;                   // appended to the step line ("attention flash")
   std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
   bool moe = false;                   // an MoE model: moe_report holds its step statistics

@@ -12,5 +12,7 @@ float learning_rate(const TrainConfig& t, int step);
 float clip_factor(const TrainConfig& t, double grad_norm);
 // AdamW on this rank's shard of every unit: decayed ranges with weight_decay, the rest without;
 // writes the compute-dtype working copy where the store keeps one.
+// `step`: this update's number, 1-based (Adam's bias corrections): the step number minus the
+// updates skipped as loss spikes (training/health.h).
 void optimizer_step(ParamStore& store, const GPTLayout& layout, const TrainConfig& t, int step,
                     float lr, float grad_scale);
