@@ -61,6 +61,7 @@ run preemption  $PY test/test_preemption.py
 run async-checkpoint $PY test/test_async_checkpoint.py
 run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
+run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
