@@ -10,14 +10,19 @@ dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' 
 on the routing: calls exact, bytes within 25% of the plan's balanced estimate). For each, rank 0 of the plan
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
 metrics' run record) and the communication of every step (calls and bytes per axis and
-collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe.
+collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe; the JSON records the layout it
+planned (the degrees, FSDP or not, sp, the schedule, micro_batch and grad_accum) as the config
+gives it.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
-fixed), fastest first.
+fixed), fastest first, each with DDP and (at dp x cp > 1) with FSDP; for configs/gpt_7b.toml it finds
+that dp = 8 with FSDP fits in 80 GiB (about 24 GiB per rank) where dp = 8 replicated (118 GiB)
+does not, as --plan of that layout says.
 """
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -80,6 +85,14 @@ def check_layout(tmp, i, what, par, extra):
     with open(plan_path) as f:
         plan = json.load(f)
     r0 = plan["ranks"][0]
+    lay = plan.get("layout", {})
+    want = {"dp": par.get("dp", 1), "pp": par.get("pp", 1), "cp": par.get("cp", 1),
+            "tp": par.get("tp", 1), "ep": par.get("ep", 1), "fsdp": par.get("fsdp", False),
+            "sp": par.get("sp", True), "pp_schedule": par.get("pp_schedule", "1f1b"),
+            "micro_batch": sec["train"]["micro_batch"],
+            "grad_accum": sec["train"].get("grad_accum", 1)}
+    checks.check(f"{what}: the plan records its layout",
+                 all(lay.get(k) == v for k, v in want.items()), f"{lay}")
     same_state = r0["state_bytes"] == info["state_bytes"]
     same_act = r0["activation_bytes"] == info["activation_bytes"]
     if "ep" in r0["comm"]:
@@ -121,17 +134,38 @@ def test_bad_input(tmp):
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and
             ln.split()[0].isdigit()]
     products = [int(a) * int(b) * int(c) * int(d) for a, b, c, d, *_ in rows]
-    same_batch = all(int(row[0]) * int(row[5]) == 8 for row in rows)  # dp x grad_accum x 1
-    times = [float(row[6]) for row in rows]
-    checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest first",
-                 rows and all(x == 8 for x in products) and same_batch and
+    same_batch = all(int(row[0]) * int(row[6]) == 8 for row in rows)  # dp x grad_accum x 1
+    times = [float(row[7]) for row in rows]
+    both = {(tuple(row[:5]), row[5]) for row in rows}
+    sharded = [int(key[0]) * int(key[2]) > 1 for key, _ in both]  # dp x cp ranks to shard over
+    fsdp_too = all(((key, "fsdp") in both) == s for (key, _), s in zip(both, sharded))
+    checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest "
+                 "first, DDP and FSDP",
+                 rows and all(x == 8 for x in products) and same_batch and fsdp_too and
                  times == sorted(times) and all(row[4] == "1" for row in rows) and
-                 any(row[:6] == ["8", "1", "1", "1", "1", "1"] for row in rows),
-                 f"{len(rows)} layouts, first {rows[0][:7] if rows else None}")
+                 any(row[:7] == ["8", "1", "1", "1", "1", "fsdp", "1"] for row in rows),
+                 f"{len(rows)} layouts, first {rows[0][:8] if rows else None}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = run(os.path.join(root, "configs/gpt_7b.toml"), ["--plan-search=8"])
+    rows = {tuple(ln.split()[:6]): ln for ln in r.stdout.splitlines() if ln.startswith("  ") and
+            ln.split()[0].isdigit()}
+    fsdp8 = rows.get(("8", "1", "1", "1", "1", "fsdp"), "")
+    ddp8 = rows.get(("8", "1", "1", "1", "1", "ddp"), "")
+    r = run(os.path.join(root, "configs/gpt_7b.toml"), ["--plan", "--parallel.dp=8",
+                                                        "--parallel.pp=1",
+                                                        "--parallel.fsdp=true",
+                                                        "--train.grad_accum=128"], check=False)
+    planned = re.search(r"\n +0 +0 +0 +0 +0 +[\d.]+ +[\d.]+ +([\d.]+)\n", r.stdout)
+    peak = float(fsdp8.split()[10]) if fsdp8 else -1
+    checks.check("--plan-search 8 of GPT 7B: dp 8 FSDP fits (as --plan says), replicated not",
+                 fsdp8 and "does not fit" not in fsdp8 and "does not fit" in ddp8 and
+                 planned is not None and abs(float(planned.group(1)) / 1024 - peak) < 0.01,
+                 f"FSDP: {fsdp8.strip()[:90]} | DDP: {ddp8.strip()[:90]} | --plan peak "
+                 f"{planned.group(1) if planned else None} MiB")
     sec = sections(tmp, "search_moe", {}, {"train": {"micro_batch": 1, "grad_accum": 8},
                                            "model": MOE})
     r = run(write_config(tmp, "search_moe.toml", sec), ["--plan-search=8"])
-    rows = [[int(x) for x in ln.split()[:6]] for ln in r.stdout.splitlines()
+    rows = [[int(x) for x in ln.split()[:5]] for ln in r.stdout.splitlines()
             if ln.startswith("  ") and ln.split()[0].isdigit()]
     eps = sorted({row[4] for row in rows})
     valid = all((row[0] * row[2]) % row[4] == 0 and MOE["n_experts"] % row[4] == 0 for row in rows)

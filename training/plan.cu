@@ -189,7 +189,7 @@ int plan_run(const Config& cfg, const PlanFlags& f) {
   const Plan plan = plan_layout(cfg);
   plan_print(plan, cfg, stdout);
   if (!f.json.empty()) {
-    const std::string problem = plan_write_json(plan, f.json);
+    const std::string problem = plan_write_json(plan, cfg, f.json);
     CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
   }
   return plan.does_not_fit.empty() ? 0 : 1;
@@ -224,10 +224,16 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
     std::fprintf(out, "  DOES NOT FIT: %s\n", plan.does_not_fit.c_str());
 }
 
-std::string plan_write_json(const Plan& plan, const std::string& path) {
+std::string plan_write_json(const Plan& plan, const Config& c, const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return "cannot write " + path;
-  std::fprintf(f, "{\"ranks\":[");
+  const ParallelConfig& p = c.parallel;
+  std::fprintf(f, "{\"layout\":{\"dp\":%d,\"pp\":%d,\"cp\":%d,\"tp\":%d,\"ep\":%d,\"fsdp\":%s,"
+               "\"sp\":%s,\"pp_schedule\":\"%s\",\"pp_virtual\":%d,\"micro_batch\":%d,"
+               "\"grad_accum\":%d},", p.dp, p.pp, p.cp, p.tp, p.ep, p.fsdp ? "true" : "false",
+               p.sp ? "true" : "false", p.pp_schedule.c_str(), p.pp_virtual, c.train.micro_batch,
+               c.train.grad_accum);
+  std::fprintf(f, "\"ranks\":[");
   for (size_t i = 0; i < plan.ranks.size(); i++) {
     const RankPlan& r = plan.ranks[i];
     std::fprintf(f, "%s{\"rank\":%d,\"dp_rank\":%d,\"pp_rank\":%d,\"cp_rank\":%d,\"tp_rank\":%d,"
@@ -246,6 +252,7 @@ std::string plan_write_json(const Plan& plan, const std::string& path) {
 bool plan_search(const Config& cfg, int n, FILE* out) {
   struct Row {
     int dp, pp, cp, tp, ep, accum;
+    bool fsdp;
     Plan plan;
   };
   std::vector<Row> rows;
@@ -267,8 +274,12 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
           if (ep > 1 && cfg.model.n_experts == 0) break;
           c.parallel.ep = ep;
           if (!layout_problems(c, n).empty()) continue;
-          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum,
-                          plan_layout(c, PlanScope::Stages)});
+          for (bool fsdp : {false, true}) {  // replicated (DDP) and sharded (FSDP) states
+            if (fsdp && c.parallel.dp * cp == 1) continue;  // nothing to shard over
+            c.parallel.fsdp = fsdp;
+            rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum, fsdp,
+                            plan_layout(c, PlanScope::Stages)});
+          }
         }
       }
   if (rows.empty()) {
@@ -281,16 +292,18 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
   });
   std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
                "fastest estimated step first:\n"
-               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB\n", n, global,
+               "    dp   pp   cp   tp   ep  shard  accum    step ms    MFU   bubble  peak GiB\n", n,
+               global,
                cfg.model.seq_len, cfg.train.micro_batch);
   bool any_fits = false;
   for (const Row& r : rows) {
     size_t peak = 0;
     for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp,
-                 r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
-                 peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6s %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp,
+                 r.pp, r.cp, r.tp, r.ep, r.fsdp ? "fsdp" : "ddp", r.accum, r.plan.step_ms,
+                 100 * r.plan.mfu, 100 * r.plan.bubble, peak / 1073741824.0,
+                 r.plan.does_not_fit.empty() ? "" : "  does not fit");
   }
   if (!any_fits)
     std::fprintf(out, "error: no layout of %d GPUs fits in [plan] memory_gib = %g per GPU\n", n,

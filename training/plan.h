@@ -42,11 +42,14 @@ enum class PlanScope { EveryRank, Stages };
 // Plans cfg's layout; cfg must have passed layout_problems (config/config.h).
 Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
-// The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
-// "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or the problem.
-std::string plan_write_json(const Plan& plan, const std::string& path);
-// Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's fsdp,
-// schedule and grad_accum), best estimated step time first, those that do not fit marked.
+// The plan as JSON, with the metrics file's names: {"layout": {"dp", "pp", "cp", "tp", "ep",
+// "fsdp", "sp", "pp_schedule", "pp_virtual", "micro_batch", "grad_accum"}, "ranks": [{"rank",
+// "state_bytes", "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or
+// the problem.
+std::string plan_write_json(const Plan& plan, const Config& cfg, const std::string& path);
+// Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp, ep, each replicated
+// and, where dp x cp > 1, FSDP; the config's schedule; grad_accum keeping the global batch), best
+// estimated step time first, those that do not fit marked.
 // Returns false (after printing why) when no layout of n GPUs is valid or none fits in memory.
 bool plan_search(const Config& cfg, int n, FILE* out);
 
