@@ -57,6 +57,19 @@ struct Run {
   bool rank0 = false;
 };
 
+static const char kUsage[] =
+    "usage: %s config.toml [--section.key=value ...] [--check-config]\n"
+    "       %s config.toml [--section.key=value ...] --plan [--plan-json FILE]\n"
+    "       %s config.toml [--section.key=value ...] --plan-search N\n"
+    "  --section.key=value  override a key of the config (docs/CONFIG.md)\n"
+    "  --check-config       print the resolved config after checking it and the data shards\n"
+    "  --plan               plan the config's layout: memory and communication per rank, step\n"
+    "                       time (one process, no GPU; training/plan.h)\n"
+    "  --plan-json FILE     the plan as JSON\n"
+    "  --plan-search N      every layout of N GPUs, fastest estimated step first\n"
+    "  --help, -h           this text\n"
+    "Run under mpirun (or srun) for several ranks.\n";
+
 static bool has_flag(int argc, char** argv, const char* flag) {
   for (int i = 1; i < argc; i++)
     if (std::strcmp(argv[i], flag) == 0) return true;
@@ -69,6 +82,17 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
   size_t slash = first.rfind('/');
   return (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) +
          "/tokenizer.bin";
+}
+
+// The data shards as a run would open them (header, size, enough rows for one batch of every
+// rank), for --check-config; the token ids are checked as they are read (data/dataloader.h).
+static void check_data(const Config& cfg) {
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, dp = cfg.parallel.dp;
+  DataLoader train, val;
+  dataloader_init(train, cfg.data.train, "[data] train", B, T, 0, dp, cfg.data.shuffle,
+                  cfg.train.seed, cfg.model.vocab_size);
+  if (!cfg.data.val.empty())
+    dataloader_init(val, cfg.data.val, "[data] val", B, T, 0, dp, false, 0, cfg.model.vocab_size);
 }
 
 // Everything a step needs: device, mesh, weights, activations, data, logs.
@@ -126,7 +150,10 @@ static void setup_data_and_logs(Run& r) {
                   cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
     dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0, V);
-  tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
+  const std::string tokenizer = tokenizer_path(cfg, r.train_data);
+  if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
+    std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
+                tokenizer.c_str());
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
                                      r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
@@ -340,7 +367,12 @@ int main(int argc, char** argv) {
   preemption_install();
   Run r;
   r.rank0 = world_rank == 0;
-  CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
+  if (has_flag(argc, argv, "--help") || has_flag(argc, argv, "-h")) {
+    if (r.rank0) std::printf(kUsage, argv[0], argv[0], argv[0]);
+    runtime_finalize();
+    return 0;
+  }
+  CHECK_ALL(argc >= 2, kUsage, argv[0], argv[0], argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   const PlanFlags planner = plan_take_flags(&argc, argv);
   if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
@@ -351,6 +383,7 @@ int main(int argc, char** argv) {
   }
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
+    check_data(r.cfg);
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();
     return 0;

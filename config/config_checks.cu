@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -184,6 +185,15 @@ void check_values(Checker& c) {
                    mention(cfg, c.origins, "model.max_seq_len") + ": a run uses the first "
                    "seq_len rows of the position table (wpe), which has max_seq_len rows, so "
                    "seq_len must be <= max_seq_len (for random init, raise [model] max_seq_len)");
+  // Token positions are 32-bit ints in the kernels and the pipeline: a rank's tokens of a step
+  // (micro_batch x seq_len of each of grad_accum micro-batches) must fit one.
+  const double step_tokens =
+      (double)cfg.train.micro_batch * cfg.model.seq_len * std::max(1, cfg.train.grad_accum);
+  if (step_tokens > INT_MAX)
+    c.problems.add(mention(cfg, c.origins, "train.micro_batch") + " x " +
+                   mention(cfg, c.origins, "model.seq_len") + " x " +
+                   mention(cfg, c.origins, "train.grad_accum") + strf(" = %.0f tokens of a step on "
+                   "a rank, more than 2^31 - 1: token positions are 32-bit ints", step_tokens));
   if (cfg.train.min_lr > cfg.train.lr)
     c.problems.add(mention(cfg, c.origins, "train.min_lr") + " is greater than " +
                    mention(cfg, c.origins, "train.lr"));
@@ -208,8 +218,12 @@ void check_files(Checker& c) {
     if (rc == 0) globfree(&g);
     c.require(matches > 0, id, "the pattern matches no file");
   }
-  const std::string& resume = cfg.checkpoint.resume;
   struct stat st;
+  const std::string& tokenizer = cfg.data.tokenizer;
+  if (!tokenizer.empty())
+    c.require(stat(tokenizer.c_str(), &st) == 0 && S_ISREG(st.st_mode), "data.tokenizer",
+              "no such file (\"\" = look for tokenizer.bin beside the train shards)");
+  const std::string& resume = cfg.checkpoint.resume;
   if (!resume.empty() && resume != "latest")
     c.require(stat(resume.c_str(), &st) == 0, "checkpoint.resume",
               "no such checkpoint (expected \"\", \"latest\" or an existing path)");

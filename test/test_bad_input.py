@@ -12,6 +12,13 @@ message that says what is wrong and where, before any work it would spoil.
 2. The kernels' own guard: the CPU encoder given an id equal to the vocab size (or negative) in
    a batch of awkward size stops with a message naming the id and the vocabulary (a forked
    Python calling build/libops_cpu.so; exit 1, no crash); ids below it embed as before.
+3. The command line and the config, each refused with exit status 1 and a message saying what
+   is wrong, before any work: --check-config opens the data shards (a train shard with a bad
+   magic, a val shard too small for one batch); micro_batch = 2147483647 (tokens of a step that
+   overflow 32-bit positions: it used to ask for a 16-exabyte allocation); a missing
+   [data] tokenizer file; a directory given as the config. --help and -h print the usage, with
+   every flag (--check-config, --plan, --plan-json, --plan-search), and exit 0; no argument at
+   all prints the same usage as an error.
 """
 import os
 import subprocess
@@ -22,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
-from trainer import (Checks, base_sections, make_experiment, run, seeded_rng,  # noqa: E402
-                     with_validation, write_config)
+from trainer import (TRAIN_CPU, Checks, base_sections, make_experiment, run,  # noqa: E402
+                     seeded_rng, with_validation, write_config)
 
 checks = Checks("test_bad_input")
 L, NH, C, T, V = 2, 4, 32, 16, 101
@@ -125,9 +132,59 @@ def test_kernel_guard(rng):
                      f"exit {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[:160]}")
 
 
+def refused(what, p, needles):
+    text = p.stdout + p.stderr
+    ok = (p.returncode == 1 and all(n in p.stderr for n in needles) and
+          "| loss" not in p.stdout and "out of host memory" not in text)
+    checks.check(f"refused: {what}", ok, f"exit {p.returncode}: "
+                 f"{next((l for l in p.stderr.splitlines() if 'error' in l), 'no error')[:200]}")
+
+
+def test_config_and_cli(rng):
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, n_tokens=1200)
+        sec = base_sections(tmp, 4)
+        cfg = write_config(tmp, "c.toml", sec)
+        p = run(cfg, ["--check-config"], check=False, timeout=60)
+        checks.check("--check-config of a good config", p.returncode == 0 and "[data]" in p.stdout,
+                     f"exit {p.returncode} {p.stderr.strip()[:120]}")
+        magic = os.path.join(tmp, "magic_000.bin")
+        with open(os.path.join(tmp, "train_000.bin"), "rb") as f:
+            data = bytearray(f.read())
+        data[0:4] = (31337).to_bytes(4, "little")
+        open(magic, "wb").write(data)
+        refused("--check-config with a train shard of a bad magic",
+                run(cfg, ["--check-config", f"--data.train={magic}"], check=False, timeout=60),
+                [magic, "bad magic 31337"])
+        small = os.path.join(tmp, "small_000.bin")
+        ref.write_shard(small, tokens[:B * T - 3])
+        refused("--check-config with a val shard too small for one batch",
+                run(cfg, ["--check-config", f"--data.val={small}"], check=False, timeout=60),
+                [small, "too few for one global micro-batch"])
+        refused("micro_batch = 2147483647", run(cfg, ["--train.micro_batch=2147483647"],
+                                                 check=False, timeout=60),
+                ["[train] micro_batch = 2147483647", "seq_len = 16", "32-bit"])
+        for extra in ([], ["--check-config"]):
+            refused(f"a missing [data] tokenizer file {' '.join(extra)}",
+                    run(cfg, [f"--data.tokenizer={tmp}/no_tokenizer.bin", *extra], check=False,
+                        timeout=60), ["[data] tokenizer", f"{tmp}/no_tokenizer.bin"])
+        refused("a directory as the config", run(tmp, [], check=False, timeout=60),
+                [tmp, "is a directory"])
+        flags = ("--check-config", "--plan", "--plan-json", "--plan-search")
+        for arg in ("--help", "-h"):
+            p = subprocess.run([TRAIN_CPU, arg], capture_output=True, text=True, timeout=60)
+            checks.check(f"{arg} prints the usage with every flag, exit 0",
+                         p.returncode == 0 and p.stdout.startswith("usage: ") and
+                         all(f in p.stdout for f in flags) and not p.stderr,
+                         f"exit {p.returncode}: {(p.stdout + p.stderr).strip()[:160]}")
+        p = subprocess.run([TRAIN_CPU], capture_output=True, text=True, timeout=60)
+        checks.check("no argument: the usage as an error", p.returncode == 1 and
+                     all(f in p.stderr for f in flags), p.stderr.strip()[:160])
+
+
 def main():
     rng = seeded_rng("test_bad_input")
-    for test in (test_token_ids, test_kernel_guard):
+    for test in (test_token_ids, test_kernel_guard, test_config_and_cli):
         try:
             test(rng)
         except (RuntimeError, OSError, KeyError, IndexError, ValueError) as e:

@@ -70,7 +70,7 @@ def f32(x):
 # Files: llm.c token shards and model files
 
 
-def write_shard(path, ntok=64):
+def write_shard(path, ntok=600):  # enough rows for every config's first batch (--check-config)
     header = [0] * 256
     header[0:3] = [20240520, 1, ntok]
     with open(path, "wb") as f:
@@ -240,10 +240,10 @@ def good_cases(tmp):
 
     # An integer literal is fine for a float key; every key set in the file; odd strings.
     text, _, _ = render(secs, {"train.lr": "1", "train.weight_decay": "0.1",
-                               "data.tokenizer": r'"tok \"q\" \\ é.bin"',
+                               "data.tokenizer": '"' + tmp + r'/tok \"q\" \\ é.bin"',
                                "parallel.backend": '"nccl"', "checkpoint.keep": "1"})
     got = expect_good("integer literal for a float key", c.write(text), (), {
-        "train.lr": 1.0, "train.weight_decay": 0.1, "data.tokenizer": 'tok "q" \\ é.bin',
+        "train.lr": 1.0, "train.weight_decay": 0.1, "data.tokenizer": tmp + '/tok "q" \\ é.bin',
         "parallel.backend": "nccl", "checkpoint.keep": 1})
 
     # [init] from gives the shape (fp32 v3 and bf16 v5 files); given keys that agree are fine.
@@ -437,6 +437,7 @@ def main():
         for i in range(3):
             write_shard(os.path.join(tmp, f"train_{i:03d}.bin"))
         write_shard(os.path.join(tmp, "val_000.bin"))
+        open(os.path.join(tmp, 'tok "q" \\ é.bin'), "wb").close()  # an odd name that exists
         good_cases(tmp)
         file_error_cases(tmp)
         model_file_cases(tmp)
