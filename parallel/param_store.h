@@ -92,7 +92,10 @@ void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, Sh
 void param_store_destroy(ParamStore& store);
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
-const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
+// "model", "optim/m", "optim/v"
+inline const char* state_kind_name(StateKind k) {
+  return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
+}
 float* store_state(ParamStore& store, int unit, StateKind k);  // this rank's shard, on the device
 // Overwrites one state of every shard from `fill` (loading the master also refreshes the
 // compute-dtype working copies).
