@@ -4,6 +4,7 @@
 #   make cpu      ./train_cpu only
 #   make test     every CPU test (installs dependencies first; see test/run_all.sh)
 #   make test-gpu the GPU tests (needs a GPU)
+#   make fuzz     each reader's fuzz target for FUZZ_SECONDS (test/fuzz/README.md)
 #   make run      the quick-start demo: deps, build, fortunes dataset, train, sample
 #   make bench    GPU benchmarks (bench/run_all.sh)
 #   make bundle   relocatable folder for an air-gapped GPU node (tools/make_bundle.sh)
@@ -147,6 +148,9 @@ bundle: all $(BUILD)/test_gpu
 
 # The library stand-ins of the emulated CUDA build and their tests (make emu-lib-tests).
 -include test/emu/libs.mk
+
+# The fuzz targets of the readers (make fuzz; test/fuzz/README.md).
+-include test/fuzz/fuzz.mk
 
 clean:
 	rm -rf $(BUILD) train train_cpu

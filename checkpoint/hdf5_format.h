@@ -83,7 +83,7 @@ struct CheckpointMeta {
   uint64_t seed = 0;
   DataPosition data;
   LossTrend loss_trend;
-  std::string config_toml;
+  std::string config_toml;  // written for people and tools (h5py); resume does not read it
   int writers = 0;        // dp * pp * cp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it
   int writer_cp = 1;      // its context-parallel degree

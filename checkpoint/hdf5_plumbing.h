@@ -118,17 +118,6 @@ inline void write_string(hid_t file, const char* name, const std::string& text) 
   ok(H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p), std::string("cannot write ") + name);
 }
 
-inline std::string read_string(hid_t file, const char* name) {
-  H5Id ds(ok(H5Dopen2(file, name, H5P_DEFAULT), std::string("no dataset ") + name));
-  H5Id type(utf8_string_type());
-  H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
-  char* p = nullptr;
-  ok(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p), std::string("cannot read ") + name);
-  std::string text = p ? p : "";
-  H5Dvlen_reclaim(type, space, H5P_DEFAULT, &p);
-  return text;
-}
-
 inline hid_t create_group(hid_t parent, const char* name) {
   H5Id lcpl(link_props());
   return ok(H5Gcreate2(parent, name, lcpl, H5P_DEFAULT, H5P_DEFAULT),

@@ -42,13 +42,15 @@ static std::string read_model_header(const std::string& path, ModelFileShape* sh
       s.Vp != (s.V + 127) / 128 * 128)
     return strf("malformed header: maxT=%d V=%d L=%d NH=%d C=%d Vp=%d (sizes must be positive, "
                 "Vp = V rounded up to a multiple of 128)", s.maxT, s.V, s.L, s.NH, s.C, s.Vp);
-  int64_t C = s.C;  // llm.c's parameter count: wte, wpe, L blocks, ln_f
-  int64_t params = (int64_t)s.Vp * C + (int64_t)s.maxT * C + s.L * (12 * C * C + 13 * C) + 2 * C;
-  int64_t expected = 1024 + params * (s.version == 3 ? 4 : 2);
-  if (bytes != expected)
+  // llm.c's parameter count: wte, wpe, L blocks, ln_f; in 128 bits, since a damaged header's
+  // sizes overflow 64 (and then no file has the size they imply).
+  const __int128 C = s.C;
+  const __int128 params = s.Vp * C + s.maxT * C + s.L * (12 * C * C + 13 * C) + 2 * C;
+  const __int128 expected = 1024 + params * (s.version == 3 ? 4 : 2);
+  if ((__int128)bytes != expected)
     return strf("the file has %ld bytes, but its header (L=%d NH=%d C=%d maxT=%d Vp=%d, "
-                "version %d) needs %lld", bytes, s.L, s.NH, s.C, s.maxT, s.Vp, s.version,
-                (long long)expected);
+                "version %d) needs %.0Lf", bytes, s.L, s.NH, s.C, s.maxT, s.Vp, s.version,
+                (long double)expected);
   return "";
 }
 

@@ -242,8 +242,12 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
   while (dl.pos.row + G > rows_in_shard(dl, current_file(dl))) advance_shard(dl);
   int64_t file = current_file(dl);
   const std::string& path = dl.files[file];
-  int fd = open(path.c_str(), O_RDONLY);
+  const int fd = open(path.c_str(), O_RDONLY);
   CHECK(fd >= 0, "shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
+  struct Closer {  // a bad token stops the job from inside read_rows
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
   int64_t first = dl.pos.row + (int64_t)dl.dp_rank * dl.B;  // this rank's first row in the order
   if (dl.row_order.empty()) {
     read_rows(dl, fd, file, first, dl.B, inputs, targets);
@@ -253,7 +257,6 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
       read_rows(dl, fd, file, row, 1, inputs + (int64_t)b * dl.T, targets + (int64_t)b * dl.T);
     }
   }
-  close(fd);
   dl.pos.row += G;
 }
 

@@ -7,12 +7,15 @@
 #        the demo falls back to a byte-level tokenizer).
 # Tests: Debian's python3 with torch, numpy, h5py and regex (reference implementations).
 # Plots: python3-matplotlib (tools/plot.py, the demo's loss.png).
+# Fuzz:  clang with libFuzzer and the sanitizers' runtimes (libclang-rt-dev): `make fuzz` and
+#        the saved-corpus group of `make test` (test/fuzz/README.md).
 # The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian package here; without it only
 # ./train_cpu is built.
 set -euo pipefail
 packages=(g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           libtomlplusplus-dev fortunes fortunes-min curl ca-certificates
-          python3 python3-torch python3-numpy python3-h5py python3-regex python3-matplotlib)
+          python3 python3-torch python3-numpy python3-h5py python3-regex python3-matplotlib
+          clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
