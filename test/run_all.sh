@@ -43,6 +43,7 @@ run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke "$BUILD/bench_kernels_cpu" --quick
 run distributed $PY test/test_distributed.py
+run zero        $PY test/test_zero.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
