@@ -337,7 +337,7 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
     size_t peak = 0;
     for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f %5d  %-7s%s\n",
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f %5d  %-4s%s\n",
                  r.dp, r.pp, r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu,
                  100 * r.plan.bubble, peak / 1073741824.0, r.zero, r.offload.c_str(),
                  r.plan.does_not_fit.empty() ? "" : "  does not fit");
