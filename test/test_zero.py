@@ -25,16 +25,15 @@ global batch of 4 sequences, AdamW with weight decay, clipping and a cosine sche
    trains and saves every 3 steps): the offload files are left behind, the next run re-creates
    them and resumes from the checkpoint, every step's loss equals the uninterrupted run's exactly,
    and a run that ends leaves no offload file.
-5. offload_dir missing, not writable (a read-only tmpfs) or full (a 64 KiB tmpfs) is refused
+5. With offload the step line shows the host memory and the host optimizer's time after the
+   device memory, and the step records the same (host_bytes, host_optimizer_ms within the step).
+6. offload_dir missing, not writable (a read-only tmpfs) or full (a 64 KiB tmpfs) is refused
    at start-up: exit status 1, a message naming the directory and the problem, no step line, and
    no offload file anywhere (the tmpfs cases need user namespaces: `unshare -rm`).
 """
 import glob
-import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,35 +42,19 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
                      max_rel, read_metrics, read_run_info, run, seeded_rng, write_config)
+from trainer import kill_job, round_up, steps_against, unit_numels  # noqa: E402
 
 checks = Checks("test_zero")
 L, NH, C, T, V = 2, 4, 44, 16, 101
-Vp = (V + 127) // 128 * 128
 GLOBAL_ROWS, STEPS = 4, 20
 BLOCK = 4096  # the offload file's parts are multiples of it
-
-
-def round_up(x, m):
-    return (x + m - 1) // m * m
-
-
-def unit_numels():
-    """Each unit's flat length at tp = 1: tensors start at multiples of 64 elements."""
-    def unit(sizes):
-        n = 0
-        for k in sizes:
-            n = round_up(n, 64) + k
-        return round_up(n, 64)
-    root = unit([Vp * C, T * C, C, C])
-    block = unit([3 * C * C, C * C, 4 * C * C, 4 * C * C, 3 * C, 4 * C, C, C, C, C, C, C])
-    return [root] + [block] * L
 
 
 def ladder(zero, offload, dp, accum, b):
     """What a rank of a dp-only layout holds and moves per the ladder (parallel/zero.cu,
     parallel/offload.cu): (state, host, disk bytes), the dp collectives of a step, the offload's
     bytes of a step."""
-    units = unit_numels()
+    units = unit_numels(L, C, T, V)
     N = dp if zero > 0 else 1
     padded = [round_up(n, N * 64) for n in units]
     shard = [p // N for p in padded]
@@ -201,6 +184,23 @@ def test_bf16(tmp):
     check_counts("bf16 dp2 zero=2 offload=cpu", host, host_info, 2, "cpu", 2, 1, 2)
 
 
+def test_step_line(tmp):
+    """With offload the step line shows device memory, host memory and the host optimizer's time,
+    and the step records carry the same: host_bytes equal to the run record's, a host optimizer
+    time inside the step's."""
+    r = train(tmp, "line", {"dp": 2}, 3, "cpu", steps=3, check=False)
+    steps, _ = read_metrics(os.path.join(tmp, "line.jsonl"))
+    info = read_run_info(os.path.join(tmp, "line.jsonl"))
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    host = f"| host {info['host_bytes'] / 2**30:.2f} GiB, optimizer "
+    ok = r.returncode == 0 and len(lines) == 3 and all(
+        "| mem " in ln and host in ln and ln.index("| mem ") < ln.index(host) for ln in lines)
+    ok = ok and all(s["host_bytes"] == info["host_bytes"] and
+                    0 < s["host_optimizer_ms"] < s["ms"] for s in steps)
+    checks.check("offload: the step line and the step records show host memory and the host "
+                 "optimizer's time", ok, lines[-1] if lines else r.stderr[-300:])
+
+
 def losses(path, key="loss"):
     return {r["step"]: r[key] for r in read_metrics(path)[0]}
 
@@ -224,28 +224,6 @@ def test_checkpoint_across_stages(tmp):
         checks.check(f"checkpoint {what}: steps 6-10 bit-exact", same,
                      f"losses {[got_l.get(s) for s in range(6, 11)]} vs "
                      f"{[ref_l[s] for s in range(6, 11)]}")
-
-
-def processes_with(marker):
-    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if int(p) != os.getpid()]
-
-
-def kill_job(p, marker):
-    """SIGKILL to mpirun's process group and to any rank of this job outside it."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline and processes_with(marker):
-        for pid in processes_with(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def steps_logged(path):
@@ -285,17 +263,7 @@ def test_kill_nvme(tmp):
                 check=False)
     if final.returncode != 0:
         problems.append("the final resume failed: " + final.stderr[-400:])
-    mismatched, seen = set(), set()
-    for path in sorted(glob.glob(f"{tmp}/kill_*.jsonl")):
-        for line in open(path):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the kill
-            if "loss" in rec:
-                seen.add(rec["step"])
-                if rec["loss"] != reference[rec["step"]]:
-                    mismatched.add(rec["step"])
+    seen, mismatched = steps_against(f"{tmp}/kill_*.jsonl", reference)
     left = sorted(os.listdir(offload_dir))
     checks.check("nvme offload: kill -9 mid-run, resumed from the checkpoint, bit-exact",
                  not problems and not mismatched and seen == set(range(1, steps + 1)) and
@@ -362,6 +330,7 @@ def main():
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
         test_equivalence(tmp)
         test_bf16(tmp)
+        test_step_line(tmp)
         test_checkpoint_across_stages(tmp)
         test_kill_nvme(tmp)
         test_bad_offload_dir(tmp)
