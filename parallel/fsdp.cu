@@ -1,5 +1,7 @@
 // parallel/fsdp.cu - Fully Sharded Data Parallel (ZeRO-3): each of the dp ranks keeps 1/dp of
 // every weight, gradient and optimizer moment, and sees a full layer only while computing it.
+// The top rung of the ZeRO ladder (parallel/zero.cu has the rungs below it and the bytes of
+// each); ZeRO-2 runs the gradient half of this file (fsdp_grad_buffers_init, fsdp_grads_*).
 //
 // The idea. Data parallelism replicates the model: with N parameters, every rank holds the fp32
 // weights, gradients and both Adam moments, 16N bytes, however many ranks there are. But a rank
