@@ -2,16 +2,19 @@
 offload ([train] optimizer_offload = "cpu" | "nvme", parallel/offload.cu) against DDP.
 
 Tiny GPT-2 from an llm.c file (L=2, NH=4, C=44, T=16, V=101: shards split rows mid-row), fixed
-global batch of 4 sequences, AdamW with weight decay, clipping and a cosine schedule, fp32:
-1. Losses of every stage and offload equal DDP's on the same layout within 1e-6 relative over
-   20 steps, gradient norms within 1e-5 (reduction-order rounding: at dp4 MPI's reduce-scatter
-   sums in another order than its all-reduce, and with grad_accum 2 ZeRO-2 sums each micro-batch
-   over the ranks before adding them; measured at most 1.0e-7 on losses, 8.4e-7 on norms; at dp2
-   with one micro-batch every stage is bitwise DDP), on dp2, dp4, dp2 with grad_accum 2, dp2 x
-   tp2 (sequence parallel) and dp2 x pp2 with grad_accum 2; an offloaded run equals the same
-   stage on the device bit for bit (the CPU backend's AdamW and the host optimizer are one
-   loop). In bf16 (dp2), ZeRO-2 with offload to the host equals ZeRO-2 bit for bit (the host
-   rounds the new weights as the device does).
+global batch of 4 sequences, AdamW with weight decay, clipping and a cosine schedule (lr 1e-3), fp32:
+1. Losses and gradient norms of every stage and offload equal DDP's on the same layout within
+   1e-6 relative over 20 steps (reduction-order rounding: at dp4 MPI's reduce-scatter sums in
+   another order than its all-reduce, and with grad_accum 2 ZeRO-2 sums each micro-batch over
+   the ranks before adding them; at dp2 with one micro-batch every stage is bitwise DDP), on dp2,
+   dp4, dp2 with grad_accum 2, dp2 x tp2 (sequence parallel) and dp2 x pp2 with grad_accum 2.
+   The runs train at lr 1e-3: measured over 6 seeds at most 5.3e-8 on losses and 5.6e-8 on
+   norms. (At lr 1e-2 the same rounding grows to 4e-6 on losses and 3e-4 on norms within 20
+   steps: Adam divides by sqrt(v), so elements whose gradient is rounding noise get full-size
+   updates, and the runs drift apart; that is chaos, not a bug, and no tolerance can tell it from
+   one.) An offloaded run equals the same stage on the device bit for bit (the CPU backend's
+   AdamW and the host optimizer are one loop). In bf16 (dp2), ZeRO-2 with offload to the host
+   equals ZeRO-2 bit for bit (the host rounds the new weights as the device does).
 2. On the dp-only layouts, what each rank holds and moves equals the ladder's analytic count
    (parallel/zero.cu, parallel/offload.cu), computed here from the unit sizes: device state
    bytes, pinned host bytes and file bytes (run record), and per step the dp collectives' calls
@@ -101,9 +104,9 @@ def train(tmp, name, par, zero=0, offload="none", accum=1, dtype="fp32", steps=S
           extra=(), check=True):
     dp = par.get("dp", 1)
     world = dp * par.get("tp", 1) * par.get("pp", 1)
-    sec = base_sections(tmp, steps, lr=1e-2, micro_batch=GLOBAL_ROWS // dp // accum,
+    sec = base_sections(tmp, steps, lr=1e-3, micro_batch=GLOBAL_ROWS // dp // accum,
                         grad_accum=accum, weight_decay=0.1, grad_clip=1.0,
-                        lr_schedule="cosine", warmup_steps=2, min_lr=1e-3)
+                        lr_schedule="cosine", warmup_steps=2, min_lr=1e-4)
     sec["parallel"] = dict(par, zero=zero)
     sec["train"]["optimizer_offload"] = offload
     if offload == "nvme":
@@ -162,7 +165,7 @@ def test_equivalence(tmp):
             loss = max_rel([s["loss"] for s in steps], [s["loss"] for s in ref])
             norm = max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in ref])
             checks.check(f"{what}: losses and norms = DDP", len(steps) == STEPS and
-                         loss < 1e-6 and norm < 1e-5,
+                         loss < 1e-6 and norm < 1e-6,
                          f"max rel err loss {loss:.2e} norm {norm:.2e} over {STEPS} steps")
             stages[(name, zero, offload)] = [(s["loss"], s["grad_norm"]) for s in steps]
             if dp_only:
