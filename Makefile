@@ -169,3 +169,7 @@ bundle: $(GPU_PROGRAMS)
 .PHONY: bundle-check
 bundle-check: bundle
 	tools/check_bundle.sh
+
+# The emulated CUDA tier (test/emu/README.md): its own rules, and the library stand-ins'.
+-include test/emu/emu.mk
+-include test/emu/libs.mk
