@@ -17,6 +17,11 @@
 
 struct TestContext {
   std::mt19937_64 rng;
+  // GPU_TEST_EMULATED=1: the CUDA backend runs on the CPU emulator (test/emu/README.md), which is
+  // thousands of times slower than a GPU and has no cuDNN engine. The tests then use smaller
+  // stand-ins for their model-sized shapes (the awkward, tail and unaligned sizes stay as they
+  // are), skip timings, and do not require cuDNN to run where a GPU's cuDNN would.
+  bool emulated = false;
   int failures = 0;
   int checks = 0;
   ops::Stream stream = nullptr;      // CUDA stream (TF32 off)

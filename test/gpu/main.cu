@@ -1,5 +1,8 @@
 // test/gpu/main.cu - runs every registered GPU test (test/gpu/test_*.cu); exit status 1 if any
 // check failed. `./build/test_gpu [substring]` runs only the tests whose name contains it.
+// GPU_TEST_SEED=N seeds the random inputs (default: a fresh seed, printed); GPU_TEST_EMULATED=1
+// says the backend runs on the emulator (see TestContext::emulated).
+#include <cstdlib>
 #include <cstring>
 
 #include "test/gpu/harness.h"
@@ -97,7 +100,15 @@ int main(int argc, char** argv) {
   ref::device_init(0);
   std::printf("GPU tests on %s (%d SMs)\n", info.name, info.multiprocessors);
   TestContext ctx;
-  ctx.rng.seed(std::random_device{}());  // fresh inputs every run
+  // Fresh inputs every run; GPU_TEST_SEED=N repeats a run's inputs (the seed is printed).
+  const char* seed_env = std::getenv("GPU_TEST_SEED");
+  const unsigned long long seed =
+      seed_env ? std::strtoull(seed_env, nullptr, 10) : std::random_device{}();
+  ctx.rng.seed(seed);
+  std::printf("inputs from seed %llu (GPU_TEST_SEED)\n", seed);
+  const char* emulated = std::getenv("GPU_TEST_EMULATED");
+  ctx.emulated = emulated && std::strcmp(emulated, "0") != 0;
+  if (ctx.emulated) std::printf("emulated device: small shapes, no timings, no cuDNN\n");
   StreamOptions exact;                    // TF32 off: fp32 must match the CPU
   ctx.stream = ops::stream_create(exact);
   ctx.ref_stream = ref::stream_create(exact);
