@@ -136,6 +136,9 @@ bundle: all $(BUILD)/test_gpu
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
+# The library stand-ins of the emulated CUDA build and their tests (make emu-lib-tests).
+-include test/emu/libs.mk
+
 clean:
 	rm -rf $(BUILD) train train_cpu
 

@@ -1,0 +1,326 @@
+// test/emu/lib/nccl.cpp - the NCCL stand-in of the emulated CUDA build, over MPI: the functions
+// nccl.h declares that parallel/comm_nccl.cu calls, on host memory (emulated device memory is
+// host memory). This file: unique ids and communicators, ncclGroupStart/End, ncclSend/ncclRecv,
+// the error strings. The collectives are in nccl_collectives.cpp.
+//
+// Streams. Emulated streams run synchronously, so every call completes before it returns and
+// the stream argument is ignored - except inside ncclGroupStart/End, where NCCL's semantics are
+// kept: sends and receives are only queued, and the outermost ncclGroupEnd posts them all at once
+// (receives, then sends, non-blocking) and waits for all. A pipeline stage that sends to one
+// neighbour and receives from the other in one group therefore cannot deadlock, whatever the
+// message sizes. Outside a group, ncclSend/ncclRecv block until their MPI transfer completes;
+// a real GPU would let the host go on while the stream waits, so the stand-in can hang where a
+// GPU would not (never the reverse), and a send to oneself outside a group is refused.
+//
+// Communicators from a unique id, with nothing collective over MPI_COMM_WORLD (only the members
+// call ncclCommInitRank: a middle pipeline stage never joins the "embed" group of the first and
+// the last). ncclGetUniqueId writes into the id the drawing process's world rank and a serial
+// number of its own; from (root, serial) every member derives the same MPI tag. Each member
+// sends (its world rank, its NCCL rank, nranks) to the root with that tag on MPI_COMM_WORLD; the
+// root collects nranks - 1 of them, checks that the ranks are distinct and the sizes agree, and
+// answers every member with the list of world ranks in NCCL rank order (or a refusal); then the
+// members alone call MPI_Comm_create_group over that list, with the same tag. The root must be
+// a member (as in parallel/comm_nccl.cu, where group rank 0 draws the id); NCCL would also
+// accept an id drawn by an outsider, the stand-in would wait for it forever. Tags live in the
+// upper half of MPI_TAG_UB, away from any tag the project uses. Several emulated ranks may share
+// the one pretend GPU: nothing here looks at devices.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "test/emu/lib/nccl_state.h"
+
+namespace nccl_standin {
+namespace {
+
+// The process-wide state NCCL also keeps per thread: the last error, the group nesting and the
+// transfers queued inside it, the serial number of the ids this process drew.
+struct Pending {
+  bool is_send;
+  void* buf;
+  size_t bytes;
+  int peer;
+  ncclComm* comm;
+};
+struct State {
+  std::string last_error;
+  int group_depth = 0;
+  std::vector<Pending> queued;
+  unsigned long long ids_drawn = 0;
+};
+State& state() {
+  static State s;
+  return s;
+}
+
+// What a unique id carries.
+struct IdContents {
+  char magic[16];
+  int root;        // world rank of the process that drew it
+  int world_size;  // of that process's MPI_COMM_WORLD, to catch an id from another job
+  unsigned long long serial;
+};
+static_assert(sizeof(IdContents) <= NCCL_UNIQUE_ID_BYTES, "the id holds its contents");
+constexpr char kIdMagic[16] = "gpt5d-emu-nccl";
+constexpr int kP2PTag = 0;  // on the communicator's own MPI communicator
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The tag of the id's registration and MPI_Comm_create_group: distinct per (root, serial) up to
+// a span of the tag space that no training run exhausts.
+int tag_of(const IdContents& id) {
+  int* upper = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
+  const long long ub = found ? *upper : 32767;
+  const long long span = ub / 2;
+  return (int)(ub / 2 + (long long)((id.serial * (unsigned long long)id.world_size + id.root) %
+                                    (unsigned long long)span));
+}
+
+// The root's side: collect the other members' registrations and answer them. reply[0] is 1 if
+// the members agree, reply[1 + r] the world rank of NCCL rank r.
+void gather_members(std::vector<int>& reply, int nranks, int rank, int tag) {
+  reply.assign(nranks + 1, -1);
+  reply[0] = 1;
+  reply[1 + rank] = world_rank();
+  std::vector<int> senders;
+  for (int i = 0; i < nranks - 1; i++) {
+    int msg[3];
+    MPI_Recv(msg, 3, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    senders.push_back(msg[0]);
+    if (msg[2] != nranks || msg[1] < 0 || msg[1] >= nranks || reply[1 + msg[1]] != -1)
+      reply[0] = 0;
+    else
+      reply[1 + msg[1]] = msg[0];
+  }
+  for (int w : senders) MPI_Send(reply.data(), nranks + 1, MPI_INT, w, tag, MPI_COMM_WORLD);
+}
+
+ncclResult_t read_id(const ncclUniqueId& raw, IdContents* id) {
+  int initialized = 0, size = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return fail(ncclInvalidUsage, "MPI is not initialized (the stand-in runs over MPI)");
+  std::memcpy(id, raw.internal, sizeof(*id));
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (std::memcmp(id->magic, kIdMagic, sizeof(kIdMagic)) != 0 || id->world_size != size ||
+      id->root < 0 || id->root >= size)
+    return fail(ncclInvalidArgument, "the unique id was not drawn by ncclGetUniqueId in this job");
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t fail(ncclResult_t r, const std::string& what) {
+  state().last_error = "NCCL stand-in: " + what;
+  std::fprintf(stderr, "%s\n", state().last_error.c_str());
+  return r;
+}
+
+ncclComm* comm_of(ncclComm_t comm, const char* function) {
+  if (comm && comm->magic == kCommMagic) return comm;
+  fail(ncclInvalidArgument, std::string(function) + ": not a communicator");
+  return nullptr;
+}
+
+size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+bool inside_group() { return state().group_depth > 0; }
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace nccl_standin
+
+using namespace nccl_standin;
+
+// ---------------------------------------------------------------------------------------------
+// Unique ids and communicators
+// ---------------------------------------------------------------------------------------------
+ncclResult_t ncclGetUniqueId(ncclUniqueId* out) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!out) return fail(ncclInvalidArgument, "ncclGetUniqueId: null id");
+  if (!initialized) return fail(ncclInvalidUsage, "MPI is not initialized (the stand-in runs over MPI)");
+  IdContents id{};
+  std::memcpy(id.magic, kIdMagic, sizeof(kIdMagic));
+  id.root = world_rank();
+  MPI_Comm_size(MPI_COMM_WORLD, &id.world_size);
+  id.serial = state().ids_drawn++;
+  std::memset(out, 0, sizeof(*out));
+  std::memcpy(out->internal, &id, sizeof(id));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId raw, int rank) {
+  IdContents id;
+  ncclResult_t r = read_id(raw, &id);
+  if (r != ncclSuccess) return r;
+  if (!comm || nranks < 1 || rank < 0 || rank >= nranks)
+    return fail(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
+                                         std::to_string(nranks));
+  if (inside_group()) return fail(ncclInvalidUsage, "ncclCommInitRank inside a group is not implemented");
+  const int tag = tag_of(id);
+  std::vector<int> reply(nranks + 1);
+  if (world_rank() == id.root) {
+    gather_members(reply, nranks, rank, tag);
+  } else {
+    int msg[3] = {world_rank(), rank, nranks};
+    MPI_Send(msg, 3, MPI_INT, id.root, tag, MPI_COMM_WORLD);
+    MPI_Recv(reply.data(), nranks + 1, MPI_INT, id.root, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  if (reply[0] != 1)
+    return fail(ncclInvalidUsage, "ncclCommInitRank: the members disagree on nranks or share a rank");
+  MPI_Group world, members;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Group_incl(world, nranks, reply.data() + 1, &members);
+  MPI_Comm mpi = MPI_COMM_NULL;
+  MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &mpi);
+  MPI_Group_free(&members);
+  MPI_Group_free(&world);
+  *comm = new ncclComm{kCommMagic, mpi, rank, nranks};
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t handle) {
+  ncclComm* comm = comm_of(handle, "ncclCommDestroy");
+  if (!comm) return ncclInvalidArgument;
+  for (const Pending& p : state().queued)
+    if (p.comm == comm) return fail(ncclInvalidUsage, "ncclCommDestroy with transfers queued in a group");
+  MPI_Comm_free(&comm->mpi);
+  comm->magic = 0;
+  delete comm;
+  return ncclSuccess;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups, send and receive
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+ncclResult_t check_p2p(ncclComm* comm, size_t count, ncclDataType_t dt, int peer, const void* buf,
+                       const char* function) {
+  if (!comm) return ncclInvalidArgument;
+  if (type_size(dt) == 0) return fail(ncclInvalidArgument, std::string(function) + ": data type");
+  if (peer < 0 || peer >= comm->nranks)
+    return fail(ncclInvalidArgument, std::string(function) + ": peer " + std::to_string(peer) +
+                                         " of " + std::to_string(comm->nranks));
+  if (count > 0 && !buf) return fail(ncclInvalidArgument, std::string(function) + ": null buffer");
+  if ((count * type_size(dt)) > (size_t)0x7fffffff)
+    return fail(ncclInvalidUsage, std::string(function) + ": messages over 2 GiB are not implemented");
+  if (!inside_group() && peer == comm->rank)
+    return fail(ncclInvalidUsage, std::string(function) + " to oneself outside a group never completes");
+  return ncclSuccess;
+}
+
+// A received message must be exactly the size posted (NCCL would hang or corrupt memory).
+ncclResult_t check_received(const MPI_Status& status, size_t bytes, int peer) {
+  int got = 0;
+  MPI_Get_count(&status, MPI_BYTE, &got);
+  if ((size_t)got == bytes) return ncclSuccess;
+  return fail(ncclInvalidUsage, "ncclRecv of " + std::to_string(bytes) + " bytes from peer " +
+                                    std::to_string(peer) + " matched a send of " +
+                                    std::to_string(got));
+}
+
+// Posts every queued receive, then every queued send, and waits for all of them.
+ncclResult_t run_queued() {
+  std::vector<Pending> ops;
+  ops.swap(state().queued);
+  std::vector<MPI_Request> requests;
+  std::vector<const Pending*> posted;
+  for (int pass = 0; pass < 2; pass++)
+    for (const Pending& p : ops) {
+      if (p.is_send != (pass == 1)) continue;
+      MPI_Request req;
+      if (p.is_send)
+        MPI_Isend(p.buf, (int)p.bytes, MPI_BYTE, p.peer, kP2PTag, p.comm->mpi, &req);
+      else
+        MPI_Irecv(p.buf, (int)p.bytes, MPI_BYTE, p.peer, kP2PTag, p.comm->mpi, &req);
+      requests.push_back(req);
+      posted.push_back(&p);
+    }
+  std::vector<MPI_Status> statuses(requests.size());
+  MPI_Waitall((int)requests.size(), requests.data(), statuses.data());
+  for (size_t i = 0; i < posted.size(); i++)
+    if (!posted[i]->is_send) {
+      ncclResult_t r = check_received(statuses[i], posted[i]->bytes, posted[i]->peer);
+      if (r != ncclSuccess) return r;
+    }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t ncclGroupStart() {
+  state().group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (state().group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--state().group_depth > 0) return ncclSuccess;
+  return run_queued();
+}
+
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t handle,
+                      cudaStream_t stream) {
+  ncclComm* comm = comm_of(handle, "ncclSend");
+  ncclResult_t r = check_p2p(comm, count, dt, peer, buf, "ncclSend");
+  if (r != ncclSuccess) return r;
+  const size_t bytes = count * type_size(dt);
+  if (inside_group()) {
+    state().queued.push_back({true, const_cast<void*>(buf), bytes, peer, comm});
+    return ncclSuccess;
+  }
+  MPI_Send(buf, (int)bytes, MPI_BYTE, peer, kP2PTag, comm->mpi);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t handle,
+                      cudaStream_t stream) {
+  ncclComm* comm = comm_of(handle, "ncclRecv");
+  ncclResult_t r = check_p2p(comm, count, dt, peer, buf, "ncclRecv");
+  if (r != ncclSuccess) return r;
+  const size_t bytes = count * type_size(dt);
+  if (inside_group()) {
+    state().queued.push_back({false, buf, bytes, peer, comm});
+    return ncclSuccess;
+  }
+  MPI_Status status;
+  MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, kP2PTag, comm->mpi, &status);
+  return check_received(status, bytes, peer);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t comm) { return state().last_error.c_str(); }
