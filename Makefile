@@ -173,6 +173,5 @@ bundle: $(GPU_PROGRAMS)
 bundle-check: bundle
 	tools/check_bundle.sh
 
-# The emulated CUDA tier (test/emu/README.md): its own rules, and the library stand-ins'.
+# The emulated CUDA tier (test/emu/README.md): the emulator, and the emulated test programs.
 -include test/emu/emu.mk
--include test/emu/libs.mk

@@ -3,7 +3,8 @@
 # (test/gpu/*.cu) are compiled by g++ through the emulator: preprocessed with
 # test/emu/include/emu_cuda.h force-included, rewritten by test/emu/rewrite.cpp (launches,
 # __shared__, __launch_bounds__, inline PTX), compiled as C++ and linked with the emulated runtime
-# (test/emu/*.cpp), the library stand-ins of test/emu/libs.mk and the CPU backend as the oracle.
+# (test/emu/*.cpp), the library stand-ins of test/emu/libs.mk ($(EMU_STANDINS): cuBLASLt, NCCL,
+# cuDNN; cub is a header in test/emu/include) and the CPU backend as the oracle.
 #
 #   make emu-gpu-tests   build/emu/test_gpu: every test/gpu program, each launch run under the
 #                        forward and the reverse thread order with bitwise-equal results
@@ -15,9 +16,10 @@ EMU_DIR      := $(BUILD)/emu
 EMU_ASAN_DIR := $(BUILD)/emu-asan
 EMU_CUDA_INC := -isystem $(CUDA_HOME)/include
 
-# Preprocessing a kernel source: the emulator's header first, the CUDA headers as system headers.
-EMU_CPPFLAGS := -std=c++17 -fopenmp -I. $(EMU_CUDA_INC) $(MPI_CFLAGS) -DGPT5D_EMULATED_CUDA \
-                -include test/emu/include/emu_cuda.h
+# Preprocessing a kernel source: the emulator's header first, test/emu/include ahead of the CUDA
+# headers (its cub/cub.cuh stands in for cub), the CUDA headers as system headers.
+EMU_CPPFLAGS := -std=c++17 -fopenmp -I. -Itest/emu/include $(EMU_CUDA_INC) $(MPI_CFLAGS) \
+                -DGPT5D_EMULATED_CUDA -include test/emu/include/emu_cuda.h
 # Compiling: no floating-point contraction (a * b + c stays two roundings, as the CPU backend
 # computes), the nvcc-only pragmas (#pragma unroll) ignored.
 EMU_OPT      ?= -O2
@@ -31,8 +33,6 @@ EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wa
 
 EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
                    test/emu/runtime.cpp test/emu/shared.cpp test/emu/warps.cpp
-# The library stand-ins (cuBLASLt, NCCL, cuDNN) come from test/emu/libs.mk as EMU_LIBS_SRC.
-EMU_LIBS_SRC ?=
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
 
 emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))
@@ -67,10 +67,10 @@ EMU_REF_OBJ := $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) \
 
 # test/gpu as one program, as $(BUILD)/test_gpu, with the CUDA backend emulated.
 $(EMU_DIR)/test_gpu: $(call emu_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
-                     $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC) $(EMU_LIBS_SRC))
+                     $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
 	$(CXX) -o $@ $^ $(LDLIBS)
 $(EMU_ASAN_DIR)/test_gpu: $(call asan_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
-                          $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC) $(EMU_LIBS_SRC))
+                          $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 
 # The emulator's own tests: kernels written to probe it, compiled through it (also under
