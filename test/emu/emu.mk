@@ -10,7 +10,8 @@
 #                        forward and the reverse thread order with bitwise-equal results
 #   make emu-asan-tests  build/emu-asan/test_gpu under AddressSanitizer, on the kernels that use
 #                        shared memory or vector paths (test/emu/run_emu_tests.sh asan)
-#   make emu-self-tests  the emulator's own tests (test/emu/test_emu.cu, negative builds)
+#   make emu-self-tests  the emulator's own tests (test/emu/test_emu*.cu, negative builds)
+#   make emu-tests       all three
 
 EMU_DIR      := $(BUILD)/emu
 EMU_ASAN_DIR := $(BUILD)/emu-asan
@@ -24,7 +25,7 @@ EMU_CPPFLAGS := -std=c++17 -fopenmp -I. -Itest/emu/include $(EMU_CUDA_INC) $(MPI
 # computes), the nvcc-only pragmas (#pragma unroll) ignored.
 EMU_OPT      ?= -O2
 EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fopenmp -ffp-contract=off -fno-strict-aliasing -Wall \
-                -Wno-unknown-pragmas \
+                -Wno-unknown-pragmas -Wno-sign-compare \
                 -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable
 EMU_ASAN     := -fsanitize=address -fno-omit-frame-pointer
 # The emulator itself (plain C++, not rewritten).
@@ -83,7 +84,8 @@ $(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kerne
                           $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 
-.PHONY: emu-gpu-tests emu-asan-tests emu-self-tests
+.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests
+emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
 emu-gpu-tests: $(EMU_DIR)/test_gpu
 	test/emu/run_emu_tests.sh gpu $(EMU_DIR)/test_gpu
 emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu

@@ -170,14 +170,14 @@ void compare(const Snapshot& first, const Launch& launch, const OrderSpec& a, co
     }
     std::fprintf(stderr,
                  "emu: order check failed: kernel %s launched at %s:%d (grid %u,%u,%u block "
-                 "%u,%u,%u) leaves different memory under order %s than under order %s: %zu "
-                 "bytes of the %zu-byte allocation at %p differ, the first at offset %zu (the "
-                 "4-byte word there: %a as fp32 vs %a). Some thread reads what another writes "
-                 "without a barrier in between.\n",
+                 "%u,%u,%u) leaves different memory under orders %s and %s: %zu bytes of the "
+                 "%zu-byte allocation at %p differ, the first at offset %zu (the 4-byte word "
+                 "there, as fp32: %.9g under %s, %.9g under %s). Some thread reads what another "
+                 "writes without a barrier in between.\n",
                  launch.site.kernel, launch.site.file, launch.site.line, launch.dims.grid.x,
                  launch.dims.grid.y, launch.dims.grid.z, launch.dims.block.x, launch.dims.block.y,
-                 launch.dims.block.z, b.name().c_str(), a.name().c_str(), count, al.bytes,
-                 (void*)al.base, at, fa, fb);
+                 launch.dims.block.z, a.name().c_str(), b.name().c_str(), count, al.bytes,
+                 (void*)al.base, at, fa, a.name().c_str(), fb, b.name().c_str());
     std::abort();
   }
 }
