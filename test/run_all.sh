@@ -57,5 +57,15 @@ run usability   $PY test/test_usability.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
 fi
+# The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
+# emulator's own tests, every test/gpu program under two thread orders, and the shared-memory
+# kernels under AddressSanitizer.
+if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
+  run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
+  run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
+  run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
+else
+  skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
+fi
 
 suite_finish run_all
