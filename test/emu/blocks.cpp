@@ -11,9 +11,9 @@
 // without a barrier in between sees it in one order and not in the other, which the order check
 // (launch.cpp) turns into an error.
 //
-// __syncthreads completes when every thread that has not exited waits at it (exited threads
-// count as arrived, as on the hardware); the waiting threads must be at the same __syncthreads
-// (file and line), since CUDA leaves divergent barriers undefined. When no fiber can run and no
+// __syncthreads completes when every thread of the block waits at it, at the same __syncthreads
+// (file and line): CUDA leaves a barrier that some threads skip - by a branch or by having
+// returned - undefined, and the emulator reports both rather than guess what a GPU would do. When no fiber can run and no
 // barrier can complete, the block is deadlocked: the emulator prints what every thread waits for
 // (runs of threads, operation, file and line) and aborts - never a hang.
 #include <pthread.h>
@@ -233,6 +233,9 @@ std::string thread_states(const Block& b) {
 }
 
 void release_barrier(Block& b) {
+  if (b.done > 0)
+    fail("some threads of the block exited before a __syncthreads that the others wait at "
+         "(CUDA requires every thread of the block to reach it):%s", thread_states(b).c_str());
   const Fiber* first = nullptr;
   for (int i = 0; i < b.threads; i++) {
     Fiber& f = b.fibers[i];
@@ -248,7 +251,7 @@ void release_barrier(Block& b) {
 }
 
 void on_stall(Block& b) {
-  if (b.at_barrier > 0 && b.at_barrier + b.done == b.threads) {
+  if (b.at_barrier > 0 && b.at_barrier + b.done == b.threads) {  // release_barrier checks done
     release_barrier(b);
     return;
   }

@@ -14,6 +14,7 @@
 //   race         a block reduction without its __syncthreads, under EMU_ORDER=forward,reverse
 //   deadlock     half a warp at __syncwarp, the other half at __syncthreads
 //   divergent    two different __syncthreads met by one block
+//   early_exit   __syncthreads after some threads of the block returned
 //   exited_lane  a full-mask shuffle after lane 31 returned
 //   bounds       a launch of more threads than __launch_bounds__ allows
 //   big_static   more than 48 KiB of static __shared__
@@ -215,6 +216,11 @@ __global__ void divergent_barrier_kernel() {
   if (threadIdx.x < 32) __syncthreads();
   else __syncthreads();
 }
+__global__ void early_exit_kernel(float* out) {
+  if (threadIdx.x >= 40) return;
+  __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
 __global__ void exited_lane_kernel(float* out) {
   if (threadIdx.x == 31) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
@@ -239,6 +245,7 @@ int run_case(const std::string& name) {
   if (name == "race") racy_sum_kernel<<<1, 256>>>(d, d + 1);
   else if (name == "deadlock") deadlock_kernel<<<1, 32>>>();
   else if (name == "divergent") divergent_barrier_kernel<<<1, 64>>>();
+  else if (name == "early_exit") early_exit_kernel<<<1, 64>>>(d);
   else if (name == "exited_lane") exited_lane_kernel<<<1, 32>>>(d);
   else if (name == "bounds") bounded_kernel<<<1, 128>>>(d);
   else if (name == "big_static") big_static_kernel<<<1, 32>>>(d);
@@ -293,6 +300,8 @@ int main(int argc, char** argv) {
                        "half a warp at __syncwarp, half at __syncthreads: deadlock reported");
   expect_child_failure(self, "divergent", single, "different __syncthreads",
                        "two different __syncthreads in one block: reported");
+  expect_child_failure(self, "early_exit", single, "exited before a __syncthreads",
+                       "threads 40-63 returned, the others wait at __syncthreads: reported");
   expect_child_failure(self, "exited_lane", single, "exited",
                        "a full-mask shuffle after lane 31 returned: reported");
   expect_child_failure(self, "bounds", single, "__launch_bounds__(64)",
