@@ -8,8 +8,9 @@
 #
 #   make emu-gpu-tests   build/emu/test_gpu: every test/gpu program, each launch run under the
 #                        forward and the reverse thread order with bitwise-equal results
-#   make emu-asan-tests  build/emu-asan/test_gpu under AddressSanitizer, on the kernels that use
-#                        shared memory or vector paths (test/emu/run_emu_tests.sh asan)
+#   make emu-asan-tests  build/emu-asan/test_gpu under AddressSanitizer (and the alignment
+#                        sanitizer: a misaligned vector access faults on a GPU), on the kernels
+#                        that use shared memory or vector paths (test/emu/run_emu_tests.sh asan)
 #   make emu-self-tests  the emulator's own tests (test/emu/test_emu*.cu, negative builds)
 #   make emu-tests       all three
 
@@ -27,7 +28,7 @@ EMU_OPT      ?= -O2
 EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fopenmp -ffp-contract=off -fno-strict-aliasing -Wall \
                 -Wno-unknown-pragmas -Wno-sign-compare \
                 -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable
-EMU_ASAN     := -fsanitize=address -fno-omit-frame-pointer
+EMU_ASAN     := -fsanitize=address,alignment -fno-sanitize-recover=alignment -fno-omit-frame-pointer
 # The emulator itself (plain C++, not rewritten).
 EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wall -Wextra \
                 -Wno-unused-parameter -I. $(EMU_CUDA_INC)

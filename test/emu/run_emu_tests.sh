@@ -8,8 +8,9 @@
 #                               tests' emulated shapes (GPU_TEST_EMULATED=1)
 #   run_emu_tests.sh asan BIN SELF
 #                               the tests of the kernels with shared memory, tiles and vector paths
-#                               in the AddressSanitizer build (one order: ASan is the check), and
-#                               the self-tests built with it (one reads past a __shared__ array)
+#                               in the AddressSanitizer (+ alignment) build (one order: the
+#                               sanitizers are the check), and the self-tests built with it (one
+#                               reads past a __shared__ array, one loads a misaligned int4)
 #   run_emu_tests.sh self BIN   the emulator's own tests (test/emu/test_emu.cu), and two builds
 #                               that must fail: an intrinsic and a PTX instruction the emulator
 #                               does not provide must stop the build, naming them

@@ -19,6 +19,8 @@
 //   bounds       a launch of more threads than __launch_bounds__ allows
 //   big_static   more than 48 KiB of static __shared__
 //   shared_oob   one element past a __shared__ array (AddressSanitizer build only: must report)
+//   misaligned   an int4 load from an address 4 bytes past 16-byte alignment (same build, with
+//                -fsanitize=alignment: a GPU faults on it)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -238,6 +240,12 @@ __global__ void shared_oob_kernel(float* out) {
   out[threadIdx.x] = a[threadIdx.x + 1];  // thread 36 reads a[37]
 }
 
+__global__ void misaligned_kernel(float* out, const float* in) {
+  // A 16-byte load 4 bytes past an aligned address: a GPU faults ("misaligned address").
+  const int4 v = *reinterpret_cast<const int4*>(in + 1);
+  out[threadIdx.x] = (float)v.x;
+}
+
 int run_case(const std::string& name) {
   float* d = device<float>(257);
   std::vector<float> ones(257, 1.0f);
@@ -250,6 +258,7 @@ int run_case(const std::string& name) {
   else if (name == "bounds") bounded_kernel<<<1, 128>>>(d);
   else if (name == "big_static") big_static_kernel<<<1, 32>>>(d);
   else if (name == "shared_oob") shared_oob_kernel<<<1, 37>>>(d);
+  else if (name == "misaligned") misaligned_kernel<<<1, 32>>>(d, d + 64);
   else return 2;
   std::printf("case %s ran to the end (%s)\n", name.c_str(),
               cudaGetErrorString(cudaGetLastError()));
@@ -311,6 +320,8 @@ int main(int argc, char** argv) {
 #if defined(__SANITIZE_ADDRESS__)
   expect_child_failure(self, "shared_oob", single, "AddressSanitizer",
                        "one float past a __shared__ array: AddressSanitizer reports it");
+  expect_child_failure(self, "misaligned", single, "misaligned address",
+                       "a 16-byte load from a 4-byte aligned address: reported");
 #endif
   std::printf("%d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
