@@ -13,9 +13,10 @@
 //
 // __syncthreads completes when every thread of the block waits at it, at the same __syncthreads
 // (file and line): CUDA leaves a barrier that some threads skip - by a branch or by having
-// returned - undefined, and the emulator reports both rather than guess what a GPU would do. When no fiber can run and no
-// barrier can complete, the block is deadlocked: the emulator prints what every thread waits for
-// (runs of threads, operation, file and line) and aborts - never a hang.
+// returned - undefined, and the emulator reports both rather than guess what a GPU would do.
+// When no fiber can run and no barrier can complete, the block is deadlocked: the emulator
+// prints what every thread waits for (runs of threads, operation, file and line) and aborts -
+// never a hang.
 #include <pthread.h>
 
 #include <cstdarg>

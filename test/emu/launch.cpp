@@ -12,9 +12,9 @@
 // With several (EMU_ORDER=forward,reverse) the launch is an order check: the device memory it
 // can write (the allocations its pointer arguments point into, or every cudaMalloc and
 // cudaMallocHost allocation when that is not known: emu_cuda.h, Reach) is copied before the
-// launch, the launch runs under the first order and its result is kept, then for each further order the memory is put
-// back as it was before the launch, the launch runs again, and every byte must equal the first
-// result. A difference is an error naming the kernel, the two orders, the allocation and the
+// launch, the launch runs under the first order and its result is kept, then for each further
+// order the memory is put back as it was before the launch, the launch runs again, and every
+// byte must equal the first result. A difference is an error naming the kernel, the two orders, the allocation and the
 // first differing offset: some thread read what another wrote without a barrier in between (or a
 // warp-synchronous assumption), since the orders differ only in the interleaving of threads
 // between synchronisation points. The order also sets the order of the blocks (forward, reverse
