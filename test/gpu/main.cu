@@ -2,6 +2,7 @@
 // check failed. `./build/test_gpu [substring]` runs only the tests whose name contains it.
 // GPU_TEST_SEED=N seeds the random inputs (default: a fresh seed, printed); GPU_TEST_EMULATED=1
 // says the backend runs on the emulator (see TestContext::emulated).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -25,6 +26,11 @@ int register_gpu_test(const char* name, GpuTestFn fn) {
 
 double check_close(TestContext& ctx, const std::string& what, const float* got, const float* ref,
                    size_t n, double tol) {
+  return check_close_floor(ctx, what, got, ref, n, tol, 0.0);
+}
+
+double check_close_floor(TestContext& ctx, const std::string& what, const float* got,
+                         const float* ref, size_t n, double tol, double floor) {
   double diff = 0, norm = 0;
   bool finite = true;
   for (size_t i = 0; i < n; i++) {
@@ -33,7 +39,8 @@ double check_close(TestContext& ctx, const std::string& what, const float* got, 
     diff += d * d;
     norm += (double)ref[i] * ref[i];
   }
-  double rel = std::sqrt(diff) / (std::sqrt(norm) + 1e-30);
+  const double scale = std::max(std::sqrt(norm), floor * std::sqrt((double)n));
+  double rel = std::sqrt(diff) / (scale + 1e-30);
   bool ok = finite && rel < tol;
   ctx.checks++;
   if (!ok) ctx.failures++;
