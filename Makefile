@@ -39,9 +39,9 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 
 # Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu is the NCCL backend,
 # comm_nccl_absent.cu stands in for it in the CPU binary.
-SHARED_SRC := train.cu kernels/common.cpp \
+SHARED_SRC := train.cu kernels/common.cpp kernels/allocator.cpp \
               $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
-                $(wildcard model/*.cu parallel/*.cu checkpoint/*.cu data/*.cpp))
+                $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
 NCCL_SRC   := parallel/comm_nccl.cu
@@ -96,8 +96,10 @@ $(BUILD)/test_%: $(BUILD)/host/test/test_%.cpp.o $(filter-out $(BUILD)/host/trai
 	$(CXX) -o $@ $^ $(LDLIBS)
 # The communicator's test again, over a pretend GPU whose memory only ops::copy_* may touch:
 # proves the MPI backend stages device buffers through the host.
-COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_nccl_absent.cu \
-                        parallel/mesh.cu parallel/pipeline_schedule.cu kernels/common.cpp
+COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_runtime.cu \
+                        parallel/comm_nccl_absent.cu config/layout_rules.cu parallel/mesh.cu \
+                        parallel/pipeline_schedule.cu parallel/pipeline_messages.cu \
+                        parallel/pipeline_simulator.cu kernels/common.cpp
 $(BUILD)/test_comm_fake_device: test/test_comm.cpp test/comm_test_support.h test/comm_point_to_point.h \
                                $(call obj,host,$(COMM_FAKE_DEVICE_SRC))
 	$(CXX) $(CXXFLAGS) -DCOMM_TEST_FAKE_DEVICE -o $@ $< $(filter %.o,$^) $(LDLIBS)

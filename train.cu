@@ -18,15 +18,15 @@
 #include "checkpoint/checkpoint.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
-#include "model/config.h"
-#include "model/evaluate.h"
+#include "config/config.h"
+#include "training/evaluate.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
 #include "model/init.h"
-#include "model/metrics.h"
-#include "model/optimizer.h"
-#include "model/plan.h"
+#include "training/metrics.h"
+#include "training/optimizer.h"
+#include "training/plan.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -66,30 +66,15 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
          "/tokenizer.bin";
 }
 
-// [precision] compute -> the dtype of activations and working weights. FP8 runs its block GEMMs
-// with FP8 operands inside a bf16 model (model/fp8.h).
-static DType compute_dtype(const std::string& compute) {
-  if (compute == "fp32") return DType::F32;
-  if (compute == "bf16" || compute == "fp8") return DType::BF16;
-  BUG("[precision] compute = \"%s\" has no dtype", compute.c_str());
-}
-
-static Fp8Recipe fp8_recipe(const PrecisionConfig& p, Mesh& mesh) {
-  Fp8Recipe f;
-  f.delayed = p.fp8_recipe == "delayed";
-  f.history = p.fp8_amax_history;
-  f.margin = p.fp8_margin;
-  f.amax_group = &mesh.stage_comm;  // the ranks running the same layers (model/fp8.h)
-  return f;
-}
-
 // Everything a step needs: device, mesh, weights, activations, data, logs.
-static void setup(Run& r, int world_rank, int world_size, int local_rank) {
+static void setup_data_and_logs(Run& r);
+
+static void setup(Run& r, int world_rank, int local_rank) {
   const Config& cfg = r.cfg;
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
-  mesh_init(r.mesh, cfg, world_rank, world_size, local_rank, backend);
-  const DType dt = compute_dtype(cfg.precision.compute);
+  mesh_init(r.mesh, mesh_shape(cfg.parallel), world_rank, local_rank, backend);
+  const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
   CHECK_ALL(!fp8 || ops::device_supports_fp8(),
             "[precision] compute = \"fp8\" needs FP8 tensor cores (compute capability 8.9 or "
@@ -102,17 +87,9 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
   r.compute = ops::stream_create(so);
   r.comm = ops::stream_create(so);
 
-  TensorParallel tp;
-  tp.comm = &r.mesh.tp_comm;
-  tp.size = r.mesh.tp;
-  tp.rank = r.mesh.tp_rank;
-  tp.sp = cfg.parallel.sp;
-  const PipelinePlace pp{r.mesh.pp, r.mesh.pp_rank, cfg.parallel.pp_virtual};
-  const ContextPlace cp{&r.mesh.cp_comm, r.mesh.cp, r.mesh.cp_rank};
-  const ExpertPlace ep{&r.mesh.ep_comm, r.mesh.ep, r.mesh.ep_rank};
-  r.layout = gpt_layout(cfg.model, tp, pp, cp, ep);
-  pipeline_init(r.pipeline, cfg.parallel.pp_schedule, pp.p, cfg.train.grad_accum, pp.v,
-                pp.rank, &r.mesh.pp_comm);
+  r.layout = gpt_layout(cfg.model, r.mesh);
+  pipeline_init(r.pipeline, cfg.parallel.pp_schedule, cfg.train.grad_accum,
+                cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
   const CommsByAxis comms = mesh_comms(r.mesh);
   if (cfg.init.from.empty()) {
@@ -124,31 +101,33 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
                      llmc_fill(f, r.layout));
     llmc_close(f);
   }
+  gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
+                         r.compute, r.comm);
+  setup_data_and_logs(r);
+}
+
+// The data (this rank's slice of the batch), a resumed checkpoint, the metrics file.
+static void setup_data_and_logs(Run& r) {
+  const Config& cfg = r.cfg;
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len;
-  const Fp8Recipe recipe = fp8_recipe(cfg.precision, r.mesh);
-  r.model.moe_aux_loss = cfg.train.moe_aux_loss;
-  r.model.moe_z_loss = cfg.train.moe_z_loss;
-  gpt_create(r.model, r.layout, dt, parse_recompute(cfg.train.recompute), B, T / cp.size,
-             r.compute, fp8 ? &recipe : nullptr, r.pipeline.slots, r.comm);
-  r.tokens.resize((size_t)cfg.train.grad_accum * B * T / cp.size);
+  r.tokens.resize((size_t)cfg.train.grad_accum * B * T / r.mesh.shape.cp);
   r.targets.resize(r.tokens.size());
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
-
-  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, r.mesh.dp_rank,
-                  r.mesh.dp, cfg.data.shuffle, cfg.train.seed);
+  const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
+  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
+                  cfg.data.shuffle, cfg.train.seed);
   if (!cfg.data.val.empty())
-    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, r.mesh.dp_rank, r.mesh.dp,
-                    false, 0);
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0);
   tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0);
   RunInfo info;
   info.parameters = r.layout.parameters;
-  info.state_bytes = r.store.state_bytes;
-  info.activation_bytes = r.model.activation_bytes;
-  info.world_size = world_size;
+  info.state_bytes = r.store.state_memory.bytes;
+  info.activation_bytes = r.model.memory.bytes;
+  info.world_size = r.mesh.shape.world();
   info.flops_per_token = model_flops_per_token(r.layout);
   info.peak_tflops = r.peak_tflops;
   metrics_run(r.metrics, info);
@@ -157,8 +136,9 @@ static void setup(Run& r, int world_rank, int world_size, int local_rank) {
 static void print_banner(const Run& r) {
   if (!r.rank0) return;
   const Config& c = r.cfg;
+  const MeshShape& mesh = r.mesh.shape;
   std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
-              ops::backend_name(), r.mesh.world_size, c.parallel.backend.c_str());
+              ops::backend_name(), mesh.world(), c.parallel.backend.c_str());
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
@@ -166,26 +146,26 @@ static void print_banner(const Run& r) {
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",
-              r.mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", r.mesh.tp,
-              r.mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
+              mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", mesh.tp,
+              mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
-              c.train.micro_batch * c.train.grad_accum * r.mesh.dp * c.model.seq_len);
+              c.train.micro_batch * c.train.grad_accum * mesh.dp * c.model.seq_len);
   if (r.layout.E > 0)
     std::printf("experts  %d experts of hidden %d, top-%d, in %d of %d blocks, ep=%d (%d experts "
                 "per rank): %zu parameters active per token\n", r.layout.E, r.layout.d_expert,
                 r.layout.top_k, (int)std::count(r.layout.moe.begin(), r.layout.moe.end(), true),
-                r.layout.L, r.mesh.ep, r.layout.E / r.mesh.ep, r.layout.active_parameters);
-  if (r.mesh.cp > 1)
+                r.layout.L, mesh.ep, r.layout.E / mesh.ep, r.layout.active_parameters);
+  if (mesh.cp > 1)
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
-                "sequence; attention is a ring over the cp group\n", r.mesh.cp,
-                c.model.seq_len / (2 * r.mesh.cp));
-  if (r.mesh.pp > 1)
+                "sequence; attention is a ring over the cp group\n", mesh.cp,
+                c.model.seq_len / (2 * mesh.cp));
+  if (mesh.pp > 1)
     std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
-                "bubble (p-1)/(v*m+p-1) = %.3f\n", r.mesh.pp, c.parallel.pp_schedule.c_str(),
+                "bubble (p-1)/(v*m+p-1) = %.3f\n", mesh.pp, c.parallel.pp_schedule.c_str(),
                 c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
-                pipeline_bubble(r.mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
+                pipeline_bubble(mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
-              r.store.state_bytes / 1048576.0, r.model.activation_bytes / 1048576.0);
+              r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
                 "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
@@ -200,9 +180,7 @@ static StepReport train_step(Run& r, int step) {
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
   comm_stats_reset(r.mesh.stats);
-  grads_zero(r.store);
-  ops::fill_zero(r.model.loss_sum, sizeof(float), r.compute);
-  const int cp = r.mesh.cp, T_local = T / cp;
+  const int cp = r.mesh.shape.cp, T_local = T / cp;
   const size_t n = (size_t)B * T_local;
   for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
     if (cp == 1) {  // the micro-batch as read
@@ -210,16 +188,16 @@ static StepReport train_step(Run& r, int step) {
       continue;
     }
     dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
-    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, r.mesh.cp_rank, B, T);
-    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, r.mesh.cp_rank, B, T);
+    const int cp_rank = r.mesh[Axis::CP].rank;
+    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
+    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
   }
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
-  const float dloss = 1.0f / ((float)B * T * accum * r.mesh.dp);
-  gpt_train_micro_batches(r.model, r.store, r.pipeline,
-                          {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
-                          1.0f / ((float)B * T * accum), r.compute);
-  grads_wait(r.store);
+  const float dloss = 1.0f / ((float)B * T * accum * r.mesh.shape.dp);
+  gpt_train_step(r.model, r.store, r.pipeline,
+                 {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
+                 1.0f / ((float)B * T * accum), r.compute);
   StepReport rep;
   rep.step = step;
   rep.steps = c.train.steps;
@@ -230,19 +208,19 @@ static StepReport train_step(Run& r, int step) {
   float local_loss = 0;
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
-  rep.loss = last_stage_mean(r.model, r.mesh.world, local_loss, r.mesh.dp);
+  rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
   if (r.model.moe) {
     rep.moe = true;
-    rep.moe_report = moe_step_report(r.model, r.mesh.world);
+    rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World]);
   }
   CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
 
   rep.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const double tokens = (double)B * T * accum * r.mesh.dp;
+  const double tokens = (double)B * T * accum * r.mesh.shape.dp;
   rep.tokens_per_s = tokens / (rep.ms / 1000.0);
   if (r.peak_tflops > 0) {
-    const double peak = r.peak_tflops * 1e12 * r.mesh.world_size;
+    const double peak = r.peak_tflops * 1e12 * r.mesh.shape.world();
     const Recompute rc = r.model.recompute;
     rep.mfu = rep.tokens_per_s * model_flops_per_token(r.layout) / peak;
     rep.hfu = rep.tokens_per_s * hardware_flops_per_token(r.layout, rc) / peak;
@@ -265,13 +243,13 @@ static void evaluate(Run& r, int step) {
   const bool last = step == c.train.steps;
   if (c.log.val_every > 0 && (step % c.log.val_every == 0 || last)) {
     double v = validation_loss(r.model, r.store, r.pipeline, r.val_data, c.log.val_batches,
-                               r.mesh.world, r.mesh.dp, r.compute);
+                               r.mesh[Axis::World], r.mesh.shape.dp, r.compute);
     if (r.rank0) std::printf("step %5d | val loss %.6f\n", step, v);
     metrics_val(r.metrics, step, v);
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
     const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
-    std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh.pp_comm, r.tokenizer, eot,
+    std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer, eot,
                                    c.log.sample_tokens, c.train.seed + step, c.model.seq_len,
                                    r.compute);
     if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
@@ -302,26 +280,20 @@ int main(int argc, char** argv) {
   CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   const PlanFlags planner = plan_take_flags(&argc, argv);
-  if (planner.any()) {  // the layout the config names, not this launch's: model/plan.h
+  if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
     r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
-    const ParallelConfig& p = r.cfg.parallel;
-    const std::string problem = mesh_validate(r.cfg, planner.search > 0 ? planner.search
-                                                                        : p.dp * p.pp * p.cp * p.tp);
-    CHECK_ALL(planner.search > 0 || problem.empty(), "%s", problem.c_str());
     const int rc = r.rank0 ? plan_run(r.cfg, planner) : 0;
     runtime_finalize();
     return rc;
   }
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
-  const std::string layout_problem = mesh_validate(r.cfg, world_size);
-  CHECK_ALL(layout_problem.empty(), "%s", layout_problem.c_str());
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();
     return 0;
   }
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
-  setup(r, world_rank, world_size, local_rank);
+  setup(r, world_rank, local_rank);
   print_banner(r);
   const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
@@ -334,14 +306,14 @@ int main(int argc, char** argv) {
       rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
     const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
-    if (r.cfg.log.check_tied && r.mesh.pp > 1)
+    if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
       CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
                 "copies of the tied embedding differ ([log] check_tied)", step);
     evaluate(r, step);
     checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
   }
   if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - r.resumed_step, stdout);
-  if (r.mesh.pp > 1 && r.resumed_step < r.cfg.train.steps) print_bubble(r);
+  if (r.mesh.shape.pp > 1 && r.resumed_step < r.cfg.train.steps) print_bubble(r);
 
   metrics_close(r.metrics);
   gpt_destroy(r.model);

@@ -7,7 +7,7 @@ For each model (configs/gpt2_124m.toml, configs/gpt2_1558m.toml, in bf16) and re
 finds the largest micro-batch that fits on the GPU by trying descending powers of two (a run that
 stops with an out-of-memory error moves on to the next size; any other failure ends that mode's
 search and is reported), then reports from that run's JSONL metrics: tokens/s and ms per step
-(median over the steps after the first --skip), MFU and HFU (model/metrics.h: 6N + 6LCT FLOPs per
+(median over the steps after the first --skip), MFU and HFU (training/metrics.h: 6N + 6LCT FLOPs per
 token against the device's dense BF16 peak; HFU adds the recomputed forward), and the peak of the
 memory allocated through ops::alloc (cuBLAS/NCCL internals not included). Targets (the issue):
 MFU >= 50% for 124M, >= 55% for 1.5B; a miss says by how many points.

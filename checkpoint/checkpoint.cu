@@ -5,8 +5,8 @@
 //
 // Agreeing. Every step that can fail on one rank (a full disk, a corrupt file only one rank was
 // asked to checksum) ends in fail_together: all ranks agree whether everyone succeeded
-// (all_agree over the world); if not, the ranks' messages are gathered (MPI_Allgatherv on the
-// world communicator) and every rank stops with the first one (FATAL_ALL: rank 0 prints it).
+// (all_agree over the world); if not, the ranks' messages are gathered (all_gather_strings over
+// the world) and every rank stops with the first one (FATAL_ALL: rank 0 prints it).
 // No rank ever leaves the others waiting in a collective they will not reach.
 #include "checkpoint/checkpoint.h"
 
@@ -41,16 +41,8 @@ static double seconds_since(std::chrono::steady_clock::time_point t0) {
 // The first non-empty message over the ranks, in rank order ("" if every rank succeeded).
 static std::string first_problem(Comm& world, const std::string& mine) {
   if (all_agree(world, mine.empty())) return "";
-  int len = (int)mine.size();
-  std::vector<int> lens(world.size), displs(world.size);
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world.mpi);
-  int total = 0;
-  for (int r = 0; r < world.size; r++) displs[r] = total, total += lens[r];
-  std::string all(total, '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, &all[0], lens.data(), displs.data(), MPI_CHAR,
-                 world.mpi);
-  for (int r = 0; r < world.size; r++)
-    if (lens[r] > 0) return all.substr(displs[r], lens[r]);
+  for (const std::string& problem : all_gather_strings(world, mine))
+    if (!problem.empty()) return problem;
   return "";
 }
 
@@ -80,11 +72,11 @@ void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout
     checkpoint_save(cfg, step, layout, store, train_data, mesh);
 }
 
-// Every rank's file digest, on rank 0 (in writer order: writer = world rank here).
+// Every rank's file digest, on every rank (in writer order: writer = world rank here).
 static std::vector<FileDigest> gather_digests(Comm& world, const FileDigest& mine) {
-  uint64_t send[2] = {mine.bytes, mine.crc32};
+  const uint64_t send[2] = {mine.bytes, mine.crc32};
   std::vector<uint64_t> recv(2 * (size_t)world.size);
-  MPI_Gather(send, 2, MPI_UINT64_T, recv.data(), 2, MPI_UINT64_T, 0, world.mpi);
+  all_gather_host(world, send, sizeof(send), recv.data());
   std::vector<FileDigest> all(world.size);
   for (int r = 0; r < world.size; r++) {
     all[r].bytes = recv[2 * r];
@@ -122,16 +114,16 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.data = train_data.pos;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
-  meta.writer_tp = layout.tp.size;
-  meta.writer_cp = layout.cp.size;
-  meta.writer_pp = layout.pp.p;
+  meta.writer_tp = layout.tp.size();
+  meta.writer_cp = layout.cp->size;
+  meta.writer_pp = layout.pp.p();
   meta.writer_pp_virtual = layout.pp.v;
-  meta.writer_ep = layout.ep.size;
+  meta.writer_ep = layout.ep->size;
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
   std::string problem =
-      h5_write_index(tmp + "/" + kIndexFileName, writer_layouts(cfg.model, layout), meta);
+      h5_write_index(tmp + "/" + kIndexFileName, writer_units(cfg.model, writer_shape(meta)), meta);
   if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
@@ -150,7 +142,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
                      const DataLoader& train_data, Mesh& mesh) {
   const auto t0 = std::chrono::steady_clock::now();
-  Comm& world = mesh.world;
+  Comm& world = mesh[Axis::World];
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
   const std::string tmp = dir + "/" + name + ".tmp";
   const std::string not_saved = "checkpoint " + dir + "/" + name + " not saved: ";
@@ -166,7 +158,7 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   const std::string file = tmp + "/" + rank_file_name(world.rank);
   FileDigest digest;
   // writer = world rank (hdf5_format.h); its slices of the ranks holding its units
-  const WriterShards shards{mesh.dp_rank * mesh.cp + mesh.cp_rank, mesh.dp * mesh.cp, mesh.ep};
+  const WriterShards shards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
   problem = h5_write_rank_file(file, store, layout, shards);
   if (problem.empty()) problem = sync_and_digest(file, &digest);
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
@@ -273,7 +265,7 @@ static void open_verified(const std::string& ckpt, const ModelConfig& model,
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, Mesh& mesh) {
-  Comm& world = mesh.world;
+  Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
   if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
   barrier(world);

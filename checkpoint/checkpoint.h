@@ -65,7 +65,7 @@
 #include <string>
 
 #include "data/dataloader.h"
-#include "model/config.h"
+#include "config/config.h"
 #include "model/gpt.h"
 #include "parallel/mesh.h"
 #include "parallel/param_store.h"

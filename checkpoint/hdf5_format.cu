@@ -35,18 +35,29 @@ FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank) {
   return clip(shard_range(u.numel, rank, ranks), owned_end(u, tp_rank));
 }
 
-std::vector<GPTLayout> writer_layouts(const ModelConfig& model, const GPTLayout& mine) {
-  std::vector<GPTLayout> all;
-  for (int p = 0; p < mine.pp.p; p++)
-    for (int r = 0; r < mine.tp.size; r++)
-      for (int e = 0; e < mine.ep.size; e++) {
-        TensorParallel tp = mine.tp;
-        tp.comm = nullptr;
-        tp.rank = r;
-        const PipelinePlace pp{mine.pp.p, p, mine.pp.v};
-        const ContextPlace cp{nullptr, mine.cp.size, 0};
-        const ExpertPlace ep{nullptr, mine.ep.size, e};
-        all.push_back(gpt_layout(model, tp, pp, cp, ep));
+MeshShape writer_shape(const CheckpointMeta& m) {
+  MeshShape shape;
+  shape.tp = m.writer_tp, shape.cp = m.writer_cp, shape.pp = m.writer_pp, shape.ep = m.writer_ep;
+  shape.pp_virtual = m.writer_pp_virtual;
+  shape.dp = m.writers / (shape.tp * shape.cp * shape.pp);
+  return shape;
+}
+
+// A writer's local layout depends on its pp, tp and ep coordinates only; each is laid out over a
+// described mesh (parallel/mesh.h) with the writers' degrees, at a rank with those coordinates.
+WriterUnits writer_units(const ModelConfig& model, const MeshShape& writers) {
+  MeshShape shape = writers;
+  shape.dp = writers.ep;  // enough dp x cp positions for every ep rank; dp changes no layout
+  WriterUnits all;
+  for (int p = 0; p < shape.pp; p++)
+    for (int t = 0; t < shape.tp; t++)
+      for (int e = 0; e < shape.ep; e++) {
+        MeshCoords c;
+        c.dp = e / shape.cp, c.cp = e % shape.cp, c.pp = p, c.tp = t;
+        Mesh mesh;
+        mesh_init(mesh, shape, mesh_world_rank(shape, c), 0, CommBackend::None);
+        all.push_back(gpt_layout(model, mesh).units);
+        mesh_destroy(mesh);
       }
   return all;
 }
@@ -201,10 +212,10 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
     write_attr_i64(file, "shard_rank", shards.index);
-    write_attr_i64(file, "tp_rank", layout.tp.rank);
-    write_attr_i64(file, "pp_rank", layout.pp.rank);
-    write_attr_i64(file, "ep_rank", layout.ep.rank);
-    const int tp_rank = layout.tp.rank;
+    write_attr_i64(file, "tp_rank", layout.tp.rank());
+    write_attr_i64(file, "pp_rank", layout.pp.rank());
+    write_attr_i64(file, "ep_rank", layout.ep->rank);
+    const int tp_rank = layout.tp.rank();
     size_t largest = 0;
     for (const ParamUnit& pu : layout.units)
       largest = std::max(largest, writer_range(pu, shards, tp_rank).size());
@@ -273,39 +284,37 @@ static size_t map_writer_part(hid_t dcpl, hid_t vspace, const TensorPlacement& t
 // Writer w's coordinates (hdf5_format.h): its place in dp x cp, its pp, tp and ep ranks.
 struct WriterPlace {
   WriterShards shards;
-  int pp_rank, tp_rank, ep_rank;
+  MeshCoords at;
 };
 static WriterPlace writer_place(int w, const CheckpointMeta& m) {
-  const int tp = m.writer_tp, cp = m.writer_cp, pp = m.writer_pp;
-  const int dp = m.writers / (tp * cp * pp), dp_rank = w / (tp * cp * pp);
-  const int index = dp_rank * cp + w / tp % cp;
-  return {{index, dp * cp, m.writer_ep}, w / (tp * cp) % pp, w % tp, index % m.writer_ep};
+  const MeshShape shape = writer_shape(m);
+  const MeshCoords at = mesh_coords(shape, w);
+  return {{at.dp * shape.cp + at.cp, shape.dp * shape.cp, shape.ep}, at};
 }
-// The layout it holds, among writer_layouts' (hdf5_format.h).
-static const GPTLayout& writer_layout(const std::vector<GPTLayout>& layouts,
-                                      const WriterPlace& wp, const CheckpointMeta& m) {
-  return layouts[(wp.pp_rank * m.writer_tp + wp.tp_rank) * m.writer_ep + wp.ep_rank];
+// The units it holds, among writer_units' (hdf5_format.h).
+static const std::vector<ParamUnit>& units_of(const WriterUnits& units, const WriterPlace& wp,
+                                              const CheckpointMeta& m) {
+  return units[(wp.at.pp * m.writer_tp + wp.at.tp) * m.writer_ep + wp.at.ep];
 }
 
 // Where the writers hold a logical tensor: (writer, local unit, tensor index) for each writer
-// that saves part of it, keyed by name in the order the layouts list them.
+// that saves part of it, keyed by name in the order the writers list them.
 struct TensorSources {
   std::vector<std::string> names;
   std::map<std::string, std::vector<std::array<int, 3>>> parts;
 };
-static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
-                                    const CheckpointMeta& meta) {
+static TensorSources tensor_sources(const WriterUnits& units, const CheckpointMeta& meta) {
   TensorSources src;
   for (int w = 0; w < meta.writers; w++) {
     const WriterPlace wp = writer_place(w, meta);
-    const GPTLayout& g = writer_layout(layouts, wp, meta);
-    for (size_t u = 0; u < g.units.size(); u++) {
-      const FlatRange wr = writer_range(g.units[u], wp.shards, wp.tp_rank);
-      for (size_t i = 0; i < g.units[u].tensors.size(); i++) {
-        const std::string& name = g.units[u].tensors[i].name;
+    const std::vector<ParamUnit>& held = units_of(units, wp, meta);
+    for (size_t u = 0; u < held.size(); u++) {
+      const FlatRange wr = writer_range(held[u], wp.shards, wp.at.tp);
+      for (size_t i = 0; i < held[u].tensors.size(); i++) {
+        const std::string& name = held[u].tensors[i].name;
         auto [it, added] = src.parts.try_emplace(name);
         if (added) src.names.push_back(name);
-        if (!blocks_in_range(g.units[u].tensors[i], wr).empty())
+        if (!blocks_in_range(held[u].tensors[i], wr).empty())
           it->second.push_back({w, (int)u, (int)i});
       }
     }
@@ -315,12 +324,12 @@ static TensorSources tensor_sources(const std::vector<GPTLayout>& layouts,
 
 // One logical tensor, as a virtual dataset over the files of the writers that hold it. Refuses a
 // tensor whose elements the writers do not hold exactly once (a bug in the writer geometry).
-static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layouts,
+static void write_virtual_tensor(hid_t file, const WriterUnits& units,
                                  const std::string& name,
                                  const std::vector<std::array<int, 3>>& parts, StateKind kind,
                                  const CheckpointMeta& meta) {
   auto unit_of = [&](const std::array<int, 3>& p) -> const ParamUnit& {
-    return writer_layout(layouts, writer_place(p[0], meta), meta).units[p[1]];
+    return units_of(units, writer_place(p[0], meta), meta)[p[1]];
   };
   const TensorPlacement& t = unit_of(parts.front()).tensors[parts.front()[2]];
   const std::vector<hsize_t> dims = dataset_dims(t);
@@ -332,7 +341,7 @@ static void write_virtual_tensor(hid_t file, const std::vector<GPTLayout>& layou
   for (const std::array<int, 3>& p : parts) {
     const WriterPlace wp = writer_place(p[0], meta);
     const ParamUnit& pu = unit_of(p);
-    const FlatRange wr = writer_range(pu, wp.shards, wp.tp_rank);
+    const FlatRange wr = writer_range(pu, wp.shards, wp.at.tp);
     mapped += map_writer_part(dcpl, vspace, pu.tensors[p[2]], wr, rank_file_name(p[0]),
                               unit_dataset(kind, p[1]));
   }
@@ -376,20 +385,20 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(data, "row", m.data.row);
 }
 
-std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& layouts,
+std::string h5_write_index(const std::string& path, const WriterUnits& units,
                            const CheckpointMeta& meta) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                  "cannot create"));
     write_meta(file, meta);
-    const TensorSources src = tensor_sources(layouts, meta);
+    const TensorSources src = tensor_sources(units, meta);
     for (StateKind kind : kAllKinds)
       for (const std::string& name : src.names) {
         const auto it = src.parts.find(name);
         if (it == src.parts.end() || it->second.empty())
           throw H5Failure("no writer holds " + name);
-        write_virtual_tensor(file, layouts, name, it->second, kind, meta);
+        write_virtual_tensor(file, units, name, it->second, kind, meta);
       }
     close_file(file, path);
   } catch (const H5Failure& e) {

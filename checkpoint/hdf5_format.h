@@ -86,14 +86,18 @@ struct CheckpointMeta {
 // The store's compute stream must be idle. Returns "" or a message naming the file.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards);
-// The layouts of every (pp, tp, ep) rank of the layout `mine` belongs to (its tp, pp, cp and ep
-// degrees; dp and cp ranks do not change a layout), which the index maps the writers' files
-// with: layouts[(pp_rank * tp + tp_rank) * ep + ep_rank].
-std::vector<GPTLayout> writer_layouts(const ModelConfig& model, const GPTLayout& mine);
-// Writes the index over the files of meta.writers writers; `layouts` as writer_layouts gives
+// The writers' degrees (their dp, pp, cp, tp, ep and chunks per pipeline rank; sp changes no
+// layout), as the index records them.
+MeshShape writer_shape(const CheckpointMeta& meta);
+// The units of every (pp, tp, ep) rank of a layout of the writers' degrees (dp and cp ranks do not
+// change a layout), which the index maps the writers' files with:
+// units[(pp_rank * tp + tp_rank) * ep + ep_rank].
+using WriterUnits = std::vector<std::vector<ParamUnit>>;
+WriterUnits writer_units(const ModelConfig& model, const MeshShape& writers);
+// Writes the index over the files of meta.writers writers; `units` as writer_units gives
 // them. Returns "" or a message naming the file (or the tensor whose elements the writers do
 // not hold exactly once).
-std::string h5_write_index(const std::string& path, const std::vector<GPTLayout>& layouts,
+std::string h5_write_index(const std::string& path, const WriterUnits& units,
                            const CheckpointMeta& meta);
 
 // Reading, any layout: the index opened read-only, and a ParamFill per state that reads the

@@ -6,8 +6,9 @@
 //   FATAL / CHECK          a failure this rank found, maybe alone (a full disk, a diverged loss,
 //                          a device error): "error: <msg>" on stderr, "[rank r] " before it when
 //                          there are several ranks, then the whole job is aborted (the hook
-//                          parallel/mesh.cu installs calls MPI_Abort, so one failing rank ends
-//                          every rank). Without the hook the process exits with status 1.
+//                          parallel/comm_mpi_runtime.cu installs calls MPI_Abort, so one
+//                          failing rank ends every rank). Without the hook the process exits
+//                          with status 1.
 //   FATAL_ALL / CHECK_ALL  an error every rank finds alike, at the same point of the code (the
 //                          config, the layout, the data and model files): rank 0 alone prints
 //                          "error: <msg>", every rank leaves MPI cleanly and exits with status 1,

@@ -8,6 +8,16 @@ struct EventImpl;
 typedef StreamImpl* Stream;
 typedef EventImpl* Event;
 
+// The dry stream: every op given it returns at once and does nothing (a sync returns, an event
+// is neither recorded nor waited for). The planner (training/plan.cu) runs the real training step
+// on it, over buffers that were counted, not allocated (kernels/allocator.h). Every op of both
+// backends that takes a stream checks it first.
+inline Stream dry_stream() {
+  static char sentinel;  // an address no backend hands out as a stream
+  return reinterpret_cast<Stream>(&sentinel);
+}
+inline bool is_dry(Stream s) { return s == dry_stream(); }
+
 // ---------------------------------------------------------------------------------------------
 // Device, memory, streams, events
 // ---------------------------------------------------------------------------------------------

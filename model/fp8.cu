@@ -4,44 +4,24 @@
 
 #include "kernels/fp8.h"
 
-static void* scratch(Fp8Context& f, size_t bytes, ops::Stream s) {
-  f.bytes += bytes;
-  if (f.count_only) return nullptr;
-  void* p = ops::alloc(bytes);
-  ops::fill_zero(p, bytes, s);
-  f.owned.push_back(p);
-  return p;
-}
-
-static Fp8Scaling new_scaling(Fp8Context& f, ops::Stream s) {
-  Fp8Scaling sc;
-  sc.state = (float*)scratch(f, (3 + f.recipe.history) * sizeof(float), s);
-  return sc;
-}
-
 void fp8_create(Fp8Context& f, const Fp8Recipe& recipe, const std::vector<std::string>& names,
-                int max_rows, int max_in, int max_out, ops::Stream s) {
-  CHECK(recipe.history >= 1 && recipe.margin >= 0 && (recipe.amax_group || f.count_only),
-        "fp8: amax history %d, margin %d", recipe.history, recipe.margin);
+                int max_rows, int max_in, int max_out, Allocator& memory, ops::Stream s) {
+  CHECK(recipe.history >= 1 && recipe.margin >= 0 && recipe.amax_group,
+        "fp8: amax history %d, margin %d, amax group %p", recipe.history, recipe.margin,
+        (void*)recipe.amax_group);
   f.recipe = recipe;
   f.names = names;
+  auto scratch = [&](size_t bytes) { return allocate_zeroed(memory, bytes, s); };
+  auto scaling = [&] { return Fp8Scaling{(float*)scratch((3 + recipe.history) * sizeof(float))}; };
   for (size_t i = 0; i < names.size(); i++)
-    f.linears.push_back({new_scaling(f, s), new_scaling(f, s), new_scaling(f, s),
-                         new_scaling(f, s)});
+    f.linears.push_back({scaling(), scaling(), scaling(), scaling()});
   const size_t rows = max_rows, width = std::max(max_in, max_out);
-  f.x8 = scratch(f, rows * width, s);
-  f.x8t = scratch(f, rows * width, s);
-  f.w8 = scratch(f, (size_t)max_in * max_out, s);
-  f.w8t = scratch(f, (size_t)max_in * max_out, s);
-  f.g8 = scratch(f, rows * width, s);
-  f.g8t = scratch(f, rows * width, s);
-  if (!f.count_only) ops::stream_sync(s);
-}
-
-void fp8_destroy(Fp8Context& f) {
-  for (void* p : f.owned) ops::release(p);
-  f.owned.clear();
-  f.linears.clear();
+  f.x8 = scratch(rows * width);
+  f.x8t = scratch(rows * width);
+  f.w8 = scratch((size_t)max_in * max_out);
+  f.w8t = scratch((size_t)max_in * max_out);
+  f.g8 = scratch(rows * width);
+  f.g8t = scratch(rows * width);
 }
 
 // A new scale for x from its amax, agreed over the amax group (model/fp8.h).

@@ -26,8 +26,9 @@
 // inf. Scales, amaxes and histories stay on the device: no host sync.
 //
 // One scale per tensor across the ranks. Before a scale is computed, the amax is reduced (max)
-// over the amax group - dp x tp today, the whole mesh: tensor-parallel ranks hold slices of the
-// weights, of the row-parallel inputs and of the column-parallel output gradients, and data-
+// over the amax group - the stage group, dp x cp x tp: every rank that runs the same layers (one
+// pp rank; train.cu passes it). Tensor-parallel ranks hold slices of the weights, of the
+// row-parallel inputs and of the column-parallel output gradients, and data- and context-
 // parallel ranks hold other tokens, so without the reduction every layout would quantize with
 // different scales. With it, every layout casts every element to the same FP8 code, and layouts
 // differ only in the order of the fp32 sums. (Sequence-parallel inputs are all-gathered before
@@ -44,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 
@@ -75,16 +77,13 @@ struct Fp8Context {
   // FP8 copies of the operands of the GEMM in flight, and their transposes
   void *x8 = nullptr, *x8t = nullptr, *w8 = nullptr, *w8t = nullptr, *g8 = nullptr,
        *g8t = nullptr;
-  std::vector<void*> owned;
-  size_t bytes = 0;
-  bool count_only = false;  // set before fp8_create: add up the bytes, allocate nothing (planner)
 };
 
-// Allocates the state of `names.size()` linear layers whose GEMMs have at most max_rows rows
-// (tokens), max_in inputs and max_out outputs.
+// The state of `names.size()` linear layers whose GEMMs have at most max_rows rows (tokens),
+// max_in inputs and max_out outputs, zeroed on s, from `memory` (which owns it; a count-only
+// allocator, the planner's, only counts it).
 void fp8_create(Fp8Context& f, const Fp8Recipe& recipe, const std::vector<std::string>& names,
-                int max_rows, int max_in, int max_out, ops::Stream s);
-void fp8_destroy(Fp8Context& f);
+                int max_rows, int max_in, int max_out, Allocator& memory, ops::Stream s);
 
 // The FP8 counterparts of ops::matmul_forward / matmul_backward (same arguments and meaning,
 // kernels/ops_decls.h), for linear layer `site`. inp, weight, out and dout are bf16.

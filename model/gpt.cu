@@ -19,11 +19,15 @@
 // backward. Recomputed buffers point into one shared set of activations instead of per-layer ones.
 //
 // Tensor parallelism (layout.tp, parallel/tensor_parallel.cu) shows up here only as local shapes
-// (this rank's heads, MLP columns and vocabulary rows) and as the calls that move activations
-// across the group: tp_all_tokens before a column-parallel GEMM, the row-parallel sum after one,
-// the vocabulary-parallel embedding and cross-entropy. With tp = 1 they do nothing. The four
-// block GEMMs go through linear_forward / linear_backward, which run them in the compute dtype
-// or, with [precision] compute = "fp8", on FP8 operands (model/fp8.h).
+// (this rank's heads, MLP columns and vocabulary rows) and as the calls of the parallel layers:
+// a block is column_parallel_forward (qkv), attention, row_parallel_forward (proj),
+// column_parallel_forward (fc + GELU), row_parallel_forward (fc proj), the head a column-parallel
+// GEMM over the vocabulary, and the embedding and the loss are vocabulary-parallel. They move
+// whatever must cross the tp group; with tp = 1 they are the plain one-rank layers. Each linear
+// gets its GEMM as a LinearGemm (block_gemm): in the compute dtype or, with [precision] compute =
+// "fp8", on FP8 operands (model/fp8.h). Attention goes through the context-parallel entry point
+// (parallel/context_parallel.h), the plain kernel with one cp rank: nothing here branches on an
+// axis.
 #include "model/gpt.h"
 
 #include <cmath>
@@ -38,12 +42,7 @@
 // ---------------------------------------------------------------------------------------------
 template <typename Ptr>
 static Ptr new_buffer(GPT& m, size_t bytes) {
-  m.activation_bytes += bytes;
-  if (m.count_only) return nullptr;  // the planner's accounting (model/plan.cu)
-  void* p = ops::alloc(bytes);
-  ops::fill_zero(p, bytes, m.stream);
-  m.owned.push_back(p);
-  return (Ptr)p;
+  return (Ptr)allocate_zeroed(m.memory, bytes, m.stream);
 }
 
 void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes); }
@@ -54,7 +53,7 @@ void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes);
 static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   const GPTLayout& g = m.layout;
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), C = g.C;
-  const size_t Cl = C / g.tp.size, a = dtype_size(m.dt);
+  const size_t Cl = C / g.tp.size(), a = dtype_size(m.dt);
   LayerActs x{};
   x.ln1 = new_buffer<void*>(m, Nt * C * a);
   x.qkv = new_buffer<void*>(m, N * 3 * Cl * a);
@@ -72,16 +71,15 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
 }
 
 // The FP8 state of the 4 linear layers of every block (model/fp8.h).
-static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N, bool count_only,
-                           ops::Stream s) {
+static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N,
+                           Allocator& memory, ops::Stream s) {
   std::vector<std::string> names;
   for (int l = 0; l < g.L; l++)
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
-  const int Cl = g.C / g.tp.size;
+  const int Cl = g.C / g.tp.size();
   Fp8Context* f = new Fp8Context;
-  f->count_only = count_only;
-  fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), s);
+  fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), memory, s);
   return f;
 }
 
@@ -117,9 +115,10 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.recompute = recompute;
   m.B = B;
   m.T = T;
+  m.memory.count_only = m.count_only;
   const TensorParallel& tp = layout.tp;
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
-  const size_t Cl = C / tp.size;
+  const size_t Cl = C / tp.size();
 
   moe_create(m);  // before the slots: their MoE layers' buffers are sized by it
   LayerActs shared{};
@@ -139,7 +138,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   if (tp.active()) {
     m.vocab_row = new_buffer<void*>(m, layout.Vp * a);
     m.ce_stats = new_buffer<float*>(m, N * 3 * 4);
-    m.ce_parts = new_buffer<float*>(m, tp.size * N * 3 * 4);
+    m.ce_parts = new_buffer<float*>(m, tp.size() * N * 3 * 4);
     m.partial = new_buffer<void*>(m, N * C * a);
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
@@ -150,35 +149,42 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
   if (fp8) {
     CHECK(dt == DType::BF16, "FP8 GEMMs run inside a bf16 model, not %s", dtype_name(dt));
-    m.fp8 = new_fp8(layout, *fp8, (int)N, m.count_only, s);
-    m.activation_bytes += m.fp8->bytes;
+    m.fp8 = new_fp8(layout, *fp8, (int)N, m.memory, s);
   }
-  if (layout.cp.size > 1) {
-    m.cp = new ContextParallel;
-    m.cp->count_only = m.count_only;
-    m.cp->size = layout.cp.size;
-    m.cp->rank = layout.cp.rank;
-    cp_create(*m.cp, layout.cp.comm, B, T * layout.cp.size, layout.NH_local, layout.C / layout.NH,
-              dt, ring);  // the plan is over whole sequences
-    m.activation_bytes += m.cp->bytes;
-  }
-  if (!m.count_only) ops::stream_sync(s);
+  m.cp = new ContextParallel;  // with one cp rank it allocates nothing
+  cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH, dt,
+            m.memory, ring);  // the plan is over whole sequences
+  ops::stream_sync(s);
+}
+
+DType compute_dtype(const PrecisionConfig& p) {
+  if (p.compute == "fp32") return DType::F32;
+  if (p.compute == "bf16" || p.compute == "fp8") return DType::BF16;
+  BUG("[precision] compute = \"%s\" has no dtype", p.compute.c_str());
+}
+
+void gpt_create_from_config(GPT& m, const GPTLayout& layout, const Config& cfg,
+                            Comm* amax_group, int slots, ops::Stream s, ops::Stream ring) {
+  const PrecisionConfig& p = cfg.precision;
+  Fp8Recipe recipe;
+  recipe.delayed = p.fp8_recipe == "delayed";
+  recipe.history = p.fp8_amax_history;
+  recipe.margin = p.fp8_margin;
+  recipe.amax_group = amax_group;
+  m.moe_aux_loss = cfg.train.moe_aux_loss;
+  m.moe_z_loss = cfg.train.moe_z_loss;
+  gpt_create(m, layout, compute_dtype(p), parse_recompute(cfg.train.recompute),
+             cfg.train.micro_batch, cfg.model.seq_len / layout.cp->size, s,
+             p.compute == "fp8" ? &recipe : nullptr, slots, ring);
 }
 
 void gpt_destroy(GPT& m) {
   moe_destroy(m);
-  if (m.fp8) {
-    fp8_destroy(*m.fp8);
-    delete m.fp8;
-    m.fp8 = nullptr;
-  }
-  if (m.cp) {
-    cp_destroy(*m.cp);
-    delete m.cp;
-    m.cp = nullptr;
-  }
-  for (void* p : m.owned) ops::release(p);
-  m.owned.clear();
+  delete m.fp8;
+  m.fp8 = nullptr;
+  delete m.cp;
+  m.cp = nullptr;
+  allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
 }
 
@@ -242,37 +248,30 @@ static float* root_grad(const GPT& m, int i) {
   return m.root_grad + m.layout.units[m.layout.root_unit].tensors[i].offset;
 }
 
-// The block GEMMs: in the compute dtype (ops::matmul_*), or with FP8 operands (model/fp8.h).
-// `site` numbers the linear layers for their FP8 scales (BlockLinear, model/gpt.h).
-
-static void linear_forward(GPT& m, int site, void* out, void* pre_gelu, const void* inp,
-                           const void* weight, const void* bias, const void* residual, int N,
-                           int C, int OC, ops::Stream s) {
-  if (m.fp8) fp8_linear_forward(*m.fp8, site, out, pre_gelu, inp, weight, bias, residual, N, C,
-                                OC, s);
-  else ops::matmul_forward(out, pre_gelu, inp, weight, bias, residual, N, C, OC, m.dt, s);
+// The block GEMMs, as the parallel linears take them (parallel/tensor_parallel.h): in the compute
+// dtype, or on FP8 operands with the scales of linear layer `site` (model/fp8.h; BlockLinear in
+// model/gpt.h numbers them).
+static void fp8_gemm_forward(const LinearGemm& g, void* out, void* pre_gelu, const void* inp,
+                             const void* weight, const void* bias, const void* residual, int N,
+                             int K, int OC, ops::Stream s) {
+  fp8_linear_forward(*(Fp8Context*)g.context, g.site, out, pre_gelu, inp, weight, bias, residual,
+                     N, K, OC, s);
 }
 
-static void linear_backward(GPT& m, int site, void* dinp, float* dweight, float* dbias,
-                            const void* dout, const void* inp, const void* weight,
-                            const void* gelu_input, int N, int C, int OC, ops::Stream s) {
-  if (m.fp8) fp8_linear_backward(*m.fp8, site, dinp, dweight, dbias, dout, inp, weight,
-                                 gelu_input, N, C, OC, s);
-  else ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, gelu_input, N, C, OC, m.dt,
-                            s);
+static void fp8_gemm_backward(const LinearGemm& g, void* dinp, float* dweight, float* dbias,
+                              const void* dout, const void* inp, const void* weight,
+                              const void* gelu_input, int N, int K, int OC, ops::Stream s) {
+  fp8_linear_backward(*(Fp8Context*)g.context, g.site, dinp, dweight, dbias, dout, inp, weight,
+                      gelu_input, N, K, OC, s);
 }
 
-// A row-parallel linear layer (attention and MLP projections): out = inp W^T + bias + residual,
-// its partial products summed over tp first (parallel/tensor_parallel.cu).
-static void row_parallel_forward(GPT& m, int site, void* out, const void* inp, const void* weight,
-                                 const void* bias, const void* residual, int N, int K, int C,
-                                 ops::Stream s) {
-  const TensorParallel& tp = m.layout.tp;
-  if (!tp.active()) return linear_forward(m, site, out, nullptr, inp, weight, bias, residual, N,
-                                          K, C, s);
-  linear_forward(m, site, m.partial, nullptr, inp, weight, nullptr, nullptr, N, K, C, s);
-  tp_row_parallel_finish(tp, out, m.partial, bias, residual, N, C, m.dt, s);
+static LinearGemm block_gemm(const GPT& m, int site) {
+  if (!m.fp8) return compute_dtype_gemm(m.dt);
+  return LinearGemm{fp8_gemm_forward, fp8_gemm_backward, m.fp8, site, m.dt};
 }
+
+// The model's scratch that the tensor-parallel layers work in (null where tp or SP is off).
+static TpBuffers tp_buffers(const GPT& m) { return {m.gathered, m.partial, m.dln_all, m.dln}; }
 
 // The input of the chunk's j-th block.
 static const void* block_input(const ActivationSlot& sl, int j) {
@@ -282,27 +281,25 @@ static const void* block_input(const ActivationSlot& sl, int j) {
 // Runs block l, the j-th of its chunk, on the micro-batch in slot sl. With write_output = false
 // the last GEMM (r3) is skipped: a block recomputed for its backward needs everything but its
 // output, which is already kept. Under tensor parallelism the GEMMs see this rank's heads /
-// hidden columns (Cl = C/tp) and tp_all_tokens and row_parallel_forward move the activations
+// hidden columns (Cl = C/tp), and the parallel linears move the activations
 // (parallel/tensor_parallel.cu).
 static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
                           int T, bool write_output, float dloss, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
-  const int C = g.C, Cl = C / tp.size, HS = C / g.NH, N = B * T, Nt = tp.tokens(N);
-  const DType dt = m.dt;
+  const TpBuffers buf = tp_buffers(m);
+  const int C = g.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N), site = kBlockLinears * l;
+  auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
   void* const* w = bw.w;
-  const int site = kBlockLinears * l;
-  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, C, dt, s);
-  const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
-  linear_forward(m, site + kQkvLinear, a.qkv, nullptr, ln1, w[kQkvW], w[kQkvB], nullptr, N, C,
-                 3 * Cl, s);
-  if (m.cp) cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, s);  // ring over cp ranks
-  else ops::attention_forward(a.atty, a.lse, a.qkv, B, T, g.NH_local, HS, dt, s);
-  row_parallel_forward(m, site + kAttnProjLinear, a.r2, a.atty, w[kAttnProjW], w[kAttnProjB], x,
-                       N, Cl, C, s);
-  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, dt, s);
+  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, C, m.dt, s);
+  column_parallel_forward(tp, gemm(kQkvLinear), buf, a.qkv, nullptr, a.ln1, w[kQkvW], w[kQkvB],
+                          N, C, 3 * Cl, s);
+  cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
+  row_parallel_forward(tp, gemm(kAttnProjLinear), buf, a.r2, a.atty, w[kAttnProjW],
+                       w[kAttnProjB], x, N, Cl, C, s);
+  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, m.dt, s);
   if (g.moe[l]) {  // the experts run on this rank's tokens: no tensor-parallel collective
     if (write_output)
       moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
@@ -310,12 +307,11 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
       moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
     return;
   }
-  const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);
-  linear_forward(m, site + kFcLinear, a.fch_gelu, a.fch, ln2, w[kFcW], w[kFcB], nullptr, N, C,
-                 4 * Cl, s);
+  column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch_gelu, a.fch, a.ln2, w[kFcW], w[kFcB], N,
+                          C, 4 * Cl, s);
   if (write_output)
-    row_parallel_forward(m, site + kFcProjLinear, a.r3, a.fch_gelu, w[kFcProjW], w[kFcProjB],
-                         a.r2, N, 4 * Cl, C, s);
+    row_parallel_forward(tp, gemm(kFcProjLinear), buf, a.r3, a.fch_gelu, w[kFcProjW],
+                         w[kFcProjB], a.r2, N, 4 * Cl, C, s);
 }
 
 // The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself
@@ -337,17 +333,16 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
   }
 }
 
-// Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output.
-// Returns the final LayerNorm's output over all tokens (the logits GEMM's input).
-static const void* head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
+// Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output: a
+// column-parallel GEMM over the vocabulary, in the compute dtype. Its gathered input stays in the
+// model's tp buffer for head_backward, which follows before any other gather.
+static void head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, sl.layers.back().r3,
                          root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
                          s);
-  const void* lnf = tp_all_tokens(g.tp, m.gathered, m.lnf, N, g.C, m.dt, s);
-  ops::matmul_forward(m.logits, nullptr, lnf, root_weight(m, kWte), nullptr, nullptr, N, g.C,
-                      g.Vp_local, m.dt, s);
-  return lnf;
+  column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
+                          root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, s);
 }
 
 // The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
@@ -359,12 +354,13 @@ static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
 
 // The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
 // Leaves d(x_L) in sl.grad.
-static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, ops::Stream s) {
+static void head_backward(GPT& m, ActivationSlot& sl, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int Nt = g.tp.tokens(N);
-  ops::matmul_backward(m.dln_all, root_grad(m, kWte), nullptr, m.logits, lnf,
-                       root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, m.dt, s);
-  const void* dlnf = tp_sum_partials(g.tp, m.dln_all, m.dln, N, g.C, m.dt, s);
+  const void* dlnf =
+      column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), root_grad(m, kWte),
+                               nullptr, m.logits, m.lnf, true, root_weight(m, kWte), N, g.C,
+                               g.Vp_local, s);
   ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
   ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf,
                           sl.layers.back().r3, root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt,
@@ -374,7 +370,7 @@ static void head_backward(GPT& m, ActivationSlot& sl, const void* lnf, int N, op
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
 static TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
-  return cp_positions_of(g.cp.size, g.cp.rank, c.B, c.T * g.cp.size);
+  return cp_positions_of(g.cp->size, g.cp->rank, c.B, c.T * g.cp->size);
 }
 
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -388,11 +384,11 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
                          g.Vp_local, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
-    const void* lnf = head_forward(m, sl, N, s);
+    head_forward(m, sl, N, s);
     if (c.with_loss) cross_entropy(m, c.dloss, N, s);
     if (c.loss_scale_for_log != 0)
       ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
-    if (c.dloss != 0) head_backward(m, sl, lnf, N, s);
+    if (c.dloss != 0) head_backward(m, sl, N, s);
   }
   ops::range_pop();
 }
@@ -424,11 +420,9 @@ void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, 
 std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const size_t e = dtype_size(m.dt);
-  const void* src = (const char*)m.logits + (size_t)n * g.Vp_local * e;
-  if (g.tp.active()) {  // every rank's vocabulary columns, in rank order
-    all_gather(*g.tp.comm, src, m.vocab_row, g.Vp_local, m.dt, s);
-    src = m.vocab_row;
-  }
+  const void* src = tp_vocabulary_row(g.tp, m.vocab_row,
+                                      (const char*)m.logits + (size_t)n * g.Vp_local * e,
+                                      g.Vp_local, m.dt, s);
   std::vector<unsigned char> raw(g.Vp * e);
   ops::stream_sync(s);
   ops::copy_to_host(raw.data(), src, g.Vp * e);
@@ -440,23 +434,19 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
-// The dense MLP's backward: d(r3) = dres -> d(ln2), which it returns. Under tensor parallelism
-// d(r3) is gathered over the tokens first, and d(ln2) is a partial sum over the ranks.
+// The dense MLP's backward: d(r3) = dres -> d(ln2), which it returns (this rank's tokens).
 static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
                                 const void* dres, float* g, int N, ops::Stream s) {
   const TensorParallel& tp = m.layout.tp;
-  const int C = m.layout.C, Cl = C / tp.size, site = kBlockLinears * l;
-  const DType dt = m.dt;
+  const TpBuffers buf = tp_buffers(m);
+  const int C = m.layout.C, Cl = C / tp.size(), site = kBlockLinears * l;
   auto grad = [&](int i) { return g + bw.offset[i]; };
   void* const* w = bw.w;
   // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
-  const void* dr3 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
-  linear_backward(m, site + kFcProjLinear, m.dfch, grad(kFcProjW), grad(kFcProjB), dr3,
-                  a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
-  const void* ln2 = tp_all_tokens(tp, m.gathered, a.ln2, N, C, dt, s);
-  linear_backward(m, site + kFcLinear, m.dln_all, grad(kFcW), grad(kFcB), m.dfch, ln2, w[kFcW],
-                  nullptr, N, C, 4 * Cl, s);
-  return tp_sum_partials(tp, m.dln_all, m.dln, N, C, dt, s);
+  row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dfch, grad(kFcProjW),
+                        grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
+  return column_parallel_backward(tp, block_gemm(m, site + kFcLinear), buf, grad(kFcW),
+                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, 4 * Cl, s);
 }
 
 // An MoE block's MLP backward (model/moe.cu): d(r3) = dres -> d(ln2) in m.dln, on this rank's
@@ -470,41 +460,33 @@ static const void* moe_mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeig
 }
 
 // Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Weight
-// gradients are accumulated into bw.grads (the unit's fp32 gradient buffer). Under tensor
-// parallelism each row-parallel GEMM first needs dY over all tokens (g backward: tp_all_tokens)
-// and each column-parallel GEMM's dX is a partial sum over the ranks (f backward:
-// tp_sum_partials); the column-parallel GEMMs' inputs are gathered again for their weight
-// gradients.
+// gradients are accumulated into bw.grads (the unit's fp32 gradient buffer). The parallel
+// linears' backwards move what crosses the tp group (parallel/tensor_parallel.cu).
 static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw,
                            int B, int T, float dloss, ops::Stream s) {
   float* g = bw.grads;
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
-  const int C = lay.C, Cl = C / tp.size, HS = C / lay.NH, N = B * T, Nt = tp.tokens(N);
-  const DType dt = m.dt;
+  const TpBuffers buf = tp_buffers(m);
+  const int C = lay.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N), site = kBlockLinears * l;
+  auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
   auto grad = [&](int i) { return g + bw.offset[i]; };
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
   void* const* w = bw.w;
   void* dres = sl.grad;
-  const int site = kBlockLinears * l;
   const void* dln2 = lay.moe[l]
       ? moe_mlp_backward(m, a, l, bw, dres, g, B, T, dloss, s)
       : mlp_backward(m, a, l, bw, dres, g, N, s);
   ops::layernorm_backward(dres, grad(kLn2W), grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
-                          a.ln2_rstd, Nt, C, dt, s);  // dres is now d(r2)
-  const void* dr2 = tp_all_tokens(tp, m.gathered, dres, N, C, dt, s);
-  linear_backward(m, site + kAttnProjLinear, m.datty, grad(kAttnProjW), grad(kAttnProjB), dr2,
-                  a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
-  if (m.cp) cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, s);
-  else
-    ops::attention_backward(m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, lay.NH_local, HS, dt, s);
-  const void* ln1 = tp_all_tokens(tp, m.gathered, a.ln1, N, C, dt, s);
-  linear_backward(m, site + kQkvLinear, m.dln_all, grad(kQkvW), grad(kQkvB), m.dqkv, ln1,
-                  w[kQkvW], nullptr, N, C, 3 * Cl, s);
-  const void* dln1 = tp_sum_partials(tp, m.dln_all, m.dln, N, C, dt, s);
+                          a.ln2_rstd, Nt, C, m.dt, s);  // dres is now d(r2)
+  row_parallel_backward(tp, gemm(kAttnProjLinear), buf, m.datty, grad(kAttnProjW),
+                        grad(kAttnProjB), dres, a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
+  cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
+  const void* dln1 = column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB),
+                                              m.dqkv, a.ln1, false, w[kQkvW], N, C, 3 * Cl, s);
   ops::layernorm_backward(dres, grad(kLn1W), grad(kLn1B), dln1, x, w[kLn1W], a.ln1_mean,
-                          a.ln1_rstd, Nt, C, dt, s);  // dres is now d(x)
+                          a.ln1_rstd, Nt, C, m.dt, s);  // dres is now d(x)
 }
 
 void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -519,7 +501,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
     if (m.recompute == Recompute::Gelu && !g.moe[l])
-      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size,
+      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size(),
                         m.dt, s);
     block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, s);
     release_block(m, store, l, true, c.last_micro_step);
@@ -536,7 +518,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
 // ---------------------------------------------------------------------------------------------
 void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B,
                           int T, float dloss, float loss_scale_for_log, ops::Stream s) {
-  CHECK(m.layout.pp.p == 1, "gpt_forward_backward runs a one-stage model");
+  CHECK(m.layout.pp.p() == 1, "gpt_forward_backward runs a one-stage model");
   StageCall c;
   c.B = B, c.T = T, c.dloss = dloss, c.loss_scale_for_log = loss_scale_for_log;
   c.last_micro_step = true;
@@ -549,7 +531,7 @@ void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const in
 
 void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
                  ops::Stream s) {
-  CHECK(m.layout.pp.p == 1, "gpt_forward runs a one-stage model");
+  CHECK(m.layout.pp.p() == 1, "gpt_forward runs a one-stage model");
   StageCall c;
   c.B = B, c.T = T, c.with_loss = targets != nullptr;
   gpt_step_begin(m, store, false);

@@ -23,13 +23,16 @@
 //
 // The model never talks to a communicator about weights: it asks the ParamStore
 // (parallel/param_store.h) for a unit's weights and gradient buffer, and the store does what DDP
-// or FSDP needs. Activations cross the tensor-parallel group through parallel/tensor_parallel.h.
+// or FSDP needs. Activations cross the tensor-parallel group inside the parallel layers of
+// parallel/tensor_parallel.h.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
-#include "model/config.h"
+#include "config/config.h"
+#include "parallel/mesh.h"
 #include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 
@@ -57,30 +60,24 @@ enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kB
 // This rank's place in the pipeline: it holds chunks c = 0 .. v-1, chunk c being stage c*p + rank
 // of the p*v stages, each of n_layer/(p*v) consecutive blocks (parallel/pipeline_schedule.h).
 struct PipelinePlace {
-  int p = 1, rank = 0, v = 1;
-};
-// This rank's place in the context-parallel group (parallel/context_parallel.h): it holds
-// T/size positions of every sequence (comm may be null: layouts of other ranks).
-struct ContextPlace {
-  Comm* comm = nullptr;
-  int size = 1, rank = 0;
+  Comm* group = nullptr;  // the pp group (the mesh's)
+  int v = 1;
+  int p() const { return group->size; }
+  int rank() const { return group->rank; }
 };
 struct ContextParallel;
-// This rank's place in the expert-parallel group (parallel/expert_parallel.h): it holds experts
-// [rank*E/size, (rank+1)*E/size) of every MoE block (comm may be null: other ranks' layouts).
-struct ExpertPlace {
-  Comm* comm = nullptr;
-  int size = 1, rank = 0;
-};
 struct MoeActs;
 struct MoeState;
 
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
-  TensorParallel tp;             // this rank's place in the tensor-parallel group
-  PipelinePlace pp;              // ... in the pipeline
-  ContextPlace cp;               // ... in the context-parallel group
-  ExpertPlace ep;                // ... and in the expert-parallel group
+  // This rank's groups (the mesh's, parallel/mesh.h): tensor-parallel, pipeline, context-
+  // parallel (it holds T/cp positions of every sequence) and expert-parallel (it holds experts
+  // [rank*E/size, (rank+1)*E/size) of every MoE block).
+  TensorParallel tp;
+  PipelinePlace pp;
+  Comm* cp = nullptr;
+  Comm* ep = nullptr;
   int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
   int blocks_per_stage = 0;      // L / (p*v)
   int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
@@ -95,21 +92,19 @@ struct GPTLayout {
   int maxT = 0;  // rows of wpe ([model] max_seq_len); a run uses the first T (seq_len) of them
   std::vector<ParamUnit> units;  // this rank's: [root] + its blocks in layer order
 
-  int stage(int chunk) const { return chunk * pp.p + pp.rank; }
+  int stage(int chunk) const { return chunk * pp.p() + pp.rank(); }
   int first_block(int chunk) const { return stage(chunk) * blocks_per_stage; }
   bool first_stage(int chunk) const { return stage(chunk) == 0; }
-  bool last_stage(int chunk) const { return stage(chunk) == pp.p * pp.v - 1; }
+  bool last_stage(int chunk) const { return stage(chunk) == pp.p() * pp.v - 1; }
   // The unit a chunk's forward (or backward) acquires first: its first (last) block.
   int entry_unit(int chunk, bool forward) const {
     return block_unit[first_block(chunk) + (forward ? 0 : blocks_per_stage - 1)];
   }
 };
-// The placement of every tensor on tensor-parallel rank tp.rank and pipeline rank pp.rank
-// (tp.comm may be null: the checkpoint index asks for other ranks' layouts).
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp = TensorParallel{},
-                     const PipelinePlace& pp = PipelinePlace{},
-                     const ContextPlace& cp = ContextPlace{},
-                     const ExpertPlace& ep = ExpertPlace{});
+// The placement of every tensor on the mesh rank `mesh` describes (its groups; any backend: the
+// checkpoint index asks for other ranks' layouts over described meshes). The layout points to the
+// mesh's groups: the mesh must outlive it.
+GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh);
 
 // The order of block l's tensors in its unit, as BlockTensor indices (dense or MoE block).
 const std::vector<int>& block_tensor_order(const GPTLayout& g, int layer);
@@ -165,13 +160,14 @@ struct GPT {
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
-  ContextParallel* cp = nullptr;  // ring attention's state and buffers (cp > 1), else null
+  ContextParallel* cp = nullptr;  // attention's context-parallel state (one cp rank: empty)
   MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
   // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
   void* root = nullptr;
   float* root_grad = nullptr;
-  std::vector<void*> owned;       // every buffer above, for gpt_destroy
-  size_t activation_bytes = 0;    // their total size
+  // Every buffer above and the FP8, ring-attention and MoE state's: the activation memory
+  // (memory.bytes is what the banner and the planner report), freed by gpt_destroy.
+  Allocator memory;
   bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
@@ -184,9 +180,18 @@ struct GPT {
 void gpt_create(GPT& model, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
                 ops::Stream s, const Fp8Recipe* fp8 = nullptr, int slots = 1,
                 ops::Stream ring = nullptr);
+// [precision] compute -> the dtype of activations and working weights (FP8 runs its block GEMMs
+// with FP8 operands inside a bf16 model, model/fp8.h).
+DType compute_dtype(const PrecisionConfig& p);
+// The model a config describes on this layout, as the trainer and the planner make it: the dtype
+// of [precision] compute, [train] recompute and the MoE losses, micro_batch x seq_len/cp tokens,
+// and with compute = "fp8" the FP8 recipe of [precision] whose amaxes are agreed over amax_group
+// (the ranks that run the same layers: the stage group). model.count_only as for gpt_create.
+void gpt_create_from_config(GPT& model, const GPTLayout& layout, const Config& cfg,
+                            Comm* amax_group, int slots, ops::Stream s, ops::Stream ring);
 void gpt_destroy(GPT& model);
-// A zeroed activation buffer of the model, counted in activation_bytes, freed by gpt_destroy
-// (count_only: counted only, nullptr). For the model's parts in other files (model/moe.cu).
+// A zeroed activation buffer of the model, from model.memory (count_only: counted only, nullptr;
+// 0 bytes: nullptr). For the model's parts in other files (model/moe.cu).
 void* gpt_new_buffer(GPT& model, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------

@@ -16,61 +16,62 @@ static TensorPlacement init_normal(TensorPlacement t, float std, int64_t init_ro
   t.init_rows = init_rows;
   return t;
 }
-static TensorPlacement init_const(TensorPlacement t, float value, bool partial_over_tp) {
+static TensorPlacement init_const(TensorPlacement t, float value) {
   t.init_value = value;
-  t.grad_partial_over_tp = partial_over_tp;
   return t;
 }
 
-// The root: wte, wpe, ln_f. Order must match RootTensor.
-static ParamUnit root_unit(const GPTLayout& g, bool sp) {
-  const int r = g.tp.rank, t = g.tp.size;
+// The root: wte, wpe, ln_f. Order must match RootTensor. How the tensor-parallel ranks split or
+// replicate each tensor is parallel/tensor_parallel.h's (tp_*).
+static ParamUnit root_unit(const GPTLayout& g) {
+  const TensorParallel& tp = g.tp;
   const int64_t C = g.C;
   const float std = 0.02f;
   ParamUnit root;
-  add_tensor(root, init_normal(split_rows("wte", g.Vp, C, 1, r, t), std, g.V));  // pad rows: 0
+  add_tensor(root, init_normal(tp_vocabulary_parallel("wte", g.Vp, C, tp), std, g.V));  // pad: 0
   add_tensor(root, init_normal(replicated("wpe", g.maxT, C), std, g.maxT));
-  add_tensor(root, init_const(replicated("ln_f/weight", C, 1), 1, sp));
-  add_tensor(root, init_const(replicated("ln_f/bias", C, 1), 0, sp));
+  add_tensor(root, init_const(tp_sequence_parallel_replica("ln_f/weight", C, 1, tp), 1));
+  add_tensor(root, init_const(tp_sequence_parallel_replica("ln_f/bias", C, 1, tp), 0));
   finish_unit(root);
   root.whole_step = true;
-  if (g.cp.size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
+  if (g.cp->size > 1) root.grad_axis = Axis::DPCP;  // every cp rank saw other tokens
   return root;
 }
 
 // Block l: its tensors in unit order, as BlockTensor indices (block_tensor_order says which).
 // A dense block has the MLP; an MoE block has the router instead (its experts: expert_unit).
-static ParamUnit block_unit(const GPTLayout& g, int l, bool sp) {
-  const int r = g.tp.rank, t = g.tp.size;
+static ParamUnit block_unit(const GPTLayout& g, int l) {
+  const TensorParallel& tp = g.tp;
   const int64_t C = g.C;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
   const bool moe = g.moe[l];
   ParamUnit u;
   const std::string h = "h." + std::to_string(l) + "/";
-  add_tensor(u, init_normal(split_rows(h + "attn/qkv/weight", 3 * C, C, 3, r, t), std, 3 * C));
-  add_tensor(u, init_normal(split_cols(h + "attn/proj/weight", C, C, r, t), proj_std, C));
+  add_tensor(u, init_normal(tp_column_parallel(h + "attn/qkv/weight", 3 * C, C, 3, tp), std,
+                            3 * C));
+  add_tensor(u, init_normal(tp_row_parallel_weight(h + "attn/proj/weight", C, C, tp), proj_std, C));
   if (!moe) {
-    add_tensor(u, init_normal(split_rows(h + "mlp/fc/weight", 4 * C, C, 1, r, t), std, 4 * C));
-    add_tensor(u, init_normal(split_cols(h + "mlp/proj/weight", C, 4 * C, r, t), proj_std, C));
+    add_tensor(u, init_normal(tp_column_parallel(h + "mlp/fc/weight", 4 * C, C, 1, tp), std,
+                              4 * C));
+    add_tensor(u, init_normal(tp_row_parallel_weight(h + "mlp/proj/weight", C, 4 * C, tp),
+                              proj_std, C));
   }
-  add_tensor(u, init_const(split_rows(h + "attn/qkv/bias", 3 * C, 1, 3, r, t), 0, false));
-  if (!moe) add_tensor(u, init_const(split_rows(h + "mlp/fc/bias", 4 * C, 1, 1, r, t), 0, false));
-  // Row-parallel biases: added after the sum, and their gradient is summed over all N tokens
-  // (the gathered dY), so it is complete on every rank even with SP.
-  add_tensor(u, init_const(replicated(h + "attn/proj/bias", C, 1), 0, false));
-  if (!moe) add_tensor(u, init_const(replicated(h + "mlp/proj/bias", C, 1), 0, false));
-  add_tensor(u, init_const(replicated(h + "ln_1/weight", C, 1), 1, sp));
-  add_tensor(u, init_const(replicated(h + "ln_1/bias", C, 1), 0, sp));
-  add_tensor(u, init_const(replicated(h + "ln_2/weight", C, 1), 1, sp));
-  add_tensor(u, init_const(replicated(h + "ln_2/bias", C, 1), 0, sp));
+  add_tensor(u, init_const(tp_column_parallel(h + "attn/qkv/bias", 3 * C, 1, 3, tp), 0));
+  if (!moe) add_tensor(u, init_const(tp_column_parallel(h + "mlp/fc/bias", 4 * C, 1, 1, tp), 0));
+  add_tensor(u, init_const(tp_row_parallel_bias(h + "attn/proj/bias", C, tp), 0));
+  if (!moe) add_tensor(u, init_const(tp_row_parallel_bias(h + "mlp/proj/bias", C, tp), 0));
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/weight", C, 1, tp), 1));
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/bias", C, 1, tp), 0));
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_2/weight", C, 1, tp), 1));
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_2/bias", C, 1, tp), 0));
   if (moe) {  // the router sees this rank's tokens (N/tp under SP): partial like the LayerNorms
-    TensorPlacement router = init_normal(replicated(h + "mlp/router/weight", g.E, C), std, g.E);
+    TensorPlacement router =
+        init_normal(tp_sequence_parallel_replica(h + "mlp/router/weight", g.E, C, tp), std, g.E);
     router.decay = false;  // it must close the unit with the partial tensors (placement.h)
-    router.grad_partial_over_tp = sp;
     add_tensor(u, router);
   }
   finish_unit(u);
-  if (g.cp.size > 1) u.grad_axis = Axis::DPCP;
+  if (g.cp->size > 1) u.grad_axis = Axis::DPCP;
   return u;
 }
 
@@ -87,12 +88,13 @@ const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
 // a whole MLP (replicated over tp: every tp rank runs its own tokens through them). Logically
 // the tensors are 3-D, (E, d_expert, C) and so on; a placement stacks the experts' rows, so
 // expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them.
-static ParamUnit expert_unit(const GPTLayout& g, int l, bool sp) {
-  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep.size, first = g.ep.rank * per;
+static ParamUnit expert_unit(const GPTLayout& g, int l) {
+  const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep->size, first = g.ep->rank * per;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
   const std::string h = "h." + std::to_string(l) + "/mlp/experts/";
   auto experts = [&](const char* name, int64_t rows, int64_t cols) {
-    TensorPlacement t = replicated(h + name, g.E * rows, cols);
+    // each tp rank runs its own tokens through them: partial gradients under SP, like a LayerNorm
+    TensorPlacement t = tp_sequence_parallel_replica(h + name, g.E * rows, cols, g.tp);
     t.row_ranges = {{first * rows, per * rows}};
     t.stacked = g.E;
     return t;
@@ -100,9 +102,8 @@ static ParamUnit expert_unit(const GPTLayout& g, int l, bool sp) {
   ParamUnit u;
   add_tensor(u, init_normal(experts("fc/weight", D, C), std, g.E * D));
   add_tensor(u, init_normal(experts("proj/weight", C, D), proj_std, g.E * C));
-  add_tensor(u, init_const(experts("fc/bias", D, 1), 0, sp));
-  add_tensor(u, init_const(experts("proj/bias", C, 1), 0, sp));
-  for (int i : {kExpertFcW, kExpertProjW}) u.tensors[i].grad_partial_over_tp = sp;
+  add_tensor(u, init_const(experts("fc/bias", D, 1), 0));
+  add_tensor(u, init_const(experts("proj/bias", C, 1), 0));
   finish_unit(u);
   u.grad_axis = Axis::EPDP;  // summed over the ranks that hold the same experts
   return u;
@@ -114,8 +115,7 @@ static size_t unit_parameters(const ParamUnit& u) {
   return n;
 }
 
-GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const PipelinePlace& pp,
-                     const ContextPlace& cp, const ExpertPlace& ep) {
+GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   GPTLayout g;
   g.L = m.n_layer;
   g.NH = m.n_head;
@@ -124,28 +124,29 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
   g.maxT = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
   g.V = m.vocab_size;
   g.Vp = m.padded_vocab();
-  g.tp = tp;
-  g.pp = pp;
-  g.cp = cp;
-  g.ep = ep;
+  g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
+  g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual};
+  g.cp = &mesh[Axis::CP];
+  g.ep = &mesh[Axis::EP];
+  const TensorParallel& tp = g.tp;
+  const PipelinePlace& pp = g.pp;
   g.E = m.n_experts;
   g.top_k = m.n_experts > 0 ? m.top_k : 0;
   g.d_expert = m.expert_hidden();
   g.moe.resize(g.L);
   for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
-  g.NH_local = g.NH / tp.size;
-  g.Vp_local = g.Vp / tp.size;
-  g.vocab_first = tp.rank * g.Vp_local;
-  g.blocks_per_stage = g.L / (pp.p * pp.v);
-  const bool sp = tp.sp && tp.size > 1;  // LayerNorm gradients are partial sums over tp
+  g.NH_local = g.NH / tp.size();
+  g.Vp_local = g.Vp / tp.size();
+  g.vocab_first = tp.rank() * g.Vp_local;
+  g.blocks_per_stage = g.L / (pp.p() * pp.v);
 
   // The first and the last stage each hold the root (parallel/placement.h: tied).
-  ParamUnit root = root_unit(g, sp);
+  ParamUnit root = root_unit(g);
   g.parameters = unit_parameters(root);
-  const bool first = pp.rank == 0, last = pp.rank == pp.p - 1;
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.p() - 1;
   if (first || last) {
-    root.tied = pp.p > 1;
-    root.tied_copy = pp.p > 1 && !first;
+    root.tied = pp.p() > 1;
+    root.tied_copy = pp.p() > 1 && !first;
     g.root_unit = 0;
     g.units.push_back(root);
   }
@@ -153,16 +154,16 @@ GPTLayout gpt_layout(const ModelConfig& m, const TensorParallel& tp, const Pipel
   g.block_unit.assign(g.L, -1);
   g.expert_unit.assign(g.L, -1);
   for (int l = 0; l < g.L; l++) {
-    ParamUnit u = block_unit(g, l, sp);
+    ParamUnit u = block_unit(g, l);
     g.parameters += unit_parameters(u);
     g.active_parameters += unit_parameters(u);
     ParamUnit experts;
     if (g.moe[l]) {
-      experts = expert_unit(g, l, sp);
+      experts = expert_unit(g, l);
       g.parameters += unit_parameters(experts);
       g.active_parameters += unit_parameters(experts) / g.E * g.top_k;
     }
-    if ((l / g.blocks_per_stage) % pp.p != pp.rank) continue;  // stage l/bps lives elsewhere
+    if ((l / g.blocks_per_stage) % pp.p() != pp.rank()) continue;  // stage l/bps lives elsewhere
     g.block_unit[l] = (int)g.units.size();
     u.paired = g.moe[l];  // used with its experts
     g.units.push_back(u);

@@ -37,13 +37,16 @@ static PipelineStages stages_of(GPT& m, ParamStore& store, const MicroBatches& m
   return st;
 }
 
-void gpt_train_micro_batches(GPT& m, ParamStore& store, Pipeline& pl, const MicroBatches& mb,
-                             float dloss, float loss_scale_for_log, ops::Stream s) {
+void gpt_train_step(GPT& m, ParamStore& store, Pipeline& pl, const MicroBatches& mb,
+                    float dloss, float loss_scale_for_log, ops::Stream s) {
   CHECK(mb.m == pl.schedule.m, "pipeline built for %d micro-batches, given %d", pl.schedule.m,
         mb.m);
+  grads_zero(store);
+  ops::fill_zero(m.loss_sum, sizeof(float), s);
   gpt_step_begin(m, store, true);
   pipeline_run(pl, stages_of(m, store, mb, dloss, loss_scale_for_log, s), s);
   gpt_step_end(m, store, true);
+  grads_wait(store);
 }
 
 void gpt_pipeline_forward(GPT& m, ParamStore& store, const Pipeline& pl, const MicroBatches& mb,

@@ -16,11 +16,13 @@ struct MicroBatches {
   int m = 1, B = 0, T = 0;
 };
 
-// Forward and backward of every micro-batch through this rank's stages, in the schedule's order.
-// The last stage adds loss_scale_for_log * sum(losses) of each micro-batch to model.loss_sum;
-// the gradients of the step are complete (reduced over dp) after it, save for grads_wait.
-void gpt_train_micro_batches(GPT& model, ParamStore& store, Pipeline& pl, const MicroBatches& mb,
-                             float dloss, float loss_scale_for_log, ops::Stream s);
+// A training step's forward and backward: the gradients and model.loss_sum zeroed, every
+// micro-batch through this rank's stages in the schedule's order, then the reductions finished
+// (parallel/param_store.h: grads_wait). The last stage adds loss_scale_for_log * sum(losses) of
+// each micro-batch to model.loss_sum; dloss scales each token's gradient. What follows (norm,
+// clipping, AdamW) is the optimizer's. The trainer runs it; so does the planner, dry.
+void gpt_train_step(GPT& model, ParamStore& store, Pipeline& pl, const MicroBatches& mb,
+                    float dloss, float loss_scale_for_log, ops::Stream s);
 // One micro-batch forward through every stage. On the last stage (gpt_holds_output), the losses
 // are in model.losses (with targets) and the logits in model.logits.
 void gpt_pipeline_forward(GPT& model, ParamStore& store, const Pipeline& pl,

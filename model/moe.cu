@@ -25,8 +25,8 @@
 // gradient of the term w.r.t. p_{t,e} is moe_aux_loss * E * f_{s,e} / (T * sequences): the scale
 // the LM loss gives each token, 1 / (T * sequences), times moe_aux_loss * E * f_{s,e}.
 //
-// The pipeline of one layer's forward (this rank's Nt tokens; ep > 1 adds the two trips of
-// parallel/expert_parallel.cu, ep = 1 needs neither):
+// The pipeline of one layer's forward (this rank's Nt tokens; the two trips are those of
+// parallel/expert_parallel.cu, the identity with ep = 1):
 //   router GEMM -> moe_router_forward -> choices to the host (the one sync: the dispatch plan is
 //   made there) -> balance statistics -> route -> gather the pairs' rows into expert order ->
 //   [to the experts' ranks] -> per local expert: fc + GELU, proj (one GEMM each on all its rows)
@@ -68,7 +68,7 @@ MoeActs* moe_new_acts(GPT& m) {
   x.h = block ? st.shared.h : gpt_new_buffer(m, rows * D * a);
   x.hg = m.recompute != Recompute::None ? st.shared.hg : gpt_new_buffer(m, rows * D * a);
   x.y = block ? st.shared.y : gpt_new_buffer(m, Nt * k * C * a);
-  ep_route_create(x.route, st.ep, (int)Nt, m.count_only, &m.activation_bytes);
+  ep_route_create(x.route, st.ep, (int)Nt, m.memory);
   return acts;
 }
 
@@ -77,17 +77,16 @@ void moe_create(GPT& m) {
   if (g.E == 0) return;
   MoeState* st = new MoeState;
   m.moe = st;
-  st->ep = ExpertParallel{g.ep.comm, g.ep.size, g.ep.rank, g.E, g.top_k};
+  st->ep = ExpertParallel{g.ep, g.E, g.top_k};
   st->aux_coef = m.moe_aux_loss;
   st->z_coef = m.moe_z_loss;
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
-  const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt);
-  const bool ep = g.ep.size > 1;
-  st->send = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->recv = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->expert_out = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
-  st->d_expert = ep ? gpt_new_buffer(m, rows * C * a) : nullptr;
+  const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt), trip = st->ep.trip_rows(Nt);
+  st->send = gpt_new_buffer(m, trip * C * a);  // the trips' scratch: none with ep = 1
+  st->recv = gpt_new_buffer(m, trip * C * a);
+  st->expert_out = gpt_new_buffer(m, trip * C * a);
+  st->d_expert = gpt_new_buffer(m, trip * C * a);
   st->d_rows = gpt_new_buffer(m, Nt * k * C * a);
   st->dh = gpt_new_buffer(m, rows * D * a);
   st->dgate = (float*)gpt_new_buffer(m, Nt * k * 4);
@@ -106,10 +105,7 @@ void moe_create(GPT& m) {
 
 void moe_destroy(GPT& m) {
   if (!m.moe) return;
-  for (MoeActs* a : m.moe->owned_acts) {
-    ep_route_destroy(a->route);
-    delete a;
-  }
+  for (MoeActs* a : m.moe->owned_acts) delete a;  // their buffers are the model's memory
   delete m.moe;
   m.moe = nullptr;
 }
@@ -132,17 +128,17 @@ static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
                       const std::vector<float>& probs, int B, int T, float dloss_scale) {
   const GPTLayout& g = m.layout;
   const int E = g.E, k = g.top_k, Nt = g.tp.tokens(B * T);
-  const bool sp = g.tp.sp && g.tp.size > 1;
-  const int chunks = g.cp.size > 1 ? 2 : 1;
-  const SequenceOf seq{sp ? g.tp.rank * Nt : 0, B, T / chunks};
+  const bool sp = g.tp.sp && g.tp.size() > 1;
+  const int chunks = g.cp->size > 1 ? 2 : 1;
+  const SequenceOf seq{sp ? g.tp.rank() * Nt : 0, B, T / chunks};
   std::vector<int> counts((size_t)B * E, 0);
   for (int i = 0; i < Nt; i++)
     for (int j = 0; j < k; j++) counts[(size_t)seq(i) * E + expert[(size_t)i * k + j]]++;
-  if (sp) all_reduce_host_sum(*g.tp.comm, counts.data(), B * E);
-  if (g.cp.size > 1) all_reduce_host_sum(*g.cp.comm, counts.data(), B * E);
+  if (sp) all_reduce_host_sum(*g.tp.group, counts.data(), B * E);
+  if (g.cp->size > 1) all_reduce_host_sum(*g.cp, counts.data(), B * E);
   // d term / d p_{t,e} = aux_coef * E * f_{s,e} / (T_full * sequences) = aux_coef * E * f *
   // dloss_scale, dloss_scale being 1 / (tokens of the global batch).
-  const double T_full = (double)T * g.cp.size;
+  const double T_full = (double)T * g.cp->size;
   const double scale = (double)m.moe->aux_coef * dloss_scale * E / (T_full * k);
   a.balance_grad.resize((size_t)Nt * E);
   double share = 0;
@@ -163,6 +159,21 @@ static ExpertWeights expert_at(const GPTLayout& g, const ExpertWeights& w, int j
   const size_t C = g.C, D = g.d_expert;
   auto at = [&](void* base, size_t per) { return (void*)((char*)base + j * per * elem); };
   return {at(w.fc_w, D * C), at(w.proj_w, C * D), at(w.fc_b, D), at(w.proj_b, C)};
+}
+
+// A device buffer's contents on the host. A count-only model (the planner) has no device
+// buffers: dst keeps what it holds.
+static void read_to_host(const GPT& m, void* dst, const void* src, size_t bytes) {
+  if (!m.count_only) ops::copy_to_host(dst, src, bytes);
+}
+
+// What the planner's router chooses (it has no logits): token i's slot j takes expert
+// (i * top_k + j) % E, which spreads every rank's pairs evenly over the experts - the balanced
+// router the plan assumes.
+static std::vector<int> balanced_choices(int N, int top_k, int E) {
+  std::vector<int> expert((size_t)N * top_k);
+  for (size_t p = 0; p < expert.size(); p++) expert[p] = (int)(p % E);
+  return expert;
 }
 
 // The router: logits (fp32), then softmax, top-k and gates.
@@ -213,11 +224,12 @@ static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights
                         ops::Stream s) {
   MoeState& st = *m.moe;
   const int k = m.layout.top_k, C = m.layout.C;
-  const bool ep = st.ep.size > 1;
-  ops::moe_permute(ep ? st.send : a.x, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
-  if (ep) ep_to_experts(st.ep, a.route, st.send, a.x, st.recv, C, m.dt, s);
-  experts_forward(m, a, w, ep ? st.expert_out : a.y, s);
-  if (ep) ep_to_home(st.ep, a.route, st.expert_out, a.y, st.send, C, m.dt, s);
+  void* rows = ep_trip_buffer(st.ep, st.send, a.x);  // with ep = 1 the trips are in place
+  void* expert_out = ep_trip_buffer(st.ep, st.expert_out, a.y);
+  ops::moe_permute(rows, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  ep_to_experts(st.ep, a.route, rows, a.x, st.recv, C, m.dt, s);
+  experts_forward(m, a, w, expert_out, s);
+  ep_to_home(st.ep, a.route, expert_out, a.y, st.send, C, m.dt, s);
 }
 
 void moe_recompute(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int B, int T,
@@ -232,13 +244,13 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
   router_forward(m, a, inp, router_w, Nt, s);
-  std::vector<int> expert((size_t)Nt * k);
-  ops::copy_to_host(expert.data(), a.expert, expert.size() * sizeof(int));  // waits: the one sync
+  std::vector<int> expert = balanced_choices(Nt, k, g.E);
+  read_to_host(m, expert.data(), a.expert, expert.size() * sizeof(int));  // waits: the one sync
   ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
   if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
     std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
-    ops::copy_to_host(probs.data(), a.probs, probs.size() * sizeof(float));
-    ops::copy_to_host(lse.data(), a.lse, lse.size() * sizeof(float));
+    read_to_host(m, probs.data(), a.probs, probs.size() * sizeof(float));
+    read_to_host(m, lse.data(), a.lse, lse.size() * sizeof(float));
     const double share = balance(m, a, expert, probs, B, T, dloss_scale);
     record_stats(m, a, layer, lse, share, dloss_scale);
   }
@@ -299,12 +311,12 @@ void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* 
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
-  const bool ep = st.ep.size > 1;
+  void* d_expert = ep_trip_buffer(st.ep, st.d_expert, st.d_rows);  // ep = 1: in place
   ops::moe_combine_backward(st.d_rows, st.dgate, dout, a.y, a.gate, a.route.position, Nt, k, C,
                             m.dt, s);
-  if (ep) ep_to_experts(st.ep, a.route, st.d_rows, st.d_expert, st.recv, C, m.dt, s);
-  experts_backward(m, a, w, dw, ep ? st.d_expert : st.d_rows, s);
-  if (ep) ep_to_home(st.ep, a.route, st.d_expert, st.d_rows, st.send, C, m.dt, s);
+  ep_to_experts(st.ep, a.route, st.d_rows, d_expert, st.recv, C, m.dt, s);
+  experts_backward(m, a, w, dw, d_expert, s);
+  ep_to_home(st.ep, a.route, d_expert, st.d_rows, st.send, C, m.dt, s);
   ops::moe_unpermute_backward(dinp, st.d_rows, a.route.position, Nt, k, C, m.dt, s);
   router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, s);
   ops::add_bias_residual(dinp, dinp, nullptr, st.d_router_in, Nt, C, m.dt, s);
@@ -323,7 +335,7 @@ MoeReport moe_step_report(GPT& m, Comm& world) {
   sums[(size_t)g.L * g.E + 1] = st.z_loss;
   all_reduce_host_sum(world, sums.data(), (int)sums.size());
   // Without sequence parallelism the tp ranks route the same tokens: count them once.
-  const double copies = g.tp.size > 1 && !g.tp.sp ? g.tp.size : 1;
+  const double copies = g.tp.size() > 1 && !g.tp.sp ? g.tp.size() : 1;
   for (double& x : sums) x /= copies;
   MoeReport r;
   r.aux_loss = sums[(size_t)g.L * g.E];

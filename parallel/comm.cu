@@ -1,7 +1,8 @@
 // parallel/comm.cu - the front of the communicator: every collective is checked, counted on its
 // axis and handed to the MPI backend (parallel/comm_mpi.cu) or the NCCL backend
-// (parallel/comm_nccl.cu) according to Comm::backend. Also the per-step summary of the counters
-// and the host-side helpers.
+// (parallel/comm_nccl.cu) according to Comm::backend, or to nobody under Count (the planner).
+// Also the host-side helpers (MPI's host side under every backend: parallel/comm_mpi_runtime.cu)
+// and the per-step summary of the counters.
 //
 // Choices worth knowing:
 // - A group of one rank short-circuits before any backend and is NOT counted: it moves no bytes
@@ -14,9 +15,13 @@
 //   all-to-all (all-to-all-v: the sum of its send counts), the message of a send or a recv (both
 //   sides count it), 0 for a barrier. A send_recv counts as a send (its send side) plus a recv
 //   (its receive side); an absent side counts nothing.
-// - all_reduce_host_sum/max and all_agree are control plane (a few bytes for logging and for
-//   agreeing on success); they go straight to MPI on the group's communicator and are not
+// - all_reduce_host_sum/max, all_agree and the other uncounted host helpers are control plane (a
+//   few bytes for logging and for agreeing on success); they go to MPI on the group and are not
 //   counted, so the counters describe only the training data plane.
+// - Count moves nothing but counts everything a real backend would; its host helpers answer as if
+//   every rank of the group were this one (a sum is size times this rank's value, an all-to-all
+//   hands back this rank's own block from everyone), which is what the planner's balanced,
+//   identical ranks would see.
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -46,29 +51,6 @@ static const char* kind_name(CollectiveKind k) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Construction
-// ---------------------------------------------------------------------------------------------
-void comm_create(Comm& c, Axis axis, MPI_Comm group, CommBackend backend, CommStats* stats) {
-  c = Comm{};
-  c.axis = axis;
-  c.mpi = group;
-  c.backend = backend;
-  c.stats = stats;
-  MPI_Comm_rank(group, &c.rank);
-  MPI_Comm_size(group, &c.size);
-  if (stats) stats->group_size[(int)axis] = c.size;
-  // One-rank groups never reach a backend, so they need no NCCL communicator.
-  if (backend == CommBackend::NCCL && c.size > 1) c.nccl = comm_nccl::create(group, c.rank, c.size);
-}
-
-void comm_destroy(Comm& c) {
-  if (c.nccl) comm_nccl::destroy(c.nccl);
-  if (c.mpi != MPI_COMM_NULL) MPI_Comm_free(&c.mpi);
-  std::free(c.staging);
-  c = Comm{};
-}
-
-// ---------------------------------------------------------------------------------------------
 // Counting and checks
 // ---------------------------------------------------------------------------------------------
 static void tally(Comm& c, CollectiveKind kind, size_t bytes) {
@@ -89,39 +71,46 @@ static void copy_if_distinct(void* dst, const void* src, size_t bytes, ops::Stre
   if (dst != src && bytes > 0) ops::copy_on_device(dst, src, bytes, s);
 }
 
+// Whether a call on a group of 2+ ranks reaches a backend: not under Count (the planner counts
+// only); a group that only describes a rank (None) must never be used.
+static bool moves_data(const Comm& c) {
+  if (c.backend == CommBackend::None)
+    BUG("axis %s describes rank %d of a group of %d and cannot communicate", axis_name(c.axis),
+        c.rank, c.size);
+  return c.backend != CommBackend::Count;
+}
+
+static const CollectiveBackend& backend_of(const Comm& c) {
+  return c.backend == CommBackend::NCCL ? kNcclCollectives : kMpiCollectives;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The collectives
 // ---------------------------------------------------------------------------------------------
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::all_reduce_sum(c, buf, count, dt, s);
-  else comm_mpi::all_reduce_sum(c, buf, count, dt, s);
+  if (moves_data(c)) backend_of(c).all_reduce_sum(c, buf, count, dt, s);
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, count * sizeof(float));
-  if (c.backend == CommBackend::NCCL) comm_nccl::all_reduce_max(c, buf, count, s);
-  else comm_mpi::all_reduce_max(c, buf, count, s);
+  if (moves_data(c)) backend_of(c).all_reduce_max(c, buf, count, s);
 }
 
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, recv_count * dtype_size(dt), s);
   tally(c, CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL)
-    comm_nccl::reduce_scatter_sum(c, send, recv, recv_count, dt, s);
-  else
-    comm_mpi::reduce_scatter_sum(c, send, recv, recv_count, dt, s);
+  if (moves_data(c)) backend_of(c).reduce_scatter_sum(c, send, recv, recv_count, dt, s);
 }
 
 void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                 ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, send_count * dtype_size(dt), s);
   tally(c, CollectiveKind::AllGather, c.size * send_count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::all_gather(c, send, recv, send_count, dt, s);
-  else comm_mpi::all_gather(c, send, recv, send_count, dt, s);
+  if (moves_data(c)) backend_of(c).all_gather(c, send, recv, send_count, dt, s);
 }
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
@@ -129,22 +118,19 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
         axis_name(c.axis), root, c.size);
   if (c.size == 1) return;
   tally(c, CollectiveKind::Broadcast, count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::broadcast(c, buf, count, dt, root, s);
-  else comm_mpi::broadcast(c, buf, count, dt, root, s);
+  if (moves_data(c)) backend_of(c).broadcast(c, buf, count, dt, root, s);
 }
 
 void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
   check_peer(c, peer, "send");
-  tally(c, CollectiveKind::Send, count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::send_to(c, buf, count, dt, peer, s);
-  else comm_mpi::send_to(c, buf, count, dt, peer, s);
+  const P2POp op{true, const_cast<void*>(buf), count, peer};
+  p2p_batch(c, &op, 1, dt, s);
 }
 
 void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
   check_peer(c, peer, "recv");
-  tally(c, CollectiveKind::Recv, count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::recv_from(c, buf, count, dt, peer, s);
-  else comm_mpi::recv_from(c, buf, count, dt, peer, s);
+  const P2POp op{false, buf, count, peer};
+  p2p_batch(c, &op, 1, dt, s);
 }
 
 // A side is absent when its peer is -1 or its count is 0 (the peer is then still checked); the
@@ -169,17 +155,14 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
           ops[i].count * dtype_size(dt));
     posted.push_back(ops[i]);
   }
-  if (posted.empty()) return;
-  const int m = (int)posted.size();
-  if (c.backend == CommBackend::NCCL) comm_nccl::p2p_batch(c, posted.data(), m, dt, s);
-  else comm_mpi::p2p_batch(c, posted.data(), m, dt, s);
+  if (!posted.empty() && moves_data(c))
+    backend_of(c).p2p_batch(c, posted.data(), (int)posted.size(), dt, s);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, count * dtype_size(dt), s);
   tally(c, CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL) comm_nccl::all_to_all(c, send, recv, count, dt, s);
-  else comm_mpi::all_to_all(c, send, recv, count, dt, s);
+  if (moves_data(c)) backend_of(c).all_to_all(c, send, recv, count, dt, s);
 }
 
 static size_t sum_counts(const size_t* counts, int n) {
@@ -197,55 +180,75 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
     return copy_if_distinct(recv, send, send_counts[0] * dtype_size(dt), s);
   }
   tally(c, CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
-  if (c.backend == CommBackend::NCCL)
-    comm_nccl::all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
-  else
-    comm_mpi::all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
+  if (moves_data(c)) backend_of(c).all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
 }
 
-// A host barrier under both backends: it orders the ranks' host code, it does not wait for
-// work already queued on streams.
+// ---------------------------------------------------------------------------------------------
+// On the host (MPI under every backend)
+// ---------------------------------------------------------------------------------------------
+// A host barrier: it orders the ranks' host code, it does not wait for work queued on streams.
 void barrier(Comm& c) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::Barrier, 0);
-  MPI_Barrier(c.mpi);
+  if (moves_data(c)) mpi_host::barrier(c);
 }
 
 void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
-  if (c.size == 1) {
-    std::memcpy(recv, send, (size_t)per_peer * sizeof(int));
-    return;
-  }
-  tally(c, CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
-  MPI_Alltoall(send, per_peer, MPI_INT, recv, per_peer, MPI_INT, c.mpi);
+  if (c.size > 1) tally(c, CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
+  if (c.size > 1 && moves_data(c))
+    return mpi_host::all_to_all(c, send, per_peer, recv, HostType::Int);
+  for (int j = 0; j < c.size; j++)  // every rank (here: this one) sends this rank its block
+    std::memcpy(recv + (size_t)j * per_peer, send + (size_t)c.rank * per_peer,
+                (size_t)per_peer * sizeof(int));
 }
 
 void all_reduce_host_sum(Comm& c, int* x, int n) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, (size_t)n * sizeof(int));
-  MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_INT, MPI_SUM, c.mpi);
+  if (moves_data(c)) return mpi_host::all_reduce(c, x, n, HostType::Int, HostOp::Sum);
+  for (int i = 0; i < n; i++) x[i] *= c.size;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Host helpers (control plane, not counted)
-// ---------------------------------------------------------------------------------------------
+// The uncounted helpers. A one-rank group, and the planner's Count groups, answer alone.
+static bool alone(const Comm& c) { return c.size == 1 || !moves_data(c); }
+
 void all_reduce_host_sum(Comm& c, double* x, int n) {
-  if (c.size > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, c.mpi);
+  if (!alone(c)) return mpi_host::all_reduce(c, x, n, HostType::Double, HostOp::Sum);
+  for (int i = 0; i < n; i++) x[i] *= c.size;
 }
-static double host_reduce(Comm& c, double x, MPI_Op op) {
-  if (c.size == 1) return x;
-  double r = 0;
-  MPI_Allreduce(&x, &r, 1, MPI_DOUBLE, op, c.mpi);
-  return r;
+double all_reduce_host_sum(Comm& c, double x) {
+  all_reduce_host_sum(c, &x, 1);
+  return x;
 }
-double all_reduce_host_sum(Comm& c, double x) { return host_reduce(c, x, MPI_SUM); }
-double all_reduce_host_max(Comm& c, double x) { return host_reduce(c, x, MPI_MAX); }
-
+double all_reduce_host_max(Comm& c, double x) {
+  if (!alone(c)) mpi_host::all_reduce(c, &x, 1, HostType::Double, HostOp::Max);
+  return x;
+}
 bool all_agree(Comm& c, bool ok) {
-  if (c.size == 1) return ok;
-  int mine = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, c.mpi);
-  return all != 0;
+  int mine = ok ? 1 : 0;
+  if (!alone(c)) mpi_host::all_reduce(c, &mine, 1, HostType::Int, HostOp::And);
+  return mine != 0;
+}
+void broadcast_host(Comm& c, void* buf, size_t bytes, int root) {
+  CHECK(root >= 0 && root < c.size, "broadcast_host on axis %s: root %d outside the group of %d",
+        axis_name(c.axis), root, c.size);
+  if (!alone(c)) mpi_host::broadcast(c, buf, bytes, root);
+}
+void all_gather_host(Comm& c, const void* mine, size_t bytes, void* all) {
+  if (!alone(c)) return mpi_host::all_gather(c, mine, bytes, all);
+  for (int r = 0; r < c.size; r++) std::memmove((char*)all + r * bytes, mine, bytes);
+}
+std::vector<std::string> all_gather_strings(Comm& c, const std::string& mine) {
+  if (alone(c)) return std::vector<std::string>(c.size, mine);
+  std::vector<int> lens(c.size);
+  const int len = (int)mine.size();
+  mpi_host::all_gather(c, &len, sizeof(int), lens.data());
+  std::vector<std::string> all(c.size);
+  std::string joined;
+  for (int r = 0; r < c.size; r++) joined.resize(joined.size() + lens[r]);
+  mpi_host::all_gather_v(c, mine.data(), len, lens.data(), &joined[0]);
+  for (int r = 0, at = 0; r < c.size; at += lens[r], r++) all[r] = joined.substr(at, lens[r]);
+  return all;
 }
 
 // ---------------------------------------------------------------------------------------------

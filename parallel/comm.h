@@ -1,9 +1,16 @@
-// parallel/comm.h - collectives over one axis of the device mesh, with two backends.
+// parallel/comm.h - collectives over one axis of the device mesh. A Comm is a group: this
+// rank's place in it (rank, size) and the backend's communicator. Backends:
 //
-//   NCCL: GPU buffers, GPU-side reductions, runs on the caller's stream. ./train's default.
-//   MPI : any buffers. With GPU buffers it stages through host memory (copy down, MPI on the
-//         host, copy up), synchronously. ./train_cpu's only backend, and what several ranks
-//         sharing one GPU must use (NCCL refuses two ranks on one device).
+//   NCCL : GPU buffers, GPU-side reductions, runs on the caller's stream. ./train's default.
+//   MPI  : any buffers. With GPU buffers it stages through host memory (copy down, MPI on the
+//          host, copy up), synchronously. ./train_cpu's only backend, and what several ranks
+//          sharing one GPU must use (NCCL refuses two ranks on one device). Every process runs
+//          MPI, also under NCCL: start-up, the groups and the host helpers below are MPI's.
+//   Count: the planner's (training/plan.cu): every call is checked and counted exactly as a real
+//          one and nothing moves; received buffers are left as they are, and the host helpers
+//          answer as if every rank of the group were this one.
+//   None : a description of a rank's place in a group, for laying out other ranks' shards (the
+//          checkpoint index); any call on a group of two or more ranks is a bug.
 //
 // Every call is counted per axis: calls and payload bytes (the size of the buffer the caller
 // hands in: for all-gather the gathered output, for reduce-scatter the full input, for
@@ -19,20 +26,15 @@
 // ranks (MPI tag 0; NCCL orders point-to-point per peer): a send_recv's send may be received by
 // a recv_from, and so on.
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "kernels/ops.h"
+#include "parallel/axis.h"
 
-// Stage: the ranks of one pipeline stage (every axis but pp); Embed: the first and the last
-// pipeline stage of one pipeline (the tied embedding's two copies).
-enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Count };
-// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed"
-const char* axis_name(Axis a);
-
-enum class CommBackend : int { MPI = 0, NCCL = 1 };
+enum class CommBackend : int { MPI = 0, NCCL, Count, None };
 
 enum class CollectiveKind : int {
   AllReduce = 0, ReduceScatter, AllGather, Broadcast, Send, Recv, AllToAll, Barrier, Count
@@ -49,20 +51,21 @@ struct CommStats {
   int group_size[(int)Axis::Count] = {};  // set by comm_create; the wire-byte factors need it
 };
 
-// A communicator over one mesh axis. Plain data; created by the mesh (parallel/mesh.h).
+// A group over one mesh axis: this rank's place in it, and the backend's handles. Plain data,
+// made by the mesh (parallel/mesh.h: mesh_init) and owned by it.
 struct Comm {
   Axis axis = Axis::World;
   int rank = 0;                 // this rank's index within the group
   int size = 1;                 // group size
-  CommBackend backend = CommBackend::MPI;
-  MPI_Comm mpi = MPI_COMM_NULL;
-  void* nccl = nullptr;         // ncclComm_t under the NCCL backend
-  CommStats* stats = nullptr;   // shared by all axes of the process
+  CommBackend backend = CommBackend::None;
+  CommStats* stats = nullptr;   // shared by all axes of the process (null: not counted)
+  void* mpi = nullptr;          // the MPI backend's group (parallel/comm_mpi_runtime.cu)
+  void* nccl = nullptr;         // ncclComm_t under the NCCL backend, in groups of 2 or more
   void* staging = nullptr;      // host buffer (malloc) for the MPI backend with GPU buffers
   size_t staging_bytes = 0;
 };
 
-// The communicators of the mesh by axis (parallel/mesh.h: mesh_comms).
+// The groups of one rank by axis (parallel/mesh.h: mesh_comms), for the parameter store.
 struct CommsByAxis {
   Comm* axis[(int)Axis::Count] = {};
   Comm* operator[](Axis a) const { return axis[(int)a]; }
@@ -119,12 +122,17 @@ void barrier(Comm& c);
 void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv);
 void all_reduce_host_sum(Comm& c, int* x, int n);  // in place
 
-// Host-side helpers on small host values (logging, agreeing on success, max of a scalar),
-// not counted: they carry no payload of the model.
+// Host-side helpers on small host values (logging, agreeing on success, max of a scalar, the
+// pipeline's timings, a rank's error message), not counted: they carry no payload of the model.
 void all_reduce_host_sum(Comm& c, double* x, int n);  // in place
 double all_reduce_host_sum(Comm& c, double x);
 double all_reduce_host_max(Comm& c, double x);
 bool all_agree(Comm& c, bool ok);  // true iff ok on every rank
+void broadcast_host(Comm& c, void* buf, size_t bytes, int root);
+// Every rank's `bytes` bytes, in rank order, into all (c.size * bytes).
+void all_gather_host(Comm& c, const void* mine, size_t bytes, void* all);
+// Every rank's string, in rank order (any lengths).
+std::vector<std::string> all_gather_strings(Comm& c, const std::string& mine);
 
 void comm_stats_reset(CommStats& st);  // zeroes the counters, keeps the group sizes
 void comm_stats_add(CommStats& total, const CommStats& step);  // counters summed, sizes copied
@@ -132,47 +140,55 @@ void comm_stats_add(CommStats& total, const CommStats& step);  // counters summe
 void comm_stats_print(const CommStats& st, int steps, FILE* out);
 
 // ---------------------------------------------------------------------------------------------
-// Construction and the two backends. Used by parallel/mesh.cu and parallel/comm.cu only.
+// The process and its groups (the MPI backend, parallel/comm_mpi_runtime.cu)
 // ---------------------------------------------------------------------------------------------
-// Makes c a communicator over `group` (an MPI communicator this rank belongs to; c owns it from
-// now on). Under NCCL, groups of more than one rank also get an ncclComm (collective over group).
-void comm_create(Comm& c, Axis axis, MPI_Comm group, CommBackend backend, CommStats* stats);
+// MPI_Init (thread level FUNNELED), world rank/size, local rank, the fatal-error handler that
+// aborts every rank. Call first thing in main; a plain `./train config.toml` is one rank.
+void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int* local_rank);
+void runtime_finalize();
+// Makes c this rank's group of `axis`: the world ranks `members`, in group order, this rank among
+// them. MPI and NCCL connect it: collective over the world (every rank makes the groups of the
+// same axes in the same order), and under NCCL groups of 2+ also get an ncclComm (collective over
+// the group; the device must be selected first). Count and None only describe it.
+void comm_create(Comm& c, Axis axis, const std::vector<int>& members, int world_rank,
+                 CommBackend backend, CommStats* stats);
 void comm_destroy(Comm& c);  // frees the MPI and NCCL communicators and the staging buffer
 
-// The backends see groups of at least two ranks, already counted and checked.
-namespace comm_mpi {
-void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s);  // parallel/comm_mpi.cu
-void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
-void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
-                        ops::Stream s);
-void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
-                ops::Stream s);
-void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
-// n >= 1 ops, each with a peer >= 0 and a count > 0.
-void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
-void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
-void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
-                  const size_t* recv_counts, DType dt, ops::Stream s);
-}  // namespace comm_mpi
+// ---------------------------------------------------------------------------------------------
+// The data-moving backends (used by parallel/comm*.cu only). They see groups of at least two
+// ranks, already checked and counted.
+// ---------------------------------------------------------------------------------------------
+struct CollectiveBackend {
+  void (*all_reduce_sum)(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
+  void (*all_reduce_max)(Comm& c, float* buf, size_t count, ops::Stream s);
+  void (*reduce_scatter_sum)(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
+                             ops::Stream s);
+  void (*all_gather)(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
+                     ops::Stream s);
+  void (*broadcast)(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
+  // n >= 1 ops, each with a peer >= 0 and a count > 0 (send_to and recv_from are one-op batches).
+  void (*p2p_batch)(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
+  void (*all_to_all)(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
+  void (*all_to_all_v)(Comm& c, const void* send, const size_t* send_counts, void* recv,
+                       const size_t* recv_counts, DType dt, ops::Stream s);
+};
+extern const CollectiveBackend kMpiCollectives;   // parallel/comm_mpi.cu
+// parallel/comm_nccl.cu in ./train; parallel/comm_nccl_absent.cu (every call stops the job)
+// in binaries built without NCCL.
+extern const CollectiveBackend kNcclCollectives;
+void nccl_require();             // stops the job with a clear message where NCCL is absent
+void* nccl_create(Comm& c);      // an ncclComm_t for c's group (c.mpi is connected)
+void nccl_destroy(void* nccl);
 
-namespace comm_nccl {
-void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s);  // parallel/comm_nccl.cu in ./train, parallel/comm_nccl_absent.cu elsewhere
-void require();  // stops the job with a clear message in a binary built without NCCL
-void* create(MPI_Comm group, int group_rank, int group_size);  // an ncclComm_t
-void destroy(void* nccl);
-void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s);
-void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
-                        ops::Stream s);
-void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
-                ops::Stream s);
-void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
-// n >= 1 ops, each with a peer >= 0 and a count > 0.
-void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
-void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
-void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* recv,
-                  const size_t* recv_counts, DType dt, ops::Stream s);
-}  // namespace comm_nccl
+// The MPI backend's host side (parallel/comm_mpi_runtime.cu), for the host helpers above under
+// every backend: small host arrays of ints, doubles or bytes.
+enum class HostType { Int, Double, Byte };
+enum class HostOp { Sum, Max, And };
+namespace mpi_host {
+void barrier(Comm& c);
+void all_reduce(Comm& c, void* x, int n, HostType t, HostOp op);  // in place
+void all_to_all(Comm& c, const void* send, int per_peer, void* recv, HostType t);
+void broadcast(Comm& c, void* buf, size_t bytes, int root);
+void all_gather(Comm& c, const void* mine, size_t bytes, void* all);
+void all_gather_v(Comm& c, const void* mine, int bytes, const int* all_bytes, void* all);
+}  // namespace mpi_host

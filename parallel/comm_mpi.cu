@@ -16,15 +16,15 @@
 //
 // Determinism: OpenMPI picks a reduction algorithm from the group and message sizes only, so a
 // given layout reduces in the same order on every run.
-// Errors: MPI calls are not checked one by one; runtime_init (parallel/mesh.cu) installs an error
-// handler on MPI_COMM_WORLD, inherited by every group, that reports the MPI error and the rank
-// through FATAL.
+// Errors: MPI calls are not checked one by one; runtime_init (parallel/comm_mpi_runtime.cu)
+// installs an error handler on MPI_COMM_WORLD, inherited by every group, that reports the MPI
+// error and the rank through FATAL.
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/comm_mpi_internal.h"
 
 namespace comm_mpi {
 namespace {
@@ -132,14 +132,14 @@ void stage_out(const HostView& v, void* out, size_t out_bytes) {
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   const size_t bytes = count * dtype_size(dt);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), mpi_type(dt), sum_op(dt), c.mpi);
+  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), mpi_type(dt), sum_op(dt), mpi_group(c));
   stage_out(v, buf, bytes);
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
   const size_t bytes = count * sizeof(float);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), MPI_FLOAT, MPI_MAX, c.mpi);
+  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), MPI_FLOAT, MPI_MAX, mpi_group(c));
   stage_out(v, buf, bytes);
 }
 
@@ -147,7 +147,8 @@ void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count
                         ops::Stream s) {
   const size_t out_bytes = recv_count * dtype_size(dt);
   HostView v = stage_in(c, send, c.size * out_bytes, recv, out_bytes, false, s);
-  MPI_Reduce_scatter_block(v.in, v.out, mpi_count(recv_count), mpi_type(dt), sum_op(dt), c.mpi);
+  MPI_Reduce_scatter_block(v.in, v.out, mpi_count(recv_count), mpi_type(dt), sum_op(dt),
+                           mpi_group(c));
   stage_out(v, recv, out_bytes);
 }
 
@@ -156,31 +157,14 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
   const size_t in_bytes = send_count * dtype_size(dt);
   HostView v = stage_in(c, send, in_bytes, recv, c.size * in_bytes, false, s);
   const int n = mpi_count(send_count);
-  MPI_Allgather(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), c.mpi);
+  MPI_Allgather(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c));
   stage_out(v, recv, c.size * in_bytes);
 }
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
   const size_t bytes = count * dtype_size(dt);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Bcast(v.out, mpi_count(count), mpi_type(dt), root, c.mpi);
-  stage_out(v, buf, bytes);
-}
-
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  HostView v = stage_in(c, buf, count * dtype_size(dt), nullptr, 0, false, s);
-  MPI_Send(v.in, mpi_count(count), mpi_type(dt), peer, /*tag=*/0, c.mpi);
-}
-
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  const size_t bytes = count * dtype_size(dt);
-  HostView v = stage_in(c, nullptr, 0, buf, bytes, false, s);
-  MPI_Status status;
-  MPI_Recv(v.out, mpi_count(count), mpi_type(dt), peer, /*tag=*/0, c.mpi, &status);
-  int received = 0;
-  MPI_Get_count(&status, mpi_type(dt), &received);
-  CHECK((size_t)received == count, "recv on axis %s from rank %d: got %d elements, expected %zu",
-        axis_name(c.axis), peer, received, count);
+  MPI_Bcast(v.out, mpi_count(count), mpi_type(dt), root, mpi_group(c));
   stage_out(v, buf, bytes);
 }
 
@@ -209,9 +193,11 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
       if (ops[i].is_send != (pass == 1)) continue;
       const int count = mpi_count(ops[i].count);
       if (ops[i].is_send)
-        MPI_Isend(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, c.mpi, &req[i]);
+        MPI_Isend(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, mpi_group(c),
+                  &req[i]);
       else
-        MPI_Irecv(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, c.mpi, &req[i]);
+        MPI_Irecv(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, mpi_group(c),
+                  &req[i]);
     }
   std::vector<MPI_Status> status(n);
   MPI_Waitall(n, req.data(), status.data());
@@ -226,11 +212,12 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
   }
 }
 
-void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
+void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt,
+                ops::Stream s) {
   const size_t bytes = c.size * count * dtype_size(dt);
   HostView v = stage_in(c, send, bytes, recv, bytes, false, s);
   const int n = mpi_count(count);
-  MPI_Alltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), c.mpi);
+  MPI_Alltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c));
   stage_out(v, recv, bytes);
 }
 
@@ -243,8 +230,13 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
   const size_t in_bytes = (size_t)sd[c.size] * elem, out_bytes = (size_t)rd[c.size] * elem;
   HostView v = stage_in(c, send, in_bytes, recv, out_bytes, false, s);
   MPI_Alltoallv(v.in, sn.data(), sd.data(), mpi_type(dt), v.out, rn.data(), rd.data(),
-                mpi_type(dt), c.mpi);
+                mpi_type(dt), mpi_group(c));
   stage_out(v, recv, out_bytes);
 }
 
 }  // namespace comm_mpi
+
+const CollectiveBackend kMpiCollectives = {
+    comm_mpi::all_reduce_sum, comm_mpi::all_reduce_max, comm_mpi::reduce_scatter_sum,
+    comm_mpi::all_gather,     comm_mpi::broadcast,      comm_mpi::p2p_batch,
+    comm_mpi::all_to_all,     comm_mpi::all_to_all_v};

@@ -4,15 +4,14 @@
 // kernel on that stream.
 //
 // Communicators: one ncclComm per group of two or more ranks, made collectively over the group
-// (comm_create in comm.cu calls create() for every group of the mesh, in the same order on every
-// rank): group rank 0 draws an ncclUniqueId, MPI_Bcast hands it to the group over the group's MPI
-// communicator, and every member calls ncclCommInitRank. The device must already be selected
-// (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
+// (comm_create, parallel/comm_mpi_runtime.cu, calls nccl_create for every group of the mesh, in
+// the same order on every rank): group rank 0 draws an ncclUniqueId, the MPI backend's host
+// broadcast hands it to the group, and every member calls ncclCommInitRank. The device must
+// already be selected (ops::device_init). NCCL refuses two ranks on one GPU; the error then says to use MPI.
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
 // concurrently; all-to-all-v the same with a size per peer, zero sizes left out.
-// send_to/recv_from are single ncclSend/ncclRecv: they too only queue work, so a pipeline stage
-// may post its send and go on. p2p_batch (and send_recv, its one-send one-receive case) puts its
+// p2p_batch (and send_to, recv_from and send_recv, its one- and two-op cases) puts its
 // ncclSends and ncclRecvs in one group: NCCL starts them together, so none waits for another's
 // peer to be ready, and the group occupies the stream until all are done.
 #include <nccl.h>
@@ -48,23 +47,6 @@ ncclDataType_t nccl_type(DType dt) {
 
 }  // namespace
 
-void require() {}  // this binary has NCCL
-
-void* create(MPI_Comm group, int group_rank, int group_size) {
-  ncclUniqueId id;
-  if (group_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, group);
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRank(&comm, group_size, id, group_rank);
-  if (r != ncclSuccess)
-    FATAL("NCCL: cannot create a communicator of %d ranks: %s (%s). NCCL needs one GPU per rank; "
-          "when several ranks share a GPU use [parallel] backend = \"mpi\"",
-          group_size, ncclGetErrorString(r), ncclGetLastError(nullptr));
-  return comm;
-}
-
-void destroy(void* nccl) { NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl))); }
-
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, handle(c), cuda_stream(s)));
 }
@@ -86,14 +68,6 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
   NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, handle(c), cuda_stream(s)));
-}
-
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  NCCL_CHECK(ncclSend(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
-}
-
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  NCCL_CHECK(ncclRecv(buf, count, nccl_type(dt), peer, handle(c), cuda_stream(s)));
 }
 
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
@@ -147,3 +121,25 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
 }
 
 }  // namespace comm_nccl
+
+const CollectiveBackend kNcclCollectives = {
+    comm_nccl::all_reduce_sum, comm_nccl::all_reduce_max, comm_nccl::reduce_scatter_sum,
+    comm_nccl::all_gather,     comm_nccl::broadcast,      comm_nccl::p2p_batch,
+    comm_nccl::all_to_all,     comm_nccl::all_to_all_v};
+
+void nccl_require() {}  // this binary has NCCL
+
+void* nccl_create(Comm& c) {
+  ncclUniqueId id;
+  if (c.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  mpi_host::broadcast(c, &id, sizeof(id), 0);
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRank(&comm, c.size, id, c.rank);
+  if (r != ncclSuccess)
+    FATAL("NCCL: cannot create a communicator of %d ranks: %s (%s). NCCL needs one GPU per rank; "
+          "when several ranks share a GPU use [parallel] backend = \"mpi\"",
+          c.size, ncclGetErrorString(r), ncclGetLastError(nullptr));
+  return comm;
+}
+
+void nccl_destroy(void* nccl) { NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl))); }

@@ -86,41 +86,23 @@ int cp_local_index(int cp, int rank, int B, int T, int b, int t) {
 // ---------------------------------------------------------------------------------------------
 // Buffers
 // ---------------------------------------------------------------------------------------------
-static void* alloc_counted(ContextParallel& cp, size_t bytes) {
-  cp.bytes += bytes;
-  return cp.count_only ? nullptr : ops::alloc(bytes);
-}
-
-void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
-               ops::Stream ring) {
-  cp.comm = comm;
-  cp.plan = cp_plan_build(cp.size, T);
-  cp.B = B, cp.Tc = T / (2 * cp.size), cp.NH = NH, cp.HS = HS, cp.dt = dt;
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
+               Allocator& memory, ops::Stream ring) {
+  cp.group = group;
+  cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.HS = HS, cp.dt = dt;
   cp.ring = ring;
-  if (!cp.count_only) {
-    cp.ready = ops::event_create();
-    cp.arrived = ops::event_create();
-  }
+  if (!cp.active()) return;  // one rank: attention is the plain kernel, nothing to hold
+  cp.plan = cp_plan_build(cp.size(), T);
+  cp.ready = allocate_event(memory);
+  cp.arrived = allocate_event(memory);
   const size_t rows = (size_t)B * cp.Tc, C = (size_t)NH * HS, e = dtype_size(dt);
   for (int i = 0; i < 2; i++) {
-    cp.kv[i] = alloc_counted(cp, 2 * rows * 2 * C * e);
-    cp.dkv[i] = (float*)alloc_counted(cp, 2 * rows * 2 * C * sizeof(float));
+    cp.kv[i] = allocate(memory, 2 * rows * 2 * C * e);
+    cp.dkv[i] = (float*)allocate(memory, 2 * rows * 2 * C * sizeof(float));
   }
-  cp.block_out = alloc_counted(cp, rows * C * e);
-  cp.block_lse = (float*)alloc_counted(cp, rows * NH * sizeof(float));
-  cp.dq = (float*)alloc_counted(cp, 2 * rows * C * sizeof(float));
-}
-
-void cp_destroy(ContextParallel& cp) {
-  for (int i = 0; i < 2; i++) {
-    ops::release(cp.kv[i]);
-    ops::release(cp.dkv[i]);
-  }
-  ops::release(cp.block_out);
-  ops::release(cp.block_lse);
-  ops::release(cp.dq);
-  if (cp.ready) ops::event_destroy(cp.ready);
-  if (cp.arrived) ops::event_destroy(cp.arrived);
+  cp.block_out = allocate(memory, rows * C * e);
+  cp.block_lse = (float*)allocate(memory, rows * NH * sizeof(float));
+  cp.dq = (float*)allocate(memory, 2 * rows * C * sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -137,7 +119,7 @@ T* chunk(T* base, int local, int B, const ContextParallel& cp, int width, size_t
 // Which of the two chunks of `holder` (in its local order) global chunk `g` is.
 int local_of(const ContextParallel& cp, int holder, int g) {
   int first, second;
-  cp_local_chunks(cp.size, holder, &first, &second);
+  cp_local_chunks(cp.size(), holder, &first, &second);
   return g == first ? 0 : 1;
 }
 
@@ -146,12 +128,12 @@ int local_of(const ContextParallel& cp, int holder, int g) {
 void exchange(ContextParallel& cp, const std::vector<P2POp>& ops_list, DType dt, ops::Stream s) {
   ops::event_record(cp.ready, s);
   ops::stream_wait_event(cp.ring, cp.ready);
-  p2p_batch(*cp.comm, ops_list.data(), (int)ops_list.size(), dt, cp.ring);
+  p2p_batch(*cp.group, ops_list.data(), (int)ops_list.size(), dt, cp.ring);
   ops::event_record(cp.arrived, cp.ring);
 }
 
 std::vector<P2POp> pass_on(const ContextParallel& cp, void* out, void* in, size_t count) {
-  const int next = (cp.rank + 1) % cp.size, prev = (cp.rank + cp.size - 1) % cp.size;
+  const int next = (cp.rank() + 1) % cp.size(), prev = (cp.rank() + cp.size() - 1) % cp.size();
   return {{true, out, count, next}, {false, in, count, prev}};
 }
 
@@ -165,20 +147,32 @@ void local_kv(ContextParallel& cp, void* kv, const void* qkv, int B, ops::Stream
 
 }  // namespace
 
+// The micro-batch's shape, checked against the ring's buffers: B sequences of T local positions
+// (two chunks of Tc).
+static void check_shape(const ContextParallel& cp, int B, int T) {
+  CHECK(B <= cp.B && T == 2 * cp.Tc,
+        "ring attention: micro-batch %d x %d positions, but the buffers hold %d x %d", B, T, cp.B,
+        2 * cp.Tc);
+}
+
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          ops::Stream s) {
-  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+                          int T_local, ops::Stream s) {
+  if (!cp.active()) {  // every position is here: causal attention over the whole sequence
+    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    return;
+  }
+  check_shape(cp, B, T_local);
   const int C = cp.NH * cp.HS, T = cp.Tc;
   const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
   local_kv(cp, cp.kv[0], qkv, B, s);
   bool written[2] = {false, false};  // the first block of a query chunk writes, later ones merge
-  for (int step = 0; step < cp.size; step++) {
+  for (int step = 0; step < cp.size(); step++) {
     void* held = cp.kv[step % 2];
-    if (step + 1 < cp.size)  // the next K, V travel while these blocks compute
+    if (step + 1 < cp.size())  // the next K, V travel while these blocks compute
       exchange(cp, pass_on(cp, held, cp.kv[(step + 1) % 2], kv_count), cp.dt, s);
-    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    const CpStep& st = cp.plan.ranks[cp.rank()][step];
     for (const CpBlock& blk : st.blocks) {
-      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int qi = local_of(cp, cp.rank(), blk.q_chunk);
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       void* o = chunk(out, qi, B, cp, C, e);
       float* l = chunk(lse, qi, B, cp, cp.NH, sizeof(float));
@@ -194,26 +188,31 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
                                    cp.dt, s);
       ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
     }
-    if (step + 1 < cp.size) ops::stream_wait_event(s, cp.arrived);
+    if (step + 1 < cp.size()) ops::stream_wait_event(s, cp.arrived);
   }
 }
 
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
-                           const void* out, const float* lse, int B, ops::Stream s) {
-  CHECK(B <= cp.B, "ring attention: micro-batch %d exceeds the buffers' %d", B, cp.B);
+                           const void* out, const float* lse, int B, int T_local,
+                           ops::Stream s) {
+  if (!cp.active()) {
+    ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    return;
+  }
+  check_shape(cp, B, T_local);
   const int C = cp.NH * cp.HS, T = cp.Tc;
   const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
   const size_t rows = 2 * (size_t)B * T;
   ops::fill_zero(cp.dq, rows * C * sizeof(float), s);
   ops::fill_zero(cp.dkv[0], rows * 2 * C * sizeof(float), s);
   local_kv(cp, cp.kv[0], qkv, B, s);
-  for (int step = 0; step < cp.size; step++) {
+  for (int step = 0; step < cp.size(); step++) {
     const int cur = step % 2, next = (step + 1) % 2;
-    const bool more = step + 1 < cp.size;
+    const bool more = step + 1 < cp.size();
     if (more) exchange(cp, pass_on(cp, cp.kv[cur], cp.kv[next], kv_count), cp.dt, s);
-    const CpStep& st = cp.plan.ranks[cp.rank][step];
+    const CpStep& st = cp.plan.ranks[cp.rank()][step];
     for (const CpBlock& blk : st.blocks) {
-      const int qi = local_of(cp, cp.rank, blk.q_chunk);
+      const int qi = local_of(cp, cp.rank(), blk.q_chunk);
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       ops::attention_block_backward(
           chunk(cp.dq, qi, B, cp, C, sizeof(float)),
@@ -229,6 +228,6 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
   }
   // After cp hops the dK, dV of this rank's own chunks are back, in dkv[cp % 2].
   ops::copy_columns(dqkv, 3 * C, cp.dt, cp.dq, C, DType::F32, (int)rows, C, s);
-  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size % 2], 2 * C, DType::F32,
+  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size() % 2], 2 * C, DType::F32,
                     (int)rows, 2 * C, s);
 }

@@ -3,21 +3,27 @@
 // at the top of parallel/context_parallel.cu; which blocks a rank computes at each ring step is
 // parallel/context_parallel_plan.h.
 //
+// The model always attends through cp_attention_forward / backward: with one cp rank they are
+// ops::attention_forward / backward over the whole sequence and the state holds nothing (no
+// buffer, no event, no plan), so no caller branches on cp.
+//
 // Local token layout. With cp > 1 rank r holds chunks r and 2cp-1-r (T/(2cp) positions each) of
 // every sequence of its micro-batch, chunk-major: chunk r of all B sequences, then chunk 2cp-1-r
 // of all B sequences. Every op but attention and the embedding is per token and does not care;
 // each chunk is a contiguous (B, Tc, ...) block for the attention kernels, and the embedding
 // reads wpe at each chunk's global positions (TokenPositions, parallel/tensor_parallel.h).
 #pragma once
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/context_parallel_plan.h"
 #include "parallel/tensor_parallel.h"
 
 struct ContextParallel {
-  Comm* comm = nullptr;  // the cp group (nullptr with size 1)
-  int size = 1, rank = 0;
-  bool active() const { return size > 1; }
+  Comm* group = nullptr;  // this rank's cp group (the mesh's)
+  int size() const { return group->size; }
+  int rank() const { return group->rank; }
+  bool active() const { return size() > 1; }
   ContextParallelPlan plan;
   int B = 0, Tc = 0, NH = 0, HS = 0;  // largest micro-batch, chunk length, local heads, head size
   DType dt = DType::F32;
@@ -31,8 +37,6 @@ struct ContextParallel {
   void* block_out = nullptr;
   float* block_lse = nullptr;
   float* dq = nullptr;
-  size_t bytes = 0;
-  bool count_only = false;  // set before cp_create: add up the bytes, allocate nothing (planner)
 };
 
 // The token positions of rank r's local tokens (B sequences of T positions).
@@ -42,15 +46,20 @@ void cp_select_tokens(int* local, const int* full, int cp, int rank, int B, int 
 // The local index of global position t of sequence b, or -1 if another cp rank holds it.
 int cp_local_index(int cp, int rank, int B, int T, int b, int t);
 
-// cp.size and cp.rank set by the caller; comm may be null with cp.count_only.
-void cp_create(ContextParallel& cp, Comm* comm, int B, int T, int NH, int HS, DType dt,
-               ops::Stream ring);
-void cp_destroy(ContextParallel& cp);
+// B sequences of T positions (all cp ranks' together) over the group; the buffers and events
+// come from `memory`, which owns them (a count-only allocator, the planner's, only counts them).
+// With one rank nothing is taken.
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
+               Allocator& memory, ops::Stream ring);
 
-// Ring attention forward over this rank's two chunks: out (2,B,Tc,C) and lse (2,B,NH,Tc) for
-// the queries of qkv (2,B,Tc,3C), against the keys and values of every chunk before them.
+// Causal attention of B sequences of T_local positions on this rank (2*Tc under cp > 1: its two
+// chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,3C), against the keys and
+// values of every position before them. cp > 1: the ring over the group, out (2,B,Tc,C) and lse
+// (2,B,NH,Tc) chunk-major. One rank: ops::attention_forward, out (B,T,C), lse (B,NH,T).
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          ops::Stream s);
-// Ring attention backward: dqkv (2,B,Tc,3C), written, from dout, and the forward's out and lse.
+                          int T_local, ops::Stream s);
+// Its backward: dqkv, written, from dout and the forward's out and lse (the ring again, or
+// ops::attention_backward with one rank).
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
-                           const void* out, const float* lse, int B, ops::Stream s);
+                           const void* out, const float* lse, int B, int T_local,
+                           ops::Stream s);

@@ -1,7 +1,7 @@
 // parallel/context_parallel_plan.cu - the ring-attention plan with zigzag chunks (the rules are
 // listed in parallel/context_parallel_plan.h). No communication and no kernels: the executor
-// that sends K and V around the cp group and calls the attention kernels on these blocks comes
-// later; this file decides who computes which block at which ring step.
+// that sends K and V around the cp group and calls the attention kernels on these blocks is
+// parallel/context_parallel.cu; this file decides who computes which block at which ring step.
 //
 // The idea. Context parallelism splits the sequence over cp ranks. Everything in a transformer
 // block is per token except attention, where every query needs the keys and values of all earlier

@@ -26,20 +26,9 @@
 void ddp_init(ParamStore& st) {
   for (UnitState& us : st.units) {
     us.grad_full = us.grad;
-    if (st.dt == DType::F32) {
-      us.params = us.master;  // fp32: the working copy is the master itself
-    } else {
-      us.params = ops::alloc(us.numel * dtype_size(st.dt));
-      st.state_bytes += us.numel * dtype_size(st.dt);
-    }
-    us.reduce_done = ops::event_create();
-  }
-}
-
-void ddp_destroy(ParamStore& st) {
-  for (UnitState& us : st.units) {
-    if (us.params != (void*)us.master) ops::release(us.params);
-    ops::event_destroy(us.reduce_done);
+    us.params = st.dt == DType::F32 ? us.master  // fp32: the working copy is the master itself
+                                    : allocate(st.state_memory, us.numel * dtype_size(st.dt));
+    us.reduce_done = allocate_event(st.work_memory);
   }
 }
 

@@ -54,29 +54,29 @@
 // (DDP) or shard them (FSDP); that is the expert unit's grad axis in model/gpt.cu. Every rank's
 // tokens already reached the experts in the forward, so nothing else is summed.
 //
-// ep = 1 is data parallel MoE: no all-to-all; the dispatch order is expert-major already.
+// ep = 1 is data parallel MoE: the dispatch order is expert-major already, so both trips are the
+// identity. ep_trip_buffer gives the two sides of a trip the same buffer then, trip_rows sizes
+// the scratch at zero, and ep_to_experts / ep_to_home return at once: no copy, no collective, not
+// a byte more than the layer needs, and the model calls the trips unconditionally.
 #include "parallel/expert_parallel.h"
 
 #include <algorithm>
 
 int ExpertParallel::max_expert_rows(int N) const {
-  return size * N * std::min(top_k, experts_per_rank());
+  return size() * N * std::min(top_k, experts_per_rank());
 }
 
-void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, bool count_only,
-                     size_t* bytes) {
-  const size_t pairs = (size_t)N * ep.top_k, rows = ep.max_expert_rows(N);
+int ExpertParallel::trip_rows(int N) const { return size() > 1 ? max_expert_rows(N) : 0; }
+
+void* ep_trip_buffer(const ExpertParallel& ep, void* own, void* other) {
+  return ep.size() > 1 ? own : other;
+}
+
+void ep_route_create(ExpertRoute& r, const ExpertParallel& ep, int N, Allocator& memory) {
+  const size_t pairs = (size_t)N * ep.top_k, rows = ep.trip_rows(N);
   int** arrays[] = {&r.token_of_row, &r.position, &r.regroup, &r.ungroup};
-  const size_t counts[] = {pairs, pairs, ep.size > 1 ? rows : 0, ep.size > 1 ? rows : 0};
-  for (int i = 0; i < 4; i++) {
-    *bytes += counts[i] * sizeof(int);
-    if (!count_only && counts[i] > 0) *arrays[i] = (int*)ops::alloc(counts[i] * sizeof(int));
-  }
-}
-
-void ep_route_destroy(ExpertRoute& r) {
-  for (int* p : {r.token_of_row, r.position, r.regroup, r.ungroup}) ops::release(p);
-  r = ExpertRoute{};
+  const size_t counts[] = {pairs, pairs, rows, rows};
+  for (int i = 0; i < 4; i++) *arrays[i] = (int*)allocate(memory, counts[i] * sizeof(int));
 }
 
 // The counts exchange: from[s*per + j] = rows that rank s sends to local expert j (with one
@@ -84,12 +84,11 @@ void ep_route_destroy(ExpertRoute& r) {
 // expert-major buffer, and the rows that arrive from each rank.
 static void exchange_counts(ExpertRoute& r, ExpertParallel& ep) {
   const int per = ep.experts_per_rank();
-  r.from.assign((size_t)ep.size * per, 0);
-  if (ep.size == 1) r.from = r.plan.expert_counts;  // (a one-rank layout may have no comm)
-  else all_to_all_host(*ep.comm, r.plan.expert_counts.data(), per, r.from.data());
+  r.from.assign((size_t)ep.size() * per, 0);
+  all_to_all_host(*ep.group, r.plan.expert_counts.data(), per, r.from.data());
   r.expert_rows.assign(per, 0);
-  r.recv_counts.assign(ep.size, 0);
-  for (int s = 0; s < ep.size; s++)
+  r.recv_counts.assign(ep.size(), 0);
+  for (int s = 0; s < ep.size(); s++)
     for (int j = 0; j < per; j++) {
       r.expert_rows[j] += r.from[s * per + j];
       r.recv_counts[s] += r.from[s * per + j];
@@ -108,7 +107,7 @@ static void regroup_indices(const ExpertRoute& r, const ExpertParallel& ep,
   ungroup.assign(r.M, 0);
   std::vector<int> next(r.expert_first);  // the next free expert-major row of each expert
   int received = 0;                       // rows in received order: source s, then expert j
-  for (int s = 0; s < ep.size; s++)
+  for (int s = 0; s < ep.size(); s++)
     for (int j = 0; j < per; j++)
       for (int i = 0; i < r.from[s * per + j]; i++, received++) {
         regroup[next[j]] = received;
@@ -117,7 +116,7 @@ static void regroup_indices(const ExpertRoute& r, const ExpertParallel& ep,
 }
 
 void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops::Stream s) {
-  r.plan = expert_dispatch_plan_build(expert, N, ep.top_k, ep.E, ep.size);
+  r.plan = expert_dispatch_plan_build(expert, N, ep.top_k, ep.E, ep.size());
   const int pairs = N * ep.top_k;
   std::vector<int> token_of_row(pairs);
   for (int i = 0; i < pairs; i++) token_of_row[i] = r.plan.order[i] / ep.top_k;
@@ -125,7 +124,7 @@ void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops:
   ops::copy_to_device_async(r.position, r.plan.position.data(), pairs * sizeof(int), s);
   r.send_counts.assign(r.plan.rank_send_counts.begin(), r.plan.rank_send_counts.end());
   exchange_counts(r, ep);
-  if (ep.size == 1) return;  // every expert is here, in dispatch order: nothing to regroup
+  if (ep.size() == 1) return;  // every expert is here, in dispatch order: nothing to regroup
   std::vector<int> regroup, ungroup;
   regroup_indices(r, ep, regroup, ungroup);
   ops::copy_to_device_async(r.regroup, regroup.data(), r.M * sizeof(int), s);
@@ -139,16 +138,24 @@ static std::vector<size_t> elements(const std::vector<size_t>& rows, int C) {
   return out;
 }
 
+// One rank: the rows are where they belong already (the same buffer), or one copy away.
+static void stay_home(const ExpertRoute& r, void* dst, const void* src, int C, DType dt,
+                      ops::Stream s) {
+  if (dst != src) ops::copy_on_device(dst, src, (size_t)r.M * C * dtype_size(dt), s);
+}
+
 void ep_to_experts(ExpertParallel& ep, const ExpertRoute& r, const void* rows, void* expert_major,
                    void* recv, int C, DType dt, ops::Stream s) {
+  if (ep.size() == 1) return stay_home(r, expert_major, rows, C, dt, s);
   const std::vector<size_t> send = elements(r.send_counts, C), got = elements(r.recv_counts, C);
-  all_to_all_v(*ep.comm, rows, send.data(), recv, got.data(), dt, s);
+  all_to_all_v(*ep.group, rows, send.data(), recv, got.data(), dt, s);
   ops::moe_permute(expert_major, recv, r.regroup, r.M, C, dt, s);
 }
 
 void ep_to_home(ExpertParallel& ep, const ExpertRoute& r, const void* expert_major, void* rows,
                 void* send, int C, DType dt, ops::Stream s) {
+  if (ep.size() == 1) return stay_home(r, rows, expert_major, C, dt, s);
   ops::moe_permute(send, expert_major, r.ungroup, r.M, C, dt, s);
   const std::vector<size_t> out = elements(r.recv_counts, C), back = elements(r.send_counts, C);
-  all_to_all_v(*ep.comm, send, out.data(), rows, back.data(), dt, s);
+  all_to_all_v(*ep.group, send, out.data(), rows, back.data(), dt, s);
 }

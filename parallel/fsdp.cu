@@ -60,51 +60,30 @@ static int take_slot(std::vector<int>& owner, int unit) {
 void fsdp_init(ParamStore& st) {
   const size_t elem = dtype_size(st.dt);
   size_t largest_block = 0, largest_shard = 0;
+  Allocator& work = st.work_memory;
   for (size_t u = 0; u < st.units.size(); u++) {
     UnitState& us = st.units[u];
-    if (st.dt == DType::F32) {
-      us.param_shard = us.master;
-    } else {
-      us.param_shard = ops::alloc(us.shard_numel * elem);
-      st.state_bytes += us.shard_numel * elem;
-    }
-    us.gather_done = ops::event_create();
-    us.reduce_done = ops::event_create();
+    us.param_shard = st.dt == DType::F32 ? us.master
+                                         : allocate(st.state_memory, us.shard_numel * elem);
+    us.gather_done = allocate_event(work);
+    us.reduce_done = allocate_event(work);
     largest_shard = std::max(largest_shard, us.shard_numel);
     if (!us.whole_step) {
       largest_block = std::max(largest_block, us.padded_numel);
       continue;
     }
-    us.params = ops::alloc(us.padded_numel * elem);  // the root keeps its own buffers
-    us.grad_full = (float*)ops::alloc(us.padded_numel * sizeof(float));
+    us.params = allocate(work, us.padded_numel * elem);  // the root keeps its own buffers
+    us.grad_full = (float*)allocate(work, us.padded_numel * sizeof(float));
   }
   for (int i = 0; i < st.pool_slots; i++) {
-    st.gather_pool.push_back(ops::alloc(largest_block * elem));
+    st.gather_pool.push_back(allocate(work, largest_block * elem));
     st.gather_owner.push_back(-1);
-    st.grad_pool.push_back((float*)ops::alloc(largest_block * sizeof(float)));
+    st.grad_pool.push_back((float*)allocate(work, largest_block * sizeof(float)));
     st.grad_owner.push_back(-1);
-    st.grad_slot_reduced.push_back(ops::event_create());
+    st.grad_slot_reduced.push_back(allocate_event(work));
   }
-  st.reduce_scratch = (float*)ops::alloc(largest_shard * sizeof(float));
-  st.issue_point = ops::event_create();
-}
-
-void fsdp_destroy(ParamStore& st) {
-  for (UnitState& us : st.units) {
-    if (us.param_shard != us.master) ops::release(us.param_shard);
-    ops::event_destroy(us.gather_done);
-    ops::event_destroy(us.reduce_done);
-    if (!us.whole_step) continue;
-    ops::release(us.params);
-    ops::release(us.grad_full);
-  }
-  for (size_t i = 0; i < st.gather_pool.size(); i++) {
-    ops::release(st.gather_pool[i]);
-    ops::release(st.grad_pool[i]);
-    ops::event_destroy(st.grad_slot_reduced[i]);
-  }
-  ops::release(st.reduce_scratch);
-  ops::event_destroy(st.issue_point);
+  st.reduce_scratch = (float*)allocate(work, largest_shard * sizeof(float));
+  st.issue_point = allocate_event(work);
 }
 
 // The comm stream waits for all work queued so far on the compute stream.

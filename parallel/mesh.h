@@ -1,51 +1,67 @@
 // parallel/mesh.h - the device mesh: world = dp x pp x cp x tp, experts sharded over ep inside
-// dp x cp. From [parallel] it gives each rank its coordinates and one communicator per axis.
+// dp x cp. From [parallel] it gives each rank one group (a Comm: its rank and size in the group,
+// and the backend's communicator) per axis.
 //
 // Rank layout, tp innermost so that a tensor-parallel group lands inside one node:
 //
 //     world_rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 //
-// Groups (each a Comm in this struct):
+// Groups (parallel/axis.h), each ordered by the coordinate that varies in it:
 //   dp    ranks that differ only in dp_rank           (gradient reduction, FSDP shards)
 //   tp    ranks that differ only in tp_rank           (tensor/sequence parallel)
 //   pp    ranks that differ only in pp_rank           (pipeline send/recv)
 //   cp    ranks that differ only in cp_rank           (ring attention)
-//   dpcp  ranks that differ in dp_rank and/or cp_rank (dense gradients when cp > 1)
-//   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all)
+//   dpcp  ranks that differ in dp_rank and/or cp_rank, by dpcp index = dp_rank * cp + cp_rank
+//                                                     (dense gradients when cp > 1)
+//   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all); ep_rank = index % ep
 //   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
-//   stage ranks with the same pp_rank                  (FP8 amax agreement inside a stage)
-//   embed pp ranks 0 and pp-1 of one pipeline          (the tied embedding's gradient)
+//   stage ranks with the same pp_rank, by world rank  (FP8 amax agreement inside a stage)
+//   embed pp ranks 0 and pp-1 of one pipeline         (the tied embedding's gradient)
 //
-// Validation runs before any work: the product of the degrees equals the world size; tp divides
-// n_head, 4*d_model and the padded vocabulary, and seq_len with sequence parallelism; 2*cp
-// divides seq_len; n_layer >= pp; ep divides dp*cp. Each failure names the degrees and the rule.
+// The arithmetic is three pure functions (coordinates, world rank, group members) that the mesh,
+// the planner (training/plan.cu) and the checkpoint index (checkpoint/hdf5_format.cu) all use. The
+// degrees were checked against the model and the world size when the config was read
+// (config/layout_rules.cu).
 #pragma once
-#include "model/config.h"
+#include <vector>
+
+#include "config/config.h"
 #include "parallel/comm.h"
 
+// The degrees, and the two layout choices that go with them.
+struct MeshShape {
+  int dp = 1, pp = 1, cp = 1, tp = 1, ep = 1;
+  int pp_virtual = 1;  // model chunks per pipeline rank
+  bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
+  int world() const { return dp * pp * cp * tp; }
+};
+MeshShape mesh_shape(const ParallelConfig& p);
+
+// A rank's coordinates. ep: its rank in its expert-parallel group (dpcp index % ep).
+struct MeshCoords {
+  int dp = 0, pp = 0, cp = 0, tp = 0, ep = 0;
+};
+MeshCoords mesh_coords(const MeshShape& m, int world_rank);
+int mesh_world_rank(const MeshShape& m, const MeshCoords& c);  // c.ep is implied, not read
+// The world ranks of world_rank's group on `axis`, in group order (its index there is its rank).
+std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int world_rank);
+
 struct Mesh {
-  int world_size = 1, world_rank = 0;
-  int local_rank = 0;            // rank among the processes of this node (picks the GPU)
-  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0, ep_rank = 0;
-  Comm world, dp_comm, tp_comm, pp_comm, cp_comm, dpcp_comm, ep_comm, epdp_comm;
-  Comm stage_comm, embed_comm;
-  CommStats stats;               // counters shared by all the comms above
+  MeshShape shape;
+  int world_rank = 0;
+  int local_rank = 0;  // rank among the processes of this node (picks the GPU)
+  Comm groups[(int)Axis::Count];
+  CommStats stats;     // counters shared by all the groups above
+  Comm& operator[](Axis a) { return groups[(int)a]; }
+  const Comm& operator[](Axis a) const { return groups[(int)a]; }
 };
 
-// MPI_Init (thread level FUNNELED), world rank/size, local rank, the fatal-error handler that
-// aborts every rank. Call first thing in main; a plain `./train config.toml` is one rank.
-void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int* local_rank);
-void runtime_finalize();
-
-// Checks the degrees against the model and the world size (exits with a message naming the
-// degrees and the rule on failure), then builds every group with `backend`. The device must be
-// initialised first (ops::device_init) when the backend is NCCL.
-void mesh_init(Mesh& mesh, const Config& cfg, int world_rank, int world_size, int local_rank,
+// Builds every group of world_rank with `backend`. MPI and NCCL connect them: collective over
+// the world, and the device must be initialised first (ops::device_init) under NCCL. Count (the
+// planner) and None (another rank's place, for the checkpoint index) only describe them. The
+// groups point into `mesh` (its stats): a Mesh must stay where mesh_init built it.
+void mesh_init(Mesh& mesh, const MeshShape& shape, int world_rank, int local_rank,
                CommBackend backend);
 void mesh_destroy(Mesh& mesh);
-// The mesh's communicators by axis, for the parameter store.
+// The mesh's groups by axis, for the parameter store.
 CommsByAxis mesh_comms(Mesh& mesh);
-// The validation alone (no MPI), used by mesh_init and by tests. Returns "" when the layout is
-// valid, else the message.
-std::string mesh_validate(const Config& cfg, int world_size);

@@ -1,7 +1,7 @@
 // parallel/param_store.cu - the parts of the ParamStore that do not depend on how weights are
-// distributed: shards, filling them from a ParamFill, zeroing gradients, the sum of the partial
-// gradients over tp, the global gradient norm, and the dispatch to DDP (parallel/ddp.cu) or FSDP
-// (parallel/fsdp.cu).
+// distributed: shards, filling them from a ParamFill, zeroing gradients, when the partial
+// gradients are summed over tp (parallel/tensor_parallel.cu sums them), the global gradient norm,
+// and the dispatch to DDP (parallel/ddp.cu) or FSDP (parallel/fsdp.cu).
 //
 // Shard geometry (shard_range, parallel/placement.h). A unit of `numel` elements is padded to a
 // multiple of group size * kTensorAlign, and rank r of the unit's group owns the r-th slice. The
@@ -14,11 +14,7 @@
 #include <cmath>
 #include <cstring>
 
-static float* alloc_zeroed_f32(size_t n, ops::Stream s) {
-  float* p = (float*)ops::alloc(n * sizeof(float));
-  ops::fill_zero(p, n * sizeof(float), s);
-  return p;
-}
+#include "parallel/tensor_parallel.h"
 
 // Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`, one
 // global block of each tensor at a time.
@@ -66,7 +62,11 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.compute = compute;
   st.comm = comm;
   st.pool_slots = fsdp_pool_slots(units);
+  st.state_memory.count_only = st.work_memory.count_only = st.count_only;
   const bool sharded = mode == ShardingMode::FSDP;
+  auto zeroed = [&](size_t n) {
+    return (float*)allocate_zeroed(st.state_memory, n * sizeof(float), compute);
+  };
   for (const ParamUnit& pu : units) {
     UnitState us;
     us.group = comms[pu.grad_axis];
@@ -82,33 +82,24 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
     us.shard_offset = shard.first;
     us.shard_numel = shard.size();
-    us.master = alloc_zeroed_f32(us.shard_numel, compute);
-    us.adam_m = alloc_zeroed_f32(us.shard_numel, compute);
-    us.adam_v = alloc_zeroed_f32(us.shard_numel, compute);
-    us.grad = alloc_zeroed_f32(us.shard_numel, compute);
-    st.state_bytes += 4 * us.shard_numel * sizeof(float);
+    us.master = zeroed(us.shard_numel);
+    us.adam_m = zeroed(us.shard_numel);
+    us.adam_v = zeroed(us.shard_numel);
+    us.grad = zeroed(us.shard_numel);
     st.units.push_back(us);
   }
-  st.norm_scratch = alloc_zeroed_f32(1, compute);
-  st.comm_idle = ops::event_create();
+  st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
+  st.comm_idle = allocate_event(st.work_memory);
   if (sharded) fsdp_init(st);
   else ddp_init(st);
-  param_store_load(st, units, fill);
+  if (!st.count_only) param_store_load(st, units, fill);
 }
 
 void param_store_destroy(ParamStore& st) {
   ops::stream_sync(st.compute);
   ops::stream_sync(st.comm);
-  if (st.mode == ShardingMode::FSDP) fsdp_destroy(st);
-  else ddp_destroy(st);
-  for (UnitState& us : st.units) {
-    ops::release(us.master);
-    ops::release(us.adam_m);
-    ops::release(us.adam_v);
-    ops::release(us.grad);
-  }
-  ops::release(st.norm_scratch);
-  ops::event_destroy(st.comm_idle);
+  allocator_free(st.state_memory);
+  allocator_free(st.work_memory);
   st.units.clear();
 }
 
@@ -129,12 +120,6 @@ float* grads_acquire(ParamStore& st, int unit) {
   return st.mode == ShardingMode::FSDP ? fsdp_grads_acquire(st, unit)
                                        : ddp_grads_acquire(st, unit);
 }
-// This rank's shard of the range of unit `us` whose gradients are partial over tp.
-static FlatRange partial_part(const UnitState& us) {
-  const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
-  return {std::max(lo, us.partial_begin), std::min(hi, us.numel)};
-}
-
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (st.mode == ShardingMode::FSDP) fsdp_grads_release(st, unit, last_micro_step);
   else ddp_grads_release(st, unit, last_micro_step);
@@ -148,16 +133,14 @@ void grads_zero(ParamStore& st) {
 }
 
 // Once the step's gradients are summed over each unit's group, the tp ranks' partial gradients
-// (sequence-parallel LayerNorms) are summed over tp, one all-reduce per unit. They wait for the
-// whole backward first: the model's own tp collectives run on the compute stream, and two
-// streams must never interleave collectives of one communicator (NCCL could deadlock).
+// (sequence parallelism: what and why in parallel/tensor_parallel.cu) are summed over tp, one
+// all-reduce per unit. They wait for the whole backward first: the model's own tp collectives run
+// on the compute stream, and two streams must never interleave collectives of one communicator
+// (NCCL could deadlock).
 static void sum_partial_grads_over_tp(ParamStore& st) {
-  for (UnitState& us : st.units) {
-    const FlatRange part = partial_part(us);
-    if (part.size() > 0)
-      all_reduce_sum(*st.tp, us.grad + (part.first - us.shard_offset), part.size(), DType::F32,
-                     st.comm);
-  }
+  for (UnitState& us : st.units)
+    tp_sum_partial_grads(*st.tp, us.grad, {us.shard_offset, us.shard_offset + us.shard_numel},
+                         us.partial_begin, us.numel, st.comm);
 }
 
 // Pipeline parallelism: the first and the last stage each hold the root (the tied wte); each

@@ -16,13 +16,15 @@
 //
 // Units are what the placement map says they are on this rank: under tensor parallelism a unit
 // holds this tp rank's blocks, and FSDP shards that local unit over the unit's own group
-// (ParamUnit::grad_axis: dp for dense weights). After the gradients of the step are reduced over
+// (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the same
+// experts). "dp" above stands for that group. After the gradients of the step are reduced over
 // that group, the range whose gradients are partial over tp (LayerNorms under sequence
 // parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
 // once, whichever ranks hold copies of it.
 #pragma once
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/placement.h"
@@ -75,11 +77,15 @@ struct ParamStore {
   float* reduce_scratch = nullptr; // one shard-sized buffer the reduce-scatter lands in
   float* norm_scratch = nullptr;   // one float on the device
   ops::Event comm_idle = nullptr;  // recorded on the comm stream by grads_wait
-  size_t state_bytes = 0;          // persistent bytes: master, m, v, grad, working copy
+  // Device memory: the state (master, m, v, grad, working copy: the bytes the banner and the
+  // planner report) and the working buffers (FSDP's full-unit buffers, scratch, events).
+  Allocator state_memory, work_memory;
+  bool count_only = false;  // set before param_store_init: count the memory, allocate nothing
 };
 
 // Allocates the store for `units` (this rank's placement) and fills this rank's master shard with
-// `fill` (parallel/placement.h: random init, llm.c import and checkpoints are fills).
+// `fill` (parallel/placement.h: random init, llm.c import and checkpoints are fills). With
+// count_only (the planner) it only counts the memory; fill is not called.
 void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, ShardingMode mode,
                       DType dt, const CommsByAxis& comms, ops::Stream compute, ops::Stream comm,
                       const ParamFill& fill);
@@ -101,7 +107,7 @@ void params_release(ParamStore& store, int unit);
 float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
 
-// The optimizer's side (model/optimizer.cu).
+// The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);
 // After the last micro-step: partial gradients summed over tp, and every outstanding reduction
 // finished on the compute stream.
@@ -116,12 +122,10 @@ void* store_param_copy(ParamStore& store, int unit);   // where that copy of the
 
 // Per-mode implementations behind the functions above.
 void ddp_init(ParamStore& store);
-void ddp_destroy(ParamStore& store);
 void* ddp_params_acquire(ParamStore& store, int unit);
 float* ddp_grads_acquire(ParamStore& store, int unit);
 void ddp_grads_release(ParamStore& store, int unit, bool last_micro_step);
 void fsdp_init(ParamStore& store);
-void fsdp_destroy(ParamStore& store);
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);

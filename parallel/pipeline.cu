@@ -16,10 +16,10 @@
 // one gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and
 // rank at most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
 //
-// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built and
-// checked in parallel/pipeline_schedule.cu, where the warm-up, the steady one-forward-one-
-// backward state, the cool-down, the memory bound and the bubble (p-1)/(v*m + p-1) are derived.
-// This file runs the list:
+// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built in
+// parallel/pipeline_schedule.cu (the warm-up, the steady one-forward-one-backward state, the
+// cool-down and the memory bound) and checked by parallel/pipeline_simulator.cu; the bubble
+// (p-1)/(v*m + p-1) is derived in docs/PARALLELISM.md. This file runs the list:
 //
 //   rank 1 of 4, 1f1b, m = 4:   recv-fwd 0, F0, send-fwd 0 | recv-fwd 1, F1, send-fwd 1 |
 //                               recv-bwd 0 ... B0 ...
@@ -85,16 +85,20 @@ static int peak_slots(const PipelineSchedule& s, int rank) {
   return peak;
 }
 
-void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
-                   Comm* comm) {
-  pl.schedule = pipeline_build(kind, p, m, v);
-  pl.rank = rank;
-  pl.comm = comm;
-  const PipelineSimulation sim =
-      pipeline_simulate(pl.schedule, 1.0, 2.0, PipeComm::Rendezvous);
-  CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), p, m, v,
+void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
+  const PipelineSchedule schedule = pipeline_build(kind, group->size, m, v);
+  const PipelineSimulation sim = pipeline_simulate(schedule, 1.0, 2.0, PipeComm::Rendezvous);
+  CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), group->size, m, v,
         sim.error.c_str());
-  pl.slots = pipeline_slots(pl.schedule, rank);
+  pipeline_init_with(pl, schedule, group);
+}
+
+void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* group) {
+  const int m = schedule.m, v = schedule.v;
+  pl.schedule = schedule;
+  pl.comm = group;
+  pl.slots = pipeline_slots(pl.schedule, group->rank);
+  if (pl.count_only) return;
   pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
@@ -211,18 +215,21 @@ SlotPool make_pool(int slots, int m) {
 }  // namespace
 
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.rank];
-  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, true, s, make_pool(pl.slots, pl.schedule.m)};
-  ops::event_record(pl.events[0], s);
+  const int rank = pl.comm->rank;
+  const std::vector<PipeAction>& list = pl.schedule.ranks[rank];
+  Executor ex{pl.schedule, stages, *pl.comm, rank, true, s, make_pool(pl.slots, pl.schedule.m)};
+  const bool timed_run = !pl.count_only;
+  if (timed_run) ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;
   size_t e = 1;
   for_each_step(list, [&](size_t begin, size_t end) {
     if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, list, begin, end);
-    ops::event_record(pl.events[e++], s);
+    if (timed_run) ops::event_record(pl.events[e++], s);
     compute(ex, list, begin);
-    ops::event_record(pl.events[e++], s);
+    if (timed_run) ops::event_record(pl.events[e++], s);
     timed.push_back(list[begin]);
   });
+  if (!timed_run) return;
   ops::event_sync(pl.events[e - 1]);
   pl.timing.clear();
   for (size_t k = 0; k < timed.size(); k++)
@@ -234,12 +241,12 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
   const int p = pl.schedule.p, v = pl.schedule.v, S = p * v;
   std::vector<PipeAction> list;  // each chunk: receive the input, forward, send the output
   for (int c = 0; c < v; c++) {
-    const int stage = c * p + pl.rank;
+    const int stage = c * p + pl.comm->rank;
     if (stage > 0) list.push_back({PipeOp::RecvForward, 0, c, (stage - 1) % p});
     list.push_back({PipeOp::Forward, 0, c, -1});
     if (stage < S - 1) list.push_back({PipeOp::SendForward, 0, c, (stage + 1) % p});
   }
-  Executor ex{pl.schedule, stages, *pl.comm, pl.rank, false, s, make_pool(1, 1)};
+  Executor ex{pl.schedule, stages, *pl.comm, pl.comm->rank, false, s, make_pool(1, 1)};
   for_each_step(list, [&](size_t begin, size_t end) {
     if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, list, begin, end);
     else compute(ex, list, begin);
@@ -278,9 +285,7 @@ PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
                            t.start_ms, t.end_ms};
     std::copy(row, row + 5, &mine[5 * k]);
   }
-  if (p > 1) MPI_Allgather(mine.data(), 5 * n, MPI_DOUBLE, all.data(), 5 * n, MPI_DOUBLE,
-                           pl.comm->mpi);
-  else all = mine;
+  all_gather_host(*pl.comm, mine.data(), mine.size() * sizeof(double), all.data());
   PipelineReport rep;
   rep.busy_ms.assign(p, 0.0);
   for (int r = 0; r < p; r++)

@@ -30,18 +30,20 @@ struct ActionTiming {
 };
 
 struct Pipeline {
-  PipelineSchedule schedule;  // every rank's lists; this rank runs schedule.ranks[rank]
-  int rank = 0;               // pp rank
-  Comm* comm = nullptr;       // the pp group
+  PipelineSchedule schedule;  // every rank's lists; this rank runs schedule.ranks[comm->rank]
+  Comm* comm = nullptr;       // the pp group (the mesh's)
   int slots = 1;              // activation slots this rank needs: its peak live chunk forwards
   std::vector<ActionTiming> timing;  // this rank's compute actions in the last training step
   std::vector<ops::Event> events;    // two per compute action, and one for the step's start
+  bool count_only = false;  // set before pipeline_init: no events, no timing (the planner)
 };
 
-// Builds the schedule (the rules are checked before any work by mesh_validate) and sizes the
-// slots from its simulation.
-void pipeline_init(Pipeline& pl, const std::string& kind, int p, int m, int v, int rank,
-                   Comm* comm);
+// Builds the schedule of m micro-batches and v chunks per rank over the pp group (its rules were
+// checked when the config was read: pipeline_rules) and sizes the slots from its simulation.
+void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group);
+// The same with a schedule already built and checked, for the group's size (the planner builds
+// it once for all ranks).
+void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* group);
 void pipeline_destroy(Pipeline& pl);
 // The activation slots rank `rank` of a schedule needs (what pipeline_init sizes pl.slots to).
 int pipeline_slots(const PipelineSchedule& sched, int rank);

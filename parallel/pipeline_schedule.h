@@ -3,8 +3,11 @@
 // step (compute, and the sends and receives of the tensors at stage boundaries), and a simulator
 // that runs those lists against each other, with sends that complete at once (buffered) or only
 // once the peer posts the receive (rendezvous, as NCCL and large MPI messages do). Pure logic: no
-// communication, no model. The idea, the bubble, memory, bytes and the two ways of sending are
-// explained at the top of parallel/pipeline_schedule.cu.
+// communication, no model. Three files, one idea each:
+//   parallel/pipeline_schedule.cu   the schedules, their rules and the builder
+//   parallel/pipeline_messages.cu   where the sends and receives go, so rendezvous never stalls
+//   parallel/pipeline_simulator.cu  the simulator and the ASCII timeline
+// The bubble, the warm-ups and the two ways of sending are derived in docs/PARALLELISM.md.
 //
 // Stages. The model's n_layer blocks are cut into S = p*v stages of equal size, numbered in model
 // order. Chunk c of rank r is stage c*p + r, so with v = 1 rank r holds stage r, and with v = 2 and
@@ -16,6 +19,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "config/config.h"
 
 enum class PipeOp : int {
   Forward = 0,   // forward of (micro, chunk): input from stage s-1 (or the data at stage 0)
@@ -43,20 +48,14 @@ struct PipelineSchedule {
   std::vector<std::vector<PipeAction>> ranks;  // ranks[r]: rank r's actions, in order
 };
 
-// "" if (kind, p, m, v) can be built, else one line per broken rule, each naming it:
-//   kind is one of "gpipe", "1f1b", "interleaved";  p, m, v >= 1;
-//   v > 1 only with "interleaved", and "interleaved" needs v >= 2;
-//   "interleaved" needs p >= 3 (at p = 2 both directions share one channel between the ranks)
-//   and m % p == 0 (micro-batches travel through each chunk in groups of p);
-//   n_layer % (p*v) == 0 when n_layer > 0 (every stage gets n_layer/(p*v) blocks; pass 0 to skip).
-std::string pipeline_validate(const std::string& kind, int p, int m, int v, int n_layer);
-
-// The schedule; stops the job (FATAL) on a configuration pipeline_validate refuses. Every send
-// and receive sits where the lists run under rendezvous too: at a moment both ranks are between
-// computes in the timeline with F = 1, B = 2. On the interleaved schedule's link from rank p-1 to
-// rank 0 that puts some receives several computes before their consumer (more as p grows) and
-// some sends one compute late; elsewhere a receive comes right before its compute, a send right
-// after.
+// ---------------------------------------------------------------------------------------------
+// The schedules and the builder (parallel/pipeline_schedule.cu)
+// ---------------------------------------------------------------------------------------------
+// The rules of (kind, p, m, v) are config/layout_rules.cu's pipeline_rules: a config that breaks
+// them is refused when it is read.
+// The schedule; stops the job (FATAL) on a configuration pipeline_rules refuses. Every send
+// and receive sits where the lists run under rendezvous too (pipeline_place_messages): at a
+// moment both ranks are between computes in the timeline with F = 1, B = 2.
 PipelineSchedule pipeline_build(const std::string& kind, int p, int m, int v);
 
 // Warm-up forwards of rank r before its first backward (counted in chunk forwards):
@@ -77,6 +76,20 @@ double pipeline_bubble(int p, int m, int v);
 // simulation below groups the same way.
 std::vector<std::pair<size_t, size_t>> pipeline_comm_runs(const std::vector<PipeAction>& actions);
 
+// ---------------------------------------------------------------------------------------------
+// Where the messages go (parallel/pipeline_messages.cu)
+// ---------------------------------------------------------------------------------------------
+// Moves the sends and receives of s (p > 1) to places where both ends are between computes at the
+// same time in the timeline with F = 1, B = 2, keeping the computes and the order of the messages
+// between any two ranks. pipeline_build calls it last. On the interleaved schedule's link from
+// rank p-1 to rank 0 that puts some receives several computes before their consumer (more as p
+// grows) and some sends one compute late; elsewhere a receive stays right before its compute and
+// a send right after. Stops the job if a message finds no such place.
+void pipeline_place_messages(PipelineSchedule& s);
+
+// ---------------------------------------------------------------------------------------------
+// The simulator (parallel/pipeline_simulator.cu)
+// ---------------------------------------------------------------------------------------------
 // How a send completes, in the simulation. Communication itself is free in both.
 //   Buffered:   at once: the message waits in a first-in first-out queue per ordered pair of
 //               ranks, and a receive waits for the matching send. Small MPI messages behave so.

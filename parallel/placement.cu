@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/common.h"
+
 int64_t TensorPlacement::local_rows() const {
   int64_t n = 0;
   for (const RowRange& r : row_ranges) n += r.count;

@@ -9,9 +9,10 @@
 //   TensorPlacement   global shape; the block this rank holds (a list of row ranges x one
 //                     column range); whether it is split over tp or replicated; whether the tp
 //                     ranks' gradients are partial sums; its offset in the unit's flat buffer
-//   ParamUnit         the tensors FSDP gathers together and DDP reduces together (a block, or
-//                     the root), with the axis whose group sums the unit's gradient and shards
-//                     it under FSDP (dp today; dp x cp and the expert groups later)
+//   ParamUnit         the tensors FSDP gathers together and DDP reduces together (a block, an
+//                     MoE block's experts, or the root), with the axis whose group sums the
+//                     unit's gradient and shards it under FSDP (dp; dp x cp when cp > 1; for
+//                     experts, the ranks that hold the same experts)
 //
 // Examples, tensor parallel degree t, rank r (parallel/tensor_parallel.cu has the why):
 //   qkv weight (3C, C)    three row ranges: rows r*C/t .. of q, of k and of v  (column-parallel)
@@ -39,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/axis.h"
 
 constexpr size_t kTensorAlign = 64;  // elements: every tensor starts 16-byte aligned in any dtype
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "model/config.h"
+#include "config/config.h"
 
 int main(int argc, char** argv) {
   const char* env = std::getenv("WORLD_SIZE");

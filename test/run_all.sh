@@ -15,7 +15,7 @@ PY=/usr/bin/python3
 
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   # ./train plus the GPU test and benchmark programs: they cannot run here, but must build.
-  targets="all gpu-programs"
+  targets="all gpu-programs emu-lib-test-bins"
 else
   echo "run_all: no CUDA toolkit found: building ./train_cpu only"
   targets="cpu"
@@ -33,6 +33,7 @@ run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"
 run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
+run parallel-identity "$BUILD/test_parallel_identity"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
 run moe-router  $PY test/test_moe_router.py
@@ -56,6 +57,9 @@ run export      $PY test/test_export.py
 run usability   $PY test/test_usability.py
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
+fi
+if [ -x "$BUILD/emu/test_comm_nccl" ]; then  # the CUDA libraries' stand-ins (test/emu/LIBRARIES.md)
+  run emu-libs  test/emu/run_lib_tests.sh
 fi
 # The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
 # emulator's own tests, every test/gpu program under two thread orders, and the shared-memory

@@ -62,11 +62,13 @@ Coords coords(const Layout& l, int world_rank) {
   return c;
 }
 
-GPTLayout rank_layout(const ModelConfig& m, const Layout& l, const Coords& c) {
-  TensorParallel tp;
-  tp.size = l.tp, tp.rank = c.tp_rank, tp.sp = l.sp;
-  return gpt_layout(m, tp, PipelinePlace{l.pp, c.pp_rank, l.v},
-                    ContextPlace{nullptr, l.cp, c.cp_rank}, ExpertPlace{nullptr, l.ep, c.ep_rank});
+// Rank w's layout, over `mesh` made to describe it (parallel/mesh.h; the layout points into it).
+GPTLayout rank_layout(const ModelConfig& m, const Layout& l, int w, Mesh& mesh) {
+  MeshShape shape;
+  shape.dp = l.dp, shape.cp = l.cp, shape.tp = l.tp, shape.pp = l.pp, shape.ep = l.ep;
+  shape.pp_virtual = l.v, shape.sp = l.sp;
+  mesh_init(mesh, shape, w, 0, CommBackend::None);
+  return gpt_layout(m, mesh);
 }
 
 // A unit's group (the one that sums its gradient and that FSDP shards over): this rank's index
@@ -125,7 +127,8 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
                              int index_ep = 0) {
   for (int w = 0; w < l.world(); w++) {
     const Coords c = coords(l, w);
-    const GPTLayout g = rank_layout(m, l, c);
+    Mesh mesh;
+    const GPTLayout g = rank_layout(m, l, w, mesh);
     HostStore h;
     host_store_init(h, g, l, c);
     for (StateKind kind : kKinds) param_store_load(h.store, g.units, code_fill(kind), kind);
@@ -138,10 +141,12 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
   meta.writers = l.world();
   meta.writer_tp = l.tp, meta.writer_cp = l.cp, meta.writer_pp = l.pp;
   meta.writer_pp_virtual = l.v, meta.writer_ep = index_ep > 0 ? index_ep : l.ep;
-  const GPTLayout g0 = rank_layout(m, l, coords(l, 0));
+  Mesh mesh;
+  const GPTLayout g0 = rank_layout(m, l, 0, mesh);
   meta.L = g0.L, meta.NH = g0.NH, meta.C = g0.C, meta.T = g0.T, meta.V = g0.V, meta.Vp = g0.Vp;
   meta.maxT = g0.maxT;
-  return h5_write_index(dir + "/" + kIndexFileName, writer_layouts(m, g0), meta);
+  // The writers' units come from what they hold (l), their places from the index's record.
+  return h5_write_index(dir + "/" + kIndexFileName, writer_units(m, mesh.shape), meta);
 }
 
 // Every rank of `l` loads its shards through the index; the number of units whose shard is not
@@ -151,7 +156,8 @@ int read_mismatches(const CheckpointIndex& index, const ModelConfig& m, const La
   int bad = 0;
   for (int r = 0; r < l.world(); r++) {
     const Coords c = coords(l, r);
-    const GPTLayout g = rank_layout(m, l, c);
+    Mesh mesh;
+    const GPTLayout g = rank_layout(m, l, r, mesh);
     HostStore got, want;
     host_store_init(got, g, l, c);
     host_store_init(want, g, l, c);

@@ -13,8 +13,12 @@
 //                                     messages), all_to_all_v with uneven counts (zeros
 //                                     included), the host helpers, the counters
 //                                     (equal to the analytic calls/bytes) and the printed summary.
+//   test_comm count                   the Count backend (the planner's), one process: for every
+//                                     layout of 8 ranks and every rank, its groups against the
+//                                     formula, every collective counted by the payload rules and
+//                                     moving nothing, the host helpers as if all ranks were it
 //   test_comm validate W dp tp pp cp ep n_head seq_len n_layer
-//                                     prints mesh_validate's verdict ("ok" or the message)
+//                                     prints layout_problems' verdict ("ok" or the message)
 //   mpirun -np N test_comm layout dp tp pp cp ep [nccl]
 //                                     mesh_init alone; rank 0 prints "ok" (or the job dies)
 //   mpirun -np N test_comm fatal|throw|hang
@@ -50,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/comm_mpi_internal.h"  // the test checks the MPI groups themselves
 #include "parallel/mesh.h"
 
 #ifdef COMM_TEST_FAKE_DEVICE
@@ -127,7 +132,8 @@ std::vector<Coord> coordinates(const Layout& L) {
 }
 
 // (what members share, position in the group) of a rank on an axis, as mesh.h defines the groups.
-std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w) {
+std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, const Layout& L) {
+  const bool end = L.pp > 1 && (c.pp == 0 || c.pp == L.pp - 1);  // of its pipeline
   switch (a) {
     case Axis::World: return {{0, 0, 0}, w};
     case Axis::DP: return {{c.pp, c.cp, c.tp}, c.dp};
@@ -136,16 +142,21 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w) {
     case Axis::CP: return {{c.dp, c.pp, c.tp}, c.cp};
     case Axis::DPCP: return {{c.pp, c.tp, 0}, c.dpcp};
     case Axis::EP: return {{c.pp, c.tp, c.ep_block}, c.ep};
+    case Axis::Stage: return {{c.pp, 0, 0}, w};
+    case Axis::Embed:  // the two ends of a pipeline together; anyone else alone
+      return end ? std::pair<std::array<int, 3>, int>{{c.dpcp, c.tp, 0}, c.pp}
+                 : std::pair<std::array<int, 3>, int>{{-1 - w, 0, 0}, 0};
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }
 
 // World ranks of my group on axis a, in group-rank order.
-std::vector<int> expected_members(const std::vector<Coord>& table, Axis a, int me) {
+std::vector<int> expected_members(const std::vector<Coord>& table, const Layout& L, Axis a,
+                                  int me) {
   std::vector<std::pair<int, int>> by_key;  // (key, world rank)
   for (int w = 0; w < (int)table.size(); ++w)
-    if (group_key(a, table[w], w).first == group_key(a, table[me], me).first)
-      by_key.push_back({group_key(a, table[w], w).second, w});
+    if (group_key(a, table[w], w, L).first == group_key(a, table[me], me, L).first)
+      by_key.push_back({group_key(a, table[w], w, L).second, w});
   std::sort(by_key.begin(), by_key.end());
   std::vector<int> members;
   for (auto& kw : by_key) members.push_back(kw.second);
@@ -154,7 +165,7 @@ std::vector<int> expected_members(const std::vector<Coord>& table, Axis a, int m
 
 std::vector<int> actual_members(const Comm& c) {
   MPI_Group group, world;
-  MPI_Comm_group(c.mpi, &group);
+  MPI_Comm_group(mpi_group(c), &group);
   MPI_Comm_group(MPI_COMM_WORLD, &world);
   std::vector<int> ranks(c.size), members(c.size);
   for (int i = 0; i < c.size; ++i) ranks[i] = i;
@@ -304,10 +315,10 @@ void test_host_helpers(Ctx& ctx, Comm& c, const std::vector<int>& M) {
 const size_t kSizes[] = {1, 7, 4099};
 const size_t kLargeP2P = 262144;  // 1 MB in fp32
 
-void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table,
+void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table, const Layout& L,
                const std::string& layout) {
   ctx.where = layout + " axis " + axis_name(a);
-  const std::vector<int> M = expected_members(table, a, ctx.world_rank);
+  const std::vector<int> M = expected_members(table, L, a, ctx.world_rank);
   check(ctx, c.axis == a && c.size == (int)M.size(), "axis and group size");
   check(ctx, actual_members(c) == M, "group members (world ranks in group order)");
   check(ctx, c.rank < (int)M.size() && M[c.rank] == ctx.world_rank, "rank within the group");
@@ -386,12 +397,17 @@ std::vector<Layout> layouts_for(int world) {
 
 void check_coordinates(Ctx& ctx, const Mesh& mesh, const Layout& L) {
   const Coord c = coordinates(L)[ctx.world_rank];
-  check(ctx, mesh.dp_rank == c.dp && mesh.pp_rank == c.pp && mesh.cp_rank == c.cp &&
-                 mesh.tp_rank == c.tp && mesh.ep_rank == c.ep,
-        "coordinates");
-  check(ctx, mesh.dp == L.dp && mesh.tp == L.tp && mesh.pp == L.pp && mesh.cp == L.cp &&
-                 mesh.ep == L.ep && mesh.world_size == ctx.world_size &&
-                 mesh.world_rank == ctx.world_rank,
+  const MeshCoords pure = mesh_coords(mesh.shape, ctx.world_rank);
+  check(ctx, mesh[Axis::DP].rank == c.dp && mesh[Axis::PP].rank == c.pp &&
+                 mesh[Axis::CP].rank == c.cp && mesh[Axis::TP].rank == c.tp &&
+                 mesh[Axis::EP].rank == c.ep,
+        "coordinates (group ranks)");
+  check(ctx, pure.dp == c.dp && pure.pp == c.pp && pure.cp == c.cp && pure.tp == c.tp &&
+                 pure.ep == c.ep && mesh_world_rank(mesh.shape, pure) == ctx.world_rank,
+        "coordinates (mesh_coords, mesh_world_rank)");
+  check(ctx, mesh.shape.dp == L.dp && mesh.shape.tp == L.tp && mesh.shape.pp == L.pp &&
+                 mesh.shape.cp == L.cp && mesh.shape.ep == L.ep &&
+                 mesh.shape.world() == ctx.world_size && mesh.world_rank == ctx.world_rank,
         "degrees and world");
 }
 
@@ -417,10 +433,10 @@ void check_summary(Ctx& ctx, Mesh& mesh) {
   const size_t n = 250000;  // fp32: 1 MB
   void* buf = upload(std::vector<float>(n, 1.0f), DType::F32);
   void* gathered = poisoned(n, DType::F32);
-  for (int i = 0; i < 3; ++i) all_reduce_sum(mesh.world, buf, n, DType::F32, nullptr);
+  for (int i = 0; i < 3; ++i) all_reduce_sum(mesh[Axis::World], buf, n, DType::F32, nullptr);
   const size_t per_rank = n / ctx.world_size;
-  all_gather(mesh.world, buf, gathered, per_rank, DType::F32, nullptr);
-  barrier(mesh.world);
+  all_gather(mesh[Axis::World], buf, gathered, per_rank, DType::F32, nullptr);
+  barrier(mesh[Axis::World]);
   char* text = nullptr;
   size_t len = 0;
   FILE* f = open_memstream(&text, &len);
@@ -445,23 +461,120 @@ void check_summary(Ctx& ctx, Mesh& mesh) {
 void run_layout(Ctx& ctx, const Layout& L) {
   const std::string name = describe(L);
   Mesh mesh;
-  mesh_init(mesh, make_config(L), ctx.world_rank, ctx.world_size, 0, ctx.backend);
+  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, ctx.backend);
   ctx.where = name;
   ctx.expected = CommStats{};
   check_coordinates(ctx, mesh, L);
   const std::vector<Coord> table = coordinates(L);
   const std::pair<Comm*, Axis> axes[] = {
-      {&mesh.world, Axis::World}, {&mesh.dp_comm, Axis::DP},     {&mesh.tp_comm, Axis::TP},
-      {&mesh.pp_comm, Axis::PP},  {&mesh.cp_comm, Axis::CP},     {&mesh.dpcp_comm, Axis::DPCP},
-      {&mesh.ep_comm, Axis::EP},  {&mesh.epdp_comm, Axis::EPDP}};
+      {&mesh[Axis::World], Axis::World}, {&mesh[Axis::DP], Axis::DP},
+      {&mesh[Axis::TP], Axis::TP},       {&mesh[Axis::PP], Axis::PP},
+      {&mesh[Axis::CP], Axis::CP},       {&mesh[Axis::DPCP], Axis::DPCP},
+      {&mesh[Axis::EP], Axis::EP},       {&mesh[Axis::EPDP], Axis::EPDP},
+      {&mesh[Axis::Stage], Axis::Stage}, {&mesh[Axis::Embed], Axis::Embed}};
   for (const auto& [comm, axis] : axes) {
-    test_axis(ctx, *comm, axis, table, name);
+    test_axis(ctx, *comm, axis, table, L, name);
     check(ctx, mesh.stats.group_size[(int)axis] == comm->size, "group size in the stats");
   }
   ctx.where = name;
   check_counters(ctx, mesh);
   check_summary(ctx, mesh);
   mesh_destroy(mesh);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Count backend (the planner's)
+// ---------------------------------------------------------------------------------------------
+// Every collective once on group c (2+ ranks), each buffer filled with a byte pattern that must
+// survive: Count counts like the real backends (comm.h's payload rules) and moves nothing. Returns
+// the counters expected.
+CommCounters count_collectives(Ctx& ctx, Comm& c) {
+  const int n = c.size, next = (c.rank + 1) % n, prev = (c.rank + n - 1) % n;
+  std::vector<char> a(4096, 0x5a), b(4096, 0x3c);
+  const std::vector<char> a0 = a, b0 = b;
+  std::vector<size_t> counts(n), back(n);
+  for (int j = 0; j < n; j++) counts[j] = j + 1, back[j] = 2;
+  all_reduce_sum(c, a.data(), 7, DType::F32, nullptr);
+  all_reduce_max(c, (float*)a.data(), 3, nullptr);
+  reduce_scatter_sum(c, a.data(), b.data(), 5, DType::BF16, nullptr);
+  all_gather(c, a.data(), b.data(), 3, DType::F32, nullptr);
+  broadcast(c, a.data(), 9, DType::BF16, n - 1, nullptr);
+  send_recv(c, a.data(), 4, next, b.data(), 6, prev, DType::F32, nullptr);
+  all_to_all(c, a.data(), b.data(), 2, DType::F32, nullptr);
+  all_to_all_v(c, a.data(), counts.data(), b.data(), back.data(), DType::BF16, nullptr);
+  barrier(c);
+  check(ctx, a == a0 && b == b0, "count: the buffers are untouched");
+  CommCounters want{};
+  auto add = [&](CollectiveKind k, uint64_t bytes) {
+    want.calls[(int)k]++;
+    want.bytes[(int)k] += bytes;
+  };
+  add(CollectiveKind::AllReduce, 28);
+  add(CollectiveKind::AllReduce, 12);
+  add(CollectiveKind::ReduceScatter, (uint64_t)n * 5 * 2);
+  add(CollectiveKind::AllGather, (uint64_t)n * 3 * 4);
+  add(CollectiveKind::Broadcast, 18);
+  add(CollectiveKind::Send, 16);
+  add(CollectiveKind::Recv, 24);
+  add(CollectiveKind::AllToAll, (uint64_t)n * 2 * 4);
+  add(CollectiveKind::AllToAll, (uint64_t)n * (n + 1) / 2 * 2);
+  add(CollectiveKind::Barrier, 0);
+  return want;
+}
+
+// The host helpers answer as if every rank of the group were this one.
+void count_host_helpers(Ctx& ctx, Comm& c, CommCounters& want) {
+  const int n = c.size, per = 3;
+  std::vector<int> send(n * per), recv(n * per, -1);
+  for (int i = 0; i < n * per; i++) send[i] = 100 * c.rank + i;
+  all_to_all_host(c, send.data(), per, recv.data());
+  bool mine = true;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < per; i++) mine &= recv[j * per + i] == send[c.rank * per + i];
+  check(ctx, mine, "count: all_to_all_host gives back this rank's own block from everyone");
+  int x[2] = {3, -4};
+  all_reduce_host_sum(c, x, 2);
+  check(ctx, x[0] == 3 * n && x[1] == -4 * n, "count: all_reduce_host_sum (int) is size times x");
+  want.calls[(int)CollectiveKind::AllToAll]++;
+  want.bytes[(int)CollectiveKind::AllToAll] += (uint64_t)n * per * 4;
+  want.calls[(int)CollectiveKind::AllReduce]++;
+  want.bytes[(int)CollectiveKind::AllReduce] += 8;
+  check(ctx, all_reduce_host_sum(c, 1.5) == 1.5 * n && all_reduce_host_max(c, 2.5) == 2.5 &&
+                 !all_agree(c, false) && all_agree(c, true),
+        "count: the uncounted helpers");
+  std::vector<double> g(n, 0.0);
+  const double v = 7.25;
+  all_gather_host(c, &v, sizeof(v), g.data());
+  const std::vector<std::string> all = all_gather_strings(c, "rank");
+  check(ctx, g == std::vector<double>(n, v) && all == std::vector<std::string>(n, "rank"),
+        "count: the gathers replicate this rank's value");
+}
+
+// For every layout of 8 ranks and each of its ranks, described with the Count backend: the
+// groups are those of the documented formula, and each group's calls are counted exactly.
+int run_count(Ctx& ctx) {
+  for (const Layout& L : layouts_for(8)) {
+    const std::vector<Coord> table = coordinates(L);
+    for (int w = 0; w < 8; w++) {
+      ctx.where = "count " + describe(L) + " rank " + std::to_string(w);
+      Mesh mesh;
+      mesh_init(mesh, mesh_shape(make_config(L).parallel), w, 0, CommBackend::Count);
+      for (int a = 0; a < (int)Axis::Count; a++) {
+        Comm& c = mesh.groups[a];
+        const std::vector<int> M = expected_members(table, L, (Axis)a, w);
+        check(ctx, c.size == (int)M.size() && M[c.rank] == w, "count: group of the formula");
+        if (c.size == 1 || c.size != (int)M.size()) continue;
+        CommCounters want = count_collectives(ctx, c);
+        count_host_helpers(ctx, c, want);
+        const CommCounters& got = mesh.stats.axis[a];
+        check(ctx, std::memcmp(&got, &want, sizeof(want)) == 0,
+              std::string("count: the counters of axis ") + axis_name((Axis)a));
+      }
+      mesh_destroy(mesh);
+    }
+  }
+  std::printf("test_comm count: %ld checks, %ld failures\n", ctx.checks, ctx.failures);
+  return ctx.failures == 0 ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -493,7 +606,7 @@ int run_validate(int argc, char** argv) {
   int v[9];
   for (int i = 0; i < 9; ++i) v[i] = std::atoi(argv[2 + i]);
   const Config cfg = make_config({v[1], v[2], v[3], v[4], v[5]}, v[6], v[7], v[8]);
-  const std::string msg = mesh_validate(cfg, v[0]);
+  const std::string msg = layout_problems(cfg, v[0]);
   std::printf("%s\n", msg.empty() ? "ok" : msg.c_str());
   return 0;
 }
@@ -504,7 +617,7 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
                     std::atoi(argv[5]), std::atoi(argv[6])};
   const CommBackend backend = argc == 8 ? CommBackend::NCCL : CommBackend::MPI;
   Mesh mesh;
-  mesh_init(mesh, make_config(L), ctx.world_rank, ctx.world_size, 0, backend);
+  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, backend);
   if (ctx.world_rank == 0) std::printf("ok\n");
   mesh_destroy(mesh);
   return 0;
@@ -514,17 +627,17 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
 int run_failure(const Ctx& ctx, const std::string& mode) {
   CHECK(ctx.world_size >= 2, "test_comm %s needs at least 2 ranks", mode.c_str());
   Mesh mesh;
-  mesh_init(mesh, make_config({ctx.world_size, 1, 1, 1, 1}), ctx.world_rank, ctx.world_size, 0,
-            CommBackend::MPI);
+  mesh_init(mesh, mesh_shape(make_config({ctx.world_size, 1, 1, 1, 1}).parallel), ctx.world_rank,
+            0, CommBackend::MPI);
   void* buf = upload({1.0f}, DType::F32);
-  all_reduce_sum(mesh.world, buf, 1, DType::F32, nullptr);  // everyone is up
+  all_reduce_sum(mesh[Axis::World], buf, 1, DType::F32, nullptr);  // everyone is up
   if (ctx.world_rank == 1) {
     if (mode == "fatal") FATAL("deliberate failure of rank 1 (test_comm fatal)");
     if (mode == "throw")
       throw std::runtime_error("deliberate exception of rank 1 (test_comm throw)");
     raise(SIGKILL);
   }
-  all_reduce_sum(mesh.world, buf, 1, DType::F32, nullptr);  // never completes
+  all_reduce_sum(mesh[Axis::World], buf, 1, DType::F32, nullptr);  // never completes
   std::fprintf(stderr, "[rank %d] the job survived the failure of rank 1\n", ctx.world_rank);
   return 3;
 }
@@ -543,6 +656,7 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (mode == "all") rc = run_all(ctx);
   else if (mode == "layout") rc = run_layout_only(ctx, argc, argv);
+  else if (mode == "count") rc = run_count(ctx);
   else if (mode == "fatal" || mode == "throw" || mode == "hang") rc = run_failure(ctx, mode);
   else if (ctx.world_rank == 0) std::fprintf(stderr, "test_comm: unknown mode %s\n", mode.c_str());
   runtime_finalize();

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test/test_config.py - the config loader (model/config.cu) end to end, through a binary.
+"""test/test_config.py - the config loader (config/config.cu) end to end, through a binary.
 
 Runs the binary named by env CONFIG_BIN (default ./train_cpu; may hold extra words, e.g.
 "mpirun -n 1 ./train_cpu") as [bin..., config.toml, overrides..., "--check-config"] on configs
@@ -10,7 +10,7 @@ Every error case asserts: exit status 1, one message starting "error: " that nam
 its file:line:col with the right line (or the override text), with no source location of ours
 (".cu:", ".cpp:") and no MPI_ABORT banner. The good configs assert exit
 status 0, that the printed resolved TOML parses (tomllib) to exactly the expected keys and values
-(defaults from model/config.h, the file, the overrides; floats compared as float32), and that
+(defaults from config/config.h, the file, the overrides; floats compared as float32), and that
 feeding the printed text back in prints the same text again (round trip).
 """
 import os
@@ -26,7 +26,7 @@ BIN = shlex.split(os.environ.get("CONFIG_BIN", "./train_cpu"))
 FAILURES = []
 CHECKS = [0]
 
-# The defaults of model/config.h; "model" keys have none (required unless [init] from).
+# The defaults of config/config.h; "model" keys have none (required unless [init] from).
 DEFAULTS = {
     "model": {},
     "init": {"from": ""},
@@ -357,7 +357,8 @@ def file_error_cases(tmp):
                  ["dp = 1", "tp = 2", "pp = 3", "cp = 1", "world size 1"],
                  ((keys["parallel.tp"][0], keys["parallel.tp"][2]),
                   (keys["parallel.pp"][0], keys["parallel.pp"][2])))
-    case("ep does not divide dp*cp", {"parallel.ep": "2"}, ["ep = 2", "dp*cp"], "parallel.ep")
+    case("ep does not divide dp*cp", {"parallel.ep": "2", "model.n_experts": "4"},
+         ["ep = 2", "dp*cp"], "parallel.ep")
     case("train glob matches nothing", {"data.train": f'"{tmp}/nothing_*.bin"'},
          ["[data] train", f"{tmp}/nothing_*.bin", "matches no file"], "data.train")
     case("val glob matches nothing", {"data.val": f'"{tmp}/nothing_*.bin"'},

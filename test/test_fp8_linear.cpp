@@ -72,7 +72,8 @@ int main() {
   Fp8Recipe recipe;
   recipe.amax_group = &single;
   Fp8Context f;
-  fp8_create(f, recipe, {"linear"}, N, C, OC, s);
+  Allocator memory;
+  fp8_create(f, recipe, {"linear"}, N, C, OC, memory, s);
   std::mt19937 rng(7);
   void* a = upload_bf16(random(rng, (size_t)N * C, 2.0f));
   void* b = upload_bf16(random(rng, (size_t)N * C, 0.0025f));
@@ -93,7 +94,7 @@ int main() {
   r.check(same_dw, "weight gradient of A with B's forward in between: bitwise that of A alone "
                    "(max |diff| %.3g of max |dW| %.3g)", worst, norm);
   r.check(same_dx, "input gradient of A with B's forward in between: bitwise that of A alone");
-  fp8_destroy(f);
+  allocator_free(memory);
   for (void* p : {a, b, w, dout}) ops::release(p);
   ops::stream_destroy(s);
   std::printf("test_fp8_linear: %d of %d checks failed\n", r.failures, r.checks);

@@ -29,16 +29,16 @@ int main(int argc, char** argv) {
   const int B = std::atoi(argv[3]), T = std::atoi(argv[4]);
   const DType dt = std::string(argv[5]) == "bf16" ? DType::BF16 : DType::F32;
   ops::device_init(0);
-  GPTLayout layout = gpt_layout(read_shape(argv[1]));
+  Mesh one;  // one rank: a group of one on every axis, the store reduces nothing
+  mesh_init(one, MeshShape{}, 0, 0, CommBackend::None);
+  GPTLayout layout = gpt_layout(read_shape(argv[1]), one);
   std::vector<int> tokens(2 * (size_t)B * T);
   FILE* tf = std::fopen(argv[2], "rb");
   CHECK(tf && std::fread(tokens.data(), 4, tokens.size(), tf) == tokens.size(), "bad tokens");
   std::fclose(tf);
 
   ops::Stream s = ops::stream_create(StreamOptions{});
-  Comm single;  // a group of one on every axis: the store reduces nothing
-  CommsByAxis comms;
-  for (Comm*& c : comms.axis) c = &single;
+  const CommsByAxis comms = mesh_comms(one);
   ParamStore store;
   LlmcModelFile mf = llmc_open(argv[1], layout);
   param_store_init(store, layout.units, ShardingMode::Replicated, dt, comms, s, s,

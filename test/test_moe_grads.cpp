@@ -37,6 +37,7 @@
 namespace {
 
 struct Harness {
+  Mesh one;  // the layout's groups (one rank)
   GPTLayout layout;
   ParamStore store;
   GPT model;
@@ -150,7 +151,8 @@ int main(int argc, char** argv) {
   h.B = std::atoi(argv[13]);
   h.T = mc.seq_len;
   ops::device_init(0);
-  h.layout = gpt_layout(mc);
+  mesh_init(h.one, MeshShape{}, 0, 0, CommBackend::None);  // one rank
+  h.layout = gpt_layout(mc, h.one);
   h.tokens.resize(2 * (size_t)h.B * h.T);
   FILE* tf = std::fopen(argv[14], "rb");
   CHECK(tf && std::fread(h.tokens.data(), 4, h.tokens.size(), tf) == h.tokens.size(),
@@ -158,9 +160,7 @@ int main(int argc, char** argv) {
   std::fclose(tf);
 
   h.s = ops::stream_create(StreamOptions{});
-  Comm single;  // a group of one on every axis: the store reduces nothing
-  CommsByAxis comms;
-  for (Comm*& c : comms.axis) c = &single;
+  const CommsByAxis comms = mesh_comms(h.one);  // groups of one: the store reduces nothing
   param_store_init(h.store, h.layout.units, ShardingMode::Replicated, DType::F32, comms, h.s, h.s,
                    random_init_fill(seed));
   h.model.moe_aux_loss = aux;

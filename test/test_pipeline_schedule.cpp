@@ -1,4 +1,5 @@
-// test/test_pipeline_schedule.cpp - checks parallel/pipeline_schedule.* (pure logic, one process).
+// test/test_pipeline_schedule.cpp - checks parallel/pipeline_schedule.h: the schedules, the message
+// placement and the simulator (pure logic, one process).
 //
 // For every schedule and p in {1,2,3,4}, m in {1,2,4,8} (interleaved: v in {2,3} and the m that
 // are multiples of p), the action lists pipeline_build makes, and their simulation with F = 1,
@@ -204,7 +205,7 @@ void check_refused(Results& res) {
                             "each be at least 1"},
   };
   for (const auto& c : cases) {
-    const std::string got = pipeline_validate(c.kind, c.p, c.m, c.v, c.n_layer);
+    const std::string got = pipeline_rules(c.kind, c.p, c.m, c.v, c.n_layer);
     const bool ok = got == c.want;
     res.check(ok, "validate %s p=%d m=%d v=%d n_layer=%d: \"%s\"%s%s", c.kind, c.p, c.m, c.v,
               c.n_layer, got.c_str(), ok ? "" : " want ", ok ? "" : c.want);
@@ -297,7 +298,7 @@ int main() {
   for (int p : ps)  // interleaved: the allowed (p, m), and m = 3, 6, 12 so that p = 3 gets some
     for (int m : {1, 2, 3, 4, 6, 8, 12})
       for (int v : {2, 3})
-        if (pipeline_validate("interleaved", p, m, v, 0).empty())
+        if (pipeline_rules("interleaved", p, m, v, 0).empty())
           check_schedule(res, "interleaved", p, m, v);
   check_refused(res);
   check_checkers(res);

@@ -57,6 +57,7 @@ void adamw_typed(float* master, T* param_out, const float* grad, float* m, float
 
 void adamw_update(float* master, void* param_out, const float* grad, float* m, float* v, size_t n,
                   const AdamWStep& step, DType param_dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(param_dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::adamw_typed(master, (S*)param_out, grad, m, v, n, step);

@@ -116,6 +116,7 @@ void shard_backward_typed(T* logits, const float* stats, const int* targets, flo
 
 void classifier_shard_stats(float* stats, const void* logits, const int* targets, int N, int Vs,
                             int col0, int V, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::shard_stats_typed(stats, (const S*)logits, targets, N, Vs, col0, V);
@@ -124,6 +125,7 @@ void classifier_shard_stats(float* stats, const void* logits, const int* targets
 
 void classifier_merge_stats(float* stats, float* losses, const float* parts_stats,
                             const int* targets, int parts, int N, Stream s) {
+  if (is_dry(s)) return;
 #pragma omp parallel for schedule(static) if ((size_t)N * parts > CPU_PARALLEL_MIN)
   for (int n = 0; n < N; n++) {
     float max = -std::numeric_limits<float>::infinity(), target_logit = 0.0f;
@@ -144,6 +146,7 @@ void classifier_merge_stats(float* stats, float* losses, const float* parts_stat
 
 void classifier_shard_backward(void* logits, const float* stats, const int* targets, float dloss,
                                int N, int Vs, int col0, int V, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::shard_backward_typed((S*)logits, stats, targets, dloss, N, Vs, col0, V);
@@ -152,6 +155,7 @@ void classifier_shard_backward(void* logits, const float* stats, const int* targ
 
 void classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                  int N, int V, int Vp, DType dt, Stream s) {
+  if (is_dry(s)) return;
   CHECK(V > 0 && V <= Vp, "classifier: vocab %d, padded vocab %d", V, Vp);
   for (int n = 0; n < N; n++)
     CHECK(targets[n] < V, "classifier: target %d at row %d is not below the vocab size %d",

@@ -84,6 +84,7 @@ void combine_backward_typed(T* d_expert_out, float* d_gate, const T* dout, const
 }  // namespace cpu
 
 void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::permute_typed((S*)out, (const S*)in, rows, M, C);
@@ -92,6 +93,7 @@ void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType
 
 void moe_unpermute_backward(void* din, const void* dout, const int* position, int N, int top_k,
                             int C, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::unpermute_backward_typed((S*)din, (const S*)dout, position, N, top_k, C);
@@ -100,6 +102,7 @@ void moe_unpermute_backward(void* din, const void* dout, const int* position, in
 
 void moe_combine(void* out, const void* expert_out, const float* gate, const int* position, int N,
                  int top_k, int C, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::combine_typed((S*)out, (const S*)expert_out, gate, position, N, top_k, C);
@@ -109,6 +112,7 @@ void moe_combine(void* out, const void* expert_out, const float* gate, const int
 void moe_combine_backward(void* d_expert_out, float* d_gate, const void* dout,
                           const void* expert_out, const float* gate, const int* position, int N,
                           int top_k, int C, DType dt, Stream s) {
+  if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::combine_backward_typed((S*)d_expert_out, d_gate, (const S*)dout, (const S*)expert_out,

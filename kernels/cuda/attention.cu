@@ -233,6 +233,7 @@ void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const 
 
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
                        DType dt, Stream s) {
+  if (is_dry(s)) return;
   Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
@@ -250,6 +251,7 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int HS, DType dt, Stream s) {
+  if (is_dry(s)) return;
   Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);

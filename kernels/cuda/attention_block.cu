@@ -483,6 +483,7 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
 
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
                              int NH, int HS, bool causal, DType dt, Stream s) {
+  if (is_dry(s)) return;
   const Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
@@ -498,6 +499,7 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int HS, bool causal, DType dt, Stream s) {
+  if (is_dry(s)) return;
   const Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);

@@ -151,14 +151,17 @@ __global__ void copy_columns_kernel(D* __restrict__ dst, size_t dst_cols,
 }  // namespace
 
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
+  if (is_dry(s)) return;
   reduce_accumulate<true>(out, x, n, 1.0f, s);
 }
 
 void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  if (is_dry(s)) return;
   reduce_accumulate<false>(out, x, n, scale, s);
 }
 
 void add_inplace(float* dst, const float* src, size_t n, Stream s) {
+  if (is_dry(s)) return;
   if (n == 0) return;
   const ElementwiseSplit sp =
       elementwise_split(n, aligned16(dst) && aligned16(src), kThreads, kElems);
@@ -167,6 +170,7 @@ void add_inplace(float* dst, const float* src, size_t n, Stream s) {
 }
 
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s) {
+  if (is_dry(s)) return;
   if (n == 0) return;
   if (dst_dt == src_dt) {
     copy_on_device(dst, src, n * dtype_size(dst_dt), s);
@@ -187,6 +191,7 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
 
 void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
                   DType src_dt, int rows, int width, Stream s) {
+  if (is_dry(s)) return;
   if (rows <= 0 || width <= 0) return;
   // Groups of kElems columns start 16-byte aligned in every row when these hold (a float group
   // is two 16-byte packs, a bf16 group one).

@@ -118,17 +118,20 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (is_dry(s)) return;
   if (bytes == 0) return;
   // From pageable memory, CUDA copies src into a staging buffer before returning.
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
+  if (is_dry(s)) return;
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
 }
 
 void fill_zero(void* p, size_t bytes, Stream s) {
+  if (is_dry(s)) return;
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s->stream));
 }
@@ -159,7 +162,7 @@ Stream stream_create(const StreamOptions& options) {
 }
 
 void stream_destroy(Stream s) {
-  if (!s) return;
+  if (!s || is_dry(s)) return;
   stream_sync(s);
   cudnn_sdpa::release_stream_state(s);
   release(s->scratch);
@@ -169,7 +172,10 @@ void stream_destroy(Stream s) {
   delete s;
 }
 
-void stream_sync(Stream s) { CUDA_CHECK(cudaStreamSynchronize(s->stream)); }
+void stream_sync(Stream s) {
+  if (is_dry(s)) return;
+  CUDA_CHECK(cudaStreamSynchronize(s->stream));
+}
 
 // Grows geometrically (at least doubling, in whole MiB) so that a sequence of slightly larger
 // requests does not reallocate each time. The old buffer may still be read by queued kernels:
@@ -189,10 +195,11 @@ void* stream_scratch(Stream s, size_t bytes) {
   return s->scratch;
 }
 
-// "auto" until the first attention call on the stream, then the note attention.cu leaves.
-void* native_stream(Stream s) { return s ? (void*)s->stream : nullptr; }
+void* native_stream(Stream s) { return s && !is_dry(s) ? (void*)s->stream : nullptr; }
 
+// "auto" until the first attention call on the stream, then the note attention.cu leaves.
 const char* attention_impl_name(Stream s) {
+  if (is_dry(s)) return "none (dry run)";
   return s->attention_note[0] ? s->attention_note : "auto";
 }
 
@@ -211,9 +218,13 @@ void event_destroy(Event e) {
   delete e;
 }
 
-void event_record(Event e, Stream s) { CUDA_CHECK(cudaEventRecord(e->event, s->stream)); }
+void event_record(Event e, Stream s) {
+  if (is_dry(s)) return;
+  CUDA_CHECK(cudaEventRecord(e->event, s->stream));
+}
 
 void stream_wait_event(Stream s, Event e) {
+  if (is_dry(s)) return;
   CUDA_CHECK(cudaStreamWaitEvent(s->stream, e->event, 0));
 }
 

@@ -48,8 +48,8 @@ $(BUILD)/emu/test_cudnn: test/emu/test_cudnn.cpp kernels/cuda/attention_cudnn.cu
 $(BUILD)/emu/host/%.o: % $(EMU_STANDINS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_LIB_FLAGS) -x c++ -c $< -o $@
-EMU_COMM_TEST_OBJ := $(call obj,host,parallel/comm.cu parallel/comm_mpi.cu parallel/mesh.cu \
-                       parallel/pipeline_schedule.cu kernels/common.cpp test/test_comm.cpp) \
+EMU_COMM_TEST_OBJ := $(call obj,host,$(filter-out parallel/comm_nccl_absent.cu,\
+                       $(COMM_FAKE_DEVICE_SRC)) test/test_comm.cpp) \
                      $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
                      $(BUILD)/emu/host/test/emu/ops_host_memory.cpp.o
 $(BUILD)/emu/test_comm_nccl: $(EMU_COMM_TEST_OBJ) $(EMU_STANDINS)

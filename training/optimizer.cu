@@ -1,11 +1,11 @@
-// model/optimizer.cu - learning-rate schedule, clipping factor and AdamW over shards.
+// training/optimizer.cu - learning-rate schedule, clipping factor and AdamW over shards.
 //
 // The store's flat layout puts each unit's weight-decayed matrices first ([0, decay_numel)),
 // so the update of one shard [lo, hi) is at most two fused AdamW launches: the part of the
 // shard inside the decayed range, with weight decay, and the rest, without. The padding past
 // the unit's end is zero with zero gradient and stays zero, so it is updated along with the
 // rest rather than skipped.
-#include "model/optimizer.h"
+#include "training/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

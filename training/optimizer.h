@@ -1,7 +1,7 @@
-// model/optimizer.h - the learning-rate schedule, gradient clipping and the AdamW step over
+// training/optimizer.h - the learning-rate schedule, gradient clipping and the AdamW step over
 // whatever shards this rank owns.
 #pragma once
-#include "model/config.h"
+#include "config/config.h"
 #include "model/gpt.h"
 #include "parallel/param_store.h"
 

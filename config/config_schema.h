@@ -1,8 +1,8 @@
-// model/config_schema.h - the config reader's internals, shared by its three files (nothing
-// outside model/config*.cu includes this; the interface is model/config.h):
-//   model/config_schema.cu   messages, the schema (one line per key), TOML values <-> fields
-//   model/config_checks.cu   the model file's shape, the value checks, the checks of this job
-//   model/config.cu          the file and the overrides, and putting it together
+// config/config_schema.h - the config reader's internals, shared by its three files (nothing
+// outside config/config*.cu includes this; the interface is config/config.h):
+//   config/config_schema.cu   messages, the schema (one line per key), TOML values <-> fields
+//   config/config_checks.cu   the model file's shape, the value checks, the checks of this job
+//   config/config.cu          the file and the overrides, and putting it together
 #pragma once
 #include <map>
 #include <string>
@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "model/config.h"
+#include "config/config.h"
 
 namespace config_detail {
 
@@ -68,7 +68,7 @@ std::string field_text(const Config& cfg, const Key& key);  // the value as TOML
 std::string mention(const Config& cfg, const Origins& origins, const std::string& id);
 
 // ---------------------------------------------------------------------------------------------
-// Checks (model/config_checks.cu)
+// Checks (config/config_checks.cu)
 // Fills missing [model] keys from the [init] from model file and checks that given ones agree
 // with it (check_files false: opens the file only when a key is missing).
 void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Problems& problems);
@@ -87,6 +87,6 @@ struct Checker {
   }
 };
 void check_values(Checker& c);                // the values, alone and against each other
-void check_job(Checker& c, int world_size);   // against this job (world size) and machine (files)
+void check_files(Checker& c);                 // against this machine (the files it names)
 
 }  // namespace config_detail

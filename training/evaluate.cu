@@ -1,9 +1,9 @@
-// model/evaluate.cu - validation loss and sampling (model/evaluate.h).
+// training/evaluate.cu - validation loss and sampling (training/evaluate.h).
 //
 // Sampling runs the full forward over a window of T tokens for every new token (no KV cache):
 // simple, and cheap next to training. Positions after the current length hold end-of-text
 // tokens; causal attention keeps them from influencing the position we read.
-#include "model/evaluate.h"
+#include "training/evaluate.h"
 
 #include "parallel/context_parallel.h"
 
@@ -12,21 +12,21 @@
 #include <vector>
 
 double last_stage_mean(const GPT& m, Comm& world, double local, int dp) {
-  const bool counts = gpt_holds_output(m) && m.layout.tp.rank == 0;  // tp ranks hold copies
+  const bool counts = gpt_holds_output(m) && m.layout.tp.rank() == 0;  // tp ranks hold copies
   return all_reduce_host_sum(world, counts ? local : 0.0) / dp;
 }
 
 double validation_loss(GPT& m, ParamStore& store, const Pipeline& pl, DataLoader& val,
                        int batches, Comm& world, int dp, ops::Stream s) {
-  const int B = val.B, T = val.T, cp = m.layout.cp.size, Tl = T / cp;
+  const int B = val.B, T = val.T, cp = m.layout.cp->size, Tl = T / cp;
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   std::vector<int> local_in((size_t)B * Tl), local_tg((size_t)B * Tl);
   dataloader_reset(val);
   ops::fill_zero(m.loss_sum, sizeof(float), s);
   for (int i = 0; i < batches; i++) {
     dataloader_next(val, inputs.data(), targets.data());
-    cp_select_tokens(local_in.data(), inputs.data(), cp, m.layout.cp.rank, B, T);
-    cp_select_tokens(local_tg.data(), targets.data(), cp, m.layout.cp.rank, B, T);
+    cp_select_tokens(local_in.data(), inputs.data(), cp, m.layout.cp->rank, B, T);
+    cp_select_tokens(local_tg.data(), targets.data(), cp, m.layout.cp->rank, B, T);
     gpt_pipeline_forward(m, store, pl, {local_in.data(), local_tg.data(), 1, B, Tl}, s);
     if (gpt_holds_output(m))
       ops::sum_accumulate(m.loss_sum, m.losses, (size_t)B * Tl, 1.0f / ((float)B * T * batches),
@@ -55,7 +55,7 @@ static int sample_from_logits(const std::vector<float>& logits, double u01) {
 std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
                         const Tokenizer& tok, int eot, int n, uint64_t seed, int T,
                         ops::Stream s) {
-  const ContextPlace& cp = m.layout.cp;
+  Comm& cp = *m.layout.cp;
   std::vector<int> local(T / cp.size);
   std::mt19937_64 rng(seed);
   std::vector<int> generated{eot};
@@ -73,8 +73,8 @@ std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
     const int row = cp_local_index(cp.size, cp.rank, 1, T, 0, len - 1);
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, row, s), u01);
-    if (gpt_holds_output(m) && cp.size > 1) MPI_Bcast(&next, 1, MPI_INT, owner, cp.comm->mpi);
-    if (pp.size > 1) MPI_Bcast(&next, 1, MPI_INT, pp.size - 1, pp.mpi);
+    if (gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), owner);
+    broadcast_host(pp, &next, sizeof(next), pp.size - 1);
     generated.push_back(next);
   }
   return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);

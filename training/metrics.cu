@@ -1,5 +1,5 @@
-// model/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (model/metrics.h).
-#include "model/metrics.h"
+// training/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (training/metrics.h).
+#include "training/metrics.h"
 
 #include <cmath>
 #include <cstring>

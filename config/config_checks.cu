@@ -1,6 +1,6 @@
-// model/config_checks.cu - what makes a config valid, once it is read (model/config_schema.h):
+// config/config_checks.cu - what makes a config valid, once it is read (config/config_schema.h):
 // the [model] shape from an [init] from model file, each value alone and against the others,
-// and this job's world size and files. Every problem names the values involved and where each
+// and this job's files. Every problem names the values involved and where each
 // came from; all problems of a phase are reported together.
 #include <glob.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "kernels/common.h"
-#include "model/config_schema.h"
+#include "config/config_schema.h"
 
 namespace config_detail {
 
@@ -191,25 +191,11 @@ void check_values(Checker& c) {
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_fp8_shapes(c);
   check_experts(c);
-  const ParallelConfig& p = cfg.parallel;
-  if (p.ep > 0 && p.dp > 0 && p.cp > 0 && (p.dp * p.cp) % p.ep != 0)
-    c.problems.add(mention(cfg, c.origins, "parallel.ep") + strf(" does not divide dp*cp = %d",
-                   p.dp * p.cp) + " (" + mention(cfg, c.origins, "parallel.dp") + ", " +
-                   mention(cfg, c.origins, "parallel.cp") + ")");
 }
 
-// The checks that need this job (world size) and this machine (files).
-void check_job(Checker& c, int world_size) {
+// The checks that need this machine (files).
+void check_files(Checker& c) {
   const Config& cfg = c.cfg;
-  const ParallelConfig& p = cfg.parallel;
-  long long product = (long long)p.dp * p.tp * p.pp * p.cp;
-  std::string degrees;
-  for (const char* id : {"parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp"})
-    degrees += (degrees.empty() ? "" : ", ") + mention(cfg, c.origins, id);
-  if (product != world_size)
-    c.problems.add(strf("the parallel degrees multiply to dp*tp*pp*cp = %lld, but the job has "
-                        "world size %d: ", product, world_size) + degrees +
-                   " (ep is not a factor of the world: it lives inside dp*cp)");
   for (const char* id : {"data.train", "data.val"}) {
     const std::string& pattern = *std::get<std::string*>(field_of(cfg, key_by_id(id)));
     if (pattern.empty() && std::string(id) == "data.val") continue;

@@ -1,8 +1,8 @@
-// model/config_schema.cu - the config's schema and values (model/config_schema.h): one line per
+// config/config_schema.cu - the config's schema and values (config/config_schema.h): one line per
 // key (section, key, the Config field, whose C++ type is the key's TOML type), TOML nodes into
 // fields with the type and range checks of each kind, fields back into TOML text, and the
 // messages that name a value and where it came from.
-#include "model/config_schema.h"
+#include "config/config_schema.h"
 
 #include <algorithm>
 #include <cfloat>

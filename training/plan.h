@@ -1,20 +1,20 @@
-// model/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
+// training/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
 //
 // For the layout the config names (dp x pp x cp x tp, FSDP or not, the pipeline schedule), it
-// works out per rank what the trainer would hold and send, from the same placement map, store
-// geometry and activation accounting the trainer uses (model/gpt.h, parallel/placement.h), and
-// the communication from the collectives' counts per step (the analytic values the tests check
-// against the measured counters). Then a rough device model ([plan]) turns FLOPs and bytes into a
-// step time and an MFU. test/test_plan.py runs real CPU layouts and requires the plan's state
-// bytes, activation bytes and communication to equal the measured ones exactly.
+// runs each rank's training step dry - the trainer's own setup and step over counting
+// collectives and counting allocators, every kernel a no-op (training/plan.cu) - so what it
+// reports per rank (state bytes, activation bytes, the communication of a step per axis and
+// collective) is what the trainer holds and sends, not a model of it; test/test_plan.py runs real
+// CPU layouts and requires them to be equal, exactly. Then a rough device model ([plan]) turns
+// FLOPs and bytes into a step time and an MFU.
 //
-// The transient FSDP gather buffers (two blocks of weights and two of gradients) are in
-// `peak_bytes`, not in `state_bytes` (as the trainer counts them).
+// FSDP's full-unit buffers and the store's other working buffers are in `peak_bytes`, not in
+// `state_bytes` (as the trainer counts them).
 #pragma once
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "config/config.h"
 #include "parallel/comm.h"
 
 struct RankPlan {
@@ -22,20 +22,25 @@ struct RankPlan {
   int dp_rank = 0, pp_rank = 0, cp_rank = 0, tp_rank = 0;
   size_t state_bytes = 0;       // weights, gradients, Adam moments, working copy (as measured)
   size_t activation_bytes = 0;  // the model's activation buffers (as measured)
-  size_t peak_bytes = 0;        // both, plus FSDP's transient full-unit buffers
+  size_t peak_bytes = 0;        // both, plus the store's working buffers (FSDP's full units)
   CommStats comm{};             // per step, as the metrics count them
 };
 
 struct Plan {
-  std::vector<RankPlan> ranks;  // every world rank
+  std::vector<RankPlan> ranks;  // every world rank (or one per role: PlanScope)
   double bubble = 0;            // the schedule's idle fraction, (p-1)/(v*m+p-1) for 1f1b
   double compute_ms = 0, comm_ms = 0, step_ms = 0, mfu = 0;
   double tokens_per_step = 0;
   std::string does_not_fit;     // "" or which rank needs how much more than [plan] memory_gib
 };
 
-// Plans cfg's layout; cfg must have passed mesh_validate for its own world size.
-Plan plan_layout(const Config& cfg);
+// Which ranks a plan runs: every rank, or the first rank of each pipeline stage (dp, cp and tp
+// rank 0). The ranks of a stage hold the same bytes (the layout rules make dp, cp, tp and ep
+// split everything evenly), and rank 0, among them, has the communication the step time uses;
+// the search plans stages only.
+enum class PlanScope { EveryRank, Stages };
+// Plans cfg's layout; cfg must have passed layout_problems (config/config.h).
+Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
 // The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
 // "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or the problem.

@@ -1,12 +1,13 @@
-// model/config.h - the run configuration: one plain struct per TOML section, filled from a config
+// config/config.h - the run configuration: one plain struct per TOML section, filled from a config
 // file plus command-line overrides (`--train.lr=3e-4`) and validated before any work starts.
 //
 // Every error names the key and where it came from (file:line:col, or the override text) and
-// exits non-zero; see model/config.cu (and its parts model/config_schema.cu, config_checks.cu).
-// Adding a key means: a field here, a line in the schema in model/config_schema.cu, a line in
+// exits non-zero; see config/config.cu (and its parts config/config_schema.cu, config_checks.cu).
+// Adding a key means: a field here, a line in the schema in config/config_schema.cu, a line in
 // docs/CONFIG.md.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 struct ModelConfig {      // [model]  (required unless [init] from gives the shape)
@@ -130,3 +131,15 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
 // and to read the config stored in a checkpoint.
 Config parse_config_text(const std::string& text, const std::string& source_name,
                          int world_size, const char* default_backend);
+
+// The rules that tie [parallel] to the model, the pipeline schedule and the job
+// (config/layout_rules.cu): "" when the layout is valid, else one line per broken rule, each
+// naming the degrees and the rule. world_size 0: the product of the degrees is not checked (the
+// planner plans the layout the config names). load_config applies them; the planner's search
+// asks which layouts of n GPUs pass. `name` says how a message names a key ("parallel.tp" ->
+// "[parallel] tp = 2" by default; the config reader adds where each value came from).
+using KeyNamer = std::function<std::string(const char* id)>;
+std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& name = {});
+// The pipeline schedule's own rules (kind, pp ranks, m micro-batches, v chunks per rank, n_layer
+// layers; n_layer 0: not checked): "" or the broken ones, one per line.
+std::string pipeline_rules(const std::string& kind, int p, int m, int v, int n_layer);

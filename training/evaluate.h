@@ -1,4 +1,4 @@
-// model/evaluate.h - forward-only uses of the model during training: the validation loss and
+// training/evaluate.h - forward-only uses of the model during training: the validation loss and
 // printed samples. Both are collective (every rank of the run calls them: under FSDP each
 // forward gathers weights from all dp ranks).
 #pragma once

@@ -1,4 +1,4 @@
-// model/metrics.h - what a run reports: the per-step line, the JSONL metrics file, and the FLOP
+// training/metrics.h - what a run reports: the per-step line, the JSONL metrics file, and the FLOP
 // accounting behind MFU.
 //
 // MFU uses llm.c's count of model FLOPs per token (https://github.com/karpathy/llm.c,

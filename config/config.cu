@@ -1,4 +1,4 @@
-// model/config.cu - the run configuration: a TOML file (TOML++), then `--section.key=value`
+// config/config.cu - the run configuration: a TOML file (TOML++), then `--section.key=value`
 // overrides, then validation; gives a Config and the resolved config as TOML text.
 //
 // Schema. TOML++ has no strict mode, so each key is one line of a schema (section, key, pointer
@@ -7,8 +7,9 @@
 // file:line:col. An override is parsed as the TOML document `v = <value>` (3e-4, true, 8, "x";
 // string keys also take a bare string) and set through the same schema line. Where each value
 // came from (file:line:col, the override text, the model file) is kept, so that checks across
-// keys (min_lr <= lr, the degrees against the world size, ...) name every value's source. Checks
-// of the layout against the model (n_head % tp, seq_len % (2*cp), ...) are parallel/mesh.cu's.
+// keys (min_lr <= lr, ...) name every value's source. The rules of the parallel layout (the
+// degrees against the model, the schedule and the world size) are config/layout_rules.cu's, and
+// their messages name each value's source the same way.
 //
 // Errors. The problems of a phase (schema walk and overrides, then the value checks) are
 // reported together through FATAL_ALL: every rank finds the same ones, rank 0 prints
@@ -18,16 +19,18 @@
 // version 3 = fp32 or 5 = bf16, maxT, V, L, NH, C, Vp), given ones must agree with it, and the
 // file's size must match its header. The file's maxT is max_seq_len; seq_len may be shorter.
 //
-// Checks of this job and machine: globs must match files, a resume path must exist, and
-// dp*tp*pp*cp must equal world_size. world_size <= 0 (re-reading a config stored in a checkpoint,
-// maybe elsewhere) skips them and opens the model file only if a [model] key is missing.
+// Checks of this job and machine: dp*pp*cp*tp must equal world_size, globs must match files, a
+// resume path must exist. world_size <= 0 (the planner, or re-reading a config stored in a
+// checkpoint, maybe elsewhere) skips them and opens the model file only if a [model] key is
+// missing.
 //
 // The resolved text lists every key in schema order, floats in the shortest form that reads back
 // to the same float, so parse_config_text(cfg.toml_text) gives back the same Config.
 //
 // The reader is three files: this one (the file, the overrides, putting it together),
-// model/config_schema.cu (the schema and the values) and model/config_checks.cu (the checks).
-#include "model/config.h"
+// config/config_schema.cu (the schema and the values) and config/config_checks.cu (the checks),
+// plus config/layout_rules.cu (the parallel layout's rules, also used by the planner).
+#include "config/config.h"
 
 #include <cerrno>
 #include <cstring>
@@ -35,7 +38,7 @@
 #include <sstream>
 
 #include "kernels/common.h"
-#include "model/config_schema.h"
+#include "config/config_schema.h"
 
 using namespace config_detail;
 
@@ -169,7 +172,12 @@ Config build_config(const std::string& text, const std::string& source,
   problems.stop_if_any();
   Checker checker{cfg, origins, problems};
   check_values(checker);
-  if (check_job_and_files) check_job(checker, world_size);
+  problems.stop_if_any();  // the layout rules below divide by the degrees
+  const std::string layout = layout_problems(
+      cfg, world_size, [&](const char* id) { return mention(cfg, origins, id); });
+  std::istringstream lines(layout);
+  for (std::string line; std::getline(lines, line);) problems.add(line);
+  if (check_job_and_files) check_files(checker);
   problems.stop_if_any();
 
   if (cfg.parallel.backend.empty()) cfg.parallel.backend = backend;

@@ -1,0 +1,140 @@
+// config/layout_rules.cu - the rules that tie the parallel layout ([parallel]) to the model, the
+// pipeline schedule and the job, checked once, when the config is read (config/config.h:
+// layout_problems), before any rank builds anything. The planner's search asks the same function
+// which layouts of n GPUs are valid. Every broken rule is reported, one line each, naming the
+// degrees involved and the rule.
+//
+// The rules, and why:
+//   dp*pp*cp*tp = world size    every rank has one place in the mesh (ep lives inside dp*cp)
+//   tp | n_head, 4*d_model, Vp  each tensor-parallel rank holds n_head/tp heads, 4C/tp MLP
+//                               columns and Vp/tp rows of the vocabulary
+//   tp | seq_len (with sp)      sequence parallelism gives each tp rank seq_len/tp positions
+//   2*cp | seq_len              zigzag context parallelism cuts a sequence into 2*cp chunks
+//   tp | seq_len/cp (with sp)   ... and sequence parallelism splits each cp rank's positions
+//   pp <= n_layer, the schedule's own rules (pipeline_rules): every stage holds whole blocks
+//   ep | dp*cp                  expert groups are blocks of ep ranks inside dp x cp
+#include <cstdarg>
+#include <cstdio>
+
+#include "config/config.h"
+
+namespace {
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  return buf;
+}
+
+// "[parallel] tp = 2": a key as the messages name it when the caller gives no namer.
+std::string plain_name(const Config& cfg, const std::string& id) {
+  const std::string section = id.substr(0, id.find('.')), key = id.substr(id.find('.') + 1);
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  const struct { const char* id; int value; } ints[] = {
+      {"parallel.dp", p.dp},       {"parallel.tp", p.tp},          {"parallel.pp", p.pp},
+      {"parallel.cp", p.cp},       {"parallel.ep", p.ep},          {"parallel.pp_virtual", p.pp_virtual},
+      {"model.n_head", m.n_head},  {"model.seq_len", m.seq_len},   {"model.n_layer", m.n_layer},
+      {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum}};
+  for (const auto& v : ints)
+    if (id == v.id) return format("[%s] %s = %d", section.c_str(), key.c_str(), v.value);
+  if (id == "parallel.pp_schedule")
+    return "[parallel] pp_schedule = \"" + p.pp_schedule + "\"";
+  return "[" + section + "] " + key;
+}
+
+}  // namespace
+
+std::string pipeline_rules(const std::string& kind, int p, int m, int v, int n_layer) {
+  std::string msg;
+  auto add = [&](const std::string& line) { msg += (msg.empty() ? "" : "\n") + line; };
+  const bool interleaved = kind == "interleaved";
+  if (kind != "gpipe" && kind != "1f1b" && !interleaved)
+    add("pipeline: schedule \"" + kind + "\" is unknown (one of \"gpipe\", \"1f1b\", "
+        "\"interleaved\")");
+  if (p < 1 || m < 1 || v < 1) {
+    add(format("pipeline: pp = %d, micro-batches m = %d and virtual chunks v = %d must each be "
+               "at least 1", p, m, v));
+    return msg;  // the rules below divide by these
+  }
+  if (v > 1 && !interleaved)
+    add(format("pipeline: v = %d chunks per rank needs the \"interleaved\" schedule (\"", v) +
+        kind + "\" runs one chunk per rank)");
+  if (interleaved && v < 2)
+    add("pipeline: the \"interleaved\" schedule needs v >= 2 chunks per rank (with one chunk "
+        "per rank it is \"1f1b\")");
+  if (interleaved && p < 3)
+    add(format("pipeline: the \"interleaved\" schedule needs pp >= 3, not %d (at pp = 2 the "
+               "activations and the gradients between the two ranks share one ordered channel "
+               "and would have to interleave in the same order on both ends)", p));
+  if (interleaved && m % p != 0)
+    add(format("pipeline: the \"interleaved\" schedule needs the micro-batches m = %d to be a "
+               "multiple of pp = %d (they go through each chunk in groups of pp)", m, p));
+  if (n_layer > 0 && n_layer % (p * v) != 0)
+    add(format("pipeline: n_layer = %d is not a multiple of pp*v = %d*%d = %d (each of the pp*v "
+               "stages holds the same number of blocks)", n_layer, p, v, p * v));
+  return msg;
+}
+
+std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& namer) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  auto name = [&](const char* id) { return namer ? namer(id) : plain_name(cfg, id); };
+  const struct { const char* id; int value; } degrees[] = {
+      {"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
+      {"parallel.cp", p.cp}, {"parallel.ep", p.ep}, {"parallel.pp_virtual", p.pp_virtual}};
+  for (const auto& d : degrees)
+    if (d.value < 1) return name(d.id) + " must be at least 1";  // the rules below divide by it
+
+  std::string errors;
+  auto fail = [&](const std::string& msg) { errors += (errors.empty() ? "" : "\n") + msg; };
+  const std::string tp = name("parallel.tp"), cp = name("parallel.cp");
+  const long product = (long)p.dp * p.pp * p.cp * p.tp;
+  if (world_size > 0 && product != world_size)
+    fail(format("the parallel degrees multiply to dp*pp*cp*tp = %d*%d*%d*%d = %ld, but the job has "
+                "world size %d (", p.dp, p.pp, p.cp, p.tp, product, world_size) +
+         name("parallel.dp") + ", " + name("parallel.pp") + ", " + cp + ", " + tp +
+         format("; ep is not a factor of the world: it lives inside dp*cp): launch with mpirun -np "
+                "%ld or change the degrees", product));
+  if (m.n_head % p.tp != 0)
+    fail(tp + " does not divide " + name("model.n_head") +
+         " (each tensor-parallel rank holds n_head/tp heads)");
+  if ((4L * m.d_model) % p.tp != 0)
+    fail(tp + format(" does not divide 4*d_model = %d (", 4 * m.d_model) + name("model.d_model") +
+         "; each tensor-parallel rank holds 4*d_model/tp columns of the MLP)");
+  if (m.padded_vocab() % p.tp != 0)
+    fail(tp + format(" does not divide the padded vocabulary %d (vocab_size %d rounded up to a "
+                     "multiple of 128; each tensor-parallel rank holds padded/tp rows of wte)",
+                     m.padded_vocab(), m.vocab_size));
+  if (p.tp > 1 && p.sp && m.seq_len % p.tp != 0)
+    fail(tp + " does not divide " + name("model.seq_len") + " (sequence parallelism gives each "
+         "tensor-parallel rank seq_len/tp positions; or set sp = false)");
+  if (p.cp > 1 && m.seq_len % (2 * p.cp) != 0)
+    fail(cp + format(": 2*cp = %d does not divide ", 2 * p.cp) + name("model.seq_len") +
+         " (zigzag context parallelism cuts each sequence into 2*cp chunks, two per rank)");
+  else if (p.cp > 1 && p.sp && (m.seq_len / p.cp) % p.tp != 0)
+    fail(tp + format(" does not divide seq_len/cp = %d/%d = %d (sequence parallelism splits each "
+                     "context-parallel rank's positions over tp)",
+                     m.seq_len, p.cp, m.seq_len / p.cp));
+  if (p.pp > 1 || p.pp_virtual > 1) {
+    const std::string rules = pipeline_rules(p.pp_schedule, p.pp, cfg.train.grad_accum,
+                                             p.pp_virtual, m.n_layer);
+    if (!rules.empty())
+      fail(name("parallel.pp") + ", " + name("parallel.pp_schedule") + ", " +
+           name("parallel.pp_virtual") + ", " + name("train.grad_accum") +
+           " (the micro-batches of a step): " + rules);
+  }
+  if (m.n_layer < p.pp)
+    fail(name("parallel.pp") + " exceeds " + name("model.n_layer") +
+         " (each pipeline stage needs at least one layer)");
+  if ((p.dp * p.cp) % p.ep != 0)
+    fail(name("parallel.ep") + format(" does not divide dp*cp = %d*%d = %d (", p.dp, p.cp,
+                                      p.dp * p.cp) +
+         name("parallel.dp") + ", " + cp + "; expert parallelism shards the experts over blocks "
+         "of ep ranks inside dp x cp)");
+  return errors;
+}

@@ -1,0 +1,18 @@
+// parallel/axis.h - the axes of the device mesh, as names. The mesh (parallel/mesh.h) has one
+// group per axis; the placement map (parallel/placement.h) names the axis whose group sums a
+// unit's gradient; the communicator's counters (parallel/comm.h) are kept per axis.
+//
+//   World  every rank
+//   DP     ranks that differ only in their data-parallel coordinate
+//   TP, PP, CP   the same for tensor, pipeline and context parallelism
+//   EP     within dp x cp, consecutive blocks of ep ranks (the expert all-to-all)
+//   DPCP   ranks that differ in dp and/or cp (dense gradients when cp > 1)
+//   EPDP   within dp x cp, the ranks with the same ep coordinate (expert gradients)
+//   Stage  the ranks of one pipeline stage: every axis but pp (FP8 amax agreement)
+//   Embed  the first and the last pipeline stage of one pipeline (the tied embedding)
+#pragma once
+
+enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Count };
+
+// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed"
+const char* axis_name(Axis a);

@@ -1,0 +1,299 @@
+// training/plan.cu - the layout planner (training/plan.h). It does not model the trainer: it runs
+// it. For every rank of the layout the config names, it makes the rank's mesh with the Count
+// backend (every collective checked and counted exactly as a real one, nothing moved:
+// parallel/comm.h), lays the model out, builds the parameter store, the pipeline and the model
+// with counting allocators (kernels/allocator.h: every buffer recorded, none allocated), and runs
+// one training step - the trainer's own gpt_train_step - on the dry stream, where every kernel
+// does nothing. What the counters and the allocators saw is the plan: state bytes, activation
+// bytes, and the communication of a step, per axis and collective. A feature is planned by being
+// written once, in the trainer.
+//
+// Two things a dry step cannot know are stated as assumptions: the MoE router's choices (the
+// model picks a balanced router in count-only mode, model/moe.cu), and time. The step time is a
+// device model ([plan]): the FLOPs at matmul_efficiency of the peak, slowed by the schedule's
+// bubble, plus the ring bytes of each group at the bandwidth of the link it spans (inside a node
+// or across nodes), none of it overlapped.
+#include "training/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "model/gpt.h"
+#include "model/gpt_pipeline.h"
+#include "parallel/mesh.h"
+#include "parallel/param_store.h"
+#include "parallel/pipeline.h"
+#include "training/metrics.h"
+
+namespace {
+
+// What one rank of the layout holds and sends in a training step, found by running the step
+// dry: the trainer's setup (train.cu) and gpt_train_step with count-only parts.
+struct DryRank {
+  Mesh mesh;
+  GPTLayout layout;
+  ParamStore store;
+  Pipeline pipeline;
+  GPT model;
+};
+
+void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
+  const ops::Stream dry = ops::dry_stream();
+  mesh_init(d.mesh, mesh_shape(c.parallel), world_rank, 0, CommBackend::Count);
+  d.layout = gpt_layout(c.model, d.mesh);
+  d.store.count_only = true;
+  const ShardingMode mode = c.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
+                   dry, dry, ParamFill{});
+  d.pipeline.count_only = true;
+  pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
+  d.model.count_only = true;
+  gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
+}
+
+// One training step of rank `world_rank`, dry: its memory and its communication.
+// `tokens`: the step's micro-batches (m * B * T/cp ids), read by no kernel: the step is dry.
+RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int* tokens,
+                   int world_rank) {
+  DryRank d;
+  dry_setup(d, c, schedule, world_rank);
+  const int B = c.train.micro_batch, T = c.model.seq_len, m = c.train.grad_accum;
+  const int T_local = T / c.parallel.cp;
+  comm_stats_reset(d.mesh.stats);
+  gpt_train_step(d.model, d.store, d.pipeline, {tokens, tokens, m, B, T_local},
+                 1.0f / ((float)B * T * m * c.parallel.dp), 1.0f / ((float)B * T * m),
+                 ops::dry_stream());
+  RankPlan r;
+  const MeshCoords at = mesh_coords(d.mesh.shape, world_rank);
+  r.rank = world_rank;
+  r.dp_rank = at.dp, r.pp_rank = at.pp, r.cp_rank = at.cp, r.tp_rank = at.tp;
+  r.state_bytes = d.store.state_memory.bytes;
+  r.activation_bytes = d.model.memory.bytes;
+  r.peak_bytes = r.state_bytes + r.activation_bytes + d.store.work_memory.bytes;
+  r.comm = d.mesh.stats;
+  gpt_destroy(d.model);
+  pipeline_destroy(d.pipeline);
+  param_store_destroy(d.store);
+  mesh_destroy(d.mesh);
+  return r;
+}
+
+// Whether every member of a group sits in one node ([plan] gpus_per_node consecutive ranks).
+bool inside_one_node(const std::vector<int>& members, int gpus_per_node) {
+  for (int w : members)
+    if (w / gpus_per_node != members[0] / gpus_per_node) return false;
+  return true;
+}
+
+// The time rank 0's collectives take: the bytes a ring algorithm puts on the wire per rank, over
+// the link its group spans.
+double comm_ms(const Config& c, const CommStats& st) {
+  const PlanConfig& p = c.plan;
+  const MeshShape shape = mesh_shape(c.parallel);
+  double ms = 0;
+  for (int a = 0; a < (int)Axis::Count; a++) {
+    const int n = st.group_size[a];
+    const bool near = inside_one_node(mesh_group_members(shape, (Axis)a, 0), p.gpus_per_node);
+    const double gbs = near ? p.intra_node_gbs : p.inter_node_gbs;
+    const CommCounters& k = st.axis[a];
+    double wire = k.bytes[(int)CollectiveKind::Send];
+    if (n > 1) {
+      wire += 2.0 * (n - 1) / n * k.bytes[(int)CollectiveKind::AllReduce];
+      wire += (double)(n - 1) / n * (k.bytes[(int)CollectiveKind::AllGather] +
+                                     k.bytes[(int)CollectiveKind::ReduceScatter] +
+                                     k.bytes[(int)CollectiveKind::AllToAll]);
+    }
+    ms += wire / (gbs * 1e9) * 1e3;
+  }
+  return ms;
+}
+
+// The step time and MFU from the device model, over rank 0's layout.
+void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
+  DryRank d;  // rank 0's layout (its FLOPs), built like the others'
+  mesh_init(d.mesh, mesh_shape(c.parallel), 0, 0, CommBackend::None);
+  const GPTLayout g = gpt_layout(c.model, d.mesh);
+  const int world = d.mesh.shape.world();
+  const Recompute rc = parse_recompute(c.train.recompute);
+  plan.tokens_per_step =
+      (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum * c.parallel.dp;
+  const double flops = hardware_flops_per_token(g, rc) * plan.tokens_per_step / world;
+  plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
+  const PipelineSimulation sim = pipeline_simulate(sched, 1.0, 2.0);
+  plan.bubble = 1.0 - sim.busy[0] / sim.makespan;
+  plan.comm_ms = comm_ms(c, plan.ranks[0].comm);
+  plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
+  plan.mfu = model_flops_per_token(g) * plan.tokens_per_step /
+             (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
+  mesh_destroy(d.mesh);
+}
+
+}  // namespace
+
+Plan plan_layout(const Config& c, PlanScope scope) {
+  Plan plan;
+  const MeshShape shape = mesh_shape(c.parallel);
+  const PipelineSchedule schedule = pipeline_build(c.parallel.pp_schedule, shape.pp,
+                                                   c.train.grad_accum, shape.pp_virtual);
+  const std::vector<int> tokens(
+      (size_t)c.train.grad_accum * c.train.micro_batch * c.model.seq_len / shape.cp, 0);
+  for (int w = 0; w < shape.world(); w++) {
+    const MeshCoords at = mesh_coords(shape, w);
+    if (scope == PlanScope::EveryRank || (at.dp == 0 && at.cp == 0 && at.tp == 0))
+      plan.ranks.push_back(plan_rank(c, schedule, tokens.data(), w));
+  }
+  estimate_time(plan, c, schedule);
+  const double limit = c.plan.memory_gib * (1ull << 30);
+  for (const RankPlan& r : plan.ranks)
+    if (r.peak_bytes > limit && plan.does_not_fit.empty()) {
+      char msg[200];
+      std::snprintf(msg, sizeof(msg), "rank %d needs %.4g GiB, %.4g GiB more than [plan] "
+                    "memory_gib = %g", r.rank, r.peak_bytes / 1073741824.0,
+                    (r.peak_bytes - limit) / 1073741824.0, c.plan.memory_gib);
+      plan.does_not_fit = msg;
+    }
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+// ---------------------------------------------------------------------------------------------
+PlanFlags plan_take_flags(int* argc, char** argv) {
+  PlanFlags f;
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    const std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0)
+        return a.substr(flag.size() + 1);
+      CHECK_ALL(i + 1 < *argc, "%s needs a value", flag.c_str());
+      return argv[++i];
+    };
+    if (a == "--plan") f.plan = true;
+    else if (a.rfind("--plan-json", 0) == 0) f.json = value("--plan-json");
+    else if (a.rfind("--plan-search", 0) == 0) {
+      const std::string n = value("--plan-search");
+      f.search = std::atoi(n.c_str());
+      CHECK_ALL(f.search > 0, "--plan-search %s: expects a number of GPUs > 0", n.c_str());
+    } else argv[out++] = argv[i];
+  }
+  *argc = out;
+  f.plan = f.plan || !f.json.empty();
+  return f;
+}
+
+int plan_run(const Config& cfg, const PlanFlags& f) {
+  if (f.search > 0) return plan_search(cfg, f.search, stdout) ? 0 : 1;
+  const Plan plan = plan_layout(cfg);
+  plan_print(plan, cfg, stdout);
+  if (!f.json.empty()) {
+    const std::string problem = plan_write_json(plan, f.json);
+    CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
+  }
+  return plan.does_not_fit.empty() ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------------
+static double mib(size_t b) { return b / 1048576.0; }
+
+void plan_print(const Plan& plan, const Config& c, FILE* out) {
+  const ParallelConfig& p = c.parallel;
+  std::fprintf(out, "plan     dp=%d%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
+               "tokens per step\n", p.dp, p.fsdp ? " FSDP" : "", p.pp, p.pp_schedule.c_str(),
+               p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "", p.ep, plan.ranks.size(),
+               plan.tokens_per_step);
+  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB\n");
+  for (const RankPlan& r : plan.ranks) {
+    if (r.dp_rank > 0 || r.cp_rank > 0) continue;  // the same as their dp x cp rank 0
+    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f\n", r.rank, r.dp_rank,
+                 r.pp_rank, r.cp_rank, r.tp_rank, mib(r.state_bytes), mib(r.activation_bytes),
+                 mib(r.peak_bytes));
+  }
+  std::fprintf(out, "  communication per step on rank 0:\n");
+  CommStats st = plan.ranks[0].comm;
+  comm_stats_print(st, 1, out);
+  std::fprintf(out, "  bubble %.1f%%, compute %.2f ms, communication %.2f ms (at [plan] bandwidths)"
+               "\n  estimated step %.2f ms, MFU %.1f%% of %.0f TFLOP/s per GPU\n",
+               100 * plan.bubble, plan.compute_ms, plan.comm_ms, plan.step_ms, 100 * plan.mfu,
+               c.plan.peak_tflops);
+  if (!plan.does_not_fit.empty())
+    std::fprintf(out, "  DOES NOT FIT: %s\n", plan.does_not_fit.c_str());
+}
+
+std::string plan_write_json(const Plan& plan, const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return "cannot write " + path;
+  std::fprintf(f, "{\"ranks\":[");
+  for (size_t i = 0; i < plan.ranks.size(); i++) {
+    const RankPlan& r = plan.ranks[i];
+    std::fprintf(f, "%s{\"rank\":%d,\"dp_rank\":%d,\"pp_rank\":%d,\"cp_rank\":%d,\"tp_rank\":%d,"
+                 "\"state_bytes\":%zu,\"activation_bytes\":%zu,\"peak_bytes\":%zu", i ? "," : "",
+                 r.rank, r.dp_rank, r.pp_rank, r.cp_rank, r.tp_rank, r.state_bytes,
+                 r.activation_bytes, r.peak_bytes);
+    print_comm_json(f, r.comm);
+    std::fprintf(f, "}");
+  }
+  std::fprintf(f, "],\"bubble\":%.10g,\"compute_ms\":%.6g,\"comm_ms\":%.6g,\"step_ms\":%.6g,"
+               "\"mfu\":%.6g,\"fits\":%s}\n", plan.bubble, plan.compute_ms, plan.comm_ms,
+               plan.step_ms, plan.mfu, plan.does_not_fit.empty() ? "true" : "false");
+  return std::fclose(f) == 0 ? "" : "cannot write " + path;
+}
+
+bool plan_search(const Config& cfg, int n, FILE* out) {
+  struct Row {
+    int dp, pp, cp, tp, ep, accum;
+    Plan plan;
+  };
+  std::vector<Row> rows;
+  // The global batch stays the config's: micro_batch x grad_accum x dp sequences.
+  const long global = (long)cfg.train.micro_batch * cfg.train.grad_accum * cfg.parallel.dp;
+  for (int tp = 1; tp <= n; tp++)
+    for (int cp = 1; tp * cp <= n; cp++)
+      for (int pp = 1; tp * cp * pp <= n; pp++) {
+        if (n % (tp * cp * pp)) continue;
+        Config c = cfg;
+        c.parallel.tp = tp, c.parallel.cp = cp, c.parallel.pp = pp;
+        c.parallel.dp = n / (tp * cp * pp);
+        if (global % ((long)cfg.train.micro_batch * c.parallel.dp)) continue;
+        c.train.grad_accum = (int)(global / ((long)cfg.train.micro_batch * c.parallel.dp));
+        if (pp == 1) c.parallel.pp_schedule = "1f1b", c.parallel.pp_virtual = 1;
+        // Experts: every ep that divides dp x cp and the experts (1 for a dense model).
+        for (int ep = 1; ep <= c.parallel.dp * cp; ep++) {
+          if ((c.parallel.dp * cp) % ep || (ep > 1 && (cfg.model.n_experts % ep))) continue;
+          if (ep > 1 && cfg.model.n_experts == 0) break;
+          c.parallel.ep = ep;
+          if (!layout_problems(c, n).empty()) continue;
+          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum,
+                          plan_layout(c, PlanScope::Stages)});
+        }
+      }
+  if (rows.empty()) {
+    std::fprintf(out, "error: no valid layout of %d GPUs for this model and batch (tp must divide "
+                 "n_head, cp 2*cp seq_len, pp n_layer...): try another count\n", n);
+    return false;
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.plan.step_ms < b.plan.step_ms;
+  });
+  std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
+               "fastest estimated step first:\n"
+               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB\n", n, global,
+               cfg.model.seq_len, cfg.train.micro_batch);
+  bool any_fits = false;
+  for (const Row& r : rows) {
+    size_t peak = 0;
+    for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
+    any_fits = any_fits || r.plan.does_not_fit.empty();
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp,
+                 r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
+                 peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
+  }
+  if (!any_fits)
+    std::fprintf(out, "error: no layout of %d GPUs fits in [plan] memory_gib = %g per GPU\n", n,
+                 cfg.plan.memory_gib);
+  return any_fits;
+}
