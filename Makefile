@@ -174,3 +174,6 @@ bundle: $(GPU_PROGRAMS)
 .PHONY: bundle-check
 bundle-check: bundle
 	tools/check_bundle.sh
+
+# The emulated CUDA tier (test/emu/README.md): the emulator, and the emulated test programs.
+-include test/emu/emu.mk
