@@ -79,8 +79,10 @@ const Region* find_region(const void* p, size_t bytes, Memory kind) {
 
 cudaError_t allocate(void** p, size_t bytes, Memory kind) {
   if (!p) return record(cudaErrorInvalidValue);
+  // cudaMalloc returns 256-byte-aligned memory; cudaMallocHost whole pages (it pins pages).
+  const size_t alignment = kind == Memory::PinnedHost ? 4096 : 256;
   void* mem = nullptr;
-  if (posix_memalign(&mem, 256, bytes ? bytes : 1) != 0 || !mem)
+  if (posix_memalign(&mem, alignment, bytes ? bytes : 1) != 0 || !mem)
     return record(cudaErrorMemoryAllocation);
   std::memset(mem, 0xFF, bytes);
   Runtime& r = runtime();
