@@ -106,12 +106,8 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
 }
 
 void copy_part(ParamStore& store, const RankFilePart& p, float* dst) {
-  const UnitState& us = store.units[p.unit];
-  CHECK(p.range.first >= us.shard_offset && p.range.end <= us.shard_offset + us.shard_numel,
-        "checkpoint: unit %d range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", p.unit,
-        p.range.first, p.range.end, us.shard_offset, us.shard_offset + us.shard_numel);
-  const float* src = store_state(store, p.unit, p.kind) + (p.range.first - us.shard_offset);
-  ops::copy_to_host(dst, src, p.range.size() * sizeof(float));
+  // wherever the state lives: the device, or host memory or a file under optimizer offload
+  store_state_read(store, p.unit, p.kind, p.range.first, p.range.size(), dst);
 }
 
 static void write_part(hid_t file, const RankFilePart& p, const float* data) {

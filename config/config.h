@@ -60,6 +60,11 @@ struct TrainConfig {      // [train]
   float skip_spikes = 0.0f;            // skip an update whose loss is this many running std
                                        // devs above the running mean (0 = never; health.h)
   int max_skips = 5;                   // ... and stop after this many in a row
+  // Where the fp32 master weights and Adam moments live ([parallel] zero >= 1): "none" on the
+  // device, "cpu" in pinned host memory, "nvme" in one file per rank under offload_dir; AdamW
+  // then runs on the host (parallel/offload.cu).
+  std::string optimizer_offload = "none";  // "none" | "cpu" | "nvme"
+  std::string offload_dir;                 // nvme: an existing, writable directory
 };
 
 struct ParallelConfig {   // [parallel]
@@ -67,6 +72,9 @@ struct ParallelConfig {   // [parallel]
   bool sp = true;         // sequence parallel (meaningful when tp > 1)
   std::string pp_schedule = "1f1b";  // "1f1b" | "gpipe" | "interleaved" (pp > 1)
   int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2)
+  // ZeRO stage (parallel/zero.cu has the ladder): 0 DDP, 1 optimizer state sharded, 2 gradients
+  // too, 3 weights too (FSDP). fsdp = true is zero = 3; the reader makes the two agree.
+  int zero = 0;
   bool fsdp = false;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
   double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
@@ -114,6 +122,8 @@ struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SX
   double inter_node_gbs = 50;    // per GPU, each direction, between nodes (400 Gb/s)
   int gpus_per_node = 8;
   double memory_gib = 80;        // per GPU
+  double pcie_gbs = 50;          // per GPU, each direction, host <-> device (optimizer offload)
+  double nvme_gbs = 6;           // per GPU, file reads and writes (optimizer offload to nvme)
 };
 
 struct Config {

@@ -11,14 +11,13 @@ on the routing: calls exact, bytes within 25% of the plan's balanced estimate). 
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
 metrics' run record) and the communication of every step (calls and bytes per axis and
 collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe; the JSON records the layout it
-planned (the degrees, FSDP or not, sp, the schedule, micro_batch and grad_accum) as the config
+planned (the degrees, the ZeRO stage and offload, sp, the schedule, micro_batch and grad_accum) as the config
 gives it.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
-fixed), fastest first, each with DDP and (at dp x cp > 1) with FSDP; for configs/gpt_7b.toml it finds
-that dp = 8 with FSDP fits in 80 GiB (about 24 GiB per rank) where dp = 8 replicated (118 GiB)
-does not, as --plan of that layout says.
+fixed), fastest first; for configs/gpt_7b.toml its dp = 8 row fits at a ZeRO rung >= 1 with the
+peak --plan gives that rung, where dp = 8 replicated (118 GiB) does not fit.
 """
 import json
 import os
@@ -59,7 +58,16 @@ LAYOUTS = [
       "train": {"recompute": "block"}}),
     ("MoE dp2 x pp2 x ep2 FSDP", {"dp": 2, "pp": 2, "ep": 2, "fsdp": True},
      {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 2}}),
+    ("dp2 ZeRO-1 bf16", {"dp": 2, "zero": 1}, {"precision": {"compute": "bf16"}}),
+    ("dp2 ZeRO-2 grad_accum 2 offload cpu", {"dp": 2, "zero": 2},
+     {"train": {"grad_accum": 2, "optimizer_offload": "cpu"}}),
+    ("dp2 x pp2 x tp2 ZeRO-1 offload nvme (np=8)", {"dp": 2, "pp": 2, "tp": 2, "zero": 1},
+     {"train": {"grad_accum": 2, "optimizer_offload": "nvme"}}),
+    ("MoE dp4 x ep2 ZeRO-2 bf16 offload nvme", {"dp": 4, "ep": 2, "zero": 2},
+     {"model": MOE, "precision": {"compute": "bf16"}, "train": {"optimizer_offload": "nvme"}}),
 ]
+NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
+              "disk_write_bytes": 0}
 
 
 def sections(tmp, name, par, extra):
@@ -70,6 +78,9 @@ def sections(tmp, name, par, extra):
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     for key, values in extra.items():
         sec.setdefault(key, {}).update(values)
+    if sec["train"].get("optimizer_offload") == "nvme":
+        sec["train"]["offload_dir"] = os.path.join(tmp, "offload")
+        os.makedirs(sec["train"]["offload_dir"], exist_ok=True)
     return sec
 
 
@@ -86,8 +97,10 @@ def check_layout(tmp, i, what, par, extra):
         plan = json.load(f)
     r0 = plan["ranks"][0]
     lay = plan.get("layout", {})
+    zero = par.get("zero", 3 if par.get("fsdp") else 0)  # fsdp = true is zero = 3
     want = {"dp": par.get("dp", 1), "pp": par.get("pp", 1), "cp": par.get("cp", 1),
-            "tp": par.get("tp", 1), "ep": par.get("ep", 1), "fsdp": par.get("fsdp", False),
+            "tp": par.get("tp", 1), "ep": par.get("ep", 1), "zero": zero, "fsdp": zero == 3,
+            "optimizer_offload": sec["train"].get("optimizer_offload", "none"),
             "sp": par.get("sp", True), "pp_schedule": par.get("pp_schedule", "1f1b"),
             "micro_batch": sec["train"]["micro_batch"],
             "grad_accum": sec["train"].get("grad_accum", 1)}
@@ -107,11 +120,15 @@ def check_layout(tmp, i, what, par, extra):
                          f"plan {planned}, measured {got}")
             got["bytes"] = planned["bytes"]
     same_comm = all(s["comm"] == r0["comm"] for s in steps)
+    same_host = (r0["host_bytes"], r0["disk_bytes"]) == (info["host_bytes"], info["disk_bytes"])
+    same_offload = all(s.get("offload", NO_OFFLOAD) == r0["offload"] for s in steps)
     checks.check(f"{what}: plan = measured", same_state and same_act and same_comm and
-                 len(plan["ranks"]) == world,
+                 same_host and same_offload and len(plan["ranks"]) == world,
                  f"state {r0['state_bytes']} vs {info['state_bytes']}, activations "
-                 f"{r0['activation_bytes']} vs {info['activation_bytes']}, comm "
-                 f"{'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
+                 f"{r0['activation_bytes']} vs {info['activation_bytes']}, host/disk "
+                 f"{r0['host_bytes']}/{r0['disk_bytes']} vs {info['host_bytes']}/"
+                 f"{info['disk_bytes']}, offload {r0['offload']} vs {steps[0].get('offload')}, "
+                 f"comm {'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
     p, m = par.get("pp", 1), sec["train"].get("grad_accum", 1)
     bubble = (p - 1) / (m + p - 1)
     checks.check(f"{what}: bubble", abs(plan["bubble"] - bubble) < 1e-9,
@@ -134,44 +151,75 @@ def test_bad_input(tmp):
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and
             ln.split()[0].isdigit()]
     products = [int(a) * int(b) * int(c) * int(d) for a, b, c, d, *_ in rows]
-    same_batch = all(int(row[0]) * int(row[6]) == 8 for row in rows)  # dp x grad_accum x 1
-    times = [float(row[7]) for row in rows]
-    both = {(tuple(row[:5]), row[5]) for row in rows}
-    sharded = [int(key[0]) * int(key[2]) > 1 for key, _ in both]  # dp x cp ranks to shard over
-    fsdp_too = all(((key, "fsdp") in both) == s for (key, _), s in zip(both, sharded))
-    checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest "
-                 "first, DDP and FSDP",
-                 rows and all(x == 8 for x in products) and same_batch and fsdp_too and
+    same_batch = all(int(row[0]) * int(row[5]) == 8 for row in rows)  # dp x grad_accum x 1
+    times = [float(row[6]) for row in rows]
+    checks.check("--plan-search 8: layouts of 8 GPUs at the config's global batch, fastest first",
+                 rows and all(x == 8 for x in products) and same_batch and
                  times == sorted(times) and all(row[4] == "1" for row in rows) and
-                 any(row[:7] == ["8", "1", "1", "1", "1", "fsdp", "1"] for row in rows),
-                 f"{len(rows)} layouts, first {rows[0][:8] if rows else None}")
+                 any(row[:6] == ["8", "1", "1", "1", "1", "1"] for row in rows),
+                 f"{len(rows)} layouts, first {rows[0][:7] if rows else None}")
+    # Issue 26's finding: GPT 7B on 8 GPUs was "not fitting" at dp 8 (118 GiB replicated) although
+    # sharding its states fits. The dp 8 row must fit at a sharded rung, with --plan's peak of
+    # that rung, and --plan of dp 8 replicated must say it does not fit.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = run(os.path.join(root, "configs/gpt_7b.toml"), ["--plan-search=8"])
-    rows = {tuple(ln.split()[:6]): ln for ln in r.stdout.splitlines() if ln.startswith("  ") and
-            ln.split()[0].isdigit()}
-    fsdp8 = rows.get(("8", "1", "1", "1", "1", "fsdp"), "")
-    ddp8 = rows.get(("8", "1", "1", "1", "1", "ddp"), "")
-    r = run(os.path.join(root, "configs/gpt_7b.toml"), ["--plan", "--parallel.dp=8",
-                                                        "--parallel.pp=1",
-                                                        "--parallel.fsdp=true",
-                                                        "--train.grad_accum=128"], check=False)
+    gpt7b = os.path.join(root, "configs/gpt_7b.toml")
+    r = run(gpt7b, ["--plan-search=8"])
+    row = next((ln.split() for ln in r.stdout.splitlines()
+                if ln.split()[:5] == ["8", "1", "1", "1", "1"]), [])
+    zero, offload = (int(row[10]), row[11]) if len(row) > 11 else (0, "none")
+    dp8 = ["--plan", "--parallel.dp=8", "--parallel.pp=1", "--train.grad_accum=128"]
+    r = run(gpt7b, dp8 + [f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"],
+            check=False)
     planned = re.search(r"\n +0 +0 +0 +0 +0 +[\d.]+ +[\d.]+ +([\d.]+)\n", r.stdout)
-    peak = float(fsdp8.split()[10]) if fsdp8 else -1
-    checks.check("--plan-search 8 of GPT 7B: dp 8 FSDP fits (as --plan says), replicated not",
-                 fsdp8 and "does not fit" not in fsdp8 and "does not fit" in ddp8 and
-                 planned is not None and abs(float(planned.group(1)) / 1024 - peak) < 0.01,
-                 f"FSDP: {fsdp8.strip()[:90]} | DDP: {ddp8.strip()[:90]} | --plan peak "
-                 f"{planned.group(1) if planned else None} MiB")
+    replicated = run(gpt7b, dp8 + ["--parallel.zero=0"], check=False)
+    checks.check("--plan-search 8 of GPT 7B: dp 8 fits with its states sharded (as --plan of "
+                 "that rung says), replicated not",
+                 row and "does not fit" not in " ".join(row) and zero >= 1 and
+                 planned is not None and abs(float(planned.group(1)) / 1024 - float(row[9])) < 0.01
+                 and "DOES NOT FIT" in replicated.stdout,
+                 f"row {' '.join(row)} | --plan peak {planned.group(1) if planned else None} MiB | "
+                 f"replicated: {replicated.stdout.strip().splitlines()[-1][:80]}")
     sec = sections(tmp, "search_moe", {}, {"train": {"micro_batch": 1, "grad_accum": 8},
                                            "model": MOE})
     r = run(write_config(tmp, "search_moe.toml", sec), ["--plan-search=8"])
-    rows = [[int(x) for x in ln.split()[:5]] for ln in r.stdout.splitlines()
+    rows = [[int(x) for x in ln.split()[:6]] for ln in r.stdout.splitlines()
             if ln.startswith("  ") and ln.split()[0].isdigit()]
     eps = sorted({row[4] for row in rows})
     valid = all((row[0] * row[2]) % row[4] == 0 and MOE["n_experts"] % row[4] == 0 for row in rows)
     checks.check("--plan-search 8 of an MoE model: every valid ep of each layout",
                  eps == [1, 2, 4] and valid and any(row[:5] == [8, 1, 1, 1, 4] for row in rows),
                  f"{len(rows)} layouts, ep values {eps}")
+
+
+def plan_peak(tmp, sec, zero, offload="none"):
+    """Rank 0's peak bytes in the plan of sec's layout at one rung of the ladder."""
+    path = os.path.join(tmp, "rung.json")
+    cfg = write_config(tmp, "rung.toml", sec)
+    run(cfg, ["--plan-json", path, f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"])
+    with open(path) as f:
+        return max(r["peak_bytes"] for r in json.load(f)["ranks"])
+
+
+def test_search_ladder(tmp):
+    """--plan-search 8 with [plan] memory_gib set between two rungs of the dp8 layout: its row
+    is the first rung (zero 1, 2, 3, then zero 1, 2, 3 with offload to the host) whose plan fits,
+    each rung's peak taken from --plan-json."""
+    sec = sections(tmp, "ladder", {}, {"train": {"micro_batch": 1, "grad_accum": 8}})
+    dp8 = dict(sec, parallel={"dp": 8}, train=dict(sec["train"], grad_accum=1))
+    rungs = [(z, "none") for z in range(4)] + [(z, "cpu") for z in (1, 2, 3)]
+    peaks = [plan_peak(tmp, dp8, z, o) for z, o in rungs]
+    for a, b in [(0, 3), (3, 6)]:  # between DDP and ZeRO-3, between ZeRO-3 and ZeRO-3 + cpu
+        limit = (peaks[a] + peaks[b]) / 2
+        want = next(rungs[i] for i in range(len(rungs)) if peaks[i] <= limit)
+        sec["plan"] = {"memory_gib": limit / 2**30}
+        r = run(write_config(tmp, "ladder.toml", sec), ["--plan-search=8"])
+        row = next((ln.split() for ln in r.stdout.splitlines()
+                    if ln.split()[:6] == ["8", "1", "1", "1", "1", "1"]), [])
+        got = (int(row[10]), row[11]) if len(row) > 11 else None
+        checks.check(f"--plan-search 8 between rungs {rungs[a]} and {rungs[b]}: the dp8 row is "
+                     "the first rung that fits", got == want and "does not fit" not in " ".join(row),
+                     f"row {' '.join(row)}; expected zero {want[0]} offload {want[1]} (peaks MiB "
+                     f"{[round(p / 2**20, 3) for p in peaks]}, limit {limit / 2**20:.3f})")
 
 
 def main():
@@ -181,6 +229,7 @@ def main():
         for i, (what, par, extra) in enumerate(LAYOUTS):
             check_layout(tmp, i, what, par, extra)
         test_bad_input(tmp)
+        test_search_ladder(tmp)
     checks.report()
 
 
