@@ -11,7 +11,7 @@
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
-FUZZ_FLAGS   := -std=c++17 -g -O1 -fno-omit-frame-pointer $(FUZZ_SAN) -I. $(MPI_CFLAGS) \
+FUZZ_FLAGS   := -std=c++17 -g -O1 -MMD -MP -fno-omit-frame-pointer $(FUZZ_SAN) -I. $(MPI_CFLAGS) \
                 $(HDF5_CFLAGS) $(TOML_CFLAGS)
 FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/fuzz_%,config llmc_model token_shard tokenizer \
@@ -36,6 +36,8 @@ $(BUILD)/fuzz/fuzz_checkpoint_index: \
     $(call fuzz_obj,test/fuzz/fuzz_checkpoint_index.cpp checkpoint/hdf5_read.cu)
 $(FUZZ_BINS):
 	$(FUZZ_CXX) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $^ $(TOML_LIBS) $(HDF5_LIBS) $(MPI_LIBS)
+
+-include $(shell find $(BUILD)/fuzz/obj -name '*.d' 2>/dev/null)
 
 .PHONY: fuzz fuzz-bins
 fuzz-bins: $(FUZZ_BINS)
