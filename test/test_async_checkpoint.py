@@ -21,35 +21,21 @@ import glob
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     read_metrics, run, seeded_rng, write_config)
+                     kill_job, read_metrics, run, seeded_rng, verify_manifest,
+                     write_config)
 
 checks = Checks("test_async_checkpoint")
 LAYOUT = ["--parallel.dp=2", "--parallel.fsdp=true", "--train.micro_batch=2"]
-
-
-def verify_manifest(ckpt):
-    text = open(os.path.join(ckpt, "manifest.txt"), "rb").read()
-    end = text.rfind(b"end ")
-    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
-        return "manifest's own checksum"
-    for line in text[:end].decode().splitlines()[1:]:
-        size, crc, name = line.split()
-        data = open(os.path.join(ckpt, name), "rb").read()
-        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
-            return name
-    return ""
 
 
 def index_contents(ckpt):
@@ -110,31 +96,6 @@ def test_same_checkpoints(tmp, cfg):
     checks.check("resuming the asynchronous step_000006 is bit-exact",
                  sorted(got) == list(range(7, 13)) and all(got[s] == ref[s] for s in got),
                  f"steps {sorted(got)}")
-
-
-def kill_job(p, marker):
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        left = []
-        for d in glob.glob("/proc/[0-9]*"):
-            try:
-                if marker.encode() in open(d + "/cmdline", "rb").read():
-                    left.append(int(os.path.basename(d)))
-            except OSError:
-                pass
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def test_kill(tmp, cfg):

@@ -28,17 +28,13 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
 """
 import glob
 import os
-import resource
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     read_metrics, run, seeded_rng, write_config)
+                     read_metrics, run, seeded_rng, verify_manifest, write_config)
 
 checks = Checks("test_checkpoint_safety")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -155,23 +151,6 @@ def test_probe(tmp, cfg):
         ["latest", "step_000001"]
     checks.check("a checkpoint dir that does not exist yet is created; the probe leaves nothing",
                  ok, f"exit {p.returncode}: {sorted(os.listdir(ck)) if os.path.isdir(ck) else None}")
-
-
-def verify_manifest(ckpt):
-    """Every manifest entry present with its size and zlib CRC32: "" or the problem."""
-    try:
-        text = open(os.path.join(ckpt, "manifest.txt"), "rb").read()
-    except OSError as e:
-        return str(e)
-    end = text.rfind(b"end ")
-    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
-        return "manifest's own checksum"
-    for line in text[:end].decode().splitlines()[1:]:
-        size, crc, name = line.split()
-        data = open(os.path.join(ckpt, name), "rb").read()
-        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
-            return name
-    return ""
 
 
 def namespaces_allowed():

@@ -14,64 +14,25 @@ ranks' node is gone) and rank 3 is killed (SIGKILL). Then:
   - `latest` names step_000060, whose manifest verifies.
 A slots file of 1 with --min-np 2 makes the launcher give up (exit 1) instead of looping.
 """
-import glob
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     run, seeded_rng, write_config)
+                     json_records, rank_pids, run, seeded_rng, verify_manifest,
+                     write_config)
 
 checks = Checks("test_elastic")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60
 
 
-def records(path):
-    out = []
-    for line in open(path):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "loss" in rec:
-            out.append(rec)
-    return out
-
-
-def rank_pids(marker):
-    found = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            cmd = open(d + "/cmdline", "rb").read()
-            if marker.encode() not in cmd or b"mpirun" in cmd.split(b"\0")[0]:
-                continue
-            env = open(d + "/environ", "rb").read().split(b"\0")
-            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
-            if rank:
-                found[int(rank[0].split(b"=")[1])] = int(os.path.basename(d))
-        except OSError:
-            pass
-    return found
-
-
-def verify_manifest(ckpt):
-    text = open(os.path.join(ckpt, "manifest.txt"), "rb").read()
-    end = text.rfind(b"end ")
-    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
-        return "manifest's own checksum"
-    for line in text[:end].decode().splitlines()[1:]:
-        size, crc, name = line.split()
-        data = open(os.path.join(ckpt, name), "rb").read()
-        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
-            return name
-    return ""
+def loss_records(path):
+    return [r for r in json_records(path) if "loss" in r]
 
 
 def launcher(cfg, slots, *extra):
@@ -108,7 +69,7 @@ def test_lose_two_ranks(tmp, cfg, reference):
     text = log.read()
     attempts = [l for l in text.splitlines() if l.startswith("elastic_run: attempt") and
                 "rank(s)" in l]
-    recs = records(os.path.join(tmp, "metrics.jsonl"))
+    recs = loss_records(os.path.join(tmp, "metrics.jsonl"))
     steps = [r["step"] for r in recs]
     resumed_at = next((int(l.split("step ")[1].split(",")[0]) for l in text.splitlines()
                        if l.startswith("resume ") and ": step " in l), None)
@@ -149,7 +110,7 @@ def main():
         ref = os.path.join(tmp, "reference.jsonl")
         run(cfg, ["--parallel.dp=4", f"--log.metrics={ref}", "--checkpoint.dir="],
             np_ranks=4, timeout=300)
-        reference = {r["step"]: r["loss"] for r in records(ref)}
+        reference = {r["step"]: r["loss"] for r in loss_records(ref)}
         for test in (lambda: test_lose_two_ranks(tmp, cfg, reference),
                      lambda: test_gives_up(tmp, cfg)):
             try:

@@ -21,8 +21,6 @@ own checkpoint directory and metrics file, and is then resumed (resume = "latest
    from step_000100 leaves the metrics file with every step exactly once (the killed run's
    steps past 100 are replaced by the resumed run's), with the reference's losses.
 """
-import glob
-import json
 import os
 import random
 import signal
@@ -30,41 +28,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     run, seeded_rng, write_config)
+                     json_records, rank_pids, run, seeded_rng, verify_manifest,
+                     write_config)
 
 checks = Checks("test_preemption")
 STEPS, EVERY = 300, 100
 LAYOUT = ["--parallel.dp=2", "--parallel.fsdp=true", "--train.micro_batch=2"]
 
 
-def records(path):
-    """The step records of a metrics file, in file order (a torn last line is skipped)."""
-    out = []
-    for line in open(path):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "step" in rec and "loss" in rec:
-            out.append(rec)
-    return out
-
-
-def verify_manifest(ckpt):
-    text = open(os.path.join(ckpt, "manifest.txt"), "rb").read()
-    end = text.rfind(b"end ")
-    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
-        return "manifest's own checksum"
-    for line in text[:end].decode().splitlines()[1:]:
-        size, crc, name = line.split()
-        data = open(os.path.join(ckpt, name), "rb").read()
-        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
-            return name
-    return ""
+def step_records(path):
+    """The step records of a metrics file, in file order."""
+    return [r for r in json_records(path) if "step" in r and "loss" in r]
 
 
 def latest(ck):
@@ -72,22 +49,6 @@ def latest(ck):
         return open(os.path.join(ck, "latest")).read().strip()
     except OSError:
         return None
-
-
-def rank_pids(marker):
-    found = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            cmd = open(d + "/cmdline", "rb").read()
-            if marker.encode() not in cmd or b"mpirun" in cmd.split(b"\0")[0]:
-                continue
-            env = open(d + "/environ", "rb").read().split(b"\0")
-            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
-            if rank:
-                found[int(rank[0].split(b"=")[1])] = int(os.path.basename(d))
-        except OSError:
-            pass
-    return found
 
 
 class Job:
@@ -131,7 +92,7 @@ def resume_to_end(cfg, job):
 
 
 def check_resumed(what, job, reference, r):
-    got = records(job.metrics)
+    got = step_records(job.metrics)
     steps = [g["step"] for g in got]
     same = all(g["loss"] == reference[g["step"]]["loss"] and
                g["grad_norm"] == reference[g["step"]]["grad_norm"] for g in got)
@@ -163,7 +124,7 @@ def preempt(cfg, tmp, reference, name, how):
     k = int(name_[5:]) if name_ else -1
     ok = (rc == 75 and f"{sig} received" in line and f"after step {k} " in line and
           f"{name_} saved" in line and verify_manifest(os.path.join(job.ck, name_)) == "" and
-          max(r["step"] for r in records(job.metrics)) == k)
+          max(r["step"] for r in step_records(job.metrics)) == k)
     checks.check(f"{sig} to {how}: exit 75 after saving the step in flight", ok,
                  f"exit {rc}, latest {name_}: {line[:200]}")
     check_resumed(f"{sig} to {how}", job, reference, resume_to_end(cfg, job))
@@ -193,7 +154,7 @@ def killed_after_save(cfg, tmp, reference):
     job.wait_steps(EVERY + random.randint(1, 40))
     os.killpg(job.p.pid, signal.SIGKILL)
     job.finish()
-    past = [r["step"] for r in records(job.metrics) if r["step"] > EVERY]
+    past = [r["step"] for r in step_records(job.metrics) if r["step"] > EVERY]
     checks.check("kill -9 after the step-100 save left steps past it in the metrics",
                  latest(job.ck) == f"step_{EVERY:06d}" and len(past) > 0,
                  f"latest {latest(job.ck)}, {len(past)} steps past {EVERY}")
@@ -212,7 +173,7 @@ def main():
         cfg = write_config(tmp, "c.toml", sec)
         ref = os.path.join(tmp, "reference.jsonl")
         run(cfg, LAYOUT + [f"--log.metrics={ref}"], np_ranks=2, timeout=300)
-        reference = {r["step"]: r for r in records(ref)}
+        reference = {r["step"]: r for r in step_records(ref)}
         for name, how in (("all", "every rank"), ("one", "rank 1"), ("int", "rank 0"),
                           ("usr1", "mpirun")):
             try:

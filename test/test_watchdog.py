@@ -20,7 +20,6 @@ step 7. `--comm BIN nccl` runs only these, on the NCCL backend (the emulated bui
 build/emu/test_watchdog_comm_nccl, from test/emu/run_lib_tests.sh), where the watchdog is a
 thread that watches the queued operations and calls ncclCommAbort.
 """
-import glob
 import os
 import re
 import signal
@@ -31,27 +30,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     seeded_rng, write_config)
+                     rank_pids, seeded_rng, write_config)
 
 checks = Checks("test_watchdog")
 TIMEOUT_S = 3
-
-
-def job_processes(marker):
-    """{world rank: pid} of the trainer processes whose command line holds `marker`."""
-    found = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            cmd = open(d + "/cmdline", "rb").read()
-            if marker.encode() not in cmd or b"mpirun" in cmd.split(b"\0")[0]:
-                continue
-            env = open(d + "/environ", "rb").read().split(b"\0")
-            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
-            if rank:
-                found[int(rank[0].split(b"=")[1])] = int(os.path.basename(d))
-        except OSError:
-            pass
-    return found
 
 
 def cpu_seconds(pid):
@@ -72,7 +54,7 @@ def stop_one_rank(what, cfg, overrides):
     deadline = time.time() + 60
     while time.time() < deadline and out_text(out).count("| loss") < 3 and p.poll() is None:
         time.sleep(0.02)
-    ranks = job_processes(cfg)
+    ranks = rank_pids(cfg)
     if p.poll() is not None or 1 not in ranks or 0 not in ranks:
         checks.check(what, False, f"the job did not get going: {out_text(out)[-400:]}")
         os.killpg(p.pid, signal.SIGKILL)
@@ -85,7 +67,7 @@ def stop_one_rank(what, cfg, overrides):
         p.wait(timeout=TIMEOUT_S + 30)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        for pid in job_processes(cfg).values():
+        for pid in rank_pids(cfg).values():
             os.kill(pid, signal.SIGKILL)
         p.wait()
     took = time.time() - stopped
@@ -96,10 +78,10 @@ def stop_one_rank(what, cfg, overrides):
     ok = (p.returncode == 1 and TIMEOUT_S <= took <= TIMEOUT_S + 10 and
           line.startswith("[rank 0] error: watchdog: ") and "axis" in line and
           f"timeout_s = {TIMEOUT_S}" in line and m is not None and
-          int(m.group(1)) == steps_printed + 1 and not job_processes(cfg))
+          int(m.group(1)) == steps_printed + 1 and not rank_pids(cfg))
     checks.check(f"{what}: rank 1 stopped, the job ends after timeout_s naming rank, op, axis, "
                  f"step", ok, f"exit {p.returncode} after {took:.1f} s, {steps_printed} steps "
-                 f"printed, left {job_processes(cfg)}: {line[:220]}")
+                 f"printed, left {rank_pids(cfg)}: {line[:220]}")
     return spin
 
 
@@ -151,7 +133,7 @@ def main():
                              ("pp = 2 (point to point, or the tied embedding's all-reduce)", ["--parallel.pp=2",
                                                           "--train.grad_accum=2"])):
             spins.append(stop_one_rank(what, cfg, layout))
-            for pid in job_processes(cfg).values():  # what a failed check left behind
+            for pid in rank_pids(cfg).values():  # what a failed check left behind
                 os.kill(pid, signal.SIGKILL)
         spins = [s for s in spins if s is not None]
         checks.check("rank 0 sleeps while it waits (CPU time / wall time over the wait)",
