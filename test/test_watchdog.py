@@ -6,19 +6,21 @@ Tiny GPT-2 (L=2, NH=4, C=32, T=16, V=101) training for many steps under mpirun -
 timeout_s = 3. Once a few steps have printed, rank 1 is stopped with SIGSTOP (it used to leave
 rank 0 waiting forever, spinning). For the data-parallel layout (rank 0 waits in the gradient
 all-reduce) and the pipeline (it waits in a point-to-point exchange):
-  - the job ends on its own, between timeout_s and timeout_s + 10 s after the stop;
+  - the job ends on its own, between timeout_s and timeout_s + 20 s after the stop (the end of
+    the job under a loaded machine's scheduling);
   - with exit status 1, and a message "[rank 0] error: watchdog: ..." that names the operation,
-    the axis, the step (the one after the last step line) and timeout_s;
+    the axis, the step (the one after rank 0's last step line) and timeout_s;
   - no process of the job is left (the stopped rank was ended too);
   - while it waited, rank 0 slept instead of spinning: its CPU time over the wait is under
     a quarter of the wall time.
 Then each kind of wait alone (build/test_watchdog_comm, test/test_watchdog_comm.cpp): after an
 all-reduce that completes (no false alarm), rank 1 stops and rank 0 starts an all-reduce, a
 point-to-point exchange, or a host helper (all_agree) at step 7; with timeout_s = 1 the job ends
-with exit status 1 within 1 to 8 s, the message naming rank 0, the operation, the axis dp and
-step 7. `--comm BIN nccl` runs only these, on the NCCL backend (the emulated build's stand-in:
-build/emu/test_watchdog_comm_nccl, from test/emu/run_lib_tests.sh), where the watchdog is a
-thread that watches the queued operations and calls ncclCommAbort.
+with exit status 1 within 1 to 25 s (mpirun's start-up included: generous for a loaded machine),
+the message naming rank 0, the operation, the axis dp and step 7. `--comm BIN nccl` runs only
+these, on the NCCL backend (the emulated build's stand-in: build/emu/test_watchdog_comm_nccl,
+from test/emu/run_lib_tests.sh), where the watchdog is a thread that watches the queued
+operations and calls ncclCommAbort.
 """
 import os
 import re
@@ -61,8 +63,6 @@ def stop_one_rank(what, cfg, overrides):
         return None
     os.kill(ranks[1], signal.SIGSTOP)
     stopped, cpu0 = time.time(), cpu_seconds(ranks[0])
-    time.sleep(1.0)
-    steps_printed = out_text(out).count("| loss")
     try:
         p.wait(timeout=TIMEOUT_S + 30)
     except subprocess.TimeoutExpired:
@@ -73,9 +73,10 @@ def stop_one_rank(what, cfg, overrides):
     took = time.time() - stopped
     spin = (cpu_seconds(ranks[0]) - cpu0) / max(took, 1e-9) if took < TIMEOUT_S + 30 else 1.0
     text = out_text(out)
+    steps_printed = text.count("| loss")  # rank 0's last step line; the next step waited
     line = next((l for l in text.splitlines() if "watchdog" in l), "no watchdog line")
     m = re.search(r"at step (\d+)", line)
-    ok = (p.returncode == 1 and TIMEOUT_S <= took <= TIMEOUT_S + 10 and
+    ok = (p.returncode == 1 and TIMEOUT_S <= took <= TIMEOUT_S + 20 and
           line.startswith("[rank 0] error: watchdog: ") and "axis" in line and
           f"timeout_s = {TIMEOUT_S}" in line and m is not None and
           int(m.group(1)) == steps_printed + 1 and not rank_pids(cfg))
@@ -108,7 +109,7 @@ def test_comm_waits(binary, backend):
         took = time.time() - start
         line = next((l for l in err.splitlines() if "watchdog" in l), "no watchdog line")
         nccl = backend == "nccl" and case != "host"  # the host helpers are MPI's on both
-        ok = (rc == 1 and 1 <= took <= 8 and line.startswith("[rank 0] error: watchdog: ") and
+        ok = (rc == 1 and 1 <= took <= 25 and line.startswith("[rank 0] error: watchdog: ") and
               f"{'NCCL ' if nccl else ''}{op}" in line and "on axis dp (2 ranks)" in line and
               "at step 7" in line and "timeout_s = 1" in line)
         checks.check(f"{backend}: {case} with a stopped peer ends the job", ok,
