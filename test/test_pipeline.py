@@ -12,8 +12,14 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
 2. Communication per step on rank 0 equals the analytic value exactly: on the pp axis one
    send and one receive of B*T*C elements per micro-batch and stage boundary of each of its
    chunks, on the embed axis one all-reduce of the root's gradient (its shard under FSDP).
-3. bf16 and fp8 at pp = 2 within 1e-2 of the one-rank bf16 / fp8 run (FP8's amaxes agree over
-   the stage group; the backward casts each micro-batch's input with its own scale); dp2 x pp2 with FSDP and with DDP,
+3. bf16 and fp8 at pp = 2 against the one-rank bf16 / fp8 run (FP8's amaxes agree over the
+   stage group; the backward casts each micro-batch's input with its own scale): the gradient
+   norms of the first 6 steps within 1e-6 (measured <= 8e-8 over 16 seeds: only the tied wte's
+   gradient is summed in another order, head and embedding parts on two stages), the losses of
+   all 20 steps within 2e-3 (measured up to 1.5e-4 in fp8 and 3.2e-5 in bf16: after some steps
+   such 1e-7 differences flip a bf16 or FP8 code now and then, and Adam carries it on). A backward
+   that casts with the last forward's scale (another micro-batch's) moves the fp8 norms by 3e-3
+   from step 1. dp2 x pp2 with FSDP and with DDP,
    tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8 within 1e-5.
 4. Checkpoints reshard across pp: a dp2 x pp2 FSDP save at step 10 resumed on one rank, and a
    one-rank save resumed at pp4 x tp2 (np = 8), continue within 1e-5 of the uninterrupted runs.
@@ -119,16 +125,14 @@ def test_schedules(tmp):
 
 def test_with_other_axes(tmp):
     L, m, B = 4, 4, 2
-    ref = train(tmp, "one_bf16", L, m, B, dtype="bf16")
-    got = train(tmp, "pp2_bf16", L, m, B, pp=2, dtype="bf16")
-    r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    checks.check("bf16 pp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank bf16")
-    ref = train(tmp, "one_fp8", L, m, B, dtype="fp8")  # amaxes agree over the stage group
-    got = train(tmp, "pp2_fp8", L, m, B, pp=2, dtype="fp8")
-    r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    # Not bitwise: the tied wte's gradient is summed in another order (head and embedding parts on
-    # two stages), and FP8 rounding turns such 1e-7 differences into ~1e-4 now and then.
-    checks.check("fp8 pp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank fp8")
+    for dtype in ("bf16", "fp8"):  # fp8: amaxes agree over the stage group
+        ref = train(tmp, f"one_{dtype}", L, m, B, dtype=dtype)
+        got = train(tmp, f"pp2_{dtype}", L, m, B, pp=2, dtype=dtype)
+        norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
+        loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
+        checks.check(f"{dtype} pp=2: first 6 gradient norms, {STEPS} losses", norms < 1e-6 and
+                     loss < 2e-3, f"max rel err {norms:.1e}, {loss:.1e} vs one-rank {dtype} "
+                     "(tolerances 1e-6, 2e-3)")
     ref = train(tmp, "ref_m2", L, 2, 4)
     for fsdp in (True, False):
         got = train(tmp, f"dp2pp2_{fsdp}", L, 2, 2, pp=2, dp=2, fsdp=fsdp)
