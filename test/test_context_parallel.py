@@ -4,7 +4,9 @@ A tiny GPT (L = 2, 2 heads, C = 32, T = 16), 20 steps at lr 1e-3, global batch 4
 one-rank run with the same batch is the reference.
 1. cp = 2 and 4 from random init and from an llm.c model file: per-step losses and gradient
    norms within 1e-5 relative, the validation loss within 1e-5, the sampled tokens identical
-   (the cp rank holding the last position samples); bf16 at cp = 2 within 1e-2 of one-rank bf16.
+   (the cp rank holding the last position samples); bf16 at cp = 2 against one-rank bf16:
+   losses within 8e-4, gradient norms within 2e-2, about 10x the worst of 6 seeds (7.9e-5,
+   1.9e-3: attention's blocks are merged in another order and rounded to bf16).
 2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2: within 1e-5 (every
    axis at once: test_matrix.py).
 3. Communication per step on rank 0 equals the analytic ring exactly: on the cp axis, per layer,
@@ -93,7 +95,9 @@ def test_against_one_rank(tmp):
     b1 = train(tmp, "one_bf16", dtype="bf16")
     b2 = train(tmp, "cp2_bf16", cp=2, dtype="bf16")
     r = max_rel([s["loss"] for s in b2[0]], [s["loss"] for s in b1[0]])
-    checks.check("bf16 cp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank bf16")
+    n = max_rel([s["grad_norm"] for s in b2[0]], [s["grad_norm"] for s in b1[0]])
+    checks.check("bf16 cp=2 losses and norms", r < 8e-4 and n < 2e-2,
+                 f"max rel err {r:.2e}, {n:.2e} vs one-rank bf16 (tolerances 8e-4, 2e-2)")
 
 
 def test_llmc_file(tmp):
