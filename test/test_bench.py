@@ -104,7 +104,8 @@ def main():
     r = subprocess.run([os.path.join(BUILD, "bench_kernels_cpu"), "--quick", "--tsv", tsv],
                        capture_output=True, text=True, timeout=600)
     print(r.stdout[-2000:])
-    check("bench_kernels_cpu --quick ran", r.returncode == 0, f"exit {r.returncode} {r.stderr[-500:]}")
+    check("bench_kernels_cpu --quick ran", r.returncode == 0,
+          f"exit {r.returncode} {r.stderr[-500:]}")
     if r.returncode != 0:
         sys.exit(1)
     lines = open(tsv).read().splitlines()
@@ -120,8 +121,8 @@ def main():
               for sec in ("ceiling", "memory", "gemm", "attention")}
     check("sections and rows", counts == {"ceiling": 2, "memory": 23, "gemm": 40, "attention": 12},
           f"{counts}")
-    check("times positive and finite", all(row["ms"] > 0 and math.isfinite(row["ms"]) for row in rows),
-          f"{len(rows)} rows")
+    check("times positive and finite",
+          all(row["ms"] > 0 and math.isfinite(row["ms"]) for row in rows), f"{len(rows)} rows")
     worst, bad = 0.0, []
     for row in rows:
         want = expected_work(row)

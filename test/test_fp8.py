@@ -295,8 +295,8 @@ def test_layouts(tmp, rng):
         for dt in ("bf16", "fp8"):
             got = train(tmp, f"{label}_{dt}".replace(" ", "_").replace("=", ""), LAYOUT_STEPS,
                         dt, **kw)
-            errs = (max_rel(norms(got)[:1], norms(one[dt])[:1]), max_rel(norms(got), norms(one[dt])),
-                    max_rel(losses(got), losses(one[dt])))
+            errs = (max_rel(norms(got)[:1], norms(one[dt])[:1]),
+                    max_rel(norms(got), norms(one[dt])), max_rel(losses(got), losses(one[dt])))
             checks.check(f"{dt} {label} vs one rank: step-1 norm, norms, losses",
                          len(got) == LAYOUT_STEPS and all(e < t for e, t in zip(errs, tols[dt])),
                          "max rel err %.1e, %.1e, %.1e over %d steps (tolerances %s)" %

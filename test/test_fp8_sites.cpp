@@ -142,7 +142,8 @@ void check_scale(Observer& o, const Fp8Scaling& sc, float want, const char* what
 // Decoded operand: each x * scale rounded to the format, as float64.
 std::vector<double> decode(const std::vector<float>& x, float scale, const Format& fmt) {
   std::vector<double> d(x.size());
-  for (size_t i = 0; i < x.size(); i++) d[i] = fp8_round(x[i] * scale, fmt.mbits, fmt.min_exp, fmt.vmax);
+  for (size_t i = 0; i < x.size(); i++)
+    d[i] = fp8_round(x[i] * scale, fmt.mbits, fmt.min_exp, fmt.vmax);
   return d;
 }
 
@@ -236,7 +237,10 @@ void check_backward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
     const std::vector<float> db = download_f32(c.dbias, c.OC);
     for (int j = 0; j < c.OC; j++) {
       double s = 0, m = 0;
-      for (int i = 0; i < c.N; i++) s += o.dout[(size_t)i * c.OC + j], m += std::fabs(o.dout[(size_t)i * c.OC + j]);
+      for (int i = 0; i < c.N; i++) {
+        const double g = o.dout[(size_t)i * c.OC + j];
+        s += g, m += std::fabs(g);
+      }
       const double want = o.dbias[j] + s;
       record(o, c.site, "bias grad", std::fabs(db[j] - want),
              1.01 * ((c.N + 2) * kF32 * (m + std::fabs(o.dbias[j]))) + 1e-30, want);
