@@ -13,12 +13,12 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, shuffled
    "ckpt copy <ms>", and their metrics records hold ckpt_wait_ms.
 3. Resuming the asynchronous step_000006 gives steps 7-12 with the uninterrupted run's losses,
    bit for bit.
-4. kill -9 of the job at random moments while it saves every step asynchronously (5 kills, the
+4. ZeRO-1 with the optimizer offloaded to host memory: steps 3 and 6 saved asynchronously equal
+   the synchronous ones bit for bit (the copy reads the state where the store keeps it).
+5. kill -9 of the job at random moments while it saves every step asynchronously (5 kills, the
    first during start-up): after each, `latest` names a checkpoint that verifies; the last run
    finishes, and every step's loss, whichever run computed it, equals the uninterrupted run's.
 """
-import glob
-import json
 import os
 import random
 import subprocess
@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
-                     kill_job, read_metrics, run, seeded_rng, verify_manifest,
+                     kill_job, read_metrics, run, seeded_rng, steps_against, verify_manifest,
                      write_config)
 
 checks = Checks("test_async_checkpoint")
@@ -128,21 +128,30 @@ def test_kill(tmp, cfg):
                 timeout=180)
     if final.returncode != 0:
         bad.append("the final run failed: " + final.stderr[-300:])
-    seen, mismatched = set(), set()
-    for path in glob.glob(f"{tmp}/kill_*.jsonl"):
-        for line in open(path):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "loss" in rec:
-                seen.add(rec["step"])
-                if rec["loss"] != reference[rec["step"]]:
-                    mismatched.add(rec["step"])
+    seen, mismatched = steps_against(f"{tmp}/kill_*.jsonl", reference)
     checks.check("kill -9 during asynchronous saves: latest always verifies, resumes bit-exact",
                  not bad and not mismatched and seen == set(range(1, steps + 1)),
                  f"latest after each kill {after}; problems {bad}; steps differing "
                  f"{sorted(mismatched)}; steps seen {len(seen)}")
+
+
+def test_offload(tmp, cfg):
+    """ZeRO-1 with the optimizer's state in host memory (optimizer_offload = "cpu"): the copy
+    reads each part where the store keeps it (store_state_read), so the asynchronous
+    checkpoints equal the synchronous ones bit for bit there too."""
+    layout = ["--parallel.dp=2", "--parallel.zero=1", "--train.optimizer_offload=cpu",
+              "--train.micro_batch=2", "--train.steps=6"]
+    cks = {}
+    for mode in ("sync", "async"):
+        cks[mode] = os.path.join(tmp, "ck_offload_" + mode)
+        run(cfg, layout + [f"--checkpoint.dir={cks[mode]}", "--checkpoint.every=3",
+                           f"--checkpoint.async={'true' if mode == 'async' else 'false'}",
+                           f"--log.metrics={tmp}/offload_{mode}.jsonl"], np_ranks=2, timeout=180)
+    names = ["step_000003", "step_000006"]
+    equal = [n for n in names if same_checkpoints(os.path.join(cks["sync"], n),
+                                                   os.path.join(cks["async"], n))]
+    checks.check("ZeRO-1 with cpu offload: asynchronous checkpoints equal the synchronous ones",
+                 equal == names, f"equal {equal} of {names}")
 
 
 def main():
@@ -153,7 +162,8 @@ def main():
         sec = base_sections(tmp, 12, micro_batch=2)
         sec["data"]["shuffle"] = True
         cfg = write_config(tmp, "c.toml", sec)
-        for test in (lambda: test_same_checkpoints(tmp, cfg), lambda: test_kill(tmp, cfg)):
+        for test in (lambda: test_same_checkpoints(tmp, cfg), lambda: test_offload(tmp, cfg),
+                     lambda: test_kill(tmp, cfg)):
             try:
                 test()
             except (RuntimeError, OSError, KeyError, ValueError, StopIteration) as e:
