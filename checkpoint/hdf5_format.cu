@@ -201,8 +201,67 @@ static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind 
      "cannot write " + name);
 }
 
+std::string residual_layout(const ParamStore& store, const MeshShape& s) {
+  char text[160];
+  std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
+                grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp, s.pp_virtual,
+                s.cp, s.ep, (int)store.mode);
+  return text;
+}
+
+// /residual/layout and /residual/unit_<u> for every unit that has one.
+static void write_residuals(hid_t file, ParamStore& store, const std::string& layout) {
+  H5Id group(create_group(file, "residual"));
+  write_string(group, "layout", layout);
+  std::vector<float> host;
+  for (size_t u = 0; u < store.units.size(); u++) {
+    const UnitState& us = store.units[u];
+    if (!us.residual) continue;
+    host.resize(us.residual_numel);
+    ops::copy_to_host(host.data(), us.residual, host.size() * sizeof(float));
+    const std::string name = "unit_" + std::to_string(u);
+    hsize_t n = host.size();
+    H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
+    H5Id ds(ok(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                          H5P_DEFAULT), "cannot create residual/" + name));
+    ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
+       "cannot write residual/" + name);
+  }
+}
+
+std::string h5_read_residuals(const std::string& path, ParamStore& store,
+                              const std::string& layout) {
+  quiet_hdf5();
+  try {
+    H5Id file(ok(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"));
+    if (H5Lexists(file, "residual", H5P_DEFAULT) <= 0) return "the checkpoint holds none";
+    H5Id group(ok(H5Gopen2(file, "residual", H5P_DEFAULT), "cannot open residual"));
+    const std::string written = read_string(group, "layout");
+    if (written != layout) return "written under " + written + ", now " + layout;
+    std::vector<float> host;
+    for (size_t u = 0; u < store.units.size(); u++) {
+      UnitState& us = store.units[u];
+      if (!us.residual) continue;
+      const std::string name = "unit_" + std::to_string(u);
+      H5Id ds(ok(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "no dataset residual/" + name));
+      H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
+      CHECK(H5Sget_simple_extent_npoints(space) == (hssize_t)us.residual_numel,
+            "%s: residual/%s has %lld values, expected %zu", path.c_str(), name.c_str(),
+            (long long)H5Sget_simple_extent_npoints(space), us.residual_numel);
+      host.resize(us.residual_numel);
+      ok(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
+         "cannot read residual/" + name);
+      ops::copy_to_device(us.residual, host.data(), host.size() * sizeof(float));
+    }
+  } catch (const H5Failure& e) {
+    FATAL("cannot resume: %s: %s", path.c_str(), e.what());
+  }
+  return "";
+}
+
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, const WriterShards& shards) {
+                               const GPTLayout& layout, const WriterShards& shards,
+                               const std::string& residual_layout) {
   quiet_hdf5();
   try {
     H5Id file(ok(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
@@ -221,6 +280,7 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
         const FlatRange range = writer_range(layout.units[u], shards, tp_rank);
         if (range.size() > 0) write_unit_range(file, store, u, kind, range, host);
       }
+    if (store_compressed(store)) write_residuals(file, store, residual_layout);
     close_file(file, path);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();

@@ -82,10 +82,25 @@ struct CheckpointMeta {
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
 };
 
-// Writes this writer's ranges of the master, m and v of every unit (copied from the device).
-// The store's compute stream must be idle. Returns "" or a message naming the file.
+// Writes this writer's ranges of the master, m and v of every unit (copied from the device),
+// and with compressed reductions its residuals (below). The store's compute stream must be
+// idle. Returns "" or a message naming the file.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, const WriterShards& shards);
+                               const GPTLayout& layout, const WriterShards& shards,
+                               const std::string& residual_layout = "");
+
+// The residuals of the compressed reductions ([parallel] grad_compression, parallel/
+// grad_compression.cu) are this rank's own state, not part of any logical tensor, so they stay
+// out of the index: the rank file holds /residual/unit_<u> (the whole residual of unit u) and the
+// string /residual/layout, which names everything their meaning depends on (the compression,
+// the degrees, the ZeRO stage: residual_layout). A run resumes them only from the file of its
+// own world rank written under the same layout; otherwise they are dropped (zero: the steps
+// before lose what they had not sent yet, nothing else changes).
+std::string residual_layout(const ParamStore& store, const MeshShape& shape);
+// Loads this rank's residuals from `rank_file` if it holds them under `layout`. Returns "" when
+// loaded, else why not (the caller warns). A broken file stops the job naming it.
+std::string h5_read_residuals(const std::string& rank_file, ParamStore& store,
+                              const std::string& layout);
 // The writers' degrees (their dp, pp, cp, tp, ep and chunks per pipeline rank; sp changes no
 // layout), as the index records them.
 MeshShape writer_shape(const CheckpointMeta& meta);

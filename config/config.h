@@ -73,6 +73,11 @@ struct ParallelConfig {   // [parallel]
   // too, 3 weights too (FSDP). fsdp = true is zero = 3; the reader makes the two agree.
   int zero = 0;
   bool fsdp = false;
+  // Compressed data-parallel gradient reductions with error feedback (parallel/
+  // grad_compression.cu), zero = 0, 1 or 2: "int8" (block-scaled codes) or "topk" (the
+  // topk_ratio largest values of each bucket per rank).
+  std::string grad_compression = "none";  // "none" | "int8" | "topk"
+  double topk_ratio = 0.01;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
 };
 

@@ -146,6 +146,20 @@ static void check_offload(Checker& c) {
                    "offload_dir, the directory its files go to");
 }
 
+// Compressed gradient reductions (parallel/grad_compression.cu) replace DDP's all-reduce and
+// ZeRO-1/2's reduce-scatter; FSDP's sharded gradient path is not compressed.
+static void check_grad_compression(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.parallel.grad_compression == "none") return;
+  if (cfg.parallel.zero == 3)
+    c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " is not supported "
+                   "with FSDP (" + mention(cfg, c.origins, "parallel.zero") + "): use zero = 0, "
+                   "1 or 2, or grad_compression = \"none\"");
+  if (cfg.parallel.grad_compression == "topk")
+    c.require(cfg.parallel.topk_ratio > 0 && cfg.parallel.topk_ratio <= 1, "parallel.topk_ratio",
+              "must be in (0, 1]: the fraction of each gradient bucket a rank sends");
+}
+
 // FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):
 // the channels per tensor-parallel rank d_model/tp (then also 3 and 4 times it) and the tokens
 // of a micro-batch, micro_batch * seq_len (the depth of the weight-gradient GEMM).
@@ -234,6 +248,7 @@ void check_values(Checker& c) {
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);
+  check_grad_compression(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

@@ -78,6 +78,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(train, offload_dir),
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
       KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
+      KEY(parallel, grad_compression, "none", "int8", "topk"), KEY(parallel, topk_ratio),
       KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved"), KEY(parallel, pp_virtual), KEY(parallel, backend, "nccl", "mpi", ""),
       KEY(precision, compute, "fp32", "bf16", "fp8"),
       KEY(precision, fp8_recipe, "tensorwise", "delayed"), KEY(precision, fp8_amax_history),

@@ -45,10 +45,30 @@ OffloadKind offload_kind(const std::string& s) {
 ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.offload.kind = offload_kind(cfg.train.optimizer_offload);
   st.offload.dir = cfg.train.offload_dir;
+  st.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
+  st.compressor.topk_ratio = cfg.parallel.topk_ratio;
   return sharding_mode(cfg.parallel.zero);
 }
 
 bool store_offloaded(const ParamStore& st) { return st.offload.kind != OffloadKind::None; }
+bool store_compressed(const ParamStore& st) { return st.compressor.kind != GradCompression::None; }
+
+// Compressed reductions: a zero residual per unit whose group has two ranks or more, as long as
+// the bucket the unit reduces (DDP: the unit; ZeRO-1/2: the padded unit), and the scratch of the
+// largest one.
+static void compression_init(ParamStore& st) {
+  if (!store_compressed(st)) return;
+  CHECK(st.mode != ShardingMode::FSDP, "[parallel] grad_compression works with zero = 0, 1 or 2");
+  for (UnitState& us : st.units) {
+    const size_t n = st.mode == ShardingMode::Replicated ? us.numel : us.padded_numel;
+    if (us.group->size < 2) continue;
+    us.residual_numel = residual_numel(st.compressor.kind, n, us.group->size);
+    us.residual = (float*)allocate_zeroed(st.state_memory, us.residual_numel * sizeof(float),
+                                          st.compute);
+    grad_compressor_need(st.compressor, n, us.group->size);
+  }
+  grad_compressor_allocate(st.compressor, st.work_memory);
+}
 
 // ZeRO-1/2 keep full weights that each rank updates a shard of: after an update (or a load) every
 // rank's new shard is all-gathered.
@@ -173,6 +193,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     case ShardingMode::FSDP: fsdp_init(st); break;
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
+  compression_init(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   st.comm_idle = allocate_event(st.work_memory);
   st.issue_point = allocate_event(st.work_memory);

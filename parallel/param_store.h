@@ -38,6 +38,7 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/grad_compression.h"
 #include "parallel/offload.h"
 #include "parallel/placement.h"
 
@@ -74,6 +75,10 @@ struct UnitState {
   int grad_slot = -1;       // pool slot holding grad_full (blocks only)
   ops::Event gather_done = nullptr;  // FSDP, ZeRO-1/2: the all-gather of params is done
   ops::Event reduce_done = nullptr;
+  // [parallel] grad_compression: what this rank's compressed reductions have not sent yet
+  // (parallel/grad_compression.cu), residual_numel floats; null without compression.
+  float* residual = nullptr;
+  size_t residual_numel = 0;
 };
 
 struct ParamStore {
@@ -104,6 +109,9 @@ struct ParamStore {
   bool count_only = false;  // set before param_store_init: count the memory, allocate nothing
   // Optimizer offload: set offload.kind (and offload.dir for nvme) before param_store_init.
   Offload offload;
+  // Compressed dp reductions (DDP, ZeRO-1/2): set compressor.kind and topk_ratio before
+  // param_store_init.
+  GradCompressor compressor;
   int world_rank = 0;       // names the offload file
 };
 
@@ -115,10 +123,12 @@ void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, Sh
                       const ParamFill& fill);
 void param_store_destroy(ParamStore& store);
 // What a config asks of the store, as the trainer and the planner make it: the mode of
-// [parallel] zero (returned) and the offload of [train] optimizer_offload and offload_dir (set
-// on `store`, before param_store_init).
+// [parallel] zero (returned), the offload of [train] optimizer_offload and offload_dir and the
+// compression of [parallel] grad_compression and topk_ratio (set on `store`, before
+// param_store_init).
 ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
+bool store_compressed(const ParamStore& store);  // [parallel] grad_compression is not "none"
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
 const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
