@@ -109,6 +109,7 @@ struct LogConfig {        // [log]
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
   bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
+  bool grad_noise_scale = false;  // the gradient noise scale B_simple (training/noise_scale.h)
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)

@@ -245,6 +245,9 @@ static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
 }
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
+  UnitState& us = st.units[unit];
+  if (st.small_batch_squares && us.releases++ == 0 && !us.whole_step)  // before its reduction
+    ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
   switch (st.mode) {
     case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
@@ -255,13 +258,24 @@ void grads_release(ParamStore& st, int unit, bool last_micro_step) {
     offload_grad_to_host(st, unit);
 }
 
+void grads_micro_batch_done(ParamStore& st) {
+  if (!st.small_batch_squares || st.small_batch_measured) return;
+  st.small_batch_measured = true;  // the whole-step units hold the first micro-batch's only
+  for (UnitState& us : st.units)
+    if (us.whole_step)
+      ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gradients as the optimizer sees them
 // ---------------------------------------------------------------------------------------------
 // Zeroes what the micro-steps accumulate into: the full gradient where it persists (DDP,
 // ZeRO-1, padding included), else the shard.
 void grads_zero(ParamStore& st) {
+  if (st.small_batch_squares) ops::fill_zero(st.small_batch_squares, sizeof(float), st.compute);
+  st.small_batch_measured = false;
   for (UnitState& us : st.units) {
+    us.releases = 0;
     if (st.mode == ShardingMode::ZeRO1)
       ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
     else ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);

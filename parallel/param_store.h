@@ -79,6 +79,7 @@ struct UnitState {
   // (parallel/grad_compression.cu), residual_numel floats; null without compression.
   float* residual = nullptr;
   size_t residual_numel = 0;
+  int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
 };
 
 struct ParamStore {
@@ -112,6 +113,13 @@ struct ParamStore {
   // Compressed dp reductions (DDP, ZeRO-1/2): set compressor.kind and topk_ratio before
   // param_store_init.
   GradCompressor compressor;
+  // [log] grad_noise_scale (training/noise_scale.h): set small_batch_squares to a zeroed device
+  // float; the first micro-batch's squared gradient norm (before any reduction) is summed into
+  // it: a block's at its first release, the units used by the whole step (the root) when the
+  // first micro-batch's backward ends (grads_micro_batch_done). DDP and ZeRO-1 (whole local
+  // gradients), dp-only layouts.
+  float* small_batch_squares = nullptr;
+  bool small_batch_measured = false;
   int world_rank = 0;       // names the offload file
 };
 
@@ -152,6 +160,8 @@ void params_prefetch(ParamStore& store, int unit);
 void params_release(ParamStore& store, int unit);
 float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
+// The backward of a micro-batch is queued (this stage's every contribution, the embedding's too).
+void grads_micro_batch_done(ParamStore& store);
 
 // The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);
