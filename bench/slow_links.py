@@ -4,7 +4,7 @@ uncompressed DDP all-reduce and with each [parallel] grad_compression, at equal 
 final validation loss and the dp bytes per step side by side, and the validation curves plotted.
 
     python3 bench/slow_links.py [--steps 1000] [--np 2] [--micro-batch 8] [--seq-len 64]
-                                [--val-every 50] [--out docs]
+                                [--val-every 50] [--out docs] [--reuse]
 
 Writes OUT/slow_links.png and prints a Markdown table (docs/PERF.md has the recorded one). Runs
 ./train_cpu under mpirun (the CPU backend: the losses are what a GPU would give, the time is not).
@@ -25,6 +25,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 
 def train(name, extra, args):
     metrics = os.path.join(args.work, f"{name}.jsonl")
+    if args.reuse and os.path.exists(metrics):
+        return read(metrics, args)
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = MPIRUN + ["-np", str(args.np), "./train_cpu", "configs/demo.toml",
@@ -35,6 +37,11 @@ def train(name, extra, args):
                     f"--log.every={args.val_every}", f"--log.metrics={metrics}", *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return read(metrics, args)
+
+
+def read(metrics, args):
+    """(validation curve, dp payload bytes of the last step, its wire bytes per rank)."""
     steps, vals = [], []
     with open(metrics) as f:
         for line in f:
@@ -44,7 +51,11 @@ def train(name, extra, args):
             elif "loss" in r:
                 steps.append(r)
     dp = steps[-1].get("comm", {}).get("dp", {})
-    return vals, sum(k["bytes"] for k in dp.values())
+    payload = sum(k["bytes"] for k in dp.values())
+    # a ring's wire bytes per rank (parallel/comm.h): 2(N-1)/N of an all-reduce, (N-1)/N else
+    f = (args.np - 1) / args.np
+    wire = sum(k["bytes"] * (2 * f if kind == "all_reduce" else f) for kind, k in dp.items())
+    return vals, payload, wire
 
 
 def main():
@@ -56,23 +67,26 @@ def main():
     p.add_argument("--val-every", type=int, default=50)
     p.add_argument("--out", default="docs")
     p.add_argument("--work", default="build/slow_links")
+    p.add_argument("--reuse", action="store_true", help="report the runs already in --work")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
     results = []
     for i, (label, extra) in enumerate(RUNS):
-        vals, dp_bytes = train(f"run{i}", extra, args)
-        results.append((label, vals, dp_bytes))
-        print(f"{label}: final val loss {vals[-1][1]:.4f}, dp bytes/step {dp_bytes}", flush=True)
-    base = results[0][2]
-    print("\n| run | final val loss | dp payload bytes / step | vs fp32 |")
-    print("|---|---|---|---|")
-    for label, vals, b in results:
-        print(f"| {label} | {vals[-1][1]:.4f} | {b:,} | {b / base:.3f} |")
+        vals, payload, wire = train(f"run{i}", extra, args)
+        results.append((label, vals, payload, wire))
+        print(f"{label}: final val loss {vals[-1][1]:.4f}, dp payload {payload}, wire {wire:.0f}",
+              flush=True)
+    base = results[0][3]
+    print("\n| run | final val loss | dp payload bytes / step | dp wire bytes / step / rank | "
+          "wire vs fp32 |")
+    print("|---|---|---|---|---|")
+    for label, vals, payload, wire in results:
+        print(f"| {label} | {vals[-1][1]:.4f} | {payload:,} | {wire:,.0f} | {wire / base:.3f} |")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, vals, _ in results:
+    for label, vals, _, _ in results:
         ax.plot([s for s, _ in vals], [v for _, v in vals], label=label, marker=".")
     ax.set_xlabel("step (equal tokens per step in every run)")
     ax.set_ylabel("validation loss")

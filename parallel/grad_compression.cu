@@ -34,16 +34,22 @@
 // parallel/comm.h counts it (all-to-all: the send buffer; all-gather: the gathered output), with
 // R = ceil(n/N) rounded up to 4 + 4 ceil(ceil(n/N) / 256) the bytes of one record:
 //
-//   method   DDP (all-reduce)                       ZeRO-1/2 (reduce-scatter)     vs fp32 (4n)
+//   method   DDP (all-reduce)                       ZeRO-1/2 (reduce-scatter)
 //   none     all-reduce 4n                          reduce-scatter 4n
-//   int8     all-to-all N R + all-gather N R        all-to-all N R                about 1/4
-//   topk     all-gather 8 N k                       all-gather 8 N k              2 N ratio
+//   int8     all-to-all N R + all-gather N R        all-to-all N R
+//   topk     all-gather 8 N k                       all-gather 8 N k
 //
-// (compressed_payload_bytes computes the table; the step's summary prints it per axis and
-// test/test_grad_compression.py holds it to the counted bytes.) On the wire a ring moves
-// (N-1)/N of an all-to-all's or all-gather's payload, so int8 puts about 2n (N-1)/N bytes per
-// rank on the wire against fp32's 8n (N-1)/N; top-k 8 k (N-1), which beats int8 below
-// ratio ~ 1/(4N). ZeRO-2 reduces every micro-batch, each with its own error feedback.
+// (compressed_payload_bytes computes the table; the step's records and summary give it per axis
+// and test/test_grad_compression.py holds it to the counted bytes.) On the wire, per rank, a ring
+// moves 2(N-1)/N of an all-reduce's payload and (N-1)/N of the others', so:
+//
+//   method   DDP on the wire             ZeRO-1/2 on the wire       vs fp32
+//   none     8n (N-1)/N                  4n (N-1)/N                 1
+//   int8     about 2n (N-1)/N            about n (N-1)/N            about 1/4 (+ 1/64 for scales)
+//   topk     8 k (N-1)                   8 k (N-1)                  ratio N (DDP), 2 ratio N (ZeRO)
+//
+// so top-k beats int8 below ratio ~ 1/(4N) (DDP). ZeRO-2 reduces every micro-batch, each with its
+// own error feedback.
 //
 // The residual is state: it is part of the checkpoint, per rank (checkpoint/), and dropped with
 // a warning when the checkpoint was written with a different dp layout.
