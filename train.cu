@@ -173,6 +173,16 @@ static void print_banner(const Run& r) {
                 pipeline_bubble(mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
+  if (store_compressed(r.store)) {
+    size_t residual = 0;
+    for (const UnitState& us : r.store.units) residual += us.residual_numel * sizeof(float);
+    char ratio[48] = "";
+    if (r.store.compressor.kind == GradCompression::Topk)
+      std::snprintf(ratio, sizeof(ratio), " (%g of each bucket)", r.store.compressor.topk_ratio);
+    std::printf("compress dp gradient reductions in %s%s with error feedback "
+                "(parallel/grad_compression.cu): %.1f MiB of residuals on rank 0\n",
+                grad_compression_name(r.store.compressor.kind), ratio, residual / 1048576.0);
+  }
   if (store_offloaded(r.store))
     std::printf("offload  optimizer state and AdamW on the host (\"%s\"): %.1f MiB of pinned host "
                 "memory%s, %.1f MiB on disk on rank 0\n", c.train.optimizer_offload.c_str(),
