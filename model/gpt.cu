@@ -510,6 +510,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
                           sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
                           m.dt, s);
+  grads_micro_batch_done(store);
   ops::range_pop();
 }
 

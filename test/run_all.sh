@@ -46,6 +46,10 @@ run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
+run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
+run grad-compression $PY test/test_grad_compression.py
+run noise-scale "$BUILD/test_noise_scale"
+run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py

@@ -7,7 +7,9 @@ FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "bloc
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
 dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed,
 dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
-on the routing: calls exact, bytes within 25% of the plan's balanced estimate). For each, rank 0 of the plan
+on the routing: calls exact, bytes within 25% of the plan's balanced estimate); compressed
+gradient reductions: dp2 x tp2 DDP with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients
+over groups of 2, dense ones over 4). For each, rank 0 of the plan
 (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
 metrics' run record) and the communication of every step (calls and bytes per axis and
 collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe; the JSON records the layout it
@@ -65,6 +67,10 @@ LAYOUTS = [
      {"train": {"grad_accum": 2, "optimizer_offload": "nvme"}}),
     ("MoE dp4 x ep2 ZeRO-2 bf16 offload nvme", {"dp": 4, "ep": 2, "zero": 2},
      {"model": MOE, "precision": {"compute": "bf16"}, "train": {"optimizer_offload": "nvme"}}),
+    ("dp2 x tp2 DDP int8 compression", {"dp": 2, "tp": 2, "grad_compression": "int8"}, {}),
+    ("MoE dp4 x ep2 ZeRO-2 topk 5% grad_accum 2",
+     {"dp": 4, "ep": 2, "zero": 2, "grad_compression": "topk", "topk_ratio": 0.05},
+     {"model": MOE, "train": {"grad_accum": 2}}),
 ]
 NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
               "disk_write_bytes": 0}
