@@ -13,6 +13,9 @@
 #                        that use shared memory or vector paths (test/emu/run_emu_tests.sh asan)
 #   make emu-self-tests  the emulator's own tests (test/emu/test_emu*.cu, negative builds)
 #   make emu-tests       all three
+#   make train_emu       the whole CUDA trainer on the emulator: ./train_emu
+#   make emu-train-tests ./train_emu against ./train_cpu (test/test_gpu_train.py, emulated sizes)
+#   make test-emu        emu-gpu-tests, then emu-train-tests
 
 EMU_DIR      := $(BUILD)/emu
 EMU_ASAN_DIR := $(BUILD)/emu-asan
@@ -85,7 +88,20 @@ $(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kerne
                           $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 
-.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests
+# The whole CUDA trainer on the emulator: the shared host code (the g++ objects of ./train), the
+# CUDA backend's emulated objects (the same ones $(EMU_DIR)/test_gpu links: built once),
+# parallel/comm_nccl.cu over the NCCL stand-in, the other stand-ins. And test_model_grads on the
+# emulated CUDA backend ($(BUILD)/cuda_test_model_grads's twin).
+EMU_RUNTIME_OBJ := $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
+EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+                   $(EMU_RUNTIME_OBJ) $(EMU_STANDINS)
+train_emu: $(SHARED_OBJ) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+$(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests emu-train-tests test-emu
 emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
 emu-gpu-tests: $(EMU_DIR)/test_gpu
 	test/emu/run_emu_tests.sh gpu $(EMU_DIR)/test_gpu
@@ -93,5 +109,8 @@ emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 	test/emu/run_emu_tests.sh asan $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
 	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
+emu-train-tests: train_emu $(EMU_DIR)/test_model_grads train_cpu $(BUILD)/test_model_grads
+	BUILD=$(BUILD) test/emu/run_emu_tests.sh train ./train_emu
+test-emu: emu-gpu-tests emu-train-tests
 
 # (Dependency files: the Makefile includes every .d under $(BUILD).)

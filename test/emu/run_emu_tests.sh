@@ -11,6 +11,10 @@
 #                               in the AddressSanitizer (+ alignment) build (one order: the
 #                               sanitizers are the check), and the self-tests built with it (one
 #                               reads past a __shared__ array, one loads a misaligned int4)
+#   run_emu_tests.sh train BIN  the whole CUDA trainer on the emulator (BIN: ./train_emu) against
+#                               ./train_cpu: test/test_gpu_train.py at its emulated sizes, with
+#                               $BUILD/emu/test_model_grads as the CUDA model program; one order
+#                               (forward) but a rerun in reverse (see the test's docstring)
 #   run_emu_tests.sh self BIN   the emulator's own tests (test/emu/test_emu.cu), and two builds
 #                               that must fail: an intrinsic and a PTX instruction the emulator
 #                               does not provide must stop the build, naming them
@@ -37,6 +41,12 @@ case "$mode" in
       EMU_ORDER=forward GPU_TEST_EMULATED=1 "$bin" "$t" || status=1
     done
     exit $status
+    ;;
+  train)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1
+    TRAIN=$bin CUDA_MODEL_GRADS=${BUILD:-build}/emu/test_model_grads GPU_TEST_EMULATED=1 \
+      EMU_ORDER=forward PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_gpu_train.py "${@:3}"
     ;;
   self)
     "$bin" || exit 1
