@@ -8,7 +8,7 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    build/emu/test_model_grads: the trainer's model code on the CUDA backend) against
    build/test_model_grads (CPU backend) on the same random llm.c model file and tokens. fp32 (TF32
    off): loss and every gradient within 1e-5 relative (||g - g_cpu|| / ||g_cpu||); bf16: within
-   1e-2 of the CPU's bf16 (emulated storage) run. Recompute "gelu" and "block" are bitwise equal
+   3e-2 of the CPU's bf16 (emulated storage) run (BF16_GRAD_TOL). Recompute "gelu" and "block" are bitwise equal
    to "none" on the GPU (fp32; bf16 "block"; bf16 "gelu" within 1e-2, see bitwise_expected).
    Two shapes: an awkward one (C = 36, 3 heads of 12, T = 13, V = 101: the generic attention
    kernels, scalar paths) and one the flash kernels take in bf16 (HS = 64, T = 80: a partial tile).
@@ -22,17 +22,18 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    tensor parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches and ring
    attention cp=2; on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
-   added DDP dp=2. Within 1e-5 (fp32). Skipped, saying so, without mpirun.
+   added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
+   Skipped, saying so, without mpirun.
 5. Recompute through the trainer: gelu and block give bitwise the losses and gradient norms of
    recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it is not bitwise by
    design (bitwise_expected).
 6. Mixture of experts (8 experts, top-2, every second block): ./train fp32 vs ./train_cpu within
-   1e-4, bf16 within 1e-2 of the CPU's bf16, and dp2 x ep2 (MPI on one GPU, NCCL on the
-   emulator) within 1e-5 of the one-rank CPU run (skipped without mpirun); a second run bitwise
+   1e-4 (emulated FP32_TOL), bf16 within 1e-2 of the CPU's bf16, and dp2 x ep2 (MPI on one GPU, NCCL on the
+   emulator) within FP32_TOL of the one-rank CPU run (skipped without mpirun); a second run bitwise
    equal (on the emulator with the threads of every block run in the reverse order).
 7. Checkpoints cross backends: ./train writes one mid-run that ./train_cpu resumes, and ./train
    (as dp2 FSDP: a resharded load into device memory) resumes one that ./train_cpu wrote; the
-   resumed steps within 1e-5 of the uninterrupted CPU run.
+   resumed steps within FP32_TOL of the uninterrupted CPU run.
 8. The planner on the CUDA binary: `./train --plan-json` equals `./train_cpu --plan-json` byte
    for byte (the plan runs the step dry on either backend and holds no backend-dependent figure)
    for three layouts, and a tp=2 CUDA run measures rank 0's state and activation bytes and
@@ -73,12 +74,14 @@ STEPS = (dict(precision=6, layouts=4, recompute=3, moe=4, checkpoint=4) if EMULA
          dict(precision=20, layouts=10, recompute=5, moe=10, checkpoint=10))
 # Section 2's per-step tolerances on losses and gradient norms, against the CPU run of the same
 # precision. On a GPU, fp32 differs from the CPU by the GEMMs' summation order (1e-4 over 20
-# steps); bf16 and fp8 also by where the kernels round to bf16 (fused epilogues, flash attention
-# keeping P in registers) - 1e-2, as for the MoE runs. On the emulator the summation orders are
-# fixed and mostly the CPU's; measured over 10 seeds (6 steps): fp32 up to 1.9e-7 on losses and
-# 7e-7 on norms, bf16 9e-5 and 4e-4, fp8 2e-3 and 1e-2 (one flipped FP8 code moves a norm
-# visibly); the tolerances are about 10x those.
-PRECISION_TOL = ({"fp32": 1e-5, "bf16": 5e-3, "fp8": 1e-1} if EMULATED else
+# steps); bf16 and fp8 also by where the kernels round to bf16 (fused epilogues, flash attention's
+# bf16 P) - 1e-2, as for the MoE runs; fp8 1e-1 until a GPU measures it. On the emulator the
+# summation orders are fixed and close to the CPU's. Measured there over 9 seeds of 6 steps: fp32
+# at most 1.0e-7 on losses (one ulp) and 1.6e-7 on norms (the MoE and layout runs below: 2.2e-7),
+# bf16 8.4e-5 and 4.6e-4, fp8 3.5e-4 and 3.2e-3 (a flipped FP8 code moves a norm visibly). The
+# tolerances are about 10x those; FP32_TOL also holds the layouts, MoE and checkpoint runs.
+FP32_TOL = 2e-6 if EMULATED else 1e-5
+PRECISION_TOL = ({"fp32": FP32_TOL, "bf16": 5e-3, "fp8": 3e-2} if EMULATED else
                  {"fp32": 1e-4, "bf16": 1e-2, "fp8": 1e-1})
 
 checks = Checks("test_gpu_train")
@@ -154,6 +157,14 @@ def model_grads(binary, model, tokens, B, T, dtype, recompute, out):
     return float(np.frombuffer(raw[:8], dtype=np.float64)[0]), grads, flat
 
 
+# bf16 gradients against the CPU's bf16 run: the two backends round to bf16 in different places
+# (fused GEMM epilogues, flash attention), so they differ by bf16 noise, as much as each differs
+# from fp32 - on the emulator up to 7.8e-3 over 7 seeds (the small LayerNorm gradients, with
+# bf16 vs fp32 itself 6e-3 to 1.1e-2). 3e-2 is 4x that; a tenfold margin would pass a bf16 run
+# compared with fp32. A wrong kernel gives errors of order 1.
+BF16_GRAD_TOL = 3e-2
+
+
 def worst_gradient(got, want):
     """(largest ||g - w|| / ||w|| over the tensors, its name)."""
     return max((float(np.linalg.norm(got[n].astype(np.float64) - want[n]) /
@@ -169,13 +180,14 @@ def test_model_grads_case(tmp, rng, label, L, NH, C, T, V, B):
     print(f"model {label}: L={L} NH={NH} C={C} (HS={C // NH}) T={T} V={V} B={B}")
 
     def grads(binary, dtype, recompute):
-        out = os.path.join(tmp, f"{label}_{os.path.basename(binary)}_{dtype}_{recompute}.bin")
+        side = "cpu" if binary == cpu_bin else "gpu"
+        out = os.path.join(tmp, f"{label}_{side}_{dtype}_{recompute}.bin")
         return model_grads(binary, model, tokens, B, T, dtype, recompute, out)
 
     cpu_bin = os.path.join(BUILD, "test_model_grads")
     gpu_bin = CUDA_MODEL_GRADS
     cpu32, cpu16 = grads(cpu_bin, "fp32", "none"), grads(cpu_bin, "bf16", "none")
-    for dtype, cpu, tol in (("fp32", cpu32, 1e-5), ("bf16", cpu16, 1e-2)):
+    for dtype, cpu, tol in (("fp32", cpu32, 1e-5), ("bf16", cpu16, BF16_GRAD_TOL)):
         gpu = grads(gpu_bin, dtype, "none")
         rel = abs(gpu[0] - cpu[0]) / abs(cpu[0])
         worst = worst_gradient(gpu[1], cpu[1])
@@ -302,8 +314,9 @@ def test_layouts(rng):
             gpu = train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
                                 np_ranks=2)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
-            checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < 1e-5,
-                         f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps (tol 1e-5)")
+            checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < FP32_TOL,
+                         f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
+                         f"(tol {FP32_TOL:.0e})")
 
 
 # --- 5. recompute through the trainer ------------------------------------------------------------
@@ -348,8 +361,9 @@ def test_moe(rng):
         again = losses(train_records(TRAIN, tmp, "moe_gpu_again", sec,
                                      env={"EMU_ORDER": "reverse"} if EMULATED else None))
         r = max_rel(gpu, cpu) if len(gpu) == len(cpu) == steps else float("inf")
-        checks.check(f"MoE {steps} steps ./train fp32 vs ./train_cpu", r < 1e-4,
-                     f"max rel err {r:.1e} per step (tol 1e-4)")
+        tol = FP32_TOL if EMULATED else 1e-4
+        checks.check(f"MoE {steps} steps ./train fp32 vs ./train_cpu", r < tol,
+                     f"max rel err {r:.1e} per step (tol {tol:.0e})")
         checks.check("MoE ./train run to run" + (" (threads in reverse order)" if EMULATED else ""),
                      gpu == again, "bitwise equal losses" if gpu == again else f"{gpu} vs {again}")
         sec["precision"] = {"compute": "bf16"}
@@ -365,8 +379,8 @@ def test_moe(rng):
         sec["parallel"] = {"dp": 2, "ep": 2, "backend": backend}
         ep2 = losses(train_records(TRAIN, tmp, "moe_ep2", sec, np_ranks=2))
         r = max_rel(ep2, cpu) if len(ep2) == len(cpu) == steps else float("inf")
-        checks.check(f"MoE dp2 x ep2 over {backend} vs one-rank CPU", r < 1e-5,
-                     f"max rel err {r:.1e} over {steps} steps (tol 1e-5)")
+        checks.check(f"MoE dp2 x ep2 over {backend} vs one-rank CPU", r < FP32_TOL,
+                     f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
 
 
 # --- 7. checkpoints across backends --------------------------------------------------------------
@@ -396,9 +410,9 @@ def test_checkpoint_crossing(rng):
             tail = train_records(reader, tmp, "second_leg", second, np_ranks=np_ranks)
             r = max(steps_rel(head + tail, cpu), steps_rel(head + tail, cpu, "grad_norm"))
             checks.check(f"{os.path.basename(writer)} saves step {half}, "
-                         f"{os.path.basename(reader)} resumes{how}", r < 1e-5,
+                         f"{os.path.basename(reader)} resumes{how}", r < FP32_TOL,
                          f"{len(head)} + {len(tail)} steps: losses and norms within {r:.1e} of "
-                         "the uninterrupted CPU run (tol 1e-5)")
+                         f"the uninterrupted CPU run (tol {FP32_TOL:.0e})")
 
 
 # --- 8. the planner on the CUDA binary -----------------------------------------------------------
