@@ -97,6 +97,12 @@ EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(BUILD)/emu/host/parallel/comm_n
                    $(EMU_RUNTIME_OBJ) $(EMU_STANDINS)
 train_emu: $(SHARED_OBJ) $(EMU_CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
+# The same under AddressSanitizer (the kernels and the emulator; the host code as in ./train):
+# every access of a kernel at the trainer's own shapes checked (emu-asan-train-tests).
+$(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) \
+    $(BUILD)/emu/host/parallel/comm_nccl.cu.o $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) \
+    $(EMU_STANDINS)
+	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 $(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
     $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
@@ -111,6 +117,8 @@ emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
 	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
 emu-train-tests: train_emu $(EMU_DIR)/test_model_grads train_cpu $(BUILD)/test_model_grads
 	BUILD=$(BUILD) test/emu/run_emu_tests.sh train ./train_emu
-test-emu: emu-gpu-tests emu-train-tests
+# One after the other (each uses both cores; under -j2 make would run them side by side).
+test-emu: emu-gpu-tests
+	$(MAKE) --no-print-directory BUILD=$(BUILD) emu-train-tests
 
 # (Dependency files: the Makefile includes every .d under $(BUILD).)
