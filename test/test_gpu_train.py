@@ -23,7 +23,8 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    attention cp=2; on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
    added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
-   Skipped, saying so, without mpirun.
+   The cp=2 run's log names the ring block kernels as its attention. Skipped, saying so, without
+   mpirun.
 5. Recompute through the trainer: gelu and block give bitwise the losses and gradient norms of
    recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it is not bitwise by
    design (bitwise_expected).
@@ -103,12 +104,16 @@ def run_trainer(binary, config, overrides=(), np_ranks=0, timeout=900, env=None)
     return r.stdout
 
 
-def train_records(binary, tmp, name, sections, np_ranks=0, env=None):
-    """Writes the config, trains, returns the step records of its metrics file."""
+def train_records(binary, tmp, name, sections, np_ranks=0, env=None, log=None):
+    """Writes the config, trains, returns the step records of its metrics file (and appends the
+    trainer's output to the list `log` if given)."""
     sections["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     if os.path.exists(sections["log"]["metrics"]):
         os.remove(sections["log"]["metrics"])
-    run_trainer(binary, write_config(tmp, f"{name}.toml", sections), np_ranks=np_ranks, env=env)
+    out = run_trainer(binary, write_config(tmp, f"{name}.toml", sections), np_ranks=np_ranks,
+                      env=env)
+    if log is not None:
+        log.append(out)
     return read_metrics(sections["log"]["metrics"])[0]
 
 
@@ -311,12 +316,18 @@ def test_layouts(rng):
             sec["train"]["grad_accum"] = accum
             backend = collective_backend(label)
             sec["parallel"] = dict(parallel, backend=backend)
+            log = []
             gpu = train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
-                                np_ranks=2)
+                                np_ranks=2, log=log)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
             checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < FP32_TOL,
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
                          f"(tol {FP32_TOL:.0e})")
+            if "cp" in parallel:  # the log names the kernels that ran, not the unused choice
+                named = "| attention ring blocks (hand-written)" in log[0]
+                checks.check("cp=2 logs its attention as the ring blocks", named,
+                             "ok" if named else next((ln for ln in log[0].splitlines()
+                                                      if "| attention" in ln), "no attention note"))
 
 
 # --- 5. recompute through the trainer ------------------------------------------------------------
