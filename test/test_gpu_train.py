@@ -19,7 +19,8 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    within 1% of ./train fp32 at every step (on a GPU only: a hundred emulated steps of that model
    cost too much, and 2. compares bf16 with the CPU's bf16 directly).
 4. Two-rank layouts against the one-rank CPU run with the same global batch: FSDP over 2 ranks,
-   tensor parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches and ring
+   ZeRO-1 with the optimizer offloaded to host memory and ZeRO-2 with it in a file, tensor
+   parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches and ring
    attention cp=2; on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
    added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
@@ -304,16 +305,23 @@ def test_layouts(rng):
         rows, steps = SIZES["rows"], STEPS["layouts"]
         sec = small_experiment(tmp, rng, steps)
         cpu = train_records(TRAIN_CPU, tmp, "cpu", sec)
-        layouts = [("FSDP np=2", rows // 2, 1, {"dp": 2, "fsdp": True}),
-                   ("tp=2 sp", rows, 1, {"tp": 2, "sp": True}),
-                   ("tp=2 no sp", rows, 1, {"tp": 2, "sp": False}),
-                   ("pp=2 1f1b", rows // 2, 2, {"pp": 2}),  # same global batch, 2 micro-batches
-                   ("cp=2 ring attention", rows, 1, {"cp": 2})]
+        offload_dir = os.path.join(tmp, "offload")
+        os.makedirs(offload_dir)
+        layouts = [("FSDP np=2", rows // 2, 1, {"dp": 2, "fsdp": True}, {}),
+                   # the optimizer in pinned host memory, and in a file, fed by async copies
+                   ("ZeRO-1 dp=2 offload cpu", rows // 2, 1, {"dp": 2, "zero": 1},
+                    {"optimizer_offload": "cpu"}),
+                   ("ZeRO-2 dp=2 offload nvme", rows // 2, 1, {"dp": 2, "zero": 2},
+                    {"optimizer_offload": "nvme", "offload_dir": offload_dir}),
+                   ("tp=2 sp", rows, 1, {"tp": 2, "sp": True}, {}),
+                   ("tp=2 no sp", rows, 1, {"tp": 2, "sp": False}, {}),
+                   ("pp=2 1f1b", rows // 2, 2, {"pp": 2}, {}),  # 2 micro-batches, same batch
+                   ("cp=2 ring attention", rows, 1, {"cp": 2}, {})]
         if EMULATED:
-            layouts.insert(0, ("DDP dp=2", rows // 2, 1, {"dp": 2}))
-        for label, micro_batch, accum, parallel in layouts:
-            sec["train"]["micro_batch"] = micro_batch
-            sec["train"]["grad_accum"] = accum
+            layouts.insert(0, ("DDP dp=2", rows // 2, 1, {"dp": 2}, {}))
+        plain_train = dict(sec["train"])
+        for label, micro_batch, accum, parallel, train in layouts:
+            sec["train"] = dict(plain_train, micro_batch=micro_batch, grad_accum=accum, **train)
             backend = collective_backend(label)
             sec["parallel"] = dict(parallel, backend=backend)
             log = []
