@@ -106,6 +106,11 @@ $(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) \
 $(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
     $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
+# test_fp8_sites on the emulated CUDA backend ($(BUILD)/cuda_test_fp8_sites's twin): every FP8
+# linear call of a step through the cuBLASLt stand-in's FP8 GEMMs, against float64.
+$(EMU_DIR)/test_fp8_sites: $(BUILD)/host/test/test_fp8_sites.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
 
 .PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests emu-train-tests test-emu
 emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
@@ -115,7 +120,8 @@ emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 	test/emu/run_emu_tests.sh asan $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
 	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
-emu-train-tests: train_emu $(EMU_DIR)/test_model_grads train_cpu $(BUILD)/test_model_grads
+emu-train-tests: train_emu $(EMU_DIR)/test_model_grads $(EMU_DIR)/test_fp8_sites train_cpu \
+                 $(BUILD)/test_model_grads
 	BUILD=$(BUILD) test/emu/run_emu_tests.sh train ./train_emu
 # One after the other (each uses both cores; under -j2 make would run them side by side).
 test-emu: emu-gpu-tests
