@@ -8,10 +8,11 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    build/emu/test_model_grads: the trainer's model code on the CUDA backend) against
    build/test_model_grads (CPU backend) on the same random llm.c model file and tokens. fp32 (TF32
    off): loss and every gradient within 1e-5 relative (||g - g_cpu|| / ||g_cpu||); bf16: within
-   3e-2 of the CPU's bf16 (emulated storage) run (BF16_GRAD_TOL). Recompute "gelu" and "block" are bitwise equal
-   to "none" on the GPU (fp32; bf16 "block"; bf16 "gelu" within 1e-2, see bitwise_expected).
-   Two shapes: an awkward one (C = 36, 3 heads of 12, T = 13, V = 101: the generic attention
-   kernels, scalar paths) and one the flash kernels take in bf16 (HS = 64, T = 80: a partial tile).
+   3e-2 of the CPU's bf16 (emulated storage) run (BF16_GRAD_TOL). Recompute "gelu" and "block" are
+   bitwise equal to "none" on the GPU (fp32; bf16 "block"; bf16 "gelu" within 1e-2, see
+   bitwise_expected). Two shapes: an awkward one (C = 36, 3 heads of 12, T = 13, V = 101: the
+   generic attention kernels, scalar paths) and one the flash kernels take in bf16 (HS = 64,
+   T = 80: a partial tile).
 2. AdamW steps of ./train against ./train_cpu from the same llm.c file, in fp32, bf16 and fp8
    (each against the CPU's run in the same precision): per-step loss and gradient norm within
    PRECISION_TOL (see there: measured differences and why each tolerance).
@@ -30,9 +31,9 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it is not bitwise by
    design (bitwise_expected).
 6. Mixture of experts (8 experts, top-2, every second block): ./train fp32 vs ./train_cpu within
-   1e-4 (emulated FP32_TOL), bf16 within 1e-2 of the CPU's bf16, and dp2 x ep2 (MPI on one GPU, NCCL on the
-   emulator) within FP32_TOL of the one-rank CPU run (skipped without mpirun); a second run bitwise
-   equal (on the emulator with the threads of every block run in the reverse order).
+   1e-4 (emulated FP32_TOL), bf16 within 1e-2 of the CPU's bf16, and dp2 x ep2 (MPI on one GPU,
+   NCCL on the emulator) within FP32_TOL of the one-rank CPU run (skipped without mpirun); a second
+   run bitwise equal (on the emulator with the threads of every block run in the reverse order).
 7. Checkpoints cross backends: ./train writes one mid-run that ./train_cpu resumes, and ./train
    (as dp2 FSDP: a resharded load into device memory) resumes one that ./train_cpu wrote; the
    resumed steps within FP32_TOL of the uninterrupted CPU run.
@@ -333,9 +334,9 @@ def test_layouts(rng):
                          f"(tol {FP32_TOL:.0e})")
             if "cp" in parallel:  # the log names the kernels that ran, not the unused choice
                 named = "| attention ring blocks (hand-written)" in log[0]
+                notes = [ln for ln in log[0].splitlines() if "| attention" in ln]
                 checks.check("cp=2 logs its attention as the ring blocks", named,
-                             "ok" if named else next((ln for ln in log[0].splitlines()
-                                                      if "| attention" in ln), "no attention note"))
+                             "ok" if named else (notes or ["no attention note"])[0])
 
 
 # --- 5. recompute through the trainer ------------------------------------------------------------
@@ -383,8 +384,9 @@ def test_moe(rng):
         tol = FP32_TOL if EMULATED else 1e-4
         checks.check(f"MoE {steps} steps ./train fp32 vs ./train_cpu", r < tol,
                      f"max rel err {r:.1e} per step (tol {tol:.0e})")
-        checks.check("MoE ./train run to run" + (" (threads in reverse order)" if EMULATED else ""),
-                     gpu == again, "bitwise equal losses" if gpu == again else f"{gpu} vs {again}")
+        rerun = " (threads in reverse order)" if EMULATED else ""
+        checks.check("MoE ./train run to run" + rerun, gpu == again,
+                     "bitwise equal losses" if gpu == again else f"{gpu} vs {again}")
         sec["precision"] = {"compute": "bf16"}
         cpu16 = losses(train_records(TRAIN_CPU, tmp, "moe_cpu_bf16", sec))
         gpu16 = losses(train_records(TRAIN, tmp, "moe_gpu_bf16", sec))
@@ -467,7 +469,8 @@ def test_plan(rng):
         sec["parallel"] = {"tp": 2, "backend": collective_backend("")}
         steps = train_records(TRAIN, tmp, "tp2", sec, np_ranks=2)
         info = read_run_info(sec["log"]["metrics"])
-        r0 = json.loads(plan_json(TRAIN, write_config(tmp, "tp2.toml", sec), tmp, "tp2"))["ranks"][0]
+        plan = json.loads(plan_json(TRAIN, write_config(tmp, "tp2.toml", sec), tmp, "tp2"))
+        r0 = plan["ranks"][0]
         got = (info["state_bytes"], info["activation_bytes"], steps[0]["comm"])
         want = (r0["state_bytes"], r0["activation_bytes"], r0["comm"])
         checks.check("./train tp=2: state, activation bytes and communication as planned",

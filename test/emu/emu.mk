@@ -15,6 +15,7 @@
 #   make emu-tests       all three
 #   make train_emu       the whole CUDA trainer on the emulator: ./train_emu
 #   make emu-train-tests ./train_emu against ./train_cpu (test/test_gpu_train.py, emulated sizes)
+#                        and test_fp8_sites on the emulated backend
 #   make test-emu        emu-gpu-tests, then emu-train-tests
 
 EMU_DIR      := $(BUILD)/emu
@@ -98,10 +99,11 @@ EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(BUILD)/emu/host/parallel/comm_n
 train_emu: $(SHARED_OBJ) $(EMU_CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
 # The same under AddressSanitizer (the kernels and the emulator; the host code as in ./train):
-# every access of a kernel at the trainer's own shapes checked (emu-asan-train-tests).
+# every access of a kernel at the trainer's own shapes checked. Not in the suite (several times
+# slower); run by hand, see test/emu/README.md.
 $(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) \
-    $(BUILD)/emu/host/parallel/comm_nccl.cu.o $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) \
-    $(EMU_STANDINS)
+    $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+    $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 $(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
     $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
