@@ -91,18 +91,18 @@ $(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kerne
 
 # The whole CUDA trainer on the emulator: the shared host code (the g++ objects of ./train), the
 # CUDA backend's emulated objects (the same ones $(EMU_DIR)/test_gpu links: built once),
-# parallel/comm_nccl.cu over the NCCL stand-in, the other stand-ins. And test_model_grads on the
+# parallel/comm_nccl.cu and its watchdog over the NCCL stand-in, the other stand-ins. And test_model_grads on the
 # emulated CUDA backend ($(BUILD)/cuda_test_model_grads's twin).
 EMU_RUNTIME_OBJ := $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
-EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
-                   $(EMU_RUNTIME_OBJ) $(EMU_STANDINS)
+EMU_NCCL_OBJ    := $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+                   $(BUILD)/emu/host/parallel/nccl_watchdog.cu.o
+EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(EMU_NCCL_OBJ) $(EMU_RUNTIME_OBJ) $(EMU_STANDINS)
 train_emu: $(SHARED_OBJ) $(EMU_CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS)
 # The same under AddressSanitizer (the kernels and the emulator; the host code as in ./train):
 # every access of a kernel at the trainer's own shapes checked. Not in the suite (several times
 # slower); run by hand, see test/emu/README.md.
-$(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) \
-    $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+$(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) $(EMU_NCCL_OBJ) \
     $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 $(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
