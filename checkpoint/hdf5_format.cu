@@ -39,6 +39,8 @@ MeshShape writer_shape(const CheckpointMeta& m) {
   MeshShape shape;
   shape.tp = m.writer_tp, shape.cp = m.writer_cp, shape.pp = m.writer_pp, shape.ep = m.writer_ep;
   shape.pp_virtual = m.writer_pp_virtual;
+  shape.pp_order = m.writer_pp_order == 1 ? StageOrder::V : StageOrder::Loop;
+  shape.pp_layers = m.writer_pp_layers;
   shape.dp = m.writers / (shape.tp * shape.cp * shape.pp);
   return shape;
 }
@@ -140,6 +142,25 @@ int64_t read_attr_i64(hid_t obj, const char* name) {
 // An attribute that older checkpoints lack: `absent` stands for it there.
 int64_t read_attr_or(hid_t obj, const char* name, int64_t absent) {
   return H5Aexists(obj, name) > 0 ? read_attr_i64(obj, name) : absent;
+}
+
+// A list of integers (the stages' block counts); an absent one reads as empty.
+void write_attr_ints(hid_t obj, const char* name, const std::vector<int>& values) {
+  const hsize_t n = values.size();
+  std::vector<int64_t> v(values.begin(), values.end());
+  H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
+  H5Id attr(ok(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT),
+               std::string("cannot create attribute ") + name));
+  ok(H5Awrite(attr, H5T_NATIVE_INT64, v.data()), std::string("cannot write attribute ") + name);
+}
+
+std::vector<int> read_attr_ints_or_empty(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return {};
+  H5Id attr(ok(H5Aopen(obj, name, H5P_DEFAULT), std::string("no attribute ") + name));
+  H5Id space(ok(H5Aget_space(attr), "H5Aget_space"));
+  std::vector<int64_t> v((size_t)H5Sget_simple_extent_npoints(space));
+  ok(H5Aread(attr, H5T_NATIVE_INT64, v.data()), std::string("cannot read attribute ") + name);
+  return std::vector<int>(v.begin(), v.end());
 }
 
 hid_t utf8_string_type() {
@@ -364,6 +385,8 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "writer_pp", m.writer_pp);
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   write_attr_i64(file, "writer_ep", m.writer_ep);
+  write_attr_i64(file, "writer_pp_order", m.writer_pp_order);
+  if (!m.writer_pp_layers.empty()) write_attr_ints(file, "writer_pp_layers", m.writer_pp_layers);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
                                                {"d_model", m.C}, {"seq_len", m.T},
                                                {"vocab_size", m.V}, {"padded_vocab", m.Vp},
@@ -426,6 +449,8 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->writer_cp = (int)read_attr_or(file, "writer_cp", 1);
     m->writer_pp_virtual = (int)read_attr_or(file, "writer_pp_virtual", 1);
     m->writer_ep = (int)read_attr_or(file, "writer_ep", 1);
+    m->writer_pp_order = (int)read_attr_or(file, "writer_pp_order", 0);
+    m->writer_pp_layers = read_attr_ints_or_empty(file, "writer_pp_layers");
     m->E = (int)read_attr_or(file, "n_experts", 0);
     m->d_expert = (int)read_attr_or(file, "d_expert", 0);
     m->moe_every = (int)read_attr_or(file, "moe_every", 0);

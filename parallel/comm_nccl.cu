@@ -70,11 +70,14 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
   NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, handle(c), cuda_stream(s)));
 }
 
+// Tag t > 0 travels on the group's communicator of that tag (comm_open_tags): NCCL matches
+// point-to-point per communicator in posting order, so each tag is its own ordered stream.
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
-  ncclComm_t comm = handle(c);
   NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
     const P2POp& op = ops[i];
+    ncclComm_t comm =
+        op.tag == 0 ? handle(c) : static_cast<ncclComm_t>(c.nccl_tags[op.tag - 1]);
     if (op.is_send)
       NCCL_CHECK(ncclSend(op.buf, op.count, nccl_type(dt), op.peer, comm, cuda_stream(s)));
     else

@@ -1,7 +1,7 @@
 // test/comm_point_to_point.h - test/test_comm.cpp's point-to-point checks: blocking send/recv
 // in a ring, send_recv (a ring, a pipeline's steady-state exchange, one-sided warm-up calls,
 // messages past every eager limit) and p2p_batch (four messages to both neighbours in one
-// call). Included once, inside test_comm.cpp's anonymous namespace, after
+// call; two tagged messages received in the other order). Included once, inside test_comm.cpp's anonymous namespace, after
 // test/comm_test_support.h.
 #pragma once
 
@@ -100,6 +100,32 @@ void test_batch_both_ways(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n
   check_values(ctx, download(from_next, nb, dt), values(ctx, M[next], kBatchPrev, nb, dt, true),
                "p2p_batch: from the next rank");
   for (void* p : {to_next, to_prev, from_prev, from_next}) ops::release(p);
+}
+
+// Tags (comm_open_tags): every rank sends its next rank two messages in one batch, tag 0 (n
+// elements) then tag 1 (n+3), and posts the receives of its previous rank's in the other order.
+// Each lands by its tag; on one tag the first receive (n+3 elements) would take the n-element
+// message. A pipeline's activations and gradients travel so (parallel/pipeline_schedule.h).
+void test_tags(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) return;
+  comm_open_tags(c, 2);  // collective over the group: every member runs this test
+  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
+  const size_t nb = n + 3;
+  void* a = upload(values(ctx, ctx.world_rank, kBatchNext, n, dt, true), dt);
+  void* b = upload(values(ctx, ctx.world_rank, kBatchPrev, nb, dt, true), dt);
+  void* from_a = poisoned(n, dt);
+  void* from_b = poisoned(nb, dt);
+  const P2POp ops[4] = {{true, a, n, next, 0}, {true, b, nb, next, 1},
+                        {false, from_b, nb, prev, 1}, {false, from_a, n, prev, 0}};
+  p2p_batch(c, ops, 4, dt, nullptr);
+  for (const P2POp& op : ops)
+    expect_call(ctx, c, op.is_send ? CollectiveKind::Send : CollectiveKind::Recv,
+                op.count * dtype_size(dt));
+  check_values(ctx, download(from_a, n, dt), values(ctx, M[prev], kBatchNext, n, dt, true),
+               "p2p_batch tag 0, received second");
+  check_values(ctx, download(from_b, nb, dt), values(ctx, M[prev], kBatchPrev, nb, dt, true),
+               "p2p_batch tag 1, received first");
+  for (void* p : {a, b, from_a, from_b}) ops::release(p);
 }
 
 // One-sided calls, a pipeline's warm-up: every rank sends to r+1 and receives from r-1 in one

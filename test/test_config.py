@@ -35,7 +35,7 @@ DEFAULTS = {
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
               "moe_aux_loss": 0.01, "moe_z_loss": 0.0},
-    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "backend": ""},
+    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [], "pp_balance": "equal", "backend": ""},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
