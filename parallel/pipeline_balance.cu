@@ -4,7 +4,7 @@
 //
 // Why. Equal stages hold equal block counts, but the first stage also runs the embedding and
 // the last the head and the loss: for a 50k-vocabulary GPT-2 124M the head's logits GEMM alone
-// (6 V C FLOPs per token) is worth 2.2 blocks (6 x 12 C^2 + 6 C T each), and the loss reads and
+// (6 V C FLOPs per token) is worth 4.9 blocks (6 x 12 C^2 + 6 C T each), and the loss reads and
 // writes the logits several times. The slowest stage sets the pace of the whole pipeline (every
 // micro-batch passes through it), so moving a block or two off the last stage shortens the step.
 //

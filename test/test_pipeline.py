@@ -188,7 +188,7 @@ def test_uneven_stages(tmp):
     compare_runs(checks, "pp=2 pp_balance auto, vocabulary 4096", got, ref, tol=1e-6)
     banner = re.search(r"^stages +blocks ([\d,]+), estimated share (.*) \(pp_balance", got[3], re.M)
     checks.check("pp_balance auto with a 4096-token vocabulary: the last stage's head costs more "
-                 "than two blocks, so blocks 3,1", banner is not None and banner.group(1) == "3,1",
+                 "than one block, so blocks 3,1", banner is not None and banner.group(1) == "3,1",
                  banner.group(0) if banner else "no stages line")
 
 

@@ -7,7 +7,7 @@
 //    7 blocks in 3 stages, 11 in 4, 9 in 9...): the same slowest-stage time, and among the
 //    splits that fast the same least sum of squared stage times;
 //  - GPT-2 124M (V = 50257) at pp = 4: "auto" moves blocks off the last stage (the head's
-//    logits GEMM is worth about two blocks; the first stage's embedding is a lookup, cheap, so
+//    logits GEMM is worth about five blocks; the first stage's embedding is a lookup, cheap, so
 //    the first stage keeps its L/pp) and its slowest stage is faster than the equal split's;
 //    with an expensive embedding too, blocks leave both ends; with the embedding and the head
 //    free, the equal split is optimal and "auto" keeps it;

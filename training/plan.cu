@@ -266,7 +266,8 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
           if ((c.parallel.dp * cp) % ep || (ep > 1 && (cfg.model.n_experts % ep))) continue;
           if (ep > 1 && cfg.model.n_experts == 0) break;
           c.parallel.ep = ep;
-          if (!layout_problems(c, n).empty()) continue;
+          // (a user's schedule file is written for one pp: other layouts refuse it)
+          if (!layout_problems(c, n).empty() || !pipeline_config_problems(c).empty()) continue;
           rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum,
                           plan_layout(c, PlanScope::Stages)});
         }
