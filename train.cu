@@ -4,8 +4,9 @@
 //
 // One optimizer step = grad_accum micro-batches of forward + backward on this rank's slice of the
 // global batch, run through the pipeline stages in the schedule's order (one stage: F0 B0 F1
-// B1 ...), gradients reduced across the data-parallel group (DDP or FSDP, inside the
-// ParamStore), then the global gradient norm, clipping, AdamW, and the logs. Everything device-
+// B1 ...), gradients reduced across the data-parallel group (DDP or a ZeRO stage, inside the
+// ParamStore), then the global gradient norm, clipping, AdamW (on the device, or on the host
+// under optimizer offload), and the logs. Everything device-
 // or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
 // which weights), model/ (GPT-2 itself), data/ and checkpoint/.
 #include <algorithm>
@@ -91,7 +92,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   r.layout = gpt_layout(cfg.model, r.mesh);
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, cfg.train.grad_accum,
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
-  const ShardingMode mode = cfg.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  const ShardingMode mode = store_options(r.store, cfg);
   const CommsByAxis comms = mesh_comms(r.mesh);
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
@@ -128,6 +129,8 @@ static void setup_data_and_logs(Run& r) {
   RunInfo info;
   info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_memory.bytes;
+  info.host_bytes = r.store.offload.memory.bytes;
+  info.disk_bytes = r.store.offload.disk_bytes;
   info.activation_bytes = r.model.memory.bytes;
   info.world_size = r.mesh.shape.world();
   info.flops_per_token = model_flops_per_token(r.layout);
@@ -148,7 +151,7 @@ static void print_banner(const Run& r) {
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",
-              mesh.dp, c.parallel.fsdp ? "FSDP (ZeRO-3)" : "replicated (DDP)", mesh.tp,
+              mesh.dp, sharding_mode_name(r.store.mode), mesh.tp,
               mesh.tp > 1 ? (c.parallel.sp ? " with sequence parallel" : " without SP") : "",
               c.train.micro_batch, c.train.grad_accum,
               c.train.micro_batch * c.train.grad_accum * mesh.dp * c.model.seq_len);
@@ -174,6 +177,12 @@ static void print_banner(const Run& r) {
   }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
+  if (store_offloaded(r.store))
+    std::printf("offload  optimizer state and AdamW on the host (\"%s\"): %.1f MiB of pinned host "
+                "memory%s, %.1f MiB on disk on rank 0\n", c.train.optimizer_offload.c_str(),
+                r.store.offload.memory.bytes / 1048576.0,
+                r.store.offload.path.empty() ? "" : (", file " + r.store.offload.path).c_str(),
+                r.store.offload.disk_bytes / 1048576.0);
   if (r.peak_tflops > 0)
     std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
                 "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
@@ -188,6 +197,7 @@ static StepReport train_step(Run& r, int step) {
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
   comm_stats_reset(r.mesh.stats);
+  store_stats_reset(r.store);
   const int cp = r.mesh.shape.cp, T_local = T / cp;
   const size_t n = (size_t)B * T_local;
   for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
@@ -235,6 +245,9 @@ static StepReport train_step(Run& r, int step) {
   }
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
+  rep.offload = store_offloaded(r.store);
+  rep.host_bytes = r.store.offload.memory.bytes;
+  rep.offload_stats = r.store.offload.stats;
   if (r.model.fp8) {  // rank 0's first block's linear layers and its last one, for the metrics
     const int last_chunk = r.layout.pp.v - 1;
     const int first = r.layout.first_block(0),

@@ -27,10 +27,12 @@
 //   directory can be moved or copied).
 // - Layout independence: nothing in the index depends on who wrote it. A reader asks for "rows
 //   [a, b) of h.3/attn/qkv/weight" (a ParamFill, parallel/param_store.h: exactly how random init
-//   and llm.c import fill a shard) and HDF5 finds which writer files hold them. So any dp, FSDP
-//   on or off, any tensor- or expert-parallel degree reads its own hyperslabs and nothing else.
+//   and llm.c import fill a shard) and HDF5 finds which writer files hold them. So any dp, any
+//   ZeRO stage (FSDP is 3), optimizer offload or not, any tensor- or expert-parallel degree reads
+//   its own hyperslabs and nothing else.
 // In replicated mode (DDP) every rank holds everything, but each writes only 1/dp, the slice
-// FSDP would own, so a save is as parallel as in FSDP.
+// a ZeRO stage would own, so a save is as parallel as in FSDP. The store hands the writer its
+// state wherever it lives (store_state_read: device, host memory or the offload file).
 //
 // Saving (checkpoint_save, all ranks):
 //   1. rank 0 creates dir/step_000123.tmp (removing a stale one)                 [barrier]

@@ -209,12 +209,8 @@ const StateKind kAllKinds[] = {StateKind::Master, StateKind::AdamM, StateKind::A
 // ---------------------------------------------------------------------------------------------
 static void write_unit_range(hid_t file, ParamStore& store, size_t u, StateKind kind,
                              const FlatRange& range, std::vector<float>& host) {
-  const UnitState& us = store.units[u];
-  CHECK(range.first >= us.shard_offset && range.end <= us.shard_offset + us.shard_numel,
-        "checkpoint: unit %zu range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", u,
-        range.first, range.end, us.shard_offset, us.shard_offset + us.shard_numel);
-  const float* src = store_state(store, (int)u, kind) + (range.first - us.shard_offset);
-  ops::copy_to_host(host.data(), src, range.size() * sizeof(float));
+  // wherever the state lives: the device, or host memory or a file under optimizer offload
+  store_state_read(store, (int)u, kind, range.first, range.size(), host.data());
   const std::string name = unit_dataset(kind, u);
   hsize_t n = range.size();
   H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));

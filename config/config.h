@@ -58,6 +58,11 @@ struct TrainConfig {      // [train]
   std::string recompute = "none";      // "none" | "gelu" | "block"
   float moe_aux_loss = 0.01f;          // load-balancing loss coefficient (MoE)
   float moe_z_loss = 0.0f;             // router z-loss coefficient (MoE)
+  // Where the fp32 master weights and Adam moments live ([parallel] zero >= 1): "none" on the
+  // device, "cpu" in pinned host memory, "nvme" in one file per rank under offload_dir; AdamW
+  // then runs on the host (parallel/offload.cu).
+  std::string optimizer_offload = "none";  // "none" | "cpu" | "nvme"
+  std::string offload_dir;                 // nvme: an existing, writable directory
 };
 
 struct ParallelConfig {   // [parallel]
@@ -70,6 +75,9 @@ struct ParallelConfig {   // [parallel]
                                // (empty: equal, or chosen by pp_balance)
   std::string pp_balance = "equal";  // "equal" | "auto": the split that minimises the slowest
                                      // stage's estimated time (parallel/pipeline_balance.cu)
+  // ZeRO stage (parallel/zero.cu has the ladder): 0 DDP, 1 optimizer state sharded, 2 gradients
+  // too, 3 weights too (FSDP). fsdp = true is zero = 3; the reader makes the two agree.
+  int zero = 0;
   bool fsdp = false;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
 };
@@ -112,6 +120,8 @@ struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SX
   double inter_node_gbs = 50;    // per GPU, each direction, between nodes (400 Gb/s)
   int gpus_per_node = 8;
   double memory_gib = 80;        // per GPU
+  double pcie_gbs = 50;          // per GPU, each direction, host <-> device (optimizer offload)
+  double nvme_gbs = 6;           // per GPU, file reads and writes (optimizer offload to nvme)
 };
 
 struct Config {

@@ -2,8 +2,10 @@
 // the [model] shape from an [init] from model file, each value alone and against the others,
 // and this job's files. Every problem names the values involved and where each
 // came from; all problems of a phase are reported together.
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -103,7 +105,46 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
 }
 
 // ---------------------------------------------------------------------------------------------
+// [parallel] zero and fsdp.
+
+void resolve_sharding(Config& cfg, Origins& origins, Problems& problems) {
+  ParallelConfig& p = cfg.parallel;
+  const bool zero_given = origins.count("parallel.zero") > 0;
+  const bool fsdp_given = origins.count("parallel.fsdp") > 0;
+  if (zero_given && fsdp_given && p.fsdp != (p.zero == 3)) {
+    problems.add(mention(cfg, origins, "parallel.fsdp") + " and " +
+                 mention(cfg, origins, "parallel.zero") + " disagree: fsdp = true is zero = 3 "
+                 "(FSDP is ZeRO-3); set one of the two");
+    return;
+  }
+  if (fsdp_given && !zero_given) {
+    p.zero = p.fsdp ? 3 : 0;
+    origins["parallel.zero"] = "from " + mention(cfg, origins, "parallel.fsdp");
+  } else if (zero_given && !fsdp_given) {
+    p.fsdp = p.zero == 3;
+    origins["parallel.fsdp"] = "from " + mention(cfg, origins, "parallel.zero");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Value checks.
+
+// Optimizer offload moves the sharded optimizer state off the device: it needs a ZeRO stage, and
+// "nvme" a directory.
+static void check_offload(Checker& c) {
+  const Config& cfg = c.cfg;
+  const std::string& offload = cfg.train.optimizer_offload;
+  c.require(cfg.parallel.zero >= 0 && cfg.parallel.zero <= 3, "parallel.zero",
+            "must be 0 (DDP), 1 (optimizer state sharded), 2 (and gradients) or 3 (and weights: "
+            "FSDP)");
+  if (offload != "none" && cfg.parallel.zero < 1)
+    c.problems.add(mention(cfg, c.origins, "train.optimizer_offload") + " needs a ZeRO stage: " +
+                   mention(cfg, c.origins, "parallel.zero") + " keeps the optimizer on the "
+                   "device; set zero = 1, 2 or 3");
+  if (offload == "nvme" && cfg.train.offload_dir.empty())
+    c.problems.add(mention(cfg, c.origins, "train.optimizer_offload") + " needs [train] "
+                   "offload_dir, the directory its files go to");
+}
 
 // FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):
 // the channels per tensor-parallel rank d_model/tp (then also 3 and 4 times it) and the tokens
@@ -167,7 +208,8 @@ void check_values(Checker& c) {
                          "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
-                         "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib"})
+                         "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib",
+                         "plan.pcie_gbs", "plan.nvme_gbs"})
     c.require(c.float_value(id) > 0, id, "must be > 0");
   for (const char* id : {"train.beta1", "train.beta2"})
     c.require(c.float_value(id) >= 0 && c.float_value(id) < 1, id, "must be in [0, 1)");
@@ -191,6 +233,23 @@ void check_values(Checker& c) {
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_fp8_shapes(c);
   check_experts(c);
+  check_offload(c);
+}
+
+// "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:
+// permission bits say nothing to root, and a read-only mount says nothing in them. The probe
+// file is removed at once; nothing is written anywhere else.
+static std::string offload_dir_problem(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0)
+    return strf("no such directory (%s): optimizer offload does not create it", std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return "not a directory";
+  const std::string probe = strf("%s/.offload_probe_%d", dir.c_str(), (int)getpid());
+  const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return strf("not writable: cannot create a file in it (%s)", std::strerror(errno));
+  close(fd);
+  unlink(probe.c_str());
+  return "";
 }
 
 // The checks that need this machine (files).
@@ -204,6 +263,10 @@ void check_files(Checker& c) {
     size_t matches = rc == 0 ? g.gl_pathc : 0;
     if (rc == 0) globfree(&g);
     c.require(matches > 0, id, "the pattern matches no file");
+  }
+  if (cfg.train.optimizer_offload == "nvme" && !cfg.train.offload_dir.empty()) {
+    const std::string problem = offload_dir_problem(cfg.train.offload_dir);
+    if (!problem.empty()) c.require(false, "train.offload_dir", problem);
   }
   const std::string& resume = cfg.checkpoint.resume;
   struct stat st;

@@ -74,9 +74,10 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(train, min_lr), KEY(train, weight_decay), KEY(train, grad_clip), KEY(train, beta1),
       KEY(train, beta2), KEY(train, eps), KEY(train, seed),
       KEY(train, recompute, "none", "gelu", "block"), KEY(train, moe_aux_loss),
-      KEY(train, moe_z_loss),
+      KEY(train, moe_z_loss), KEY(train, optimizer_offload, "none", "cpu", "nvme"),
+      KEY(train, offload_dir),
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
-      KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, fsdp),
+      KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
       KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved", "zb-h1", "zb-v", "file:"),
       KEY(parallel, pp_virtual), KEY(parallel, pp_layers),
       KEY(parallel, pp_balance, "equal", "auto"), KEY(parallel, backend, "nccl", "mpi", ""),
@@ -91,7 +92,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(log, pipeline_timeline), KEY(log, check_tied),
       KEY(plan, peak_tflops), KEY(plan, matmul_efficiency), KEY(plan, hbm_gbs),
       KEY(plan, intra_node_gbs), KEY(plan, inter_node_gbs), KEY(plan, gpus_per_node),
-      KEY(plan, memory_gib),
+      KEY(plan, memory_gib), KEY(plan, pcie_gbs), KEY(plan, nvme_gbs),
   };
   return keys;
 }

@@ -75,6 +75,10 @@ std::string mention(const Config& cfg, const Origins& origins, const std::string
 // with it (check_files false: opens the file only when a key is missing).
 void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Problems& problems);
 
+// [parallel] zero and fsdp name one choice twice (fsdp = true is zero = 3): fills the one not
+// given from the other, or reports the pair when both are given and disagree.
+void resolve_sharding(Config& cfg, Origins& origins, Problems& problems);
+
 struct Checker {
   const Config& cfg;
   const Origins& origins;

@@ -1,4 +1,5 @@
-// kernels/allocator.h - device memory that can be counted instead of allocated.
+// kernels/allocator.h - device memory (and pinned host memory) that can be counted instead of
+// allocated.
 //
 // The model's activations, the parameter store's shards and buffers and the parallelisms' state
 // all come from Allocators. A training run allocates (ops::alloc) and frees everything at the end
@@ -26,3 +27,15 @@ void* allocate_zeroed(Allocator& a, size_t bytes, ops::Stream s);
 ops::Event allocate_event(Allocator& a);
 // Frees every buffer and event; `bytes` goes back to 0.
 void allocator_free(Allocator& a);
+
+// The same for pinned host memory (ops::alloc_host_pinned): the optimizer state that offload
+// keeps off the device (parallel/offload.cu). Counted in `bytes` the same way, so the planner
+// reports host memory as it reports device memory.
+struct HostAllocator {
+  bool count_only = false;
+  size_t bytes = 0;
+  std::vector<void*> owned;
+};
+// `bytes` of zeroed pinned host memory (nullptr when count_only).
+void* allocate_host(HostAllocator& a, size_t bytes);
+void host_allocator_free(HostAllocator& a);

@@ -30,9 +30,19 @@ void release(void* p);                    // nullptr is fine
 // Synchronous: they wait for all work on every stream of the device first.
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
-// Host to device in stream order, with no wait on other streams; src may be reused as soon as
-// the call returns (the CUDA backend stages pageable memory). For per-step inputs.
+// Host to device in stream order, with no wait on other streams. From pageable memory src may be
+// reused as soon as the call returns (the CUDA backend stages it): per-step inputs. From pinned
+// memory (alloc_host_pinned) the copy really is asynchronous: src must stay as it is until the
+// stream has passed the copy (record an event after it).
 void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s);
+// Device to pinned host memory (alloc_host_pinned) in stream order, asynchronous: dst holds the
+// bytes once the stream has passed the copy (event_sync on an event recorded after it).
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s);
+// Page-locked host memory (CUDA: cudaMallocHost; CPU: 4096-byte aligned host memory, zeroed), for
+// the asynchronous copies above and for aligned file I/O: optimizer offload (parallel/offload.cu).
+// Not counted in memory_in_use (that is device memory); the caller's HostAllocator counts it.
+void* alloc_host_pinned(size_t bytes);
+void release_host_pinned(void* p);   // nullptr is fine
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s);
 void fill_zero(void* p, size_t bytes, Stream s);
 size_t memory_in_use();                   // bytes currently allocated through alloc()

@@ -23,18 +23,22 @@
 //   comm           |AR L   |AR L-1 | ...       |AR 0|AR root|
 #include "parallel/param_store.h"
 
+// Every unit whole: the working copy (in fp32 also the master, parallel/param_store.cu) and the
+// gradient.
 void ddp_init(ParamStore& st) {
   for (UnitState& us : st.units) {
+    us.params = allocate_zeroed(st.state_memory, us.numel * dtype_size(st.dt), st.compute);
+    us.param_shard = us.params;
+    us.grad = (float*)allocate_zeroed(st.state_memory, us.numel * sizeof(float), st.compute);
     us.grad_full = us.grad;
-    us.params = st.dt == DType::F32 ? us.master  // fp32: the working copy is the master itself
-                                    : allocate(st.state_memory, us.numel * dtype_size(st.dt));
     us.reduce_done = allocate_event(st.work_memory);
   }
 }
 
 void* ddp_params_acquire(ParamStore& st, int unit) { return st.units[unit].params; }
 
-float* ddp_grads_acquire(ParamStore& st, int unit) { return st.units[unit].grad; }
+// The whole unit's gradient, where the micro-steps accumulate (ZeRO-1's too).
+float* ddp_grads_acquire(ParamStore& st, int unit) { return st.units[unit].grad_full; }
 
 void ddp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (!last_micro_step) return;

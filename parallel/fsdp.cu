@@ -1,5 +1,7 @@
 // parallel/fsdp.cu - Fully Sharded Data Parallel (ZeRO-3): each of the dp ranks keeps 1/dp of
 // every weight, gradient and optimizer moment, and sees a full layer only while computing it.
+// The top rung of the ZeRO ladder (parallel/zero.cu has the rungs below it and the bytes of
+// each); ZeRO-2 runs the gradient half of this file (fsdp_grad_buffers_init, fsdp_grads_*).
 //
 // The idea. Data parallelism replicates the model: with N parameters, every rank holds the fp32
 // weights, gradients and both Adam moments, 16N bytes, however many ranks there are. But a rank
@@ -57,39 +59,44 @@ static int take_slot(std::vector<int>& owner, int unit) {
   FATAL("FSDP: no free buffer for unit %d: units must be acquired and released in order", unit);
 }
 
-void fsdp_init(ParamStore& st) {
-  const size_t elem = dtype_size(st.dt);
+// The sharded gradients, ZeRO-2's as well: each unit's fp32 gradient shard (state), the pool of
+// full-unit gradient buffers a bucket lives in during its backward, the root's own one, and the
+// shard-sized buffer each reduce-scatter lands in.
+void fsdp_grad_buffers_init(ParamStore& st) {
   size_t largest_block = 0, largest_shard = 0;
   Allocator& work = st.work_memory;
-  for (size_t u = 0; u < st.units.size(); u++) {
-    UnitState& us = st.units[u];
-    us.param_shard = st.dt == DType::F32 ? us.master
-                                         : allocate(st.state_memory, us.shard_numel * elem);
-    us.gather_done = allocate_event(work);
+  for (UnitState& us : st.units) {
+    us.grad = (float*)allocate_zeroed(st.state_memory, us.shard_numel * sizeof(float), st.compute);
     us.reduce_done = allocate_event(work);
     largest_shard = std::max(largest_shard, us.shard_numel);
-    if (!us.whole_step) {
-      largest_block = std::max(largest_block, us.padded_numel);
-      continue;
-    }
-    us.params = allocate(work, us.padded_numel * elem);  // the root keeps its own buffers
-    us.grad_full = (float*)allocate(work, us.padded_numel * sizeof(float));
+    if (us.whole_step) us.grad_full = (float*)allocate(work, us.padded_numel * sizeof(float));
+    else largest_block = std::max(largest_block, us.padded_numel);
   }
   for (int i = 0; i < st.pool_slots; i++) {
-    st.gather_pool.push_back(allocate(work, largest_block * elem));
-    st.gather_owner.push_back(-1);
     st.grad_pool.push_back((float*)allocate(work, largest_block * sizeof(float)));
     st.grad_owner.push_back(-1);
     st.grad_slot_reduced.push_back(allocate_event(work));
   }
   st.reduce_scratch = (float*)allocate(work, largest_shard * sizeof(float));
-  st.issue_point = allocate_event(work);
 }
 
-// The comm stream waits for all work queued so far on the compute stream.
-static void comm_after_compute(ParamStore& st) {
-  ops::event_record(st.issue_point, st.compute);
-  ops::stream_wait_event(st.comm, st.issue_point);
+// The weights: each unit's shard of the working copy (state; in fp32 also the master,
+// parallel/param_store.cu), the pool of gathered full units, the root's own one.
+void fsdp_init(ParamStore& st) {
+  const size_t elem = dtype_size(st.dt);
+  size_t largest_block = 0;
+  Allocator& work = st.work_memory;
+  for (UnitState& us : st.units) {
+    us.param_shard = allocate_zeroed(st.state_memory, us.shard_numel * elem, st.compute);
+    us.gather_done = allocate_event(work);
+    if (us.whole_step) us.params = allocate(work, us.padded_numel * elem);  // the root's own
+    else largest_block = std::max(largest_block, us.padded_numel);
+  }
+  for (int i = 0; i < st.pool_slots; i++) {
+    st.gather_pool.push_back(allocate(work, largest_block * elem));
+    st.gather_owner.push_back(-1);
+  }
+  fsdp_grad_buffers_init(st);
 }
 
 // Starts the all-gather of unit u's weights into its buffer (no-op if already under way).

@@ -1,20 +1,60 @@
 // parallel/param_store.cu - the parts of the ParamStore that do not depend on how weights are
-// distributed: shards, filling them from a ParamFill, zeroing gradients, when the partial
-// gradients are summed over tp (parallel/tensor_parallel.cu sums them), the global gradient norm,
-// and the dispatch to DDP (parallel/ddp.cu) or FSDP (parallel/fsdp.cu).
+// distributed: shards, where the optimizer state lives, filling it from a ParamFill, zeroing
+// gradients, when the partial gradients are summed over tp (parallel/tensor_parallel.cu sums
+// them), the global gradient norm, the optimizer's view of a shard, and the dispatch to DDP
+// (parallel/ddp.cu), ZeRO-1/2 (parallel/zero.cu), FSDP (parallel/fsdp.cu) and optimizer offload
+// (parallel/offload.cu).
 //
 // Shard geometry (shard_range, parallel/placement.h). A unit of `numel` elements is padded to a
 // multiple of group size * kTensorAlign, and rank r of the unit's group owns the r-th slice. The
 // padding is zero in the weights, the gradients and both moments, and AdamW keeps it zero (g = 0
 // -> no update), so it never shows in a norm or a checkpoint. Replicated mode is the same with
-// one shard.
+// one shard. Every ZeRO stage uses this one geometry, so a checkpoint written at one stage is
+// read by any other.
 #include "parallel/param_store.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/host_adamw.h"
 #include "parallel/tensor_parallel.h"
+
+ShardingMode sharding_mode(int zero) {
+  CHECK(zero >= 0 && zero <= 3, "[parallel] zero = %d: expected 0, 1, 2 or 3", zero);
+  return (ShardingMode)zero;
+}
+
+const char* sharding_mode_name(ShardingMode m) {
+  switch (m) {
+    case ShardingMode::Replicated: return "replicated (DDP)";
+    case ShardingMode::ZeRO1: return "ZeRO-1";
+    case ShardingMode::ZeRO2: return "ZeRO-2";
+    case ShardingMode::FSDP: return "FSDP (ZeRO-3)";
+  }
+  BUG("sharding mode %d", (int)m);
+}
+
+OffloadKind offload_kind(const std::string& s) {
+  if (s == "none" || s.empty()) return OffloadKind::None;
+  if (s == "cpu") return OffloadKind::Cpu;
+  if (s == "nvme") return OffloadKind::Nvme;
+  BUG("[train] optimizer_offload = \"%s\"", s.c_str());
+}
+
+ShardingMode store_options(ParamStore& st, const Config& cfg) {
+  st.offload.kind = offload_kind(cfg.train.optimizer_offload);
+  st.offload.dir = cfg.train.offload_dir;
+  return sharding_mode(cfg.parallel.zero);
+}
+
+bool store_offloaded(const ParamStore& st) { return st.offload.kind != OffloadKind::None; }
+
+// ZeRO-1/2 keep full weights that each rank updates a shard of: after an update (or a load) every
+// rank's new shard is all-gathered.
+static bool gathers_weights(const ParamStore& st) {
+  return st.mode == ShardingMode::ZeRO1 || st.mode == ShardingMode::ZeRO2;
+}
 
 // Writes this rank's shard of unit `u` (host memory, shard_numel floats) from `fill`, one
 // global block of each tensor at a time.
@@ -30,9 +70,34 @@ const char* state_kind_name(StateKind k) {
   return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
 }
 
-float* store_state(ParamStore& st, int unit, StateKind k) {
-  UnitState& us = st.units[unit];
+static float* device_state(UnitState& us, StateKind k) {
   return k == StateKind::Master ? us.master : k == StateKind::AdamM ? us.adam_m : us.adam_v;
+}
+
+void store_state_read(ParamStore& st, int unit, StateKind k, size_t first, size_t count,
+                      float* host) {
+  UnitState& us = st.units[unit];
+  CHECK(first >= us.shard_offset && first + count <= us.shard_offset + us.shard_numel,
+        "unit %d range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", unit, first,
+        first + count, us.shard_offset, us.shard_offset + us.shard_numel);
+  if (store_offloaded(st)) return offload_state_read(st, unit, k, first, count, host);
+  ops::copy_to_host(host, device_state(us, k) + (first - us.shard_offset), count * sizeof(float));
+}
+
+// The working copy of unit u's shard from its fp32 master (host): rounded to the compute dtype
+// on the host (nearest even, as the device's cast) and copied up. In fp32 without offload the
+// master is the working copy: nothing to do.
+static void upload_working_copy(ParamStore& st, int unit, const float* master) {
+  UnitState& us = st.units[unit];
+  if (st.dt == DType::F32 && !store_offloaded(st)) return;
+  std::vector<uint16_t> bf16;
+  const void* src = master;
+  if (st.dt == DType::BF16) {
+    bf16.resize(us.shard_numel);
+    for (size_t i = 0; i < us.shard_numel; i++) bf16[i] = f32_to_bf16(master[i]);
+    src = bf16.data();
+  }
+  ops::copy_to_device(us.param_shard, src, us.shard_numel * dtype_size(st.dt));
 }
 
 void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
@@ -42,13 +107,45 @@ void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
     UnitState& us = st.units[u];
     host.resize(us.shard_numel);
     fill_shard(units[u], us, fill, host.data());
-    ops::copy_to_device(store_state(st, (int)u, kind), host.data(),
-                        us.shard_numel * sizeof(float));
-    if (kind == StateKind::Master && store_needs_param_copy(st))
-      ops::cast(store_param_copy(st, (int)u), st.dt, us.master, DType::F32, us.shard_numel,
-                st.compute);
+    if (store_offloaded(st)) offload_state_write(st, (int)u, kind, host.data());
+    else ops::copy_to_device(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
+    if (kind == StateKind::Master) upload_working_copy(st, (int)u, host.data());
   }
+  if (kind == StateKind::Master && gathers_weights(st)) zero_gather_weights(st);
   ops::stream_sync(st.compute);
+  ops::stream_sync(st.comm);
+}
+
+// The fp32 master and moments on the device. In fp32 the master is the working copy's shard.
+static void device_optimizer_state(ParamStore& st) {
+  auto zeroed = [&](size_t n) {
+    return (float*)allocate_zeroed(st.state_memory, n * sizeof(float), st.compute);
+  };
+  for (UnitState& us : st.units) {
+    us.master = st.dt == DType::F32 ? (float*)us.param_shard : zeroed(us.shard_numel);
+    us.adam_m = zeroed(us.shard_numel);
+    us.adam_v = zeroed(us.shard_numel);
+  }
+}
+
+// Each unit's place: its group, its shard, its ranges.
+static UnitState unit_geometry(const ParamStore& st, const ParamUnit& pu, const CommsByAxis& comms) {
+  UnitState us;
+  us.group = comms[pu.grad_axis];
+  CHECK(us.group && st.tp && st.world, "param store: the mesh has no %s group",
+        axis_name(pu.grad_axis));
+  us.numel = pu.numel;
+  us.owned_end = owned_end(pu, st.tp->rank);
+  us.partial_begin = pu.partial_begin;
+  us.whole_step = pu.whole_step;
+  us.tied = pu.tied;
+  const bool sharded = st.mode != ShardingMode::Replicated;
+  const int ranks = sharded ? us.group->size : 1, rank = sharded ? us.group->rank : 0;
+  us.padded_numel = sharded ? padded_numel(pu.numel, ranks) : pu.numel;
+  const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
+  us.shard_offset = shard.first;
+  us.shard_numel = shard.size();
+  return us;
 }
 
 void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, ShardingMode mode,
@@ -59,56 +156,51 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.tp = comms[Axis::TP];
   st.world = comms[Axis::World];
   st.embed = comms[Axis::Embed];
+  st.world_rank = st.world ? st.world->rank : 0;
   st.compute = compute;
   st.comm = comm;
   st.pool_slots = fsdp_pool_slots(units);
   st.state_memory.count_only = st.work_memory.count_only = st.count_only;
-  const bool sharded = mode == ShardingMode::FSDP;
-  auto zeroed = [&](size_t n) {
-    return (float*)allocate_zeroed(st.state_memory, n * sizeof(float), compute);
-  };
-  for (const ParamUnit& pu : units) {
-    UnitState us;
-    us.group = comms[pu.grad_axis];
-    CHECK(us.group && st.tp && st.world, "param store: the mesh has no %s group",
-          axis_name(pu.grad_axis));
-    us.numel = pu.numel;
-    us.owned_end = owned_end(pu, st.tp->rank);
-    us.partial_begin = pu.partial_begin;
-    us.whole_step = pu.whole_step;
-    us.tied = pu.tied;
-    const int ranks = sharded ? us.group->size : 1, rank = sharded ? us.group->rank : 0;
-    us.padded_numel = sharded ? padded_numel(pu.numel, ranks) : pu.numel;
-    const FlatRange shard = sharded ? shard_range(pu.numel, rank, ranks) : FlatRange{0, pu.numel};
-    us.shard_offset = shard.first;
-    us.shard_numel = shard.size();
-    us.master = zeroed(us.shard_numel);
-    us.adam_m = zeroed(us.shard_numel);
-    us.adam_v = zeroed(us.shard_numel);
-    us.grad = zeroed(us.shard_numel);
-    st.units.push_back(us);
+  st.offload.memory.count_only = st.count_only;
+  CHECK(!store_offloaded(st) || mode != ShardingMode::Replicated,
+        "optimizer offload needs a ZeRO stage ([parallel] zero = 1, 2 or 3)");
+  for (const ParamUnit& pu : units) st.units.push_back(unit_geometry(st, pu, comms));
+  if (store_offloaded(st)) offload_init(st);  // first: a full offload_dir stops us here
+  switch (mode) {
+    case ShardingMode::Replicated: ddp_init(st); break;
+    case ShardingMode::ZeRO1:
+    case ShardingMode::ZeRO2: zero_init(st); break;
+    case ShardingMode::FSDP: fsdp_init(st); break;
   }
+  if (!store_offloaded(st)) device_optimizer_state(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   st.comm_idle = allocate_event(st.work_memory);
-  if (sharded) fsdp_init(st);
-  else ddp_init(st);
+  st.issue_point = allocate_event(st.work_memory);
   if (!st.count_only) param_store_load(st, units, fill);
 }
 
 void param_store_destroy(ParamStore& st) {
   ops::stream_sync(st.compute);
   ops::stream_sync(st.comm);
+  if (store_offloaded(st)) offload_destroy(st);
   allocator_free(st.state_memory);
   allocator_free(st.work_memory);
   st.units.clear();
 }
 
+void store_stats_reset(ParamStore& st) { st.offload.stats = OffloadStats{}; }
+
 // ---------------------------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------------------------
 void* params_acquire(ParamStore& st, int unit) {
-  return st.mode == ShardingMode::FSDP ? fsdp_params_acquire(st, unit)
-                                       : ddp_params_acquire(st, unit);
+  switch (st.mode) {
+    case ShardingMode::Replicated: return ddp_params_acquire(st, unit);
+    case ShardingMode::ZeRO1:
+    case ShardingMode::ZeRO2: return zero_params_acquire(st, unit);
+    case ShardingMode::FSDP: return fsdp_params_acquire(st, unit);
+  }
+  BUG("sharding mode %d", (int)st.mode);
 }
 void params_prefetch(ParamStore& st, int unit) {
   if (st.mode == ShardingMode::FSDP && unit >= 0) fsdp_params_prefetch(st, unit);
@@ -116,20 +208,43 @@ void params_prefetch(ParamStore& st, int unit) {
 void params_release(ParamStore& st, int unit) {
   if (st.mode == ShardingMode::FSDP) fsdp_params_release(st, unit);
 }
+// DDP and ZeRO-1 accumulate the micro-steps in a full gradient; ZeRO-2 and FSDP reduce-scatter
+// each micro-step's bucket into the shard.
 float* grads_acquire(ParamStore& st, int unit) {
-  return st.mode == ShardingMode::FSDP ? fsdp_grads_acquire(st, unit)
-                                       : ddp_grads_acquire(st, unit);
+  const bool full = st.mode == ShardingMode::Replicated || st.mode == ShardingMode::ZeRO1;
+  return full ? ddp_grads_acquire(st, unit) : fsdp_grads_acquire(st, unit);
 }
+
+// A unit's gradient shard is final once its last reduction is queued, unless a sum at the end
+// of the step remains (the tied embedding's over the pair of stages, the partial gradients'
+// over tp): those go to the host from grads_wait.
+static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
+  return (us.tied && st.embed && st.embed->size > 1) ||
+         (st.tp->size > 1 && us.partial_begin < us.numel);
+}
+
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
-  if (st.mode == ShardingMode::FSDP) fsdp_grads_release(st, unit, last_micro_step);
-  else ddp_grads_release(st, unit, last_micro_step);
+  switch (st.mode) {
+    case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
+    case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
+    case ShardingMode::ZeRO2:
+    case ShardingMode::FSDP: fsdp_grads_release(st, unit, last_micro_step); break;
+  }
+  if (last_micro_step && store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
+    offload_grad_to_host(st, unit);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gradients as the optimizer sees them
 // ---------------------------------------------------------------------------------------------
+// Zeroes what the micro-steps accumulate into: the full gradient where it persists (DDP,
+// ZeRO-1, padding included), else the shard.
 void grads_zero(ParamStore& st) {
-  for (UnitState& us : st.units) ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);
+  for (UnitState& us : st.units) {
+    if (st.mode == ShardingMode::ZeRO1)
+      ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
+    else ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);
+  }
 }
 
 // Once the step's gradients are summed over each unit's group, the tp ranks' partial gradients
@@ -147,7 +262,7 @@ static void sum_partial_grads_over_tp(ParamStore& st) {
 // computed part of its gradient (embedding lookups at the first, the head at the last, zeros
 // elsewhere), so one all-reduce of the root's gradient shard over the pair gives both the full
 // gradient, and the same AdamW step keeps the two copies bitwise equal. The two hold the same
-// unit geometry, so under FSDP their shards line up element for element.
+// unit geometry, so under any ZeRO stage their shards line up element for element.
 static void sum_tied_grads(ParamStore& st) {
   for (UnitState& us : st.units)
     if (us.tied) all_reduce_sum(*st.embed, us.grad, us.shard_numel, DType::F32, st.comm);
@@ -160,20 +275,25 @@ void grads_wait(ParamStore& st) {
   }
   if (st.embed && st.embed->size > 1) sum_tied_grads(st);
   if (st.tp->size > 1) sum_partial_grads_over_tp(st);
+  if (store_offloaded(st))
+    for (size_t u = 0; u < st.units.size(); u++)
+      if (summed_at_step_end(st, st.units[u])) offload_grad_to_host(st, (int)u);
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
 }
 
-// Each logical element once: over tp the elements this rank owns (placement.h: owned_end); FSDP
-// shards are disjoint, DDP replicas count on group rank 0 only.
+// Each logical element once: over tp the elements this rank owns (placement.h: owned_end), and
+// over the unit's group each rank its shard (shard_range) - the one it updates at a ZeRO stage,
+// and the same slice of the replicated gradient under DDP. So every stage sums the same squares
+// in the same order, and a step's norm (and clipping) is bitwise the same at every stage.
 double grad_norm(ParamStore& st) {
   ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
-    // A replicated (DDP) unit is counted by its group's rank 0 only; a sharded one by every rank.
-    // Units differ in group (experts: ep-dp), so this is decided per unit.
-    if (st.mode != ShardingMode::FSDP && us.group->rank != 0) continue;
-    const size_t lo = us.shard_offset, end = std::min(lo + us.shard_numel, us.owned_end);
-    if (end > lo) ops::sum_squares_accumulate(st.norm_scratch, us.grad, end - lo, st.compute);
+    const FlatRange mine = clip(shard_range(us.numel, us.group->rank, us.group->size),
+                                us.owned_end);
+    if (mine.size() > 0)
+      ops::sum_squares_accumulate(st.norm_scratch, us.grad + (mine.first - us.shard_offset),
+                                  mine.size(), st.compute);
   }
   float local = 0;
   ops::stream_sync(st.compute);
@@ -183,26 +303,55 @@ double grad_norm(ParamStore& st) {
 
 bool tied_copies_equal(ParamStore& st) {
   bool equal = true;
-  for (UnitState& us : st.units) {
+  ops::stream_sync(st.compute);
+  for (size_t u = 0; u < st.units.size(); u++) {
+    UnitState& us = st.units[u];
     if (!us.tied || st.embed->size < 2) continue;
-    const size_t n = us.shard_numel, bytes = n * sizeof(float);
-    float* theirs = (float*)ops::alloc(bytes);
-    const int peer = 1 - st.embed->rank;
-    ops::stream_sync(st.compute);
-    send_recv(*st.embed, us.master, n, peer, theirs, n, peer, DType::F32, st.compute);
-    std::vector<float> a(n), b(n);
-    ops::stream_sync(st.compute);
-    ops::copy_to_host(a.data(), us.master, bytes);
-    ops::copy_to_host(b.data(), theirs, bytes);
-    ops::release(theirs);
-    equal = equal && std::memcmp(a.data(), b.data(), bytes) == 0;
+    const size_t n = us.shard_numel;
+    std::vector<float> both(2 * n);
+    store_state_read(st, (int)u, StateKind::Master, us.shard_offset, n, both.data() + n);
+    all_gather_host(*st.embed, both.data() + n, n * sizeof(float), both.data());
+    equal = equal && std::memcmp(both.data(), both.data() + n, n * sizeof(float)) == 0;
   }
   return all_agree(*st.world, equal);
 }
 
-bool store_needs_param_copy(const ParamStore& st) { return st.dt != DType::F32; }
-
-void* store_param_copy(ParamStore& st, int unit) {
+// ---------------------------------------------------------------------------------------------
+// The optimizer's view of a shard
+// ---------------------------------------------------------------------------------------------
+ShardForUpdate update_begin(ParamStore& st, int unit) {
+  if (store_offloaded(st)) return offload_update_begin(st, unit);
   UnitState& us = st.units[unit];
-  return st.mode == ShardingMode::FSDP ? us.param_shard : us.params;
+  ShardForUpdate s;
+  s.master = us.master, s.m = us.adam_m, s.v = us.adam_v, s.grad = us.grad;
+  s.writes_copy = st.dt != DType::F32;  // in fp32 the master is the working copy
+  s.copy = us.param_shard;
+  s.offset = us.shard_offset;
+  return s;
+}
+
+void shard_adamw(ParamStore& st, const ShardForUpdate& s, size_t first, size_t end,
+                 const AdamWStep& step) {
+  if (first >= end) return;
+  const size_t i = first - s.offset;
+  void* copy = s.writes_copy ? (char*)s.copy + i * dtype_size(st.dt) : nullptr;
+  if (!s.on_host)
+    ops::adamw_update(s.master + i, copy, s.grad + i, s.m + i, s.v + i, end - first, step, st.dt,
+                      st.compute);
+  else if (!st.count_only)  // the planner's host buffers are counted, not allocated
+    host_adamw_update(s.master + i, copy, s.grad + i, s.m + i, s.v + i, end - first, step, st.dt);
+}
+
+void update_end(ParamStore& st, int unit) {
+  if (store_offloaded(st)) offload_update_end(st, unit);
+}
+
+void updates_done(ParamStore& st) {
+  if (store_offloaded(st)) offload_updates_done(st);
+  if (gathers_weights(st)) zero_gather_weights(st);
+}
+
+void comm_after_compute(ParamStore& st) {
+  ops::event_record(st.issue_point, st.compute);
+  ops::stream_wait_event(st.comm, st.issue_point);
 }

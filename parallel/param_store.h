@@ -1,58 +1,78 @@
 // parallel/param_store.h - who holds which weights, gradients and optimizer state.
 //
 // The model asks the store for a unit's weights right before it uses them and for a unit's
-// gradient buffer right before its backward; what happens underneath depends on the mode:
+// gradient buffer right before its backward; what happens underneath depends on the mode, the
+// rungs of the ZeRO ladder ([parallel] zero; the bytes of each at the top of parallel/zero.cu):
 //
-//   Replicated (one rank, or DDP, parallel/ddp.cu): every rank keeps every unit - fp32 master,
-//     Adam m and v, fp32 gradients and the compute-dtype working copy (which is the master
-//     itself in fp32). After the last micro-step's backward of a unit its gradient bucket is
-//     all-reduced over dp, overlapping the backward of the units before it.
-//   FSDP / ZeRO-3 (parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded shards) of
-//     the master, m, v and the gradient; full weights exist only between acquire and release.
+//   Replicated (zero = 0: one rank, or DDP, parallel/ddp.cu): every rank keeps every unit - fp32
+//     master, Adam m and v, fp32 gradients and the compute-dtype working copy (which is the
+//     master itself in fp32). After the last micro-step's backward of a unit its gradient bucket
+//     is all-reduced over dp, overlapping the backward of the units before it.
+//   ZeRO-1 (parallel/zero.cu): full weights and gradients as DDP, but the master and moments of
+//     1/dp of each unit only; the bucket is reduce-scattered (each rank needs its shard's sum),
+//     and after the update the new weights are all-gathered.
+//   ZeRO-2 (parallel/zero.cu): ZeRO-1 with the gradients sharded too: each bucket is
+//     reduce-scattered every micro-step into the rank's gradient shard, FSDP's way.
+//   FSDP / ZeRO-3 (zero = 3, parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded
+//     shards) of the master, m, v, the gradient and the working copy; full weights exist only
+//     between acquire and release.
+// Optimizer offload (ZeRO 1-3, parallel/offload.cu) moves the master and moments of the shard to
+// host memory or a file, and AdamW to the host.
 //
-// Both keep the same flat layout (parallel/placement.h), so the optimizer, the gradient norm and
-// the checkpoints work on "this rank's range [shard_offset, shard_offset + shard_numel) of unit
-// u" and never care which mode produced it.
+// All keep the same flat layout (parallel/placement.h) and the same shards, so the optimizer,
+// the gradient norm and the checkpoints work on "this rank's range [shard_offset, shard_offset +
+// shard_numel) of unit u" and never care which mode produced it (Replicated: the whole unit).
 //
 // Units are what the placement map says they are on this rank: under tensor parallelism a unit
-// holds this tp rank's blocks, and FSDP shards that local unit over the unit's own group
-// (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the same
-// experts). "dp" above stands for that group. After the gradients of the step are reduced over
-// that group, the range whose gradients are partial over tp (LayerNorms under sequence
+// holds this tp rank's blocks, and the ZeRO stages shard that local unit over the unit's own
+// group (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the
+// same experts). "dp" above stands for that group. After the gradients of the step are reduced
+// over that group, the range whose gradients are partial over tp (LayerNorms under sequence
 // parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
 // once, whichever ranks hold copies of it.
 #pragma once
+#include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/offload.h"
 #include "parallel/placement.h"
 
-enum class ShardingMode { Replicated, FSDP };
+// The rungs of the ladder, in order: ZeRO stage = (int)mode.
+enum class ShardingMode { Replicated = 0, ZeRO1 = 1, ZeRO2 = 2, FSDP = 3 };
+ShardingMode sharding_mode(int zero);          // [parallel] zero
+const char* sharding_mode_name(ShardingMode m); // "DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)"
+OffloadKind offload_kind(const std::string& s);  // [train] optimizer_offload
 
 struct UnitState {
-  Comm* group = nullptr;    // sums the unit's gradient; FSDP shards over it
+  Comm* group = nullptr;    // sums the unit's gradient; the ZeRO stages shard over it
   size_t numel = 0;         // the unit's flat length (parallel/placement.h)
   size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
   size_t partial_begin = 0; // [partial_begin, numel): gradients summed over tp
   size_t padded_numel = 0;  // numel rounded up so that it splits into dp equal aligned shards
   size_t shard_offset = 0;  // first element of the unit this rank owns
   size_t shard_numel = 0;   // elements this rank owns (Replicated: numel)
+  // The optimizer state of the shard, on the device; null under optimizer offload (the state is
+  // the Offload's). In fp32 the master is the working copy's shard itself (param_shard).
   float* master = nullptr;  // fp32 weights, shard_numel
   float* adam_m = nullptr;
   float* adam_v = nullptr;
   float* grad = nullptr;    // fp32 gradient of the shard (Replicated: of the whole unit)
-  void* param_shard = nullptr;  // compute-dtype copy of the shard (FSDP; aliases master in fp32)
+  void* param_shard = nullptr;  // the working copy (compute dtype) of the shard: DDP the whole
+                                // unit, ZeRO-1/2 a slice of params, FSDP a buffer of its own
   void* params = nullptr;   // full compute-dtype weights; valid between acquire and release
-  float* grad_full = nullptr;  // full fp32 gradient during this unit's backward
-  // FSDP bookkeeping
+  float* grad_full = nullptr;  // full fp32 gradient during this unit's backward (DDP, ZeRO-1:
+                               // always; it is where the micro-steps accumulate)
+  // FSDP bookkeeping (ZeRO-2 uses the gradient half)
   bool whole_step = false;  // acquired once per step; FSDP keeps its own full buffers (the root)
   bool tied = false;        // gradient summed over the embedding group after the step (pp > 1)
   bool gathered = false;
   int gather_slot = -1;     // pool slot holding params (blocks only)
   int grad_slot = -1;       // pool slot holding grad_full (blocks only)
-  ops::Event gather_done = nullptr;
+  ops::Event gather_done = nullptr;  // FSDP, ZeRO-1/2: the all-gather of params is done
   ops::Event reduce_done = nullptr;
 };
 
@@ -65,8 +85,9 @@ struct ParamStore {
   std::vector<UnitState> units;
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
-  // FSDP: a small pool of full-unit buffers (weights in the compute dtype, gradients in fp32),
-  // enough for the unit in use plus the one being prefetched (pool_slots: fsdp_pool_slots).
+  // FSDP (ZeRO-2: the gradient half): a small pool of full-unit buffers (weights in the compute
+  // dtype, gradients in fp32), enough for the unit in use plus the one being prefetched
+  // (pool_slots: fsdp_pool_slots).
   int pool_slots = 2;
   std::vector<void*> gather_pool;
   std::vector<int> gather_owner;   // unit using each pool slot, -1 if free
@@ -81,6 +102,9 @@ struct ParamStore {
   // planner report) and the working buffers (FSDP's full-unit buffers, scratch, events).
   Allocator state_memory, work_memory;
   bool count_only = false;  // set before param_store_init: count the memory, allocate nothing
+  // Optimizer offload: set offload.kind (and offload.dir for nvme) before param_store_init.
+  Offload offload;
+  int world_rank = 0;       // names the offload file
 };
 
 // Allocates the store for `units` (this rank's placement) and fills this rank's master shard with
@@ -90,14 +114,26 @@ void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, Sh
                       DType dt, const CommsByAxis& comms, ops::Stream compute, ops::Stream comm,
                       const ParamFill& fill);
 void param_store_destroy(ParamStore& store);
+// What a config asks of the store, as the trainer and the planner make it: the mode of
+// [parallel] zero (returned) and the offload of [train] optimizer_offload and offload_dir (set
+// on `store`, before param_store_init).
+ShardingMode store_options(ParamStore& store, const Config& cfg);
+bool store_offloaded(const ParamStore& store);  // optimizer offload is on
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
 const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
-float* store_state(ParamStore& store, int unit, StateKind k);  // this rank's shard, on the device
+// Elements [first, first + count) (unit-relative, inside this rank's shard) of one state of unit
+// u, into host memory, wherever the state lives (device, host, file). The compute stream must be
+// idle and the optimizer step finished.
+void store_state_read(ParamStore& store, int unit, StateKind k, size_t first, size_t count,
+                      float* host);
 // Overwrites one state of every shard from `fill` (loading the master also refreshes the
-// compute-dtype working copies).
+// compute-dtype working copies, and ZeRO-1/2 gather them).
 void param_store_load(ParamStore& store, const std::vector<ParamUnit>& units,
                       const ParamFill& fill, StateKind kind = StateKind::Master);
+// Zeroes the store's per-step counters (offload traffic); the trainer and the planner call it
+// where they reset the communication counters.
+void store_stats_reset(ParamStore& store);
 
 // The model's side. params_prefetch names the unit the model will acquire next (FSDP starts its
 // gather so that it overlaps the current unit's compute; DDP: nothing to do).
@@ -114,20 +150,54 @@ void grads_zero(ParamStore& store);
 void grads_wait(ParamStore& store);
 double grad_norm(ParamStore& store);    // global L2 norm, each logical element counted once
 // Pipeline parallelism: whether the first and the last stage's copies of every tied unit hold
-// bitwise-equal fp32 weights (each sends its shard to the other). Collective over the world.
+// bitwise-equal fp32 weights (the pair exchange their shards on the host). Collective over the
+// world.
 bool tied_copies_equal(ParamStore& store);
-// After the optimizer updated the fp32 masters: refresh the working copies where needed.
-bool store_needs_param_copy(const ParamStore& store);  // adamw writes a compute-dtype copy?
-void* store_param_copy(ParamStore& store, int unit);   // where that copy of the shard lives
+// The update of one unit's shard, in unit order: update_begin says where AdamW finds the shard
+// (device or host memory; offload first waits for the gradient and the file), shard_adamw runs
+// it on a range, update_end sends the new weights where they are used (offload: up to the
+// device, the state back to its file), and updates_done finishes the step: ZeRO-1/2 all-gather
+// the new weights, offload waits for its files and notes the host time.
+struct ShardForUpdate {
+  float *master = nullptr, *m = nullptr, *v = nullptr;
+  const float* grad = nullptr;
+  void* copy = nullptr;   // the compute-dtype copy AdamW writes too, when writes_copy
+  bool writes_copy = false;  // false: the master is the working copy (fp32 on the device)
+  size_t offset = 0;      // unit-relative index of element 0 (shard_offset)
+  bool on_host = false;   // host memory: the host AdamW runs (kernels/host_adamw.h)
+};
+ShardForUpdate update_begin(ParamStore& store, int unit);
+// AdamW over the unit-relative elements [first, end) of the shard.
+void shard_adamw(ParamStore& store, const ShardForUpdate& s, size_t first, size_t end,
+                 const AdamWStep& step);
+void update_end(ParamStore& store, int unit);
+void updates_done(ParamStore& store);
 
 // Per-mode implementations behind the functions above.
 void ddp_init(ParamStore& store);
 void* ddp_params_acquire(ParamStore& store, int unit);
 float* ddp_grads_acquire(ParamStore& store, int unit);
 void ddp_grads_release(ParamStore& store, int unit, bool last_micro_step);
+void zero_init(ParamStore& store);
+void* zero_params_acquire(ParamStore& store, int unit);
+void zero1_grads_release(ParamStore& store, int unit, bool last_micro_step);
+void zero_gather_weights(ParamStore& store);
 void fsdp_init(ParamStore& store);
+void fsdp_grad_buffers_init(ParamStore& store);  // the gradient half (ZeRO-2 too)
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);
 float* fsdp_grads_acquire(ParamStore& store, int unit);
 void fsdp_grads_release(ParamStore& store, int unit, bool last_micro_step);
+// Optimizer offload (parallel/offload.cu).
+void offload_init(ParamStore& store);
+void offload_destroy(ParamStore& store);
+void offload_grad_to_host(ParamStore& store, int unit);  // queued once the gradient is final
+ShardForUpdate offload_update_begin(ParamStore& store, int unit);
+void offload_update_end(ParamStore& store, int unit);
+void offload_updates_done(ParamStore& store);
+void offload_state_read(ParamStore& store, int unit, StateKind k, size_t first, size_t count,
+                        float* host);
+void offload_state_write(ParamStore& store, int unit, StateKind k, const float* host);
+// The comm stream waits for all work queued so far on the compute stream.
+void comm_after_compute(ParamStore& store);

@@ -45,6 +45,7 @@ run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke "$BUILD/bench_kernels_cpu" --quick
 run distributed $PY test/test_distributed.py
+run zero        $PY test/test_zero.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
@@ -62,6 +63,16 @@ if [ -x "$BUILD/test_cudnn_graph" ]; then
 fi
 if [ -x "$BUILD/emu/test_comm_nccl" ]; then  # the CUDA libraries' stand-ins (test/emu/LIBRARIES.md)
   run emu-libs  test/emu/run_lib_tests.sh
+fi
+# The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
+# emulator's own tests, every test/gpu program under two thread orders, and the shared-memory
+# kernels under AddressSanitizer.
+if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
+  run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
+  run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
+  run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
+else
+  skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
 fi
 
 suite_finish run_all

@@ -33,12 +33,10 @@ The writer geometry of every layout (ep included) is checked exhaustively, witho
 build/test_checkpoint_writers (test/test_checkpoint_writers.cpp).
 """
 import glob
-import json
 import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
                      read_metrics, run, write_config)
+from trainer import kill_job, steps_against  # noqa: E402
 from trainer import with_validation  # noqa: E402
 
 checks = Checks("test_checkpoint")
@@ -151,38 +150,6 @@ def test_reshard(tmp, cfg, fsdp_ck):
                      f"steps 6-10 max |loss - uninterrupted| {d:.2e}")
 
 
-def processes_with(marker):
-    pids = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(os.path.basename(d)))
-        except OSError:
-            pass
-    return pids
-
-
-def kill_job(p, marker):
-    """SIGKILL to mpirun's process group and to any rank of this job outside it."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        left = processes_with(marker)
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
 def read_latest(ck):
     try:
         with open(os.path.join(ck, "latest")) as f:
@@ -242,17 +209,7 @@ def test_kill(tmp, rng):
                 np_ranks=2, check=False)
     if final.returncode != 0:
         bad.append("the final resume failed: " + final.stderr[-500:])
-    mismatched, seen = set(), set()
-    for path in sorted(glob.glob(f"{tmp}/kill_*.jsonl")):
-        for line in open(path):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the kill
-            if "step" in rec and "loss" in rec and "val_loss" not in rec:
-                seen.add(rec["step"])
-                if rec["loss"] != reference[rec["step"]]:
-                    mismatched.add(rec["step"])
+    seen, mismatched = steps_against(f"{tmp}/kill_*.jsonl", reference)
     left = sorted(os.listdir(ck))
     checks.check("kill -9 while saving: latest always resumes, bit-exact",
                  not bad and mid_save >= 2 and not mismatched and

@@ -34,8 +34,11 @@ DEFAULTS = {
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
-              "moe_aux_loss": 0.01, "moe_z_loss": 0.0},
-    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [], "pp_balance": "equal", "backend": ""},
+              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "optimizer_offload": "none",
+              "offload_dir": ""},
+    "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "zero": 0,
+                 "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
+                 "pp_balance": "equal", "backend": ""},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
@@ -45,7 +48,7 @@ DEFAULTS = {
             "check_tied": False},
     "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
-             "memory_gib": 80.0},
+             "memory_gib": 80.0, "pcie_gbs": 50.0, "nvme_gbs": 6.0},
 }
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
 # max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
@@ -229,7 +232,8 @@ def good_cases(tmp):
         "model.max_seq_len": 16, "model.vocab_size": 100, "data.train": f"{tmp}/train_*.bin",
         "train.lr": 6.12345e-4,
         "data.shuffle": True, "checkpoint.dir": "out/run", "train.seed": 42,
-        "log.metrics": "m.jsonl", "parallel.fsdp": True, "train.recompute": "gelu",
+        "log.metrics": "m.jsonl", "parallel.fsdp": True, "parallel.zero": 3,
+        "train.recompute": "gelu",
         "log.peak_tflops": 989.4321987654321, "train.min_lr": 3e-5, "train.beta2": 0.987654,
         "train.steps": 20,
         "data.val": f"{tmp}/val_*.bin", "log.val_every": 5, "checkpoint.resume": "latest",
@@ -369,6 +373,40 @@ def file_error_cases(tmp):
          "checkpoint.resume")
     case("resume path missing", {"checkpoint.resume": f'"{tmp}/no_such_ckpt"'},
          ["resume", "no_such_ckpt"], "checkpoint.resume")
+    zero_and_offload_cases(c, secs, tmp, case)
+
+
+def zero_and_offload_cases(c, secs, tmp, case):
+    """[parallel] zero against fsdp, and [train] optimizer_offload's needs."""
+    text, keys, _ = render(secs, {"parallel.zero": "1", "parallel.fsdp": "true"})
+    expect_error("zero and fsdp disagree", c.write(text), (),
+                 ["[parallel] fsdp = true", "[parallel] zero = 1", "disagree"],
+                 ((keys["parallel.zero"][0], keys["parallel.zero"][2]),
+                  (keys["parallel.fsdp"][0], keys["parallel.fsdp"][2])))
+    text, keys, _ = render(secs, {"parallel.zero": "3", "parallel.fsdp": "false"})
+    expect_error("zero = 3 and fsdp = false disagree", c.write(text), (),
+                 ["[parallel] fsdp = false", "[parallel] zero = 3", "disagree"],
+                 ((keys["parallel.zero"][0], keys["parallel.zero"][2]),
+                  (keys["parallel.fsdp"][0], keys["parallel.fsdp"][2])))
+    for zero, fsdp in [("3", None), ("3", "true"), ("2", None), ("1", "false")]:
+        edits = {"parallel.zero": zero}
+        if fsdp:
+            edits["parallel.fsdp"] = fsdp
+        text, _, _ = render(secs, edits)
+        expect_good(f"zero = {zero}" + (f" with fsdp = {fsdp}" if fsdp else ""), c.write(text),
+                    (), {"parallel.zero": int(zero), "parallel.fsdp": zero == "3"})
+    case("zero = 4", {"parallel.zero": "4"}, ["zero = 4", "must be 0 (DDP)"], "parallel.zero")
+    text, keys, _ = render(secs, {"train.optimizer_offload": '"cpu"'})
+    expect_error("offload without a ZeRO stage", c.write(text), (),
+                 ['optimizer_offload = "cpu"', "[parallel] zero = 0 (default)", "ZeRO stage"],
+                 ((keys["train.optimizer_offload"][0], keys["train.optimizer_offload"][2]),))
+    case("nvme without offload_dir", {"train.optimizer_offload": '"nvme"', "parallel.zero": "1"},
+         ['optimizer_offload = "nvme"', "offload_dir"], "train.optimizer_offload")
+    case("offload_dir missing", {"train.optimizer_offload": '"nvme"', "parallel.zero": "2",
+                                 "train.offload_dir": f'"{tmp}/no_such_dir"'},
+         ["[train] offload_dir", "no_such_dir", "no such directory"], "train.offload_dir")
+    case("unknown offload", {"train.optimizer_offload": '"disk"'},
+         ["optimizer_offload", '"none", "cpu", "nvme"'], "train.optimizer_offload")
 
 
 def model_file_cases(tmp):

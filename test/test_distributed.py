@@ -25,35 +25,17 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, check_refused,  # noqa: E402
                      make_experiment, max_rel, read_metrics, read_run_info, run, write_config)
-from trainer import seeded_rng  # noqa: E402
+from trainer import round_up, seeded_rng, unit_numels  # noqa: E402
 
 checks = Checks("test_distributed")
 L, NH, C, T, V = 2, 3, 36, 16, 101
-Vp = (V + 127) // 128 * 128
 GLOBAL_ROWS, STEPS = 4, 20
-
-
-def round_up(x, m):
-    return (x + m - 1) // m * m
-
-
-def unit_numels():
-    """The flat length of each unit: tensors start at multiples of 64 elements."""
-    def unit(sizes):
-        n = 0
-        for k in sizes:
-            n = round_up(n, 64) + k
-        return round_up(n, 64)
-    root = unit([Vp * C, T * C, C, C])
-    # matrices, column-parallel biases, row-parallel biases, LayerNorms (model/gpt.cu)
-    block = unit([3 * C * C, C * C, 4 * C * C, 4 * C * C, 3 * C, 4 * C, C, C, C, C, C, C])
-    return [root] + [block] * L
 
 
 def expected_comm(mode, dp, accum):
     if dp == 1:
         return {}
-    units = unit_numels()
+    units = unit_numels(L, C, T, V)
     if mode == "ddp":
         return {"all_reduce": {"calls": len(units), "bytes": 4 * sum(units)}}
     padded = [round_up(n, dp * 64) for n in units]
@@ -100,7 +82,7 @@ def test_equivalence(rng, from_file):
             checks.check(f"{label} comm", all(g == want for g in got),
                          f"per step {got[0]} (analytic {want})")
             if mode == "fsdp" and from_file:
-                units = unit_numels()
+                units = unit_numels(L, C, T, V)
                 shard = sum(round_up(n, np_ranks * 64) // np_ranks for n in units)
                 bound = base_info["state_bytes"] / np_ranks + 16 * 64 * len(units)
                 checks.check(f"{label} state bytes",

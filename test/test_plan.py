@@ -71,7 +71,16 @@ LAYOUTS = [
     ("pp2 interleaved v2 m2", {"pp": 2, "pp_schedule": "interleaved", "pp_virtual": 2},
      {"train": {"grad_accum": 2}}),
     ("pp2 1f1b pp_layers [1, 3]", {"pp": 2, "pp_layers": [1, 3]}, {"train": {"grad_accum": 2}}),
+    ("dp2 ZeRO-1 bf16", {"dp": 2, "zero": 1}, {"precision": {"compute": "bf16"}}),
+    ("dp2 ZeRO-2 grad_accum 2 offload cpu", {"dp": 2, "zero": 2},
+     {"train": {"grad_accum": 2, "optimizer_offload": "cpu"}}),
+    ("dp2 x pp2 x tp2 ZeRO-1 offload nvme (np=8)", {"dp": 2, "pp": 2, "tp": 2, "zero": 1},
+     {"train": {"grad_accum": 2, "optimizer_offload": "nvme"}}),
+    ("MoE dp4 x ep2 ZeRO-2 bf16 offload nvme", {"dp": 4, "ep": 2, "zero": 2},
+     {"model": MOE, "precision": {"compute": "bf16"}, "train": {"optimizer_offload": "nvme"}}),
 ]
+NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
+              "disk_write_bytes": 0}
 
 
 def formula_bubble(par, m):
@@ -92,6 +101,9 @@ def sections(tmp, name, par, extra):
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     for key, values in extra.items():
         sec.setdefault(key, {}).update(values)
+    if sec["train"].get("optimizer_offload") == "nvme":
+        sec["train"]["offload_dir"] = os.path.join(tmp, "offload")
+        os.makedirs(sec["train"]["offload_dir"], exist_ok=True)
     return sec
 
 
@@ -121,11 +133,15 @@ def check_layout(tmp, i, what, par, extra):
                          f"plan {planned}, measured {got}")
             got["bytes"] = planned["bytes"]
     same_comm = all(s["comm"] == r0["comm"] for s in steps)
+    same_host = (r0["host_bytes"], r0["disk_bytes"]) == (info["host_bytes"], info["disk_bytes"])
+    same_offload = all(s.get("offload", NO_OFFLOAD) == r0["offload"] for s in steps)
     checks.check(f"{what}: plan = measured", same_state and same_act and same_comm and
-                 len(plan["ranks"]) == world,
+                 same_host and same_offload and len(plan["ranks"]) == world,
                  f"state {r0['state_bytes']} vs {info['state_bytes']}, activations "
-                 f"{r0['activation_bytes']} vs {info['activation_bytes']}, comm "
-                 f"{'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
+                 f"{r0['activation_bytes']} vs {info['activation_bytes']}, host/disk "
+                 f"{r0['host_bytes']}/{r0['disk_bytes']} vs {info['host_bytes']}/"
+                 f"{info['disk_bytes']}, offload {r0['offload']} vs {steps[0].get('offload')}, "
+                 f"comm {'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
     bubble = formula_bubble(par, sec["train"].get("grad_accum", 1))
     checks.check(f"{what}: bubble", abs(plan["bubble"] - bubble) < 1e-9,
                  f"{plan['bubble']:.6f} vs the formula's {bubble:.6f}")
@@ -166,6 +182,37 @@ def test_bad_input(tmp):
                  f"{len(rows)} layouts, ep values {eps}")
 
 
+def plan_peak(tmp, sec, zero, offload="none"):
+    """Rank 0's peak bytes in the plan of sec's layout at one rung of the ladder."""
+    path = os.path.join(tmp, "rung.json")
+    cfg = write_config(tmp, "rung.toml", sec)
+    run(cfg, ["--plan-json", path, f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"])
+    with open(path) as f:
+        return max(r["peak_bytes"] for r in json.load(f)["ranks"])
+
+
+def test_search_ladder(tmp):
+    """--plan-search 8 with [plan] memory_gib set between two rungs of the dp8 layout: its row
+    is the first rung (zero 1, 2, 3, then zero 1, 2, 3 with offload to the host) whose plan fits,
+    each rung's peak taken from --plan-json."""
+    sec = sections(tmp, "ladder", {}, {"train": {"micro_batch": 1, "grad_accum": 8}})
+    dp8 = dict(sec, parallel={"dp": 8}, train=dict(sec["train"], grad_accum=1))
+    rungs = [(z, "none") for z in range(4)] + [(z, "cpu") for z in (1, 2, 3)]
+    peaks = [plan_peak(tmp, dp8, z, o) for z, o in rungs]
+    for a, b in [(0, 3), (3, 6)]:  # between DDP and ZeRO-3, between ZeRO-3 and ZeRO-3 + cpu
+        limit = (peaks[a] + peaks[b]) / 2
+        want = next(rungs[i] for i in range(len(rungs)) if peaks[i] <= limit)
+        sec["plan"] = {"memory_gib": limit / 2**30}
+        r = run(write_config(tmp, "ladder.toml", sec), ["--plan-search=8"])
+        row = next((ln.split() for ln in r.stdout.splitlines()
+                    if ln.split()[:6] == ["8", "1", "1", "1", "1", "1"]), [])
+        got = (int(row[10]), row[11]) if len(row) > 11 else None
+        checks.check(f"--plan-search 8 between rungs {rungs[a]} and {rungs[b]}: the dp8 row is "
+                     "the first rung that fits", got == want and "does not fit" not in " ".join(row),
+                     f"row {' '.join(row)}; expected zero {want[0]} offload {want[1]} (peaks MiB "
+                     f"{[round(p / 2**20, 3) for p in peaks]}, limit {limit / 2**20:.3f})")
+
+
 def main():
     rng = seeded_rng("test_plan")
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,6 +220,7 @@ def main():
         for i, (what, par, extra) in enumerate(LAYOUTS):
             check_layout(tmp, i, what, par, extra)
         test_bad_input(tmp)
+        test_search_ladder(tmp)
     checks.report()
 
 

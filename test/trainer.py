@@ -1,10 +1,13 @@
 """test/trainer.py - helpers shared by the trainer-level tests: write a tiny experiment (llm.c
 model file, token shards, config), run ./train_cpu (optionally under mpirun) and read back its
 JSONL metrics."""
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -167,3 +170,73 @@ def compare_runs(checks, what, got, ref, tol=1e-5):
 def max_rel(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b) / np.abs(b)))
+
+
+def round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def unit_numels(L, C, T, V):
+    """The flat length of each unit of a dense GPT-2 at tp = 1 (model/gpt_layout.cu): the root,
+    then L blocks; tensors start at multiples of 64 elements."""
+    def unit(sizes):
+        n = 0
+        for k in sizes:
+            n = round_up(n, 64) + k
+        return round_up(n, 64)
+    Vp = round_up(V, 128)
+    root = unit([Vp * C, T * C, C, C])
+    # matrices, column-parallel biases, row-parallel biases, LayerNorms (model/gpt.cu)
+    block = unit([3 * C * C, C * C, 4 * C * C, 4 * C * C, 3 * C, 4 * C, C, C, C, C, C, C])
+    return [root] + [block] * L
+
+
+def processes_with(marker):
+    """The pids whose command line contains marker."""
+    pids = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(os.path.basename(d)))
+        except OSError:
+            pass
+    return pids
+
+
+def kill_job(p, marker):
+    """SIGKILL to mpirun's process group (p started with start_new_session=True) and to any rank
+    of this job (its command line holds marker) outside it."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        left = processes_with(marker)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def steps_against(pattern, reference):
+    """The steps whose loss the metrics files matching pattern logged (lines cut by a kill are
+    skipped), and those among them whose loss differs from reference[step]: (seen, mismatched)."""
+    mismatched, seen = set(), set()
+    for path in sorted(glob.glob(pattern)):
+        for line in open(path):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+            if "step" in rec and "loss" in rec and "val_loss" not in rec:
+                seen.add(rec["step"])
+                if rec["loss"] != reference[rec["step"]]:
+                    mismatched.add(rec["step"])
+    return seen, mismatched

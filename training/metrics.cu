@@ -42,9 +42,10 @@ void metrics_run(MetricsLog& log, const RunInfo& i) {
   if (!log.jsonl) return;
   std::fprintf(log.jsonl,
                "{\"run\":{\"parameters\":%zu,\"state_bytes\":%zu,\"activation_bytes\":%zu,"
-               "\"world_size\":%d,\"flops_per_token\":%.0f,\"peak_tflops\":%.1f}}\n",
-               i.parameters, i.state_bytes, i.activation_bytes, i.world_size, i.flops_per_token,
-               i.peak_tflops);
+               "\"host_bytes\":%zu,\"disk_bytes\":%zu,\"world_size\":%d,"
+               "\"flops_per_token\":%.0f,\"peak_tflops\":%.1f}}\n",
+               i.parameters, i.state_bytes, i.activation_bytes, i.host_bytes, i.disk_bytes,
+               i.world_size, i.flops_per_token, i.peak_tflops);
   std::fflush(log.jsonl);
 }
 
@@ -102,6 +103,23 @@ static std::string moe_text(const StepReport& r) {
   return buf;
 }
 
+// `,"offload":{"to_host_bytes":n,...}`: a step's offload traffic, as the planner's JSON has it.
+void print_offload_json(FILE* f, const OffloadStats& st) {
+  std::fprintf(f, ",\"offload\":{\"to_host_bytes\":%llu,\"to_device_bytes\":%llu,"
+               "\"disk_read_bytes\":%llu,\"disk_write_bytes\":%llu}",
+               (unsigned long long)st.to_host_bytes, (unsigned long long)st.to_device_bytes,
+               (unsigned long long)st.disk_read_bytes, (unsigned long long)st.disk_write_bytes);
+}
+
+// " | host 1.20 GiB, optimizer 35.1 ms" under optimizer offload.
+static std::string offload_text(const StepReport& r) {
+  if (!r.offload) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), " | host %.2f GiB, optimizer %.1f ms",
+                r.host_bytes / 1073741824.0, r.offload_stats.host_ms);
+  return buf;
+}
+
 static void print_step_line(const StepReport& r) {
   char mfu[64] = "MFU n/a";
   if (r.mfu >= 0)
@@ -111,11 +129,12 @@ static void print_step_line(const StepReport& r) {
     progress = " | " + duration_text(r.elapsed_s) + " elapsed, " +
                (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
   std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
-              "mem %.2f GiB (peak %.2f)%s%s%s\n",
+              "mem %.2f GiB (peak %.2f)%s%s%s%s\n",
               r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms,
               r.tokens_per_s, mfu,
-              r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0, progress.c_str(),
-              r.note.empty() ? "" : " | ", r.note.c_str());
+              r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0,
+              offload_text(r).c_str(), progress.c_str(), r.note.empty() ? "" : " | ",
+              r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -144,6 +163,11 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   print_fraction(log.jsonl, "hfu", r.hfu);
   std::fprintf(log.jsonl, ",\"mem_bytes\":%zu,\"mem_peak_bytes\":%zu", r.mem_bytes,
                r.mem_peak_bytes);
+  if (r.offload) {
+    std::fprintf(log.jsonl, ",\"host_bytes\":%zu,\"host_optimizer_ms\":%.3f", r.host_bytes,
+                 r.offload_stats.host_ms);
+    print_offload_json(log.jsonl, r.offload_stats);
+  }
   if (r.elapsed_s >= 0) std::fprintf(log.jsonl, ",\"elapsed_s\":%.3f", r.elapsed_s);
   if (!r.fp8.empty()) {
     std::fprintf(log.jsonl, ",\"fp8\":{");

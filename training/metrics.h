@@ -20,11 +20,14 @@
 #include "model/gpt.h"
 #include "model/moe.h"
 #include "parallel/comm.h"
+#include "parallel/offload.h"
 
 double model_flops_per_token(const GPTLayout& g);
 // `,"comm":{axis:{collective:{"calls":n,"bytes":n}...}...}`: the counters of the axes used, as
 // a step record of the metrics file (and the planner's JSON) holds them.
 void print_comm_json(FILE* f, const CommStats& st);
+// `,"offload":{"to_host_bytes":n,"to_device_bytes":n,"disk_read_bytes":n,"disk_write_bytes":n}`
+void print_offload_json(FILE* f, const OffloadStats& st);
 double hardware_flops_per_token(const GPTLayout& g, Recompute r);
 // Dense BF16 peak TFLOP/s of one device, from its name (H100 SXM/PCIe, H200, A100, B200), or the
 // override when > 0. 0 when unknown (the CPU, or an unlisted GPU): MFU is then reported as null.
@@ -34,7 +37,10 @@ struct StepReport {
   int step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
   double mfu = -1, hfu = -1;  // fractions; < 0 = unknown
-  size_t mem_bytes = 0, mem_peak_bytes = 0;
+  size_t mem_bytes = 0, mem_peak_bytes = 0;  // device memory in use now, and at most so far
+  bool offload = false;               // optimizer offload: the next two are reported
+  size_t host_bytes = 0;              // pinned host memory of the offloaded optimizer
+  OffloadStats offload_stats;         // the step's offload traffic and host optimizer time
   double elapsed_s = -1, eta_s = -1;  // wall time since the first step began, and the estimate
                                       // of the time left at the mean pace so far; < 0 = unknown
   std::string note;                   // appended to the step line ("attention flash")
@@ -53,11 +59,14 @@ struct RunInfo {
   size_t parameters = 0;       // N
   size_t state_bytes = 0;      // this rank's weights + gradients + optimizer state
   size_t activation_bytes = 0; // this rank's activations and backward scratch
+  size_t host_bytes = 0;       // optimizer offload: pinned host memory, and the file's bytes
+  size_t disk_bytes = 0;
   int world_size = 1;
   double flops_per_token = 0, peak_tflops = 0;
 };
 void metrics_run(MetricsLog& log, const RunInfo& info);
 // Prints the step line (rank 0) and appends the JSON object, with this step's communication.
-// The line: step k/n | loss | lr | norm | ms | tok/s | MFU (HFU) | mem | elapsed, time left.
+// The line: step k/n | loss | lr | norm | ms | tok/s | MFU (HFU) | mem (device) | with offload:
+// host memory and the host optimizer's time | elapsed, time left.
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
 void metrics_val(MetricsLog& log, int step, double val_loss);

@@ -4,7 +4,8 @@
 // so the update of one shard [lo, hi) is at most two fused AdamW launches: the part of the
 // shard inside the decayed range, with weight decay, and the rest, without. The padding past
 // the unit's end is zero with zero gradient and stays zero, so it is updated along with the
-// rest rather than skipped.
+// rest rather than skipped. Where the shard lives (device memory, or host memory and a file under
+// optimizer offload) and what follows the update (ZeRO-1/2's all-gather) are the store's.
 #include "training/optimizer.h"
 
 #include <algorithm>
@@ -26,18 +27,6 @@ float clip_factor(const TrainConfig& t, double grad_norm) {
   return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-// AdamW on elements [a, b) of unit u's shard coordinates (unit-relative indices).
-static void update_range(ParamStore& st, int u, size_t a, size_t b, const AdamWStep& step) {
-  if (a >= b) return;
-  UnitState& us = st.units[u];
-  const size_t i = a - us.shard_offset;
-  void* copy = store_needs_param_copy(st)
-                   ? (char*)store_param_copy(st, u) + i * dtype_size(st.dt)
-                   : nullptr;
-  ops::adamw_update(us.master + i, copy, us.grad + i, us.adam_m + i, us.adam_v + i, b - a, step,
-                    st.dt, st.compute);
-}
-
 void optimizer_step(ParamStore& st, const GPTLayout& layout, const TrainConfig& t, int step,
                     float lr, float grad_scale) {
   AdamWStep adam{lr, t.beta1, t.beta2, t.eps, t.weight_decay, grad_scale, step};
@@ -47,7 +36,10 @@ void optimizer_step(ParamStore& st, const GPTLayout& layout, const TrainConfig& 
     const UnitState& us = st.units[u];
     const size_t lo = us.shard_offset, hi = us.shard_offset + us.shard_numel;
     const size_t split = std::clamp(layout.units[u].decay_numel, lo, hi);
-    update_range(st, (int)u, lo, split, adam);
-    update_range(st, (int)u, split, hi, no_decay);
+    const ShardForUpdate shard = update_begin(st, (int)u);  // on the device or the host
+    shard_adamw(st, shard, lo, split, adam);
+    shard_adamw(st, shard, split, hi, no_decay);
+    update_end(st, (int)u);
   }
+  updates_done(st);  // ZeRO-1/2: the new weights gathered; offload: its files written
 }

@@ -11,6 +11,8 @@ float learning_rate(const TrainConfig& t, int step);
 // PyTorch's clip_grad_norm_: the factor the gradients are multiplied by (1 when not clipping).
 float clip_factor(const TrainConfig& t, double grad_norm);
 // AdamW on this rank's shard of every unit: decayed ranges with weight_decay, the rest without;
-// writes the compute-dtype working copy where the store keeps one.
+// writes the compute-dtype working copy where the store keeps one, and leaves the new weights
+// where the model reads them (ZeRO-1/2 gather them, offload copies them up). The planner runs it
+// too, dry: its collectives and copies are part of a step.
 void optimizer_step(ParamStore& store, const GPTLayout& layout, const TrainConfig& t, int step,
                     float lr, float grad_scale);

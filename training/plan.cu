@@ -12,7 +12,8 @@
 // model picks a balanced router in count-only mode, model/moe.cu), and time. The step time is a
 // device model ([plan]): the FLOPs at matmul_efficiency of the peak, slowed by the schedule's
 // bubble, plus the ring bytes of each group at the bandwidth of the link it spans (inside a node
-// or across nodes), none of it overlapped.
+// or across nodes) and optimizer offload's bytes over the host link and to the file ([plan]
+// pcie_gbs, nvme_gbs), none of it overlapped. The host AdamW's own time is not modelled.
 #include "training/plan.h"
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "parallel/param_store.h"
 #include "parallel/pipeline.h"
 #include "training/metrics.h"
+#include "training/optimizer.h"
 
 namespace {
 
@@ -44,7 +46,7 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   mesh_init(d.mesh, mesh_shape(c), world_rank, 0, CommBackend::Count);
   d.layout = gpt_layout(c.model, d.mesh);
   d.store.count_only = true;
-  const ShardingMode mode = c.parallel.fsdp ? ShardingMode::FSDP : ShardingMode::Replicated;
+  const ShardingMode mode = store_options(d.store, c);
   param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
                    dry, dry, ParamFill{});
   d.pipeline.count_only = true;
@@ -63,9 +65,13 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   const int B = c.train.micro_batch, T = c.model.seq_len, m = c.train.grad_accum;
   const int T_local = T / c.parallel.cp;
   comm_stats_reset(d.mesh.stats);
+  store_stats_reset(d.store);
   gpt_train_step(d.model, d.store, d.pipeline, {tokens, tokens, m, B, T_local},
                  1.0f / ((float)B * T * m * c.parallel.dp), 1.0f / ((float)B * T * m),
                  ops::dry_stream());
+  // the update: ZeRO-1/2's all-gathers and the offload's copies are part of the step (the norm,
+  // read back from the device, is not: a dry step has none; the factors do not change the bytes)
+  optimizer_step(d.store, d.layout, c.train, 1, c.train.lr, 1.0f);
   RankPlan r;
   const MeshCoords at = mesh_coords(d.mesh.shape, world_rank);
   r.rank = world_rank;
@@ -73,7 +79,10 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   r.state_bytes = d.store.state_memory.bytes;
   r.activation_bytes = d.model.memory.bytes;
   r.peak_bytes = r.state_bytes + r.activation_bytes + d.store.work_memory.bytes;
+  r.host_bytes = d.store.offload.memory.bytes;
+  r.disk_bytes = d.store.offload.disk_bytes;
   r.comm = d.mesh.stats;
+  r.offload = d.store.offload.stats;
   gpt_destroy(d.model);
   pipeline_destroy(d.pipeline);
   param_store_destroy(d.store);
@@ -111,6 +120,13 @@ double comm_ms(const Config& c, const CommStats& st) {
   return ms;
 }
 
+// Optimizer offload's transfers: the host link each way, and the file.
+double offload_ms(const Config& c, const OffloadStats& o) {
+  const double link = std::max(o.to_host_bytes, o.to_device_bytes) / (c.plan.pcie_gbs * 1e9);
+  const double disk = (double)(o.disk_read_bytes + o.disk_write_bytes) / (c.plan.nvme_gbs * 1e9);
+  return (link + disk) * 1e3;
+}
+
 // The step time and MFU from the device model, over rank 0's layout.
 void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
   DryRank d;  // rank 0's layout (its FLOPs), built like the others'
@@ -123,7 +139,7 @@ void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
   const double flops = hardware_flops_per_token(g, rc) * plan.tokens_per_step / world;
   plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
   plan.bubble = pipeline_simulate(sched, PipeCosts{}).bubble();  // at the nominal costs
-  plan.comm_ms = comm_ms(c, plan.ranks[0].comm);
+  plan.comm_ms = comm_ms(c, plan.ranks[0].comm) + offload_ms(c, plan.ranks[0].offload);
   plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
   plan.mfu = model_flops_per_token(g) * plan.tokens_per_step /
              (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
@@ -202,20 +218,30 @@ static double mib(size_t b) { return b / 1048576.0; }
 
 void plan_print(const Plan& plan, const Config& c, FILE* out) {
   const ParallelConfig& p = c.parallel;
-  std::fprintf(out, "plan     dp=%d%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
-               "tokens per step\n", p.dp, p.fsdp ? " FSDP" : "", p.pp, p.pp_schedule.c_str(),
-               p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "", p.ep, plan.ranks.size(),
-               plan.tokens_per_step);
-  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB\n");
+  const bool offload = c.train.optimizer_offload != "none";
+  std::fprintf(out, "plan     dp=%d %s%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
+               "tokens per step\n", p.dp, sharding_mode_name(sharding_mode(p.zero)),
+               offload ? (", optimizer offload " + c.train.optimizer_offload).c_str() : "", p.pp,
+               p.pp_schedule.c_str(), p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "",
+               p.ep, plan.ranks.size(), plan.tokens_per_step);
+  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB%s\n",
+               offload ? "   host MiB   disk MiB" : "");
   for (const RankPlan& r : plan.ranks) {
     if (r.dp_rank > 0 || r.cp_rank > 0) continue;  // the same as their dp x cp rank 0
-    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f\n", r.rank, r.dp_rank,
+    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f", r.rank, r.dp_rank,
                  r.pp_rank, r.cp_rank, r.tp_rank, mib(r.state_bytes), mib(r.activation_bytes),
                  mib(r.peak_bytes));
+    if (offload) std::fprintf(out, " %10.1f %10.1f", mib(r.host_bytes), mib(r.disk_bytes));
+    std::fprintf(out, "\n");
   }
   std::fprintf(out, "  communication per step on rank 0:\n");
   CommStats st = plan.ranks[0].comm;
   comm_stats_print(st, 1, out);
+  const OffloadStats& o = plan.ranks[0].offload;
+  if (offload)
+    std::fprintf(out, "    offload: %.1f MiB to the host, %.1f MiB to the device, %.1f MiB read "
+                 "from and %.1f MiB written to the file\n", mib(o.to_host_bytes),
+                 mib(o.to_device_bytes), mib(o.disk_read_bytes), mib(o.disk_write_bytes));
   std::fprintf(out, "  bubble %.1f%%, compute %.2f ms, communication %.2f ms (at [plan] bandwidths)"
                "\n  estimated step %.2f ms, MFU %.1f%% of %.0f TFLOP/s per GPU\n",
                100 * plan.bubble, plan.compute_ms, plan.comm_ms, plan.step_ms, 100 * plan.mfu,
@@ -231,10 +257,12 @@ std::string plan_write_json(const Plan& plan, const std::string& path) {
   for (size_t i = 0; i < plan.ranks.size(); i++) {
     const RankPlan& r = plan.ranks[i];
     std::fprintf(f, "%s{\"rank\":%d,\"dp_rank\":%d,\"pp_rank\":%d,\"cp_rank\":%d,\"tp_rank\":%d,"
-                 "\"state_bytes\":%zu,\"activation_bytes\":%zu,\"peak_bytes\":%zu", i ? "," : "",
-                 r.rank, r.dp_rank, r.pp_rank, r.cp_rank, r.tp_rank, r.state_bytes,
-                 r.activation_bytes, r.peak_bytes);
+                 "\"state_bytes\":%zu,\"activation_bytes\":%zu,\"peak_bytes\":%zu,"
+                 "\"host_bytes\":%zu,\"disk_bytes\":%zu", i ? "," : "", r.rank, r.dp_rank,
+                 r.pp_rank, r.cp_rank, r.tp_rank, r.state_bytes, r.activation_bytes, r.peak_bytes,
+                 r.host_bytes, r.disk_bytes);
     print_comm_json(f, r.comm);
+    print_offload_json(f, r.offload);
     std::fprintf(f, "}");
   }
   std::fprintf(f, "],\"bubble\":%.10g,\"compute_ms\":%.6g,\"comm_ms\":%.6g,\"step_ms\":%.6g,"
@@ -243,9 +271,27 @@ std::string plan_write_json(const Plan& plan, const std::string& path) {
   return std::fclose(f) == 0 ? "" : "cannot write " + path;
 }
 
+// The plan of c's layout at the first rung of the memory ladder that fits: c's own ZeRO stage
+// and offload, then each higher stage, then (without offload in c) offload to the host at stages
+// 1, 2, 3. c is left at that rung (or at the last one tried, which does not fit).
+static Plan plan_on_the_ladder(Config& c) {
+  std::vector<std::pair<int, std::string>> rungs = {{c.parallel.zero, c.train.optimizer_offload}};
+  for (int z = c.parallel.zero + 1; z <= 3; z++) rungs.push_back({z, c.train.optimizer_offload});
+  if (c.train.optimizer_offload == "none")
+    for (int z = 1; z <= 3; z++) rungs.push_back({z, "cpu"});
+  Plan plan;
+  for (const auto& [zero, offload] : rungs) {
+    c.parallel.zero = zero, c.parallel.fsdp = zero == 3, c.train.optimizer_offload = offload;
+    plan = plan_layout(c, PlanScope::Stages);
+    if (plan.does_not_fit.empty()) break;
+  }
+  return plan;
+}
+
 bool plan_search(const Config& cfg, int n, FILE* out) {
   struct Row {
-    int dp, pp, cp, tp, ep, accum;
+    int dp, pp, cp, tp, ep, accum, zero;
+    std::string offload;
     Plan plan;
   };
   std::vector<Row> rows;
@@ -268,8 +314,10 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
           c.parallel.ep = ep;
           // (a user's schedule file is written for one pp: other layouts refuse it)
           if (!layout_problems(c, n).empty() || !pipeline_config_problems(c).empty()) continue;
-          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum,
-                          plan_layout(c, PlanScope::Stages)});
+          Config rung = c;
+          Plan plan = plan_on_the_ladder(rung);
+          rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum, rung.parallel.zero,
+                          rung.train.optimizer_offload, plan});
         }
       }
   if (rows.empty()) {
@@ -282,16 +330,18 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
   });
   std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
                "fastest estimated step first:\n"
-               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB\n", n, global,
+               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB  zero  "
+               "offload\n", n, global,
                cfg.model.seq_len, cfg.train.micro_batch);
   bool any_fits = false;
   for (const Row& r : rows) {
     size_t peak = 0;
     for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f%s\n", r.dp, r.pp,
-                 r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu, 100 * r.plan.bubble,
-                 peak / 1073741824.0, r.plan.does_not_fit.empty() ? "" : "  does not fit");
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f %5d  %-4s%s\n",
+                 r.dp, r.pp, r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu,
+                 100 * r.plan.bubble, peak / 1073741824.0, r.zero, r.offload.c_str(),
+                 r.plan.does_not_fit.empty() ? "" : "  does not fit");
   }
   if (!any_fits)
     std::fprintf(out, "error: no layout of %d GPUs fits in [plan] memory_gib = %g per GPU\n", n,

@@ -1,10 +1,11 @@
 // training/plan.h - the layout planner: `./train config.toml --plan` (no MPI launch, no GPU).
 //
-// For the layout the config names (dp x pp x cp x tp, FSDP or not, the pipeline schedule), it
-// runs each rank's training step dry - the trainer's own setup and step over counting
+// For the layout the config names (dp x pp x cp x tp, the ZeRO stage and optimizer offload, the
+// pipeline schedule), it runs each rank's training step and optimizer step dry - the trainer's own setup and step over counting
 // collectives and counting allocators, every kernel a no-op (training/plan.cu) - so what it
-// reports per rank (state bytes, activation bytes, the communication of a step per axis and
-// collective) is what the trainer holds and sends, not a model of it; test/test_plan.py runs real
+// reports per rank (state bytes on the device and, with offload, on the host and on disk,
+// activation bytes, the communication of a step per axis and collective, the offload's bytes
+// over the host link and to the file) is what the trainer holds and sends, not a model of it; test/test_plan.py runs real
 // CPU layouts and requires them to be equal, exactly. Then a rough device model ([plan]) turns
 // FLOPs and bytes into a step time and an MFU.
 //
@@ -16,6 +17,7 @@
 
 #include "config/config.h"
 #include "parallel/comm.h"
+#include "parallel/offload.h"
 
 struct RankPlan {
   int rank = 0;
@@ -23,7 +25,10 @@ struct RankPlan {
   size_t state_bytes = 0;       // weights, gradients, Adam moments, working copy (as measured)
   size_t activation_bytes = 0;  // the model's activation buffers (as measured)
   size_t peak_bytes = 0;        // both, plus the store's working buffers (FSDP's full units)
+  size_t host_bytes = 0;        // optimizer offload: pinned host memory (as measured)
+  size_t disk_bytes = 0;        // optimizer offload to nvme: the rank's file
   CommStats comm{};             // per step, as the metrics count them
+  OffloadStats offload{};       // per step: host link and file bytes (host_ms not planned)
 };
 
 struct Plan {
@@ -45,8 +50,10 @@ void plan_print(const Plan& plan, const Config& cfg, FILE* out);
 // The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
 // "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or the problem.
 std::string plan_write_json(const Plan& plan, const std::string& path);
-// Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's fsdp,
-// schedule and grad_accum), best estimated step time first, those that do not fit marked.
+// Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's
+// schedule and grad_accum), best estimated step time first, those that do not fit marked. A
+// layout that does not fit at the config's ZeRO stage climbs the ladder: the higher stages, then
+// optimizer offload to the host at stages 1-3; the first rung that fits is listed.
 // Returns false (after printing why) when no layout of n GPUs is valid or none fits in memory.
 bool plan_search(const Config& cfg, int n, FILE* out);
 

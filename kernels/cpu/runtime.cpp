@@ -97,6 +97,22 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
   if (is_dry(s)) return;
   if (bytes) std::memcpy(dst, src, bytes);
 }
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (is_dry(s)) return;
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+// Host memory is the device's here: "pinned" is page-aligned (aligned file I/O needs it) and
+// zeroed, and not in the device counters.
+void* alloc_host_pinned(size_t bytes) {
+  const size_t total = round_up(bytes > 0 ? bytes : 1, 4096);
+  void* p = std::aligned_alloc(4096, total);
+  CHECK(p != nullptr, "out of host memory allocating %zu bytes of pinned memory", bytes);
+  std::memset(p, 0, total);
+  return p;
+}
+void release_host_pinned(void* p) { std::free(p); }
+
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
   if (is_dry(s)) return;
   if (bytes) std::memmove(dst, src, bytes);

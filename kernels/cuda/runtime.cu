@@ -12,10 +12,13 @@
 // - A stream owns a cudaStream_t (non-blocking), a cuBLASLt handle with a 32 MiB workspace, a
 //   scratch buffer for reductions that grows on demand, and the cuDNN handle that attention
 //   creates on first use (destroyed here, with the stream).
+// - Pinned host memory (alloc_host_pinned: cudaMallocHost) makes copy_to_host_async and
+//   copy_to_device_async real DMA transfers that overlap kernels (optimizer offload).
 // - Events are created with timing enabled; ranges go to NVTX3 (header-only, no library to link).
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -122,6 +125,29 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
   if (bytes == 0) return;
   // From pageable memory, CUDA copies src into a staging buffer before returning.
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
+}
+
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (is_dry(s)) return;
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream));
+}
+
+// Page-locked, so that the copies above are DMA transfers that overlap the kernels; zeroed like
+// the CPU backend's. cudaMallocHost(0) would hand back nullptr: one byte keeps it distinct.
+void* alloc_host_pinned(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes > 0 ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError();
+    FATAL("out of pinned host memory: cudaMallocHost of %zu bytes (%.1f MiB) failed", bytes,
+          (double)bytes / kMiB);
+  }
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void release_host_pinned(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {

@@ -7,9 +7,12 @@
 // so the bf16 tolerance only has to cover the GPU's own bf16 roundings. Backward is checked in
 // isolation: it gets the oracle's out (stored as dt) and lse, not the GPU forward's.
 // Tolerances (relative L2 error): fp32 1e-5 everywhere; bf16 1e-2 for out and dqkv, 1e-4 for lse
-// (fp32 math on exact bf16 inputs). dq and dk are analytically zero at T = 1, so dqkv is also
+// (fp32 math on exact bf16 inputs). lse errors are relative to at least 1 per value (harness.h,
+// check_close_floor): at T = 1 an lse is one dot product, which can cancel to nearly 0. dq and dk are analytically zero at T = 1, so dqkv is also
 // checked as a whole. The bf16 GPT-2 shape additionally checks that backward is bitwise
-// deterministic and prints kernel times.
+// deterministic and prints kernel times. On the emulator (GPU_TEST_EMULATED) the GPT-2 and head
+// size 128 shapes shrink, there are no timings, and "cudnn" may fall back (the emulator has no
+// cuDNN engine), which exercises the fallback path instead.
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -66,7 +69,8 @@ void expect_resolved(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl 
   const char* problem = nullptr;
   const bool cudnn_supported = dt == DType::BF16 && sh.HS % 8 == 0 && sh.HS <= 128;
   if (got == AttentionImpl::Auto) problem = "still auto after a call";
-  if (wanted == AttentionImpl::Cudnn && cudnn_supported && got != AttentionImpl::Cudnn)
+  if (wanted == AttentionImpl::Cudnn && cudnn_supported && got != AttentionImpl::Cudnn &&
+      !ctx.emulated)
     problem = "cuDNN could not run a shape it supports (see the warning above)";
   if (problem) {
     ctx.failures++;
@@ -133,8 +137,8 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
   std::string tag = std::string(impl_label(impl)) + "->" + ops::attention_impl_name(s);
   check_close(ctx, tag + " out", to_host(d.out, sh.out(), dt).data(), e.out.data(), sh.out(),
               f32 ? 1e-5 : 1e-2);
-  check_close(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(), e.lse.data(),
-              sh.lse(), f32 ? 1e-5 : 1e-4);
+  check_close_floor(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(),
+                    e.lse.data(), sh.lse(), f32 ? 1e-5 : 1e-4, 1.0);
   expect_resolved(ctx, sh, dt, impl, s->attention_forward_impl, tag + " forward");
 
   run_backward(d, sh, dt, s);
@@ -152,8 +156,8 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
     }
   }
 
-  if (extras) {
-    check_deterministic(ctx, d, sh, dt, s, tag);
+  if (extras) check_deterministic(ctx, d, sh, dt, s, tag);
+  if (extras && !ctx.emulated) {
     double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS / 2;
     report_time((tag + " forward").c_str(), fwd_flops, s, [&] {
       ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.HS, dt, s);
@@ -189,11 +193,13 @@ GPU_TEST(attention_ragged_tiles) {  // T not a multiple of any tile size, severa
     run_case(ctx, {1, 333, 3, 128}, dt);
   }
 }
-GPU_TEST(attention_gpt2) {
-  run_case(ctx, {4, 1024, 12, 64}, DType::F32);
-  run_case(ctx, {4, 1024, 12, 64}, DType::BF16, /*extras=*/true);
+GPU_TEST(attention_gpt2) {  // emulated: fewer sequences, heads and positions (still 4 query tiles)
+  const Shape sh = ctx.emulated ? Shape{1, 256, 2, 64} : Shape{4, 1024, 12, 64};
+  run_case(ctx, sh, DType::F32);
+  run_case(ctx, sh, DType::BF16, /*extras=*/true);
 }
 GPU_TEST(attention_head_size_128) {
-  run_case(ctx, {2, 512, 4, 128}, DType::F32);
-  run_case(ctx, {2, 512, 4, 128}, DType::BF16, /*extras=*/true);
+  const Shape sh = ctx.emulated ? Shape{1, 192, 2, 128} : Shape{2, 512, 4, 128};
+  run_case(ctx, sh, DType::F32);
+  run_case(ctx, sh, DType::BF16, /*extras=*/true);
 }

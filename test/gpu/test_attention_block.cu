@@ -10,9 +10,11 @@
 // oracle's out (stored as dt) and lse as the final ones, and dq, dkv start at random values
 // ("+="): the increments are compared. Tolerances (relative L2 error): out fp32 1e-5, bf16 1e-2
 // (one rounding to bf16 on either side); lse, dq, dk, dv 1e-5 in fp32 and 1e-4 in bf16 (fp32
-// math on exact inputs on both sides: these kernels use no tensor cores). dq and dk are zero at
+// math on exact inputs on both sides: these kernels use no tensor cores; lse relative to at least
+// 1 per value, since at T = 1 it is one dot product that can cancel to nearly 0). dq and dk are zero at
 // T = 1, so the three increments are also checked as one vector. The backward must be bitwise
-// deterministic (no atomics). One larger bf16 shape prints kernel times.
+// deterministic (no atomics). One larger bf16 shape prints kernel times (not on the emulator,
+// GPU_TEST_EMULATED).
 // copy_columns: every pair of fp32/bf16, the vector path (widths and strides multiples of 8) and
 // the scalar one, bitwise against ref::copy_columns over the whole destination (columns outside
 // the range must keep their values).
@@ -154,8 +156,8 @@ DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType d
   const bool f32 = dt == DType::F32;
   check_close(ctx, tag + " out", to_host(d.out, sh.rows() * sh.C(), dt).data(), e.out.data(),
               e.out.size(), f32 ? 1e-5 : 1e-2);
-  check_close(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(), e.lse.data(),
-              e.lse.size(), f32 ? 1e-5 : 1e-4);
+  check_close_floor(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(),
+                    e.lse.data(), e.lse.size(), f32 ? 1e-5 : 1e-4, 1.0);
   check_backward(ctx, d, e, sh, causal, dt, tag);
   return d;
 }
@@ -223,6 +225,10 @@ GPU_TEST(attention_block) {
 }
 
 GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 over cp = 4
+  if (ctx.emulated) {
+    std::printf("  skipped: timings mean nothing on the emulator\n");
+    return;
+  }
   const Shape sh{4, 512, 12, 64};
   const DType dt = DType::BF16;
   DeviceBuffers d = check_case(ctx, sh, false, dt, cpu_reference(ctx, sh, false, dt));

@@ -291,10 +291,11 @@ void check_bias_backward(TestContext& ctx, int N, int OC, DType dt) {
   for (void* p : {d_dout, d_dbias}) ops::release(p);
 }
 
-GPU_TEST(fp8_bias_backward) {
+GPU_TEST(fp8_bias_backward) {  // on the emulator the MLP's 4096 rows shrink to 512
   const int shapes[][2] = {{5, 3}, {37, 48}, {48, 37}, {1024, 768}, {4096, 3072}};
   for (DType dt : {DType::F32, DType::BF16})
-    for (auto& sh : shapes) check_bias_backward(ctx, sh[0], sh[1], dt);
+    for (auto& sh : shapes)
+      check_bias_backward(ctx, ctx.emulated && sh[0] > 1024 ? 512 : sh[0], sh[1], dt);
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ const Case kCases[] = {
 
 }  // namespace
 
-GPU_TEST(gelu) {
+GPU_TEST(gelu) {  // on the emulator without GPT-2's activation (1,000,003 has both paths)
   for (DType dt : {DType::F32, DType::BF16})
-    for (const Case& k : kCases) check_gelu(ctx, k, dt);
+    for (const Case& k : kCases)
+      if (!(ctx.emulated && k.n > 2000000)) check_gelu(ctx, k, dt);
 }

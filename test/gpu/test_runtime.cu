@@ -4,7 +4,8 @@
 // sizes asked for, copies against random bytes (odd sizes, unaligned offsets), fill_zero against
 // zeros, stream_scratch's growth and reuse, event ordering between two streams (a copy on one
 // stream that waits for a slow copy on the other must see its result), event timing against the
-// wall clock, and stream_destroy giving back all of a stream's memory.
+// wall clock, stream_destroy giving back all of a stream's memory, and pinned host memory with
+// its asynchronous copies.
 #include <chrono>
 #include <cstring>
 
@@ -75,6 +76,43 @@ GPU_TEST(runtime_copies) {
   expect(ctx, zeros, "fill_zero clears exactly its range");
   ops::release(d);
   ops::release(e);
+}
+
+// Pinned host memory and the asynchronous copies optimizer offload uses: zeroed, page-aligned,
+// outside memory_in_use; a device-to-host copy has landed once its event is synced, and a host-
+// to-device copy from pinned memory queued behind a slow copy lands in stream order.
+GPU_TEST(runtime_pinned_copies) {
+  const size_t n = 3 * 4096 + 17, before = ops::memory_in_use();
+  auto* pin = static_cast<unsigned char*>(ops::alloc_host_pinned(n));
+  bool zeroed = ((uintptr_t)pin % 4096) == 0;
+  for (size_t i = 0; i < n; i++) zeroed = zeroed && pin[i] == 0;
+  expect(ctx, zeroed && ops::memory_in_use() == before,
+         "alloc_host_pinned: page-aligned, zeroed, not device memory");
+  auto host = random_bytes(ctx, n);
+  auto* d = static_cast<unsigned char*>(ops::alloc(n));
+  ops::copy_to_device(d, host.data(), n);
+  ops::Event done = ops::event_create();
+  ops::copy_to_host_async(pin, d, n, ctx.stream);
+  ops::event_record(done, ctx.stream);
+  ops::event_sync(done);
+  expect(ctx, std::memcmp(pin, host.data(), n) == 0, "copy_to_host_async, then event_sync");
+
+  const size_t big = size_t(256) << 20;
+  void* slow_a = ops::alloc(big);
+  void* slow_b = ops::alloc(big);
+  ops::copy_on_device(slow_b, slow_a, big, ctx.stream);  // the copy below queues behind it
+  ops::copy_to_device_async(d, pin, n, ctx.stream);
+  ops::event_record(done, ctx.stream);
+  ops::event_sync(done);
+  std::vector<unsigned char> back(n);
+  ops::copy_to_host(back.data(), d, n);
+  expect(ctx, back == host, "copy_to_device_async from pinned memory");
+  ops::release(slow_a);
+  ops::release(slow_b);
+  ops::release(d);
+  ops::event_destroy(done);
+  ops::release_host_pinned(pin);
+  ops::release_host_pinned(nullptr);
 }
 
 GPU_TEST(runtime_stream_scratch) {

@@ -1,0 +1,97 @@
+# test/emu/emu.mk - build rules of the emulated CUDA tier (test/emu/README.md), included by the
+# Makefile. The CUDA backend's kernels (kernels/cuda/*.cu) and the GPU test programs
+# (test/gpu/*.cu) are compiled by g++ through the emulator: preprocessed with
+# test/emu/include/emu_cuda.h force-included, rewritten by test/emu/rewrite.cpp (launches,
+# __shared__, __launch_bounds__, inline PTX), compiled as C++ and linked with the emulated runtime
+# (test/emu/*.cpp), the library stand-ins of test/emu/libs.mk ($(EMU_STANDINS): cuBLASLt, NCCL,
+# cuDNN; cub is a header in test/emu/include) and the CPU backend as the oracle.
+#
+#   make emu-gpu-tests   build/emu/test_gpu: every test/gpu program, each launch run under the
+#                        forward and the reverse thread order with bitwise-equal results
+#   make emu-asan-tests  build/emu-asan/test_gpu under AddressSanitizer (and the alignment
+#                        sanitizer: a misaligned vector access faults on a GPU), on the kernels
+#                        that use shared memory or vector paths (test/emu/run_emu_tests.sh asan)
+#   make emu-self-tests  the emulator's own tests (test/emu/test_emu*.cu, negative builds)
+#   make emu-tests       all three
+
+EMU_DIR      := $(BUILD)/emu
+EMU_ASAN_DIR := $(BUILD)/emu-asan
+EMU_CUDA_INC := -isystem $(CUDA_HOME)/include
+
+# Preprocessing a kernel source: the emulator's header first, test/emu/include ahead of the CUDA
+# headers (its cub/cub.cuh stands in for cub), the CUDA headers as system headers.
+EMU_CPPFLAGS := -std=c++17 -fopenmp -I. -Itest/emu/include $(EMU_CUDA_INC) $(MPI_CFLAGS) \
+                -DGPT5D_EMULATED_CUDA -include test/emu/include/emu_cuda.h
+# Compiling: no floating-point contraction (a * b + c stays two roundings, as the CPU backend
+# computes), the nvcc-only pragmas (#pragma unroll) ignored.
+EMU_OPT      ?= -O2
+EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fopenmp -ffp-contract=off -fno-strict-aliasing -Wall \
+                -Wno-unknown-pragmas -Wno-sign-compare \
+                -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable
+EMU_ASAN     := -fsanitize=address,alignment -fno-sanitize-recover=alignment -fno-omit-frame-pointer
+# The emulator itself (plain C++, not rewritten).
+EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wall -Wextra \
+                -Wno-unused-parameter -I. $(EMU_CUDA_INC)
+
+EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
+                   test/emu/runtime.cpp test/emu/shared.cpp test/emu/warps.cpp
+EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
+
+emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))
+asan_obj = $(patsubst %,$(EMU_ASAN_DIR)/obj/%.o,$(1))
+
+$(EMU_DIR)/rewrite: test/emu/rewrite.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -Wall -o $@ $<
+
+# A CUDA source through the emulator: preprocess (with its dependency file), rewrite, compile.
+$(EMU_DIR)/obj/%.o: % $(EMU_DIR)/rewrite
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CPPFLAGS) -x c++ -E -MMD -MP -MF $(@:.o=.d) -MT $@ $< -o $(@:.o=.ii)
+	$(EMU_DIR)/rewrite $(@:.o=.ii) $(@:.o=.rw.ii)
+	$(CXX) $(EMU_CXXFLAGS) -c $(@:.o=.rw.ii) -o $@
+$(EMU_ASAN_DIR)/obj/%.o: % $(EMU_DIR)/rewrite
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CPPFLAGS) $(EMU_ASAN) -x c++ -E -MMD -MP -MF $(@:.o=.d) -MT $@ $< -o $(@:.o=.ii)
+	$(EMU_DIR)/rewrite $(@:.o=.ii) $(@:.o=.rw.ii)
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_ASAN) -O1 -c $(@:.o=.rw.ii) -o $@
+
+# The emulator's runtime, and the library stand-ins, as plain C++.
+$(EMU_DIR)/lib/%.o: %
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_LIBFLAGS) -c $< -o $@
+$(EMU_ASAN_DIR)/lib/%.o: %
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_LIBFLAGS) $(EMU_ASAN) -O1 -c $< -o $@
+
+EMU_REF_OBJ := $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) \
+               $(call obj,host,kernels/common.cpp kernels/host_adamw.cpp parallel/expert_dispatch_plan.cu)
+
+# test/gpu as one program, as $(BUILD)/test_gpu, with the CUDA backend emulated.
+$(EMU_DIR)/test_gpu: $(call emu_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
+                     $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
+	$(CXX) -o $@ $^ $(LDLIBS)
+$(EMU_ASAN_DIR)/test_gpu: $(call asan_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
+                          $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
+	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
+
+# The emulator's own tests: kernels written to probe it, compiled through it (also under
+# AddressSanitizer, where an index past a __shared__ array must be reported).
+EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu
+$(EMU_DIR)/test_emu: $(call emu_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
+                     $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
+	$(CXX) -o $@ $^ $(LDLIBS)
+$(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
+                          $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
+	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
+
+.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests
+emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
+emu-gpu-tests: $(EMU_DIR)/test_gpu
+	test/emu/run_emu_tests.sh gpu $(EMU_DIR)/test_gpu
+emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
+	test/emu/run_emu_tests.sh asan $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
+emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
+	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
+
+# (Dependency files: the Makefile includes every .d under $(BUILD).)
