@@ -293,7 +293,8 @@ static void print_bubble(Run& r) {
               100.0 * rep.bubble_formula);
   if (!rep.timeline.empty())
     std::printf("pipeline timeline of the last step (F/B/W: forward, backward, weight pass of "
-                "micro-batch 0-f; f/b/w: later chunks):\n%s", rep.timeline.c_str());
+                "micro-batch 0-f; f/b/w: later chunks):\n%s%s", rep.timeline.c_str(),
+                rep.actions.c_str());
   std::fflush(stdout);
 }
 

@@ -61,6 +61,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "kernels/common.h"
@@ -325,6 +326,20 @@ static std::string draw_rank(const std::vector<double>& t, int n, double span, i
   return line;
 }
 
+// The same actions as numbers, for whoever checks the drawing or the bubbles: each as its op
+// letter (F, B, W), micro-batch, '.', chunk, '@', start and end in ms from the rank's own start.
+static std::string list_rank(const std::vector<double>& t, int n) {
+  std::string out;
+  char buf[96];
+  for (int k = 0; k < n; k++) {
+    const double* a = &t[5 * k];
+    std::snprintf(buf, sizeof(buf), " %c%d.%d@%.6f-%.6f", "FBW"[(int)a[0]], (int)a[1], (int)a[2],
+                  a[3], a[4]);
+    out += buf;
+  }
+  return out;
+}
+
 PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
   const PipelineSchedule& sch = pl.schedule;
   const int p = sch.p, n = (int)pl.timing.size();
@@ -362,6 +377,7 @@ PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
                                   all.begin() + 5 * (size_t)(r + 1) * n);
       rep.timeline += "pp rank " + std::to_string(r) + " |" + draw_rank(t, n, rep.span_ms, width) +
                       "|\n";
+      rep.actions += "pp rank " + std::to_string(r) + " actions:" + list_rank(t, n) + "\n";
     }
   return rep;
 }

@@ -74,13 +74,15 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
 // pp group (on every rank); the bubble the simulator predicts from the measured durations of
 // every action (what the schedule would give if the ranks waited only for each other: ranks
 // that share cores, or communication, make the measured one larger); and the schedule's formula.
-// With `timeline`, also an ASCII picture of the step, one line per rank, `width` columns.
+// With `timeline`, also an ASCII picture of the step, one line per rank, `width` columns, and
+// the actions it draws with their times.
 struct PipelineReport {
   std::vector<double> busy_ms;  // per pp rank: time spent in compute actions
   double span_ms = 0;           // first action's start to the last one's end, over the ranks
   double bubble = 0;            // 1 - mean busy / span
   double bubble_predicted = 0;  // the simulator's, from the measured durations (rendezvous)
   double bubble_formula = 0;    // the schedule's at equal costs (pipeline_schedule_bubble)
-  std::string timeline;
+  std::string timeline;  // one line per rank, drawn (when asked for)
+  std::string actions;   // one line per rank: each compute action, its start and end (ditto)
 };
 PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width = 96);

@@ -17,9 +17,12 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8 within 1e-5.
 4. Checkpoints reshard across pp: a dp2 x pp2 FSDP save at step 10 resumed on one rank, and a
    one-rank save resumed at pp4 x tp2 (np = 8), continue within 1e-5 of the uninterrupted runs.
-5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline): one line per pp
-   rank holding each of its m forwards and m backwards (and m weight passes for zb-h1), and the
-   bubble the simulator predicts from the measured durations.
+5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline), 1f1b and zb-h1 at
+   pp = 2, m = 4, checked on what machine load cannot change (the durations are wall-clock): each
+   rank's listed actions in the schedule's order (built here independently), one after the other;
+   the measured bubble recomputed from the listed times; the predicted bubble against a
+   simulation here of the listed durations (equal for 1f1b, at least it for zb-h1); the formula;
+   every action drawn, in order, with its micro-batch where it has room.
 6. Refused before any work: n_layer not a multiple of pp (the pipeline-schedule rules of
    [parallel] pp_schedule and pp_virtual are checked in test_distributed.py); a zero-bubble
    schedule with recompute; pp_layers that do not sum to n_layer, or given with pp_balance =
@@ -192,10 +195,24 @@ def test_uneven_stages(tmp):
                  banner.group(0) if banner else "no stages line")
 
 
-def test_file_schedule(tmp):
-    m, B, p = 4, 2, 2
-    lines = ["# zb-h1 for pp = 2, m = 4, written by hand", "order,loop"]
-    for r in range(p):  # warm-up p-r-1 forwards, then F/B pairs with W r micro-batches late
+def one_f_one_b_lists(p, m):
+    """1f1b's compute order per rank, [(op, micro)]: p-r-1 forwards of warm-up, then a forward
+    and a backward at a time, then the backwards left."""
+    lists = []
+    for r in range(p):
+        w = min(p - r - 1, m)
+        ops = [("F", k) for k in range(w)]
+        for k in range(m - w):
+            ops += [("F", w + k), ("B", k)]
+        lists.append(ops + [("B", k) for k in range(m - w, m)])
+    return lists
+
+
+def zb_h1_lists(p, m):
+    """zb-h1's compute order per rank (Qi et al. 2023), [(op, micro)]: 1f1b's warm-up, then F/B
+    pairs with each W r micro-batches after its B, then the W's left."""
+    lists = []
+    for r in range(p):
         ops, w_done = [("F", k) for k in range(p - r - 1)], 0
         for k in range(m - (p - r - 1)):
             ops += [("F", p - r - 1 + k), ("B", k)]
@@ -207,7 +224,14 @@ def test_file_schedule(tmp):
             if k - w_done >= r:
                 ops.append(("W", w_done))
                 w_done += 1
-        ops += [("W", k) for k in range(w_done, m)]
+        lists.append(ops + [("W", k) for k in range(w_done, m)])
+    return lists
+
+
+def test_file_schedule(tmp):
+    m, B, p = 4, 2, 2
+    lines = ["# zb-h1 for pp = 2, m = 4, written by hand", "order,loop"]
+    for r, ops in enumerate(zb_h1_lists(p, m)):
         lines += [f"{r},{op},{i},0" for op, i in ops]
     path = os.path.join(tmp, "zb.csv")
     with open(path, "w") as f:
@@ -297,20 +321,86 @@ def test_checkpoints(tmp):
                  f"steps 11-20 max rel err {r:.2e} vs the uninterrupted run")
 
 
-def test_timeline(tmp):
-    p, m = 2, 4
-    _, _, _, out = train(tmp, "timeline", 4, m, 2, pp=p, extra=["--log.pipeline_timeline=true"])
+def simulated_bubble(lists, durations):
+    """The bubble (%) of p ranks running their lists with the given durations, each compute
+    starting once its rank is free and its input is there (a forward needs the previous rank's
+    forward of the micro-batch, a backward the next rank's backward; W its own B, before it in the
+    list), communication free: one stage per rank, the longest path through the step."""
+    p = len(lists)
+    done, clock, pc = {}, [0.0] * p, [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pc[r] < len(lists[r]):
+                op, i = lists[r][pc[r]]
+                dep = ("F", i, r - 1) if op == "F" and r > 0 else \
+                      ("B", i, r + 1) if op == "B" and r < p - 1 else None
+                if dep is not None and dep not in done:
+                    break
+                clock[r] = max(clock[r], done.get(dep, 0.0)) + durations[r][pc[r]]
+                done[(op, i, r)] = clock[r]
+                pc[r], progress = pc[r] + 1, True
+    return 100.0 * (1 - sum(map(sum, durations)) / p / max(clock))
+
+
+def check_timeline(schedule, p, m, out, want_lists, formula, exact):
+    """The report of one step, against its own numbers: the timings of each rank's actions are
+    wall-clock (on a loaded machine anything from 1 to 100 ms, ranks on shared cores), so what is
+    checked is what load cannot change - each rank's actions in its schedule's order, one after
+    the other; the measured bubble recomputed from the listed times; the predicted one against an
+    independent simulation of the listed durations; the formula; the drawing holding every
+    action, in order. The trainer predicts under rendezvous (a send waits for its receive), the
+    simulation here lets sends complete at once: that is never slower, and the same when every
+    send is posted with the receive its rank needs next (`exact`: 1f1b at p = 2, where each
+    exchange pairs a send with the receive of the next input); in zb-h1 a rank may wait in a send
+    where buffered it would have run a W, so there the prediction is at least the simulation's."""
+    what = f"pp={p} {schedule} m={m} measured bubble and timeline"
     report = re.search(r"bubble ([\d.]+)% measured, ([\d.]+)% predicted from the measured "
                        r"durations, ([\d.]+)% by the formula", out)
-    lines = re.findall(r"^pp rank (\d) \|([^|]*)\|$", out, re.M)
-    formula = 100.0 * (p - 1) / (m + p - 1)
-    ok = (report is not None and abs(float(report.group(3)) - formula) < 0.05 and
-          0 <= float(report.group(2)) < 100 and
-          len(lines) == p and all(line.count("F") == m and line.count("B") == m
-                                  for _, line in lines))
-    checks.check("measured bubble and timeline", ok,
-                 (report.group(0) if report else "no bubble line") +
-                 f"; {len(lines)} timeline lines")
+    drawn = dict(re.findall(r"^pp rank (\d) \|([^|]*)\|$", out, re.M))
+    listed = dict(re.findall(r"^pp rank (\d) actions:(.*)$", out, re.M))
+    acts = [[(a[0], int(a[1]), int(a[2]), float(a[3]), float(a[4]))
+             for a in re.findall(r"([FBW])(\d+)\.(\d+)@([\d.]+)-([\d.]+)", listed.get(str(r), ""))]
+            for r in range(p)]
+    if report is None or len(drawn) != p:
+        return checks.check(what, False, "no bubble line or timeline")
+    order = [[(op, i) for op, i, _, _, _ in a] for a in acts]
+    in_turn = all(0 <= a[3] <= a[4] and (k == 0 or rank[k - 1][4] <= a[3])
+                  for rank in acts for k, a in enumerate(rank))
+    checks.check(f"{what}: every rank's actions in the schedule's order, one after the other",
+                 order == want_lists and in_turn, f"{order} vs {want_lists}")
+    durations = [[a[4] - a[3] for a in rank] for rank in acts]
+    span = max(rank[-1][4] for rank in acts)
+    # bubbles printed to 0.1%, times to 1 ns: each duration off by up to 1e-6 ms
+    tol = 0.051 + 100.0 * 1e-6 * sum(map(len, acts)) / span
+    measured = 100.0 * (1 - sum(map(sum, durations)) / p / span)
+    predicted = simulated_bubble(want_lists, durations)
+    got = float(report.group(2))
+    checks.check(f"{what}: bubbles", abs(float(report.group(1)) - measured) < tol and
+                 (abs(got - predicted) < tol if exact else got > predicted - tol) and
+                 abs(float(report.group(3)) - formula) < 0.051,
+                 f"{report.group(0)}; recomputed {measured:.2f}% measured, {predicted:.2f}% "
+                 f"predicted{'' if exact else ' at least'}, {formula:.2f}% formula "
+                 f"(tolerance {tol:.3f})")
+    letters = ["".join(c for c in drawn[str(r)] if c in "FBW") for r in range(p)]
+    digits = [re.findall(r"([FBW])([0-9a-f]?)", drawn[str(r)]) for r in range(p)]
+    checks.check(f"{what}: the drawing holds every action in order, with its micro-batch where "
+                 "it has room", letters == ["".join(op for op, _ in w) for w in want_lists] and
+                 all(d == "" or int(d, 16) == i % 16 for r in range(p)
+                     for (_, d), (_, i) in zip(digits[r], want_lists[r])),
+                 " / ".join(drawn[str(r)] for r in range(p)))
+
+
+def test_timeline(tmp):
+    p, m = 2, 4
+    zb_h1 = 100.0 * (1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1))
+    for schedule, lists, formula, exact in (
+            ("1f1b", one_f_one_b_lists(p, m), 100.0 * (p - 1) / (m + p - 1), True),
+            ("zb-h1", zb_h1_lists(p, m), zb_h1, False)):
+        _, _, _, out = train(tmp, f"timeline_{schedule}", 4, m, 2, pp=p, schedule=schedule,
+                             extra=["--log.pipeline_timeline=true"])
+        check_timeline(schedule, p, m, out, lists, formula, exact)
 
 
 def test_refused(tmp):
