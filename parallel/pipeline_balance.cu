@@ -23,6 +23,13 @@
 // share that slowest time when the ends are costly (the others need not be even), so a second
 // pass picks, among the splits whose every stage is within it, the one with the least sum of
 // squared stage times: the most even.
+//
+// With v > 1 chunks per rank this balances the stages, not the ranks: a rank's pace is the sum of
+// its v chunks, and which stages share a rank depends on the order (loop: s, s+p, ...; V: r and
+// 2p-1-r, both ends of the model on rank 0). GPT-2 124M at pp = 4, v = 2 gets blocks
+// 1,1,1,2,2,2,2,1: interleaved, rank 3 holds stages 3 and 7, three blocks and the head, where
+// two and the head would do. Balancing ranks couples stages far apart in model order (no longer
+// this one-dimensional DP); not done: set pp_layers for such layouts.
 #include "parallel/pipeline_balance.h"
 
 #include <algorithm>

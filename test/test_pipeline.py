@@ -31,8 +31,9 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
 7. The zero-bubble schedules (the backward split into B and W), interleaving at pp = 2 and user
    schedules, within 1e-6 relative of the one-rank run (losses, gradient norms, validation loss;
    the same samples): zb-h1 at pp = 2 (m = 1, 4) and 4 (m = 2, 8); zb-v at pp = 2 (m = 1, 3, 4)
-   and 4 (L = 8, m = 4, 8); interleaved at pp = 2 (m = 2, 4); with dp2 FSDP, dp2 DDP, tp2 with
-   SP, cp2, MoE (dp2 x ep2), fp8 (within 1e-2 of the one-rank fp8 run, as above); uneven stages
+   and 4 (L = 8, m = 4, 8); interleaved at pp = 2 (m = 2, 4, and with dp2 FSDP); with dp2 FSDP,
+   DDP, ZeRO-1 and -2 (the weight pass W releases the gradients the stage reduces), tp2 with SP,
+   cp2 (zb-h1 and zb-v), MoE (dp2 x ep2), fp8 (within 1e-2 of the one-rank fp8 run, as above); uneven stages
    (pp_layers [1, 3] with 1f1b and zb-h1; L = 6, [2, 1, 1, 2] with zb-v and interleaved);
    pp_balance = "auto" on a 4096-token vocabulary (the head moves the last stage's blocks to the
    first: blocks 3,1); a zb-h1 schedule written to a file; message counts per step on every
@@ -92,7 +93,7 @@ def expected_comm(p, v, m, B, dp=1, tp=1, sp=True, fsdp=False, dtype_bytes=4, ra
 
 def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, fsdp=False,
           dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1, ep=1, moe=None, layers=None,
-          balance="equal", vocab=V):
+          balance="equal", vocab=V, zero=None):
     """moe: [model] keys of a mixture of experts (n_experts, top_k, ...), or None: dense.
     layers: [parallel] pp_layers, or None (balance: pp_balance). vocab: [model] vocab_size (the
     data's tokens are all below V)."""
@@ -108,6 +109,8 @@ def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, f
                        "pp_schedule": schedule, "pp_virtual": v, "pp_balance": balance}
     if layers:
         sec["parallel"]["pp_layers"] = layers
+    if zero is not None:
+        sec["parallel"]["zero"] = zero
     sec["precision"] = {"compute": dtype}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     sec["log"].update({"sample_every": steps, "sample_tokens": 8, "check_tied": pp > 1})
@@ -158,8 +161,12 @@ def test_split_with_other_axes(tmp):
     ref = reference(tmp, L, m, B)
     runs = [("dp2 x pp2 zb-h1 FSDP", dict(dp=2, fsdp=True, schedule="zb-h1")),
             ("dp2 x pp2 zb-v DDP", dict(dp=2, schedule="zb-v", v=2)),
+            ("dp2 x pp2 zb-v ZeRO-2", dict(dp=2, schedule="zb-v", v=2, zero=2)),
+            ("dp2 x pp2 zb-h1 ZeRO-1", dict(dp=2, schedule="zb-h1", zero=1)),
             ("tp2 x pp2 zb-v sp", dict(tp=2, schedule="zb-v", v=2)),
-            ("cp2 x pp2 zb-h1", dict(cp=2, schedule="zb-h1"))]
+            ("cp2 x pp2 zb-h1", dict(cp=2, schedule="zb-h1")),
+            ("cp2 x pp2 zb-v", dict(cp=2, schedule="zb-v", v=2)),
+            ("dp2 x pp2 interleaved FSDP", dict(dp=2, fsdp=True, schedule="interleaved", v=2))]
     for what, kw in runs:
         got = train(tmp, what.replace(" ", "_"), L, m, B // kw.get("dp", 1), pp=2, **kw)
         compare_runs(checks, what, got, ref, tol=1e-6)

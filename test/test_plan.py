@@ -11,7 +11,8 @@ on the routing: calls exact, bytes within 25% of the plan's balanced estimate); 
 schedules, whose backward is split into B and W (the weight passes' buffers, the LayerNorm
 scratch, the MoE layers' kept gradients, the extra all-gathers of sequence parallelism, the
 slots held until W): pp2 zb-h1 over 4 micro-batches, dp2 x pp2 zb-v FSDP over 3, tp2 (SP) x pp2
-zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed; pp2 interleaved over 2 chunks;
+zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed, dp2 x pp2 zb-h1 ZeRO-2 over 3;
+pp2 interleaved over 2 chunks;
 pp2 1f1b with uneven stages (pp_layers = [1, 3]). For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); the
@@ -71,6 +72,8 @@ LAYOUTS = [
     ("pp2 interleaved v2 m2", {"pp": 2, "pp_schedule": "interleaved", "pp_virtual": 2},
      {"train": {"grad_accum": 2}}),
     ("pp2 1f1b pp_layers [1, 3]", {"pp": 2, "pp_layers": [1, 3]}, {"train": {"grad_accum": 2}}),
+    ("dp2 x pp2 zb-h1 ZeRO-2 m3", {"dp": 2, "pp": 2, "pp_schedule": "zb-h1", "zero": 2},
+     {"train": {"grad_accum": 3}}),
     ("dp2 ZeRO-1 bf16", {"dp": 2, "zero": 1}, {"precision": {"compute": "bf16"}}),
     ("dp2 ZeRO-2 grad_accum 2 offload cpu", {"dp": 2, "zero": 2},
      {"train": {"grad_accum": 2, "optimizer_offload": "cpu"}}),
