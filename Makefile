@@ -154,6 +154,12 @@ $(BUILD)/cuda_test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
     $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(CUDA_OBJ) $(NCCL_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
+# test_fp8_sites on the CUDA backend: every FP8 linear call of a step (cuBLASLt's FP8 GEMMs, the
+# cast and amax kernels) against float64 (test/run_gpu.sh fp8).
+$(BUILD)/cuda_test_fp8_sites: $(BUILD)/host/test/test_fp8_sites.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(CUDA_OBJ) $(NCCL_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
 # The kernel benchmark: plain C++ over the seam (bench/*.cu hold no device code), so it links with
 # either backend; the CPU build is its smoke test on machines without a GPU (--quick).
 BENCH_OBJ := $(call obj,host,$(wildcard bench/*.cu) kernels/common.cpp)
@@ -166,7 +172,7 @@ $(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/
 $(BUILD)/test_gpu: $(call obj,host,parallel/expert_dispatch_plan.cu)
 
 GPU_PROGRAMS := $(BUILD)/test_gpu $(BUILD)/test_model_grads $(BUILD)/cuda_test_model_grads \
-                $(BUILD)/bench_kernels $(BUILD)/test_cudnn_graph
+                $(BUILD)/cuda_test_fp8_sites $(BUILD)/bench_kernels $(BUILD)/test_cudnn_graph
 .PHONY: gpu-programs
 gpu-programs: all $(GPU_PROGRAMS)
 test-gpu: $(GPU_PROGRAMS)

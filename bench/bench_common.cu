@@ -174,7 +174,7 @@ void write_tsv(const Bench& b, const std::string& path) {
   CHECK(f, "cannot write %s", path.c_str());
   std::fprintf(f, "section\tname\tshape\tms\trate\tunit\tpercent\ttarget\tverdict\n");
   for (const BenchRow& r : b.rows)
-    std::fprintf(f, "%s\t%s\t%s\t%.6f\t%.3f\t%s\t%.2f\t%s\t%s\n", r.section.c_str(),
+    std::fprintf(f, "%s\t%s\t%s\t%.9g\t%.9g\t%s\t%.9g\t%s\t%s\n", r.section.c_str(),
                  r.name.c_str(), r.shape.c_str(), r.ms, r.rate, r.unit.c_str(), r.percent,
                  r.target.c_str(), r.verdict.c_str());
   std::fclose(f);

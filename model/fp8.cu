@@ -34,9 +34,20 @@ static void rescale(const Fp8Context& f, const Fp8Scaling& sc, const void* x, si
                         fp8_format(fp8).max_finite, f.recipe.margin, s);
 }
 
+// Tells the test's observer (if any) about a call, before and after it.
+static void observe(const Fp8Context& f, Fp8Call call, bool after) {
+  call.after = after;
+  if (f.observer) f.observer(f, call, f.observer_user);
+}
+
 void fp8_linear_forward(Fp8Context& f, int site, void* out, void* pre_gelu, const void* inp,
                         const void* weight, const void* bias, const void* residual, int N, int C,
                         int OC, ops::Stream s) {
+  Fp8Call call;
+  call.site = site, call.out = out, call.pre_gelu = pre_gelu, call.inp = inp;
+  call.weight = weight, call.bias = bias, call.residual = residual;
+  call.N = N, call.C = C, call.OC = OC, call.stream = s;
+  observe(f, call, false);
   const Fp8Linear& L = f.linears[site];
   rescale(f, L.input, inp, (size_t)N * C, DType::E4M3, s);
   rescale(f, L.weight, weight, (size_t)OC * C, DType::E4M3, s);
@@ -47,12 +58,19 @@ void fp8_linear_forward(Fp8Context& f, int site, void* out, void* pre_gelu, cons
                 L.input.scale_inv(), L.weight.scale_inv(), s);
   ops::add_bias_residual(y, y, bias, residual, N, OC, DType::BF16, s);
   if (pre_gelu) ops::gelu_forward(out, pre_gelu, (size_t)N * OC, DType::BF16, s);
+  observe(f, call, true);
 }
 
 void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, float* dbias,
                          const void* dout, const void* inp, const void* weight,
                          const void* gelu_input, int N, int C, int OC, ops::Stream s,
                          GradPart part) {
+  Fp8Call call;
+  call.site = site, call.backward = true, call.part = part, call.dinp = dinp;
+  call.dweight = dweight, call.dbias = dbias, call.dout = dout, call.inp = inp;
+  call.weight = weight, call.gelu_input = gelu_input, call.N = N, call.C = C, call.OC = OC;
+  call.stream = s;
+  observe(f, call, false);
   const Fp8Linear& L = f.linears[site];
   const bool input = part != GradPart::Weight, weights = part != GradPart::Input;
   // The weight pass alone scales the gradient with grad_w (model/fp8.h).
@@ -74,6 +92,7 @@ void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, fl
     ops::gemm_fp8(dweight, DType::F32, true, f.g8t, DType::E5M2, f.x8t, DType::E4M3, OC, C, N,
                   grad.scale_inv(), L.input_bwd.scale_inv(), s);
   if (weights && dbias) ops::bias_backward(dbias, dout, N, OC, DType::BF16, s);
+  observe(f, call, true);
 }
 
 std::vector<Fp8Snapshot> fp8_snapshot(const Fp8Context& f, const std::vector<int>& sites) {

@@ -77,8 +77,28 @@ struct Fp8Linear {
   Fp8Scaling grad_w;               // E5M2: the gradient again, for a weight pass run apart
 };
 
+// One FP8 linear call as a test sees it (test/test_fp8_sites.cpp checks every call of a model's
+// step against float64): the arguments of fp8_linear_forward or fp8_linear_backward, once before
+// the call (the inputs intact, even those the call overwrites) and once after (the outputs).
+struct Fp8Call {
+  int site = 0;
+  bool backward = false, after = false;
+  void *out = nullptr, *pre_gelu = nullptr;                      // forward
+  const void *inp = nullptr, *weight = nullptr, *bias = nullptr, *residual = nullptr;
+  GradPart part = GradPart::Both;                                // backward: which GEMMs run
+  void* dinp = nullptr;
+  float *dweight = nullptr, *dbias = nullptr;
+  const void *dout = nullptr, *gelu_input = nullptr;
+  int N = 0, C = 0, OC = 0;
+  ops::Stream stream = nullptr;
+};
+struct Fp8Context;
+using Fp8Observer = void (*)(const Fp8Context& f, const Fp8Call& call, void* user);
+
 struct Fp8Context {
   Fp8Recipe recipe;
+  Fp8Observer observer = nullptr;  // tests only: called around every linear call, else null
+  void* observer_user = nullptr;
   std::vector<Fp8Linear> linears;
   std::vector<std::string> names;  // per linear, for the metrics
   // FP8 copies of the operands of the GEMM in flight, and their transposes

@@ -3,9 +3,11 @@
 A tiny GPT (L = 2, 2 heads, C = 32, T = 16), 20 steps at lr 1e-3, global batch 4 sequences; the
 one-rank run with the same batch is the reference.
 1. cp = 2 and 4 from random init and from an llm.c model file: per-step losses and gradient
-   norms within 1e-5 relative, the validation loss within 1e-5, the sampled tokens identical
-   (the cp rank holding the last position samples); bf16 at cp = 2 within 1e-2 of one-rank bf16.
-2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2: within 1e-5 (every
+   norms within 3e-6 relative, the validation loss within 3e-6, the sampled tokens identical
+   (the cp rank holding the last position samples); bf16 at cp = 2 against one-rank bf16:
+   losses within 8e-4, gradient norms within 2e-2, about 10x the worst of 6 seeds (7.9e-5,
+   1.9e-3: attention's blocks are merged in another order and rounded to bf16).
+2. dp2 x cp2 with FSDP, tp2 x cp2 with sequence parallelism, pp2 x cp2: within 3e-6 (every
    axis at once: test_matrix.py).
 3. Communication per step on rank 0 equals the analytic ring exactly: on the cp axis, per layer,
    cp-1 transfers of K, V forward, cp-1 again backward and cp of dK, dV (fp32); the dense
@@ -28,6 +30,9 @@ from trainer import (Checks, base_sections, check_refused, compare_runs,  # noqa
 checks = Checks("test_context_parallel")
 L, NH, C, T, V = 2, 2, 32, 16, 101
 GLOBAL_ROWS, STEPS = 4, 20
+# Layouts against the one-rank run (1. and 2.): fp32 sums in another order only; measured <= 2.7e-7
+# (losses, norms, validation loss) over 2 seeds here and in test_pipeline.py.
+LAYOUT_TOL = 3e-6
 
 
 def round_up(x, m):
@@ -77,7 +82,7 @@ def test_against_one_rank(tmp):
     ref = train(tmp, "one")
     for cp in (2, 4):
         got = train(tmp, f"cp{cp}", cp=cp)
-        compare_runs(checks, f"cp={cp}", got, ref)
+        compare_runs(checks, f"cp={cp}", got, ref, LAYOUT_TOL)
         want = expected_comm(cp, GLOBAL_ROWS)
         comm = [{k: s["comm"][k] for k in ("cp", "dp*cp") if k in s["comm"]} for s in got[0]]
         checks.check(f"cp={cp}: comm per step", all(c == want for c in comm),
@@ -87,20 +92,23 @@ def test_against_one_rank(tmp):
             checks.check("cp=4 activation bytes per rank vs cp=1", 0.25 <= ratio <= 0.32,
                          f"{got[3]['activation_bytes']} / {ref[3]['activation_bytes']} = "
                          f"{ratio:.3f}")
-    compare_runs(checks, "dp2 x cp2 FSDP", train(tmp, "dp2cp2", cp=2, dp=2, fsdp=True), ref)
-    compare_runs(checks, "tp2 x cp2 sp", train(tmp, "tp2cp2", cp=2, tp=2), ref)
-    compare_runs(checks, "pp2 x cp2", train(tmp, "pp2cp2", cp=2, pp=2), ref)
+    for what, name, kw in [("dp2 x cp2 FSDP", "dp2cp2", {"dp": 2, "fsdp": True}),
+                           ("tp2 x cp2 sp", "tp2cp2", {"tp": 2}),
+                           ("pp2 x cp2", "pp2cp2", {"pp": 2})]:
+        compare_runs(checks, what, train(tmp, name, cp=2, **kw), ref, LAYOUT_TOL)
     b1 = train(tmp, "one_bf16", dtype="bf16")
     b2 = train(tmp, "cp2_bf16", cp=2, dtype="bf16")
     r = max_rel([s["loss"] for s in b2[0]], [s["loss"] for s in b1[0]])
-    checks.check("bf16 cp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank bf16")
+    n = max_rel([s["grad_norm"] for s in b2[0]], [s["grad_norm"] for s in b1[0]])
+    checks.check("bf16 cp=2 losses and norms", r < 8e-4 and n < 2e-2,
+                 f"max rel err {r:.2e}, {n:.2e} vs one-rank bf16 (tolerances 8e-4, 2e-2)")
 
 
 def test_llmc_file(tmp):
     ref = train(tmp, "file_one", from_file=True)
     for cp in (2, 4):
-        compare_runs(checks, f"llm.c file, cp={cp}", train(tmp, f"file_cp{cp}", cp=cp,
-                                                           from_file=True), ref)
+        compare_runs(checks, f"llm.c file, cp={cp}",
+                     train(tmp, f"file_cp{cp}", cp=cp, from_file=True), ref, LAYOUT_TOL)
 
 
 def test_checkpoint(tmp):

@@ -2,9 +2,12 @@
 
 One forward + backward of build/test_model_grads (the trainer's model code on the CPU backend)
 on a random llm.c model file and random tokens, compared with test/gpt2_reference.py:
-  fp32:  loss and every parameter's gradient, relative error ||g - g_ref|| / ||g_ref|| < 1e-5
+  fp32:  loss within 1e-6 relative, every parameter's gradient ||g - g_ref|| / ||g_ref|| < 1e-5
   recompute "gelu" and "block": bitwise equal to no recompute
-  bf16:  (emulated bf16 storage) loss within 1e-2 relative, each gradient within 5e-2
+  bf16:  (emulated bf16 storage) loss within 7e-4 relative, each gradient within 5e-2
+Tolerances are about 10x the worst measured over 16 cases (8 seeds x the two shapes): fp32 loss
+1.1e-7, gradients 1.1e-6; bf16 loss 7.3e-5, gradients 1.6e-2 (bf16 keeps 8 bits: a LayerNorm
+weight's gradient sums N products each rounded at 2^-8, so 5e-2 is 3x, not 10x, the worst).
   the padded rows of wte receive no gradient
 Awkward shapes on purpose: C = 36 (not a multiple of 8), 3 heads of 12, V = 101 (Vp = 128),
 B = 3, T = 13, and a second case with T = 1. Fresh random weights and tokens each run.
@@ -65,7 +68,7 @@ def run_case(tmp, L, NH, C, T, V, B, rng):
     print(f"case L={L} NH={NH} C={C} T={T} V={V} (Vp={Vp}) B={B}")
     loss32, grads32, flat32 = run("fp32", "none")
     rel = abs(loss32 - loss.item()) / abs(loss.item())
-    check("fp32 loss", rel < 1e-5, f"{loss32:.8f} vs torch {loss.item():.8f} (rel {rel:.2e})")
+    check("fp32 loss", rel < 1e-6, f"{loss32:.8f} vs torch {loss.item():.8f} (rel {rel:.2e})")
     worst = max(
         (np.linalg.norm(grads32[n] - P[n].grad.numpy().ravel()) /
          np.linalg.norm(P[n].grad.numpy().ravel()), n) for n in grads32)
@@ -81,7 +84,7 @@ def run_case(tmp, L, NH, C, T, V, B, rng):
 
     loss16, grads16, _ = run("bf16", "none")
     rel16 = abs(loss16 - loss.item()) / abs(loss.item())
-    check("bf16 loss", rel16 < 1e-2, f"{loss16:.6f} vs {loss.item():.6f} (rel {rel16:.2e})")
+    check("bf16 loss", rel16 < 7e-4, f"{loss16:.6f} vs {loss.item():.6f} (rel {rel16:.2e})")
     worst16 = max(
         (np.linalg.norm(grads16[n] - P[n].grad.numpy().ravel()) /
          np.linalg.norm(P[n].grad.numpy().ravel()), n) for n in grads16)

@@ -9,8 +9,8 @@ apart on one seed, and the gradient norms drifted 1e-5 apart; with 1e-6 the layo
 within ~1e-7):
   M1  L=2, NH=4, C=32, V=101, E=4 experts of d_expert 24, top_k 2, every block MoE
   M2  as M1 with moe_every 2 (block 0 dense, block 1 MoE) and top_k 1
-1. Layouts, 20 steps each: per-step loss, gradient norm, aux_loss and z_loss within 1e-5
-   relative of the one-rank run of the same model:
+1. Layouts, 20 steps each: per-step loss, gradient norm, aux_loss and z_loss within 1e-6
+   relative of the one-rank run of the same model (measured <= 1.0e-7):
      M1  dp4 x ep 1, 2, 4; dp2 x ep2 FSDP; dp2 x pp2 x ep2; dp1 x cp2 x ep2
      M2  dp2 x tp2 x ep2 with sp and grad_accum 4 (micro-batches of one sequence, which sp
          cuts in two: its expert counts need the all-reduce over tp), and without sp
@@ -99,7 +99,7 @@ def check_tokens(label, steps, model):
 def compare(label, steps, ref, model):
     errs = {k: max_rel(series(steps, k), series(ref, k))
             for k in ("loss", "grad_norm", "aux_loss", "z_loss")}
-    checks.check(f"{label}: vs one rank", len(steps) == len(ref) and max(errs.values()) < 1e-5,
+    checks.check(f"{label}: vs one rank", len(steps) == len(ref) and max(errs.values()) < 1e-6,
                  ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f" over {len(steps)} steps")
     check_tokens(label, steps, model)
 

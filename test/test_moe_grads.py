@@ -16,8 +16,9 @@ Checks:
   1. routing: the reference's own top-k equals the trainer's choices (a token where they differ
      must be a near tie, |p_k - p_k+1| < 1e-6, and then the reference takes the trainer's
      choices); in D every tie went to expert 1, and there was at least one
-  2. the three loss terms (LM, aux, z) within 1e-5 relative of float64, and every parameter's
-     gradient of LM + aux + z within 1e-4 relative (||g - g_ref|| / ||g_ref||, per tensor)
+  2. the three loss terms (LM, aux, z) within 1e-6 relative of float64, and every parameter's
+     gradient of LM + aux + z within 1e-5 relative (||g - g_ref|| / ||g_ref||, per tensor):
+     about 10x the worst of 5 seeds x 4 cases, 8.5e-8 and 5.8e-7 (fp32 rounding)
   3. finite differences of the trainer's own loss (fp32 forward, per-token losses summed in
      float64; A, B, C): for each MoE layer, along unit directions within one tensor: the
      gradient's direction of the router and of each expert tensor, a random direction of the
@@ -32,9 +33,10 @@ Checks:
      largest-gradient element and a random one of each router and expert tensor: |fd - g| <=
      1e-6 max(|g|, 1e-2) (float64 round-off of the loss / eps is ~1e-9)
   5. identical experts (moe_every=1, top_k=2, d_expert = 4C, no aux or z term): every expert a
-     copy of one MLP and any router give the dense model's LM loss within 1e-5 (the gates sum to
+     copy of one MLP and any router give the dense model's LM loss within 1e-6 (the gates sum to
      1), its gradients of the shared tensors within 1e-5, the experts' gradients summed over the
-     experts equal to the dense MLP's within 1e-5, and a router gradient ~0 (its norm < 1e-5 of
+     experts equal to the dense MLP's within 1e-5 (measured: loss bitwise, gradients 1.0e-6 and
+     2.0e-7 over 5 seeds), and a router gradient ~0 (its norm < 5e-7, measured 4.5e-8, of
      the dense fc weight's)
 """
 import os
@@ -198,11 +200,11 @@ def compare(label, got, want, cfg):
                  f"the reference's top-{cfg['top_k']} differs from the trainer's on "
                  f"{want['disagree']} token(s), {want['far']} of them not a near tie")
     terms = [(t, abs(got[t] - want[t]) / abs(want[t])) for t in ("lm", "aux", "z")]
-    checks.check(f"{label}: loss terms", all(e < 1e-5 for _, e in terms),
+    checks.check(f"{label}: loss terms", all(e < 1e-6 for _, e in terms),
                  ", ".join(f"{t} {got[t]:.7g} vs {want[t]:.7g} (rel {e:.1e})" for t, e in terms))
     errs = sorted(((rel(got["G"][n], want["grads"][n]), n) for n in got["G"]), reverse=True)
     moe = [e for e in errs if "mlp/router" in e[1] or "mlp/experts" in e[1]]
-    checks.check(f"{label}: gradients", errs[0][0] < 1e-4,
+    checks.check(f"{label}: gradients", errs[0][0] < 1e-5,
                  f"{len(errs)} tensors, worst rel err {errs[0][0]:.1e} ({errs[0][1]}); worst "
                  f"router/expert {moe[0][0]:.1e} ({moe[0][1]})")
     return errs[0][0]
@@ -333,7 +335,7 @@ def identical_experts(tmp, rng):
             Wm[name] = np.tile(Wd[name.replace("experts/", "")], E)
     _, m = harness(tmp, moe, tokens, seed, weights=Wm)
     r = abs(m["lm"] - d["lm"]) / abs(d["lm"])
-    checks.check("identical experts: the dense model's loss", r < 1e-5,
+    checks.check("identical experts: the dense model's loss", r < 1e-6,
                  f"{m['lm']:.8f} vs dense {d['lm']:.8f} (rel {r:.1e})")
     shared = max((rel(m["G"][n], d["G"][n]), n) for n in d["G"] if n in m["G"])
     summed = max((rel(m["G"][n].reshape(E, -1).sum(0), d["G"][n.replace("experts/", "")]), n)
@@ -341,7 +343,7 @@ def identical_experts(tmp, rng):
     router = max(np.linalg.norm(m["G"][f"h.{l}/mlp/router/weight"]) /
                  np.linalg.norm(d["G"][f"h.{l}/mlp/fc/weight"]) for l in range(moe["L"]))
     checks.check("identical experts: the dense model's gradients",
-                 shared[0] < 1e-5 and summed[0] < 1e-5 and router < 1e-5,
+                 shared[0] < 1e-5 and summed[0] < 1e-5 and router < 5e-7,
                  f"shared tensors worst rel err {shared[0]:.1e} ({shared[1]}), experts summed "
                  f"{summed[0]:.1e} ({summed[1]}), router/fc gradient norms {router:.1e}")
 

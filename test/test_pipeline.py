@@ -5,16 +5,23 @@ A tiny GPT from random init (the counter-based RNG: every layout starts from the
 micro-batches (grad_accum m x micro_batch B) is the reference.
 1. pp = 2 and 4 (L = 4: two blocks per stage, then one), m = 1, 2, 4, 8, schedules "1f1b" and
    "gpipe"; "interleaved" with v = 2 at pp = 4 (L = 8), m = 4 and 8 (it needs pp >= 3 and
-   m % pp == 0): per-step losses and gradient norms within 1e-5 relative of the one-rank run,
-   the validation loss within 1e-5, the sampled tokens identical (the last stage samples and
+   m % pp == 0): per-step losses and gradient norms within 3e-6 relative of the one-rank run,
+   the validation loss within 3e-6, the sampled tokens identical (the last stage samples and
    sends each token to the others); the two copies of the tied root (first and last stage) are
    bitwise equal after every step ([log] check_tied: the trainer compares them and stops if not).
 2. Communication per step on rank 0 equals the analytic value exactly: on the pp axis one
    send and one receive of B*T*C elements per micro-batch and stage boundary of each of its
    chunks, on the embed axis one all-reduce of the root's gradient (its shard under FSDP).
-3. bf16 and fp8 at pp = 2 within 1e-2 of the one-rank bf16 / fp8 run (FP8's amaxes agree over
-   the stage group; the backward casts each micro-batch's input with its own scale); dp2 x pp2 with FSDP and with DDP,
-   tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8 within 1e-5.
+3. bf16 and fp8 at pp = 2 against the one-rank bf16 / fp8 run (FP8's amaxes agree over the
+   stage group; the backward casts each micro-batch's input with its own scale): the gradient
+   norms of the first 6 steps within 1e-6 (measured <= 8e-8 over 16 seeds: only the tied wte's
+   gradient is summed in another order, head and embedding parts on two stages), the losses of
+   all 20 steps within 2e-3 (measured up to 1.5e-4 in fp8 and 3.2e-5 in bf16: after some steps
+   such 1e-7 differences flip a bf16 or FP8 code now and then, and Adam carries it on). A backward
+   that casts with the last forward's scale (another micro-batch's) moves the fp8 norms by 3e-3
+   from step 1. dp2 x pp2 with FSDP and with DDP,
+   tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8 within 3e-6 (LAYOUT_TOL:
+   about 10x the worst measured over 2 seeds, 2.1e-7 here and 2.7e-7 in test_context_parallel).
 4. Checkpoints reshard across pp: a dp2 x pp2 FSDP save at step 10 resumed on one rank, and a
    one-rank save resumed at pp4 x tp2 (np = 8), continue within 1e-5 of the uninterrupted runs.
 5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline), 1f1b and zb-h1 at
@@ -33,7 +40,8 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    the same samples): zb-h1 at pp = 2 (m = 1, 4) and 4 (m = 2, 8); zb-v at pp = 2 (m = 1, 3, 4)
    and 4 (L = 8, m = 4, 8); interleaved at pp = 2 (m = 2, 4, and with dp2 FSDP); with dp2 FSDP,
    DDP, ZeRO-1 and -2 (the weight pass W releases the gradients the stage reduces), tp2 with SP,
-   cp2 (zb-h1 and zb-v), MoE (dp2 x ep2), fp8 (within 1e-2 of the one-rank fp8 run, as above); uneven stages
+   cp2 (zb-h1 and zb-v), MoE (dp2 x ep2), fp8 (zb-h1, against the one-rank fp8 run as in 3.: W
+   scales the gradient again, grad_w, the same scale bit for bit when tensorwise); uneven stages
    (pp_layers [1, 3] with 1f1b and zb-h1; L = 6, [2, 1, 1, 2] with zb-v and interleaved);
    pp_balance = "auto" on a 4096-token vocabulary (the head moves the last stage's blocks to the
    first: blocks 3,1); a zb-h1 schedule written to a file; message counts per step on every
@@ -55,6 +63,7 @@ checks = Checks("test_pipeline")
 NH, C, T, V = 2, 32, 16, 101
 Vp = 128
 GLOBAL_ROWS, STEPS = 8, 20
+LAYOUT_TOL = 3e-6  # layouts vs one rank, fp32: measured <= 2.1e-7 over 2 seeds
 
 
 def round_up(x, m):
@@ -177,8 +186,11 @@ def test_split_with_other_axes(tmp):
     compare_runs(checks, "MoE dp2 x ep2 x pp2 zb-v", got, ref, tol=1e-6)
     ref = reference(tmp, L, 4, 2, dtype="fp8")
     got = train(tmp, "pp2_fp8_zbh1", L, 4, 2, pp=2, schedule="zb-h1", dtype="fp8")
-    r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    checks.check("fp8 pp=2 zb-h1 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank fp8")
+    norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
+    loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
+    checks.check(f"fp8 pp=2 zb-h1: first 6 gradient norms, {STEPS} losses (as test_with_other_axes)",
+                 norms < 1e-6 and loss < 2e-3,
+                 f"max rel err {norms:.1e}, {loss:.1e} vs one-rank fp8 (tolerances 1e-6, 2e-3)")
 
 
 def test_uneven_stages(tmp):
@@ -262,7 +274,7 @@ def test_schedules(tmp):
             for schedule in ("1f1b", "gpipe"):
                 got = train(tmp, f"pp{p}_{schedule}_m{m}", L, m, B, pp=p, schedule=schedule)
                 what = f"pp={p} {schedule} m={m}"
-                compare_runs(checks, what, got, ref)
+                compare_runs(checks, what, got, ref, LAYOUT_TOL)
                 check_comm(what, got[0], expected_comm(p, 1, m, B))
     L = 8
     for m in (4, 8):
@@ -270,33 +282,31 @@ def test_schedules(tmp):
         ref = train(tmp, f"one8_m{m}", L, m, B)
         got = train(tmp, f"pp4_interleaved_m{m}", L, m, B, pp=4, schedule="interleaved", v=2)
         what = f"pp=4 interleaved v=2 m={m} (L=8)"
-        compare_runs(checks, what, got, ref)
+        compare_runs(checks, what, got, ref, LAYOUT_TOL)
         check_comm(what, got[0], expected_comm(4, 2, m, B))
 
 
 def test_with_other_axes(tmp):
     L, m, B = 4, 4, 2
-    ref = train(tmp, "one_bf16", L, m, B, dtype="bf16")
-    got = train(tmp, "pp2_bf16", L, m, B, pp=2, dtype="bf16")
-    r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    checks.check("bf16 pp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank bf16")
-    ref = train(tmp, "one_fp8", L, m, B, dtype="fp8")  # amaxes agree over the stage group
-    got = train(tmp, "pp2_fp8", L, m, B, pp=2, dtype="fp8")
-    r = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    # Not bitwise: the tied wte's gradient is summed in another order (head and embedding parts on
-    # two stages), and FP8 rounding turns such 1e-7 differences into ~1e-4 now and then.
-    checks.check("fp8 pp=2 losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank fp8")
+    for dtype in ("bf16", "fp8"):  # fp8: amaxes agree over the stage group
+        ref = train(tmp, f"one_{dtype}", L, m, B, dtype=dtype)
+        got = train(tmp, f"pp2_{dtype}", L, m, B, pp=2, dtype=dtype)
+        norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
+        loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
+        checks.check(f"{dtype} pp=2: first 6 gradient norms, {STEPS} losses", norms < 1e-6 and
+                     loss < 2e-3, f"max rel err {norms:.1e}, {loss:.1e} vs one-rank {dtype} "
+                     "(tolerances 1e-6, 2e-3)")
     ref = train(tmp, "ref_m2", L, 2, 4)
     for fsdp in (True, False):
         got = train(tmp, f"dp2pp2_{fsdp}", L, 2, 2, pp=2, dp=2, fsdp=fsdp)
         what = f"dp2 x pp2 {'FSDP' if fsdp else 'DDP'}"
-        compare_runs(checks, what, got, ref)
+        compare_runs(checks, what, got, ref, LAYOUT_TOL)
         check_comm(what, got[0], expected_comm(2, 1, 2, 2, dp=2, fsdp=fsdp))
     got = train(tmp, "tp2pp2", L, 2, 4, pp=2, tp=2)
-    compare_runs(checks, "tp2 x pp2 sp", got, ref)
+    compare_runs(checks, "tp2 x pp2 sp", got, ref, LAYOUT_TOL)
     check_comm("tp2 x pp2 sp", got[0], expected_comm(2, 1, 2, 4, tp=2))
     got = train(tmp, "dp2tp2pp2", L, 2, 2, pp=2, tp=2, dp=2, fsdp=True)
-    compare_runs(checks, "dp2 x tp2 x pp2 FSDP sp (np=8)", got, ref)
+    compare_runs(checks, "dp2 x tp2 x pp2 FSDP sp (np=8)", got, ref, LAYOUT_TOL)
 
 
 def test_checkpoints(tmp):

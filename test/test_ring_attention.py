@@ -9,16 +9,18 @@ mask inside a diagonal block): a partial output and its log-sum-exp. Each rank f
 in ring-step order, into one accumulator per local query chunk with the CPU op attention_merge
 (fp32, through ctypes; the accumulator starts with lse = -inf and out = NaN, which the op must
 never read). The rank's local output, laid out in its local token order, must equal full causal
-attention (float64) at the rank's global positions: relative error ||got - ref|| / ||ref|| < 1e-5
-for out and for lse. This checks the plan's coverage and masks, the positions, and the merge.
+attention (float64) at the rank's global positions: relative error ||got - ref|| / ||ref|| < 2e-6
+for out and for lse (measured <= 1.6e-7 over 4 seeds). This checks the plan's coverage and masks,
+the positions, and the merge.
 Also: step 0's three blocks, merged, equal one causal attention_forward (CPU op, fp32) over the
 rank's two local chunks (placed in local order): the executor may run step 0 as one call.
 
 Part 2, attention_merge alone: random out, out_b (B, T, C) and lse, lse_b (B, NH, T) against the
-float64 formula log(exp(lse) + exp(lse_b)) and the reweighted sum, in fp32 (tolerance 1e-5) and
-bf16 (inputs rounded to bf16 first, out 1e-2, lse 1e-5), with lse near 1000 (a naive exp
-overflows) and spreads of 100 (one weight underflows), and rows that are -inf in the accumulator
-(out there is NaN and must not be read), in the block, or in both (out and lse bitwise unchanged).
+float64 formula log(exp(lse) + exp(lse_b)) and the reweighted sum, in fp32 (tolerance 5e-7;
+measured 3.9e-8) and bf16 (inputs rounded to bf16 first, out 1e-2 (1.3e-3), lse 5e-7 (2.4e-8)),
+with lse near 1000 (a naive exp overflows) and spreads of 100 (one weight underflows), and rows
+that are -inf in the accumulator (out there is NaN and must not be read), in the block, or in
+both (out and lse bitwise unchanged).
 No NaN may appear in any result.
 
 Run: /usr/bin/python3 test/test_ring_attention.py   (OPS_LIB and CP_PLAN_BIN override the paths
@@ -34,6 +36,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from opslib import BUILD, LIB, Fl, I, P, Tally, load  # noqa: E402,F401
+
+RING_TOL = 2e-6   # part 1, fp32: measured <= 1.6e-7 over 4 seeds
+MERGE_TOL = 5e-7  # part 2, fp32 out and every lse: measured <= 3.9e-8
 
 F32, BF16 = 0, 1
 PLAN_BIN = os.environ.get("CP_PLAN_BIN", os.path.join(BUILD, "test_context_parallel_plan"))
@@ -113,10 +118,10 @@ def check_ring(lib, rng, cp, c, B=2, NH=3, HS=7):
         e_out = rel_err(got, to_rows(ref_out[:, :, pos]).astype(np.float64))
         e_lse = rel_err(got_lse, ref_lse[:, :, pos])
         worst = max(worst, e_out, e_lse)
-        if r == cp - 1 or max(e_out, e_lse) >= 1e-5:
-            report(worst < 1e-5, f"ring cp={cp} T={T}: every rank's merged out and lse vs full "
-                   f"causal float64 at its positions, worst rel err {worst:.2e}")
-            if max(e_out, e_lse) >= 1e-5:
+        if r == cp - 1 or max(e_out, e_lse) >= RING_TOL:
+            report(worst < RING_TOL, f"ring cp={cp} T={T}: every rank's merged out and lse vs "
+                   f"full causal float64 at its positions, worst rel err {worst:.2e}")
+            if max(e_out, e_lse) >= RING_TOL:
                 return
     check_step0(lib, q, k, v, blocks, positions, cp, c)
 
@@ -148,8 +153,8 @@ def check_step0(lib, q, k, v, blocks, positions, cp, c):
         want = np.concatenate([to_rows(parts[qc][0]) for qc in (r, 2 * cp - 1 - r)], 1)
         want_lse = np.concatenate([parts[qc][1] for qc in (r, 2 * cp - 1 - r)], 2)
         worst = max(worst, rel_err(out, want), rel_err(lse, want_lse))
-    report(worst < 1e-5, f"step 0 cp={cp} T={T}: its blocks == one causal attention_forward over "
-           f"the local chunks, worst rel err {worst:.2e}")
+    report(worst < RING_TOL, f"step 0 cp={cp} T={T}: its blocks == one causal attention_forward "
+           f"over the local chunks, worst rel err {worst:.2e}")
 
 
 def bf16_round(x):
@@ -193,7 +198,7 @@ def check_merge_direct(lib, rng, dt, B=3, T=11, NH=4, HS=5, center=0.0, spread=3
     fin = np.isfinite(ln)
     e_out = rel_err(got.astype(np.float64), want)
     e_lse = rel_err(dev_lse[fin].astype(np.float64), ln[fin])
-    report(e_out < (1e-5 if dt == F32 else 1e-2) and e_lse < 1e-5,
+    report(e_out < (MERGE_TOL if dt == F32 else 1e-2) and e_lse < MERGE_TOL,
            name + f": out rel err {e_out:.2e}, lse rel err {e_lse:.2e} vs float64")
     inf_ok = np.array_equal(dev_lse == -np.inf, both)
     same = np.array_equal(dev_out.reshape(B, T, NH, -1)[both.transpose(0, 2, 1)],

@@ -7,8 +7,9 @@ clipping, cosine schedule.
    V=90, so that at tp=4 the last rank holds only padding columns), equal the one-rank losses
    within 1e-5 relative per step (fp32), the validation loss within 1e-5 and the sampled tokens
    identical (same seed; the logits are gathered over the vocabulary shards); bf16 at tp=2
-   within 1e-2 of the one-rank bf16 run (at lr 1e-3: at 1e-2, bf16 rounding drifted one seed's
-   losses 1.2e-2 apart);
+   against the one-rank bf16 run at lr 1e-3 (at 1e-2, bf16 rounding drifted one seed's losses
+   1.2e-2 apart): losses within 7e-4, gradient norms within 6e-3, about 10x the worst of 6 seeds
+   (6.9e-5, 6.2e-4: the row-parallel partial products are rounded to bf16 before their sum);
    dp2 x tp2 with FSDP and with DDP within 1e-5; tp=2 with grad_accum 2 and with recompute
    "block" and "gelu" within 1e-5.
 2. Gradients of every parameter, gathered to full tensors, equal the one-rank gradients within
@@ -174,7 +175,9 @@ def test_losses_and_comm(tmp, rng):
     b1, _, _ = train(tmp, "one_bf16", dtype="bf16", lr=1e-3)
     b2, _, _ = train(tmp, "tp2_bf16", tp=2, dtype="bf16", lr=1e-3)
     r = max_rel(losses(b2), losses(b1))
-    checks.check("bf16: tp=2 sp losses", r < 1e-2, f"max rel err {r:.2e} vs one-rank bf16")
+    n = max_rel([s["grad_norm"] for s in b2], [s["grad_norm"] for s in b1])
+    checks.check("bf16: tp=2 sp losses and norms", r < 7e-4 and n < 6e-3,
+                 f"max rel err {r:.2e}, {n:.2e} vs one-rank bf16 (tolerances 7e-4, 6e-3)")
 
 
 def check_state_bytes(info, base_info):

@@ -315,7 +315,8 @@ def test_prepared_dataset(ref):
     with open(os.path.join(out, "vocab_size")) as f:
         vocab = int(f.read())
     if vocab == 50257 and ref is None:
-        print("SKIP prepared dataset check: it is GPT-2 BPE and python3-regex is missing")
+        print("SKIP prepared dataset check: it is GPT-2 BPE and the reference encoder cannot run "
+              "(no BPE files or no python3-regex)")
         return
     docs = fortune_documents()
     eot = vocab - 1

@@ -1,11 +1,12 @@
 """test/test_train.py - ./train_cpu end to end against PyTorch float64 training.
 
 1. 20 AdamW steps from an llm.c fp32 model file (constant LR, no clipping, no weight decay,
-   llm.c's unshuffled order): per-step losses within 1e-5 relative for the first 10 steps and
-   1e-4 for all 20, against test/gpt2_reference.py.
+   llm.c's unshuffled order): per-step losses within 1e-6 relative, against
+   test/gpt2_reference.py (measured <= 7.7e-8 over 6 seeds).
 2. Warmup + cosine schedule, weight decay on 2-D weights, clipping that bites, gradient
    accumulation and uint32 (v7) shards: 8 steps within 1e-5.
-3. bf16 (emulated storage) follows the fp32 run: 20 steps within 2% of the reference; an llm.c
+3. bf16 (emulated storage) follows the fp32 run: 20 steps within 3e-3 of the reference
+   (measured <= 3.1e-4 over 6 seeds); an llm.c
    bf16 (version 5) model file imports exactly (5 steps within 1e-5).
 4. Overfitting one batch from random init drives the loss under 0.05.
 5. The metrics file has the documented keys; MFU is null on the CPU without a peak and a
@@ -41,7 +42,7 @@ def test_matches_pytorch(rng):
         ours = [s["loss"] for s in steps]
         theirs = torch_losses(tmp, tokens, 20, B=2, T=16, lr=3e-3)
         r10, r20 = max_rel(ours[:10], theirs[:10]), max_rel(ours, theirs)
-        checks.check("20 steps vs PyTorch", len(ours) == 20 and r10 < 1e-5 and r20 < 1e-4,
+        checks.check("20 steps vs PyTorch", len(ours) == 20 and r20 < 1e-6,
                      f"max rel err {r10:.2e} (steps 1-10), {r20:.2e} (1-20); "
                      f"loss {ours[0]:.5f} -> {ours[-1]:.5f}")
 
@@ -54,7 +55,8 @@ def test_matches_pytorch(rng):
         bf16 = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
         theirs = torch_losses(tmp, tokens, 20, B=2, T=16, lr=3e-3)
         r = max_rel(bf16, theirs)
-        checks.check("bf16 follows", r < 2e-2, f"max rel err {r:.2e} vs float64 over 20 steps")
+        checks.check("bf16 follows", r < 3e-3, f"max rel err {r:.2e} vs float64 over 20 steps "
+                     "(tolerance 3e-3)")
 
 
 def test_schedule_decay_clip_accum(rng):

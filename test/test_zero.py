@@ -301,8 +301,8 @@ def test_bad_offload_dir(tmp):
     refused("offload_dir missing", r.returncode, r.stdout + r.stderr,
             [missing, "no such directory"])
     if not can_unshare():
-        checks.check("refused: offload_dir read-only / full: SKIPPED (no user namespaces for a "
-                     "small tmpfs: unshare -rm fails here)", True)
+        print("  SKIP refused: offload_dir read-only / full: no user namespaces for a small tmpfs "
+              "(unshare -rm fails here)")
         return
     mount = os.path.join(tmp, "small")
     os.makedirs(mount, exist_ok=True)

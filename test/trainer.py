@@ -162,6 +162,10 @@ def compare_runs(checks, what, got, ref, tol=1e-5):
     norm = max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in rsteps])
     val = max_rel([vals[-1]["val_loss"]], [rvals[-1]["val_loss"]])
     ok = len(steps) == len(rsteps) and max(loss, norm, val) < tol and sample == rsample
+    if os.environ.get("COMPARE_RUNS_LOG"):  # measuring tolerances: every comparison's errors
+        with open(os.environ["COMPARE_RUNS_LOG"], "a") as f:
+            f.write(json.dumps({"test": checks.name, "what": what, "loss": loss, "norm": norm,
+                                "val": val, "tol": tol}) + "\n")
     checks.check(f"{what}: losses, norms, val loss, sample", ok,
                  f"max rel err loss {loss:.2e} norm {norm:.2e} val {val:.2e}, sample equal "
                  f"{sample == rsample}")

@@ -8,7 +8,8 @@
 #
 # Layout:
 #   run.sh                 the entry point (tools/bundle_run.sh): environment, tests, benchmarks
-#   train, train_cpu, build/{test_gpu,test_model_grads,cuda_test_model_grads,bench_kernels},
+#   train, train_cpu, build/{test_gpu,test_model_grads,cuda_test_model_grads,cuda_test_fp8_sites,
+#                            bench_kernels},
 #   bin/mpirun             wrappers that run the real program through run.sh's environment
 #   libexec/               the real programs (debug info stripped)
 #   lib/                   every shared library they, mpirun/orted and the MPI plugins need, except
@@ -29,7 +30,7 @@ TRAIN_CPU=${TRAIN_CPU:-./train_cpu}
 DEST=${BUNDLE_DIR:-bundle}
 
 PROGRAMS=("$TRAIN" "$TRAIN_CPU" "$BUILD/test_gpu" "$BUILD/test_model_grads"
-          "$BUILD/cuda_test_model_grads" "$BUILD/bench_kernels")
+          "$BUILD/cuda_test_model_grads" "$BUILD/cuda_test_fp8_sites" "$BUILD/bench_kernels")
 # Libraries the node provides (C/C++ runtime, driver, CUDA) - never copied into lib/.
 GLIBC='linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libutil'
 GLIBC="$GLIBC|libnsl|libanl"
