@@ -171,9 +171,12 @@ static void print_banner(const Run& r) {
                 c.parallel.pp_schedule.c_str(), c.parallel.pp_virtual, c.train.grad_accum,
                 s.split ? ", backwards split into B and W" : "",
                 pipeline_schedule_bubble(s.kind, s.p, s.m, s.v));
-    std::printf("stages   %s (pp_balance = \"%s\", [plan]'s device model)\n",
+    const std::string how = c.parallel.pp_layers.empty()
+                                ? "pp_balance = \"" + c.parallel.pp_balance + "\""
+                                : std::string("pp_layers as given");
+    std::printf("stages   %s (%s, [plan]'s device model)\n",
                 pipeline_stage_summary(pipeline_part_costs(c), mesh.pp_layers).c_str(),
-                c.parallel.pp_layers.empty() ? c.parallel.pp_balance.c_str() : "pp_layers");
+                how.c_str());
   }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
