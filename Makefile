@@ -4,6 +4,7 @@
 #   make cpu      ./train_cpu only
 #   make test     every CPU test (installs dependencies first; see test/run_all.sh)
 #   make test-gpu the GPU tests (needs a GPU)
+#   make fuzz     each reader's fuzz target for FUZZ_SECONDS (test/fuzz/README.md)
 #   make run      the quick-start demo: deps, build, fortunes dataset, train, sample
 #   make bench    GPU benchmarks (bench/run_all.sh)
 #   make bundle   relocatable folder for an air-gapped GPU node (tools/make_bundle.sh)
@@ -34,17 +35,24 @@ NVCCFLAGS := -std=c++17 $(OPT) -g -MMD -MP -lineinfo -I. --expt-relaxed-constexp
              -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
              -Xcompiler -fopenmp,-Wall,-Wno-unused-parameter $(MPI_CFLAGS)
 LDLIBS    := -fopenmp $(MPI_LIBS) $(HDF5_LIBS) $(TOML_LIBS) -lpthread
+# make DEBUG_CHECKS=1: the kernels' own guards that cost time on a GPU (token ids against the
+# vocabulary in the CUDA encoder); the CPU backend always checks them.
+ifeq ($(DEBUG_CHECKS),1)
+  CXXFLAGS  += -DGPT5D_DEBUG_CHECKS
+  NVCCFLAGS += -DGPT5D_DEBUG_CHECKS
+endif
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas \
              -lcudnn -lnccl
 
-# Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu is the NCCL backend,
-# comm_nccl_absent.cu stands in for it in the CPU binary.
+# Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu (with its watchdog
+# thread, nccl_watchdog.cu) is the NCCL backend, comm_nccl_absent.cu stands in for it in the CPU
+# binary.
 SHARED_SRC := train.cu kernels/common.cpp kernels/host_adamw.cpp kernels/allocator.cpp \
-              $(filter-out parallel/comm_nccl.cu parallel/comm_nccl_absent.cu, \
+              $(filter-out parallel/comm_nccl.cu parallel/nccl_watchdog.cu parallel/comm_nccl_absent.cu, \
                 $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
 CUDA_SRC   := $(wildcard kernels/cuda/*.cu)
-NCCL_SRC   := parallel/comm_nccl.cu
+NCCL_SRC   := parallel/comm_nccl.cu parallel/nccl_watchdog.cu
 
 obj = $(patsubst %,$(BUILD)/$(1)/%.o,$(2))
 SHARED_OBJ := $(call obj,host,$(SHARED_SRC))
@@ -141,6 +149,9 @@ bundle: all $(BUILD)/test_gpu
 
 # The library stand-ins of the emulated CUDA build and their tests (make emu-lib-tests).
 -include test/emu/libs.mk
+
+# The fuzz targets of the readers (make fuzz; test/fuzz/README.md).
+-include test/fuzz/fuzz.mk
 
 clean:
 	rm -rf $(BUILD) train train_cpu

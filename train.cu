@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "config/config.h"
 #include "training/evaluate.h"
+#include "training/health.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
@@ -28,6 +29,7 @@
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/plan.h"
+#include "training/preemption.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -46,6 +48,9 @@ struct Run {
   std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T/cp each
   std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
   DataLoader train_data, val_data;
+  AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
+  LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
+  StragglerWatch stragglers;
   Tokenizer tokenizer;
   MetricsLog metrics;
   CommStats comm_total{};
@@ -53,6 +58,19 @@ struct Run {
   int resumed_step = 0;  // steps done before this run (0 = fresh start; checkpoint/)
   bool rank0 = false;
 };
+
+static const char kUsage[] =
+    "usage: %s config.toml [--section.key=value ...] [--check-config]\n"
+    "       %s config.toml [--section.key=value ...] --plan [--plan-json FILE]\n"
+    "       %s config.toml [--section.key=value ...] --plan-search N\n"
+    "  --section.key=value  override a key of the config (docs/CONFIG.md)\n"
+    "  --check-config       print the resolved config after checking it and the data shards\n"
+    "  --plan               plan the config's layout: memory and communication per rank, step\n"
+    "                       time (one process, no GPU; training/plan.h)\n"
+    "  --plan-json FILE     the plan as JSON\n"
+    "  --plan-search N      every layout of N GPUs, fastest estimated step first\n"
+    "  --help, -h           this text\n"
+    "Run under mpirun (or srun) for several ranks.\n";
 
 static bool has_flag(int argc, char** argv, const char* flag) {
   for (int i = 1; i < argc; i++)
@@ -68,6 +86,17 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
          "/tokenizer.bin";
 }
 
+// The data shards as a run would open them (header, size, enough rows for one batch of every
+// rank), for --check-config; the token ids are checked as they are read (data/dataloader.h).
+static void check_data(const Config& cfg) {
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, dp = cfg.parallel.dp;
+  DataLoader train, val;
+  dataloader_init(train, cfg.data.train, "[data] train", B, T, 0, dp, cfg.data.shuffle,
+                  cfg.train.seed, cfg.model.vocab_size);
+  if (!cfg.data.val.empty())
+    dataloader_init(val, cfg.data.val, "[data] val", B, T, 0, dp, false, 0, cfg.model.vocab_size);
+}
+
 // Everything a step needs: device, mesh, weights, activations, data, logs.
 static void setup_data_and_logs(Run& r);
 
@@ -75,6 +104,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   const Config& cfg = r.cfg;
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
+  r.mesh.watch.timeout_s = cfg.parallel.timeout_s;
   mesh_init(r.mesh, mesh_shape(cfg), world_rank, local_rank, backend);
   const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
@@ -118,15 +148,21 @@ static void setup_data_and_logs(Run& r) {
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
   const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
+  const int V = cfg.model.vocab_size;  // every token read is checked against it
   dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
-                  cfg.data.shuffle, cfg.train.seed);
+                  cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
-    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0);
-  tokenizer_load(r.tokenizer, tokenizer_path(cfg, r.train_data));
-  r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, r.mesh);
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0, V);
+  const std::string tokenizer = tokenizer_path(cfg, r.train_data);
+  if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
+    std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
+                tokenizer.c_str());
+  r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
+                                     r.mesh);
   r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
-  metrics_open(r.metrics, cfg.log.metrics, r.rank0);
+  metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
   RunInfo info;
+  info.first_step = r.resumed_step + 1;
   info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_memory.bytes;
   info.host_bytes = r.store.offload.memory.bytes;
@@ -199,6 +235,8 @@ static StepReport train_step(Run& r, int step) {
   const Config& c = r.cfg;
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
+  const double waited0 = r.mesh.watch.waited_s;
+  const DataPosition batch_start = r.train_data.pos;
   comm_stats_reset(r.mesh.stats);
   store_stats_reset(r.store);
   const int cp = r.mesh.shape.cp, T_local = T / cp;
@@ -224,20 +262,26 @@ static StepReport train_step(Run& r, int step) {
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
   rep.lr = learning_rate(c.train, step);
-  optimizer_step(r.store, r.layout, c.train, step, (float)rep.lr,
-                 clip_factor(c.train, rep.grad_norm));
   float local_loss = 0;
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
   rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
+  const SpikeVerdict spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
+      dataloader_span(r.train_data, batch_start), r.rank0);
+  if (!spike.skip)  // Adam counts the updates applied (training/health.h)
+    optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr,
+                   clip_factor(c.train, rep.grad_norm));
+  else
+    rep.note = "update skipped: loss spike";
   if (r.model.moe) {
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World]);
   }
-  CHECK(std::isfinite(rep.loss) && std::isfinite(rep.grad_norm),
+  CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
 
   rep.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
   const double tokens = (double)B * T * accum * r.mesh.shape.dp;
   rep.tokens_per_s = tokens / (rep.ms / 1000.0);
   if (r.peak_tflops > 0) {
@@ -273,7 +317,8 @@ static void evaluate(Run& r, int step) {
     metrics_val(r.metrics, step, v);
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
-    const int eot = r.tokenizer.loaded ? r.tokenizer.eot : r.layout.V - 1;
+    const bool own_eot = r.tokenizer.loaded && r.tokenizer.eot < r.layout.V;
+    const int eot = own_eot ? r.tokenizer.eot : r.layout.V - 1;
     std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer, eot,
                                    c.log.sample_tokens, c.train.seed + step, c.model.seq_len,
                                    r.compute);
@@ -301,12 +346,62 @@ static void print_bubble(Run& r) {
   std::fflush(stdout);
 }
 
+// The steps, from the one after the resumed checkpoint to the last, or until a signal stops
+// them (training/preemption.h). Returns that signal (0: the run is done).
+static int train_steps(Run& r) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
+    r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
+    StepReport rep = train_step(r, step);
+    const RunState state{r.train_data.pos, r.loss_trend};  // what a checkpoint keeps of the run
+    const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
+                                                     state, r.mesh);
+    rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;
+    comm_stats_add(r.comm_total, r.mesh.stats);
+    const bool first = step == r.resumed_step + 1;
+    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
+    if (first)  // "auto" decides at the first call
+      rep.note += std::string(rep.note.empty() ? "" : " | ") + "attention " +
+                  ops::attention_impl_name(r.compute);
+    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
+    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
+      CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
+                "copies of the tied embedding differ ([log] check_tied)", step);
+    evaluate(r, step);
+    straggler_step(r.stragglers, r.cfg.log, r.mesh[Axis::World], step, rep.ms, rep.waited_ms);
+    const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
+    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store, state,
+                                             r.mesh, stop != 0);
+    if (!stop) continue;
+    if (r.rank0) {
+      char where[512] = "no [checkpoint] dir: nothing saved";
+      if (saved) std::snprintf(where, sizeof(where), "checkpoint %s/step_%06d saved; resume it "
+                               "with [checkpoint] resume = \"latest\"",
+                               r.cfg.checkpoint.dir.c_str(), step);
+      std::printf("preempted: %s received: stopped after step %d of %d; %s\n",
+                  signal_name(stop), step, r.cfg.train.steps, where);
+      std::fflush(stdout);
+    }
+    r.resumed_step = step;  // the steps this run did end here
+    return stop;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int world_rank = 0, world_size = 1, local_rank = 0;
   runtime_init(&argc, &argv, &world_rank, &world_size, &local_rank);
+  preemption_install();
   Run r;
   r.rank0 = world_rank == 0;
-  CHECK_ALL(argc >= 2, "usage: %s config.toml [--section.key=value ...] [--check-config]", argv[0]);
+  if (has_flag(argc, argv, "--help") || has_flag(argc, argv, "-h")) {
+    if (r.rank0) std::printf(kUsage, argv[0], argv[0], argv[0]);
+    runtime_finalize();
+    return 0;
+  }
+  CHECK_ALL(argc >= 2, kUsage, argv[0], argv[0], argv[0]);
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   const PlanFlags planner = plan_take_flags(&argc, argv);
   if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
@@ -317,6 +412,7 @@ int main(int argc, char** argv) {
   }
   r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend, pipeline_config_problems);
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
+    check_data(r.cfg);
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());
     runtime_finalize();
     return 0;
@@ -324,25 +420,12 @@ int main(int argc, char** argv) {
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
   setup(r, world_rank, local_rank);
   print_banner(r);
-  const auto start = std::chrono::steady_clock::now();
-  for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
-    StepReport rep = train_step(r, step);
-    comm_stats_add(r.comm_total, r.mesh.stats);
-    const bool first = step == r.resumed_step + 1;
-    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
-    if (first)  // "auto" decides at the first call
-      rep.note = std::string("attention ") + ops::attention_impl_name(r.compute);
-    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
-    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
-    if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
-      CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
-                "copies of the tied embedding differ ([log] check_tied)", step);
-    evaluate(r, step);
-    checkpoint_save_if_due(r.cfg, step, r.layout, r.store, r.train_data, r.mesh);
+  const int first = r.resumed_step;
+  const int stopped_by = train_steps(r);
+  if (!stopped_by) {
+    if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - first, stdout);
+    if (r.mesh.shape.pp > 1 && first < r.cfg.train.steps) print_bubble(r);
   }
-  if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - r.resumed_step, stdout);
-  if (r.mesh.shape.pp > 1 && r.resumed_step < r.cfg.train.steps) print_bubble(r);
 
   metrics_close(r.metrics);
   gpt_destroy(r.model);
@@ -352,5 +435,5 @@ int main(int argc, char** argv) {
   ops::stream_destroy(r.comm);
   mesh_destroy(r.mesh);
   runtime_finalize();
-  return 0;
+  return stopped_by ? kExitPreempted : 0;
 }

@@ -17,6 +17,7 @@
 
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
+#include "checkpoint/save_phases.h"
 
 static const StateKind kStates[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV};
 
@@ -32,6 +33,17 @@ static bool parse_step_dir(const std::string& name, int64_t* step) {
   if (name.find_first_not_of("0123456789", 5) != std::string::npos) return false;
   *step = std::stoll(name.substr(5));
   return true;
+}
+
+// The step directories of `dir`, newest first.
+static std::vector<int64_t> checkpoint_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const std::string& name : list_dir(dir)) {
+    int64_t s;
+    if (parse_step_dir(name, &s) && is_directory(dir + "/" + name)) steps.push_back(s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
 }
 
 static double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -53,6 +65,19 @@ static void fail_together(Comm& world, const std::string& problem, const std::st
   FATAL_ALL("%s%s", what.c_str(), first.c_str());  // every rank holds `first`: one message
 }
 
+// fail_together for a save: first rank 0 removes the save's temporary directory, so that a failed
+// save (a full disk) leaves the directory as the previous save left it.
+static void fail_save_together(Comm& world, const std::string& problem, const std::string& what,
+                               const std::string& tmp) {
+  const std::string first = first_problem(world, problem);
+  if (first.empty()) return;
+  if (world.rank == 0) {
+    remove_tree(tmp);
+    sync_dir(parent_dir(tmp));
+  }
+  FATAL_ALL("%s%s", what.c_str(), first.c_str());
+}
+
 // The model's shape as the index records it, and the format version it needs (hdf5_format.h).
 static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTLayout& g) {
   m.L = g.L, m.NH = g.NH, m.C = g.C, m.T = g.T, m.V = g.V, m.Vp = g.Vp, m.maxT = g.maxT;
@@ -64,12 +89,27 @@ static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTL
 // ---------------------------------------------------------------------------------------------
 // Saving
 // ---------------------------------------------------------------------------------------------
-void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh) {
+bool checkpoint_due(const Config& cfg, int step) {
   const CheckpointConfig& c = cfg.checkpoint;
-  if (c.dir.empty()) return;
-  if ((c.every > 0 && step % c.every == 0) || step == cfg.train.steps)
-    checkpoint_save(cfg, step, layout, store, train_data, mesh);
+  return !c.dir.empty() && ((c.every > 0 && step % c.every == 0) || step == cfg.train.steps);
+}
+
+double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
+                                  const GPTLayout& layout, ParamStore& store, const RunState& run,
+                                  Mesh& mesh) {
+  if (!cfg.checkpoint.async || !checkpoint_due(cfg, step) || step == cfg.train.steps) return -1;
+  return async_save_begin(async, cfg, step, layout, store, run, mesh);
+}
+
+bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
+                           ParamStore& store, const RunState& run, Mesh& mesh, bool now) {
+  const bool last = step == cfg.train.steps;
+  const bool began = async.in_flight && async.target.step == step;
+  async_save_poll(async, cfg, layout, mesh[Axis::World], /*wait=*/now || last);
+  if (began) return true;  // finished above when `now`
+  if (cfg.checkpoint.dir.empty() || (!now && !checkpoint_due(cfg, step))) return false;
+  checkpoint_save(cfg, step, layout, store, run, mesh);
+  return true;
 }
 
 // Every rank's file digest, on every rank (in writer order: writer = world rank here).
@@ -90,11 +130,8 @@ static std::vector<FileDigest> gather_digests(Comm& world, const FileDigest& min
 // replaced when this run reaches its step). Each is renamed to a temporary first.
 static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
   std::vector<int64_t> steps;
-  for (const std::string& name : list_dir(dir)) {
-    int64_t s;
-    if (parse_step_dir(name, &s) && s <= step && is_directory(dir + "/" + name)) steps.push_back(s);
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t s : checkpoint_steps(dir))
+    if (s <= step) steps.push_back(s);
   for (size_t i = (size_t)keep; i < steps.size(); i++) {
     const std::string victim = dir + "/" + step_dir_name(steps[i]);
     const std::string doomed = victim + ".deleted.tmp";
@@ -105,13 +142,14 @@ static void remove_beyond_keep(const std::string& dir, int64_t step, int keep) {
 
 // Rank 0, after every rank file is on disk: index, manifest, rename, `latest`, keep.
 static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
-                          const DataLoader& train_data, const std::string& tmp,
+                          const RunState& run, const std::string& tmp,
                           const std::vector<FileDigest>& rank_digests) {
   const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
   CheckpointMeta meta;
   meta.step = step;
   meta.seed = cfg.train.seed;
-  meta.data = train_data.pos;
+  meta.data = run.data;
+  meta.loss_trend = run.loss_trend;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size();
@@ -128,9 +166,9 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
-  std::string problem =
-      h5_write_index(tmp + "/" + kIndexFileName, writer_units(cfg.model, writer_shape(meta)), meta);
-  if (problem.empty()) problem = sync_and_digest(tmp + "/" + kIndexFileName, &entries[0].digest);
+  std::string problem = h5_write_index(tmp + "/" + kIndexFileName,
+                                       writer_units(cfg.model, writer_shape(meta)), meta,
+                                       &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
   if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
@@ -145,43 +183,58 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   return "";
 }
 
-void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
-                     const DataLoader& train_data, Mesh& mesh) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Comm& world = mesh[Axis::World];
-  const std::string dir = cfg.checkpoint.dir, name = step_dir_name(step);
-  const std::string tmp = dir + "/" + name + ".tmp";
-  const std::string not_saved = "checkpoint " + dir + "/" + name + " not saved: ";
+SaveTarget save_begin(const Config& cfg, int step, const RunState& run, Comm& world) {
+  SaveTarget t;
+  t.start = std::chrono::steady_clock::now();
+  t.step = step, t.run = run;
+  t.dir = cfg.checkpoint.dir, t.name = step_dir_name(step);
+  t.tmp = t.dir + "/" + t.name + ".tmp";
   std::string problem;
   if (world.rank == 0) {
-    problem = make_dir(dir);
-    remove_tree(tmp);
-    if (problem.empty()) problem = make_dir(tmp);
+    problem = make_dir(t.dir);
+    remove_tree(t.tmp);
+    if (problem.empty()) problem = make_dir(t.tmp);
   }
-  fail_together(world, problem, not_saved);
+  fail_save_together(world, problem, "checkpoint " + t.dir + "/" + t.name + " not saved: ", t.tmp);
+  return t;
+}
 
-  ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
-  const std::string file = tmp + "/" + rank_file_name(world.rank);
-  FileDigest digest;
-  // writer = world rank (hdf5_format.h); its slices of the ranks holding its units
-  const WriterShards shards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
-  problem = h5_write_rank_file(file, store, layout, shards);
-  if (problem.empty()) problem = sync_and_digest(file, &digest);
+std::string save_rank_file(const SaveTarget& t, int rank) {
+  return t.tmp + "/" + rank_file_name(rank);
+}
+
+WriterShards save_writer_shards(Mesh& mesh) {  // its slices of the ranks holding its units
+  return WriterShards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
+}
+
+void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t, Comm& world,
+                 const std::string& write_problem, const FileDigest& digest, double written_s,
+                 const std::string& how) {
+  const std::string not_saved = "checkpoint " + t.dir + "/" + t.name + " not saved: ";
+  std::string problem = write_problem;
   if (!problem.empty()) problem = "rank " + std::to_string(world.rank) + ": " + problem;
-  fail_together(world, problem, not_saved);
-  const double written = seconds_since(t0);
-
+  fail_save_together(world, problem, not_saved, t.tmp);
   const std::vector<FileDigest> digests = gather_digests(world, digest);
-  if (world.rank == 0) problem = commit(cfg, step, layout, train_data, tmp, digests);
-  fail_together(world, problem, not_saved);
-  if (world.rank == 0) {
-    uint64_t bytes = 0;
-    for (const FileDigest& d : digests) bytes += d.bytes;
-    std::printf("checkpoint %s/%s saved in %.3f s (%d rank files, %.1f MiB, written in %.3f s)\n",
-                dir.c_str(), name.c_str(), seconds_since(t0), world.size, bytes / 1048576.0,
-                written);
-    std::fflush(stdout);
-  }
+  if (world.rank == 0) problem = commit(cfg, t.step, layout, t.run, t.tmp, digests);
+  fail_save_together(world, problem, not_saved, t.tmp);
+  if (world.rank != 0) return;
+  uint64_t bytes = 0;
+  for (const FileDigest& d : digests) bytes += d.bytes;
+  std::printf("checkpoint %s/%s saved in %.3f s (%d rank files, %.1f MiB, written in %.3f s%s)\n",
+              t.dir.c_str(), t.name.c_str(), seconds_since(t.start), world.size,
+              bytes / 1048576.0, written_s, how.c_str());
+  std::fflush(stdout);
+}
+
+void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
+                     const RunState& run, Mesh& mesh) {
+  Comm& world = mesh[Axis::World];
+  const SaveTarget t = save_begin(cfg, step, run, world);
+  ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
+  FileDigest digest;
+  const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
+                                                 save_writer_shards(mesh), &digest);
+  save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,24 +253,81 @@ static void remove_stale_temporaries(const std::string& dir) {
   sync_dir(dir);
 }
 
-// The checkpoint directory that [checkpoint] resume names; "" in *ckpt for "latest" when there
-// is none yet. Returns "" or the problem.
-static std::string resolve(const CheckpointConfig& c, std::string* ckpt) {
-  ckpt->clear();
-  if (c.resume == "latest") {
-    std::string name;
-    if (!read_text_file(c.dir + "/latest", &name)) return "";
-    name.erase(name.find_last_not_of(" \n\r\t") + 1);
-    *ckpt = c.dir + "/" + name;
-    if (!is_directory(*ckpt))
-      return c.dir + "/latest names " + name + ", which does not exist";
-    return "";
+// Whether ckpt passes its manifest (presence and size of every file, the CRC32s shared over the
+// ranks; agreed): "" or the first problem.
+static std::string verify(const std::string& ckpt, Comm& world) {
+  std::vector<ManifestEntry> entries;
+  std::string problem = manifest_read(ckpt, &entries);
+  if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
+        return e.file == kIndexFileName;
+      }))
+    problem = ckpt + "/manifest.txt does not list " + kIndexFileName;
+  if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
+  return first_problem(world, problem);
+}
+
+// resume = "latest": the checkpoint `latest` names, or, when `latest` is missing or damaged or
+// names a checkpoint that fails its manifest, the newest valid one older than it (any, when
+// `latest` is no guide). "" when the directory holds no checkpoint. Every rank returns the same
+// (the verification is agreed); rank 0 says what it skipped and why.
+static std::string resolve_latest(const std::string& dir, Comm& world) {
+  std::string text, why;
+  int64_t named = -1;
+  if (!read_text_file(dir + "/latest", &text)) why = dir + "/latest is missing";
+  const std::string name = text.substr(0, text.find_last_not_of(" \n\r\t") + 1);
+  if (why.empty() && !parse_step_dir(name, &named))
+    why = dir + "/latest is damaged (it names no step_* directory)";
+  if (why.empty() && !is_directory(dir + "/" + name)) {
+    why = dir + "/latest names " + name + ", which does not exist";
+    named = -1;
   }
-  if (is_directory(c.resume)) *ckpt = c.resume;
-  else if (base_name(c.resume) == kIndexFileName) *ckpt = parent_dir(c.resume);
-  else return "[checkpoint] resume = " + c.resume + ": not a checkpoint directory or " +
-              kIndexFileName;
+  std::vector<int64_t> candidates;
+  for (int64_t s : checkpoint_steps(dir))
+    if (named < 0 || s <= named) candidates.push_back(s);
+  if (world.rank == 0 && !why.empty() && !candidates.empty())
+    std::printf("resume   %s: looking for the newest valid checkpoint\n", why.c_str());
+  std::string problems;
+  for (int64_t s : candidates) {
+    const std::string ckpt = dir + "/" + step_dir_name(s);
+    const std::string problem = verify(ckpt, world);
+    if (problem.empty()) return ckpt;
+    if (world.rank == 0) std::printf("resume   skipping %s: %s\n", ckpt.c_str(), problem.c_str());
+    problems += "\n  " + problem;
+  }
+  if (!candidates.empty()) FATAL_ALL("cannot resume: no valid checkpoint in %s:%s", dir.c_str(),
+                                     problems.c_str());
   return "";
+}
+
+// The checkpoint directory that [checkpoint] resume names (verified), "" for "latest" when there
+// is none yet. Stops the job when there is no valid one.
+static std::string resolve(const CheckpointConfig& c, Comm& world) {
+  if (c.resume == "latest") return resolve_latest(c.dir, world);
+  std::string ckpt;
+  if (is_directory(c.resume)) ckpt = c.resume;
+  else if (base_name(c.resume) == kIndexFileName) ckpt = parent_dir(c.resume);
+  fail_together(world, ckpt.empty() ? "[checkpoint] resume = " + c.resume +
+                ": not a checkpoint directory or " + kIndexFileName : "", "cannot resume: ");
+  fail_together(world, verify(ckpt, world), "cannot resume: ");
+  return ckpt;
+}
+
+// At start-up, before any step: [checkpoint] dir exists and every rank can write into it, and a
+// run that does not resume does not silently replace the checkpoints already there.
+static void prepare_dir(const CheckpointConfig& c, Comm& world) {
+  if (c.dir.empty()) return;
+  if (world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
+  std::string problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
+  fail_together(world, problem, "[checkpoint] dir = " + c.dir + " cannot hold checkpoints: ");
+  std::string held;
+  if (world.rank == 0 && c.resume.empty() && !c.overwrite) {
+    for (int64_t s : checkpoint_steps(c.dir)) held += (held.empty() ? "" : ", ") + step_dir_name(s);
+    if (held.empty() && path_exists(c.dir + "/latest")) held = "latest";
+  }
+  fail_together(world, held.empty() ? "" : "[checkpoint] dir = " + c.dir + " already holds "
+                "checkpoints (" + held + ") and this run does not resume: set [checkpoint] "
+                "resume = \"latest\" to continue from them, or [checkpoint] overwrite = true to "
+                "train from scratch and replace them, or choose another dir", "");
 }
 
 static std::string shape_text(const CheckpointMeta& m) {
@@ -252,33 +362,25 @@ static std::string check_index(const CheckpointMeta& m, const ModelConfig& model
   return "";
 }
 
-// Verifies the manifest (ranks share the checksums) and opens the index on every rank.
-static void open_verified(const std::string& ckpt, const ModelConfig& model,
-                          const GPTLayout& layout, Comm& world, CheckpointIndex* index,
-                          CheckpointMeta* meta) {
+// Opens the index of a verified checkpoint on every rank and checks it against the model.
+static void open_index(const std::string& ckpt, const ModelConfig& model, const GPTLayout& layout,
+                       Comm& world, CheckpointIndex* index, CheckpointMeta* meta) {
   std::vector<ManifestEntry> entries;
   std::string problem = manifest_read(ckpt, &entries);
-  if (problem.empty() && std::none_of(entries.begin(), entries.end(), [](const ManifestEntry& e) {
-        return e.file == kIndexFileName;
-      }))
-    problem = ckpt + "/manifest.txt does not list " + kIndexFileName;
-  if (problem.empty()) problem = manifest_verify(ckpt, entries, world.rank, world.size);
-  fail_together(world, problem, "cannot resume: ");
-  problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
+  if (problem.empty()) problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
   if (problem.empty()) problem = check_index(*meta, model, layout, entries, ckpt);
   fail_together(world, problem, "cannot resume: ");
 }
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, Mesh& mesh) {
+                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
-  if (!c.dir.empty() && world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
+  prepare_dir(c, world);
   barrier(world);
   if (c.resume.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  std::string ckpt;
-  fail_together(world, resolve(c, &ckpt), "cannot resume: ");
+  const std::string ckpt = resolve(c, world);
   if (ckpt.empty()) {
     if (world.rank == 0)
       std::printf("resume   no checkpoint in %s yet: starting from step 0\n", c.dir.c_str());
@@ -286,7 +388,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   }
   CheckpointIndex index;
   CheckpointMeta meta;
-  open_verified(ckpt, cfg.model, layout, world, &index, &meta);
+  open_index(ckpt, cfg.model, layout, world, &index, &meta);
   for (StateKind kind : kStates)
     param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
   h5_close_index(index);
@@ -297,6 +399,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   cfg.train.seed = meta.seed;
   train_data.seed = meta.seed;
   dataloader_seek(train_data, meta.data);
+  *loss_trend = meta.loss_trend;
   if (world.rank == 0) {
     std::printf("resume   %s: step %lld, written by %d rank(s), loaded by %d in %.3f s\n",
                 ckpt.c_str(), (long long)meta.step, meta.writers, world.size, seconds_since(t0));

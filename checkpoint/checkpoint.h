@@ -36,9 +36,12 @@
 //
 // Saving (checkpoint_save, all ranks):
 //   1. rank 0 creates dir/step_000123.tmp (removing a stale one)                 [barrier]
-//   2. each rank writes rank_<r>.h5 into it, fsyncs it, computes its size and CRC32
-//   3. the ranks agree that every write succeeded (otherwise: stop, naming the rank and file;
-//      nothing was committed, `latest` still names the previous checkpoint)
+//   2. each rank builds rank_<r>.h5 in memory (HDF5's core driver) and writes it into the
+//      directory with plain POSIX writes, fsyncs it and digests (size, CRC32) what it wrote
+//   3. the ranks agree that every write succeeded (otherwise, a full disk say: rank 0 removes
+//      the temporary directory and every rank stops with exit status 1, naming the rank, the
+//      file and the system's reason; nothing was committed, `latest` still names the previous
+//      checkpoint, and no HDF5 file is left half-closed)
 //   4. rank 0 writes checkpoint.h5 and then manifest.txt (sizes + CRCs of all files), fsyncs
 //      both and the directory, renames step_000123.tmp -> step_000123, fsyncs dir, then replaces
 //      `latest` atomically (latest.tmp + fsync + rename + fsync dir), and only then deletes the
@@ -61,11 +64,13 @@
 //
 // Limits: the directory must be on a file system all ranks share (rank 0 writes the index over
 // every rank's file, and resume reads any rank's file). A save needs room for keep + 1
-// checkpoints at once. Data is staged through one host buffer of a unit's slice per rank; on a
-// GPU the device-to-host copies are not overlapped with the writes.
+// checkpoints at once, and host memory of about twice a rank file (its image in HDF5's memory,
+// then the copy that is written); on a GPU the device-to-host copies are not overlapped with
+// the writes.
 #pragma once
 #include <string>
 
+#include "checkpoint/async_save.h"
 #include "data/dataloader.h"
 #include "config/config.h"
 #include "model/gpt.h"
@@ -74,17 +79,28 @@
 
 // At start-up, after the store, model and data loaders exist. Removes the temporaries of
 // interrupted saves from [checkpoint] dir; then, if [checkpoint] resume names a checkpoint,
-// verifies it and loads it: the store's master, m and v, the train loader's position, and the
-// seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
+// verifies it and loads it: the store's master, m and v, the train loader's position, the loss's
+// trend, and the seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
 // (0 for a fresh start). Any problem stops the job with a message naming the file.
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, Mesh& mesh);
+                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh);
 
-// After step `step` (and its evaluation): saves when `step` is a multiple of [checkpoint] every
-// or is the last step, if [checkpoint] dir is set. All ranks call it.
-void checkpoint_save_if_due(const Config& cfg, int step, const GPTLayout& layout,
-                            ParamStore& store, const DataLoader& train_data, Mesh& mesh);
+// A save is due after step `step` when [checkpoint] dir is set and the step is a multiple of
+// [checkpoint] every, or the last.
+bool checkpoint_due(const Config& cfg, int step);
+// Right after the step's update, before its step line, all ranks: with [checkpoint] async, begins
+// an asynchronous save of a due step other than the last (checkpoint/async_save.h). Returns the
+// seconds the step waited for it, or -1 when no save began.
+double checkpoint_snapshot_if_due(AsyncSave& async, const Config& cfg, int step,
+                                  const GPTLayout& layout, ParamStore& store, const RunState& run,
+                                  Mesh& mesh);
+// After the step's logs, evaluation and preemption agreement, all ranks: finishes an
+// asynchronous save whose files every rank has written (all of it at the last step or `now`),
+// then saves synchronously when a save is due and was not begun asynchronously, or `now` (a
+// preemption: training/preemption.h). Returns whether it saved this step.
+bool checkpoint_after_step(AsyncSave& async, const Config& cfg, int step, const GPTLayout& layout,
+                           ParamStore& store, const RunState& run, Mesh& mesh, bool now);
 
 // Saves unconditionally into cfg.checkpoint.dir (the protocol above).
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
-                     const DataLoader& train_data, Mesh& mesh);
+                     const RunState& run, Mesh& mesh);

@@ -78,22 +78,12 @@ static std::string digest_fd(int fd, const std::string& path, FileDigest* out) {
   return "";
 }
 
-static std::string open_and_digest(const std::string& path, bool sync, FileDigest* out) {
+std::string digest_file(const std::string& path, FileDigest* out) {
   int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) return errno_text("cannot open", path);
-  std::string problem;
-  if (sync && fsync(fd) != 0) problem = errno_text("cannot fsync", path);
-  if (problem.empty()) problem = digest_fd(fd, path, out);
+  std::string problem = digest_fd(fd, path, out);
   close(fd);
   return problem;
-}
-
-std::string sync_and_digest(const std::string& path, FileDigest* out) {
-  return open_and_digest(path, true, out);
-}
-
-std::string digest_file(const std::string& path, FileDigest* out) {
-  return open_and_digest(path, false, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -107,20 +97,27 @@ std::string sync_dir(const std::string& dir) {
   return problem;
 }
 
-std::string write_file_synced(const std::string& path, const std::string& text) {
+std::string write_bytes_synced(const std::string& path, const void* data, size_t n,
+                               FileDigest* digest) {
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return errno_text("cannot create", path);
+  const char* p = static_cast<const char*>(data);
   size_t done = 0;
   std::string problem;
-  while (done < text.size() && problem.empty()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) problem = errno_text("cannot write", path);
-    else done += (size_t)n;
+  while (done < n && problem.empty()) {
+    ssize_t w = write(fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) problem = errno_text("cannot write", path);
+    else done += (size_t)w;
   }
   if (problem.empty() && fsync(fd) != 0) problem = errno_text("cannot fsync", path);
   if (close(fd) != 0 && problem.empty()) problem = errno_text("cannot close", path);
+  if (problem.empty() && digest) *digest = FileDigest{(uint64_t)n, crc32_update(0, data, n)};
   return problem;
+}
+
+std::string write_file_synced(const std::string& path, const std::string& text) {
+  return write_bytes_synced(path, text.data(), text.size(), nullptr);
 }
 
 std::string write_file_atomically(const std::string& path, const std::string& text) {
@@ -162,6 +159,15 @@ std::string make_dir(const std::string& path) {
   }
   if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return errno_text("cannot create", path);
   return "";
+}
+
+std::string probe_dir(const std::string& dir, const std::string& name) {
+  std::string problem = make_dir(dir);
+  if (problem.empty() && !is_directory(dir)) problem = dir + " exists and is not a directory";
+  const std::string probe = dir + "/" + name;
+  if (problem.empty()) problem = write_file_synced(probe, "probe\n");
+  if (problem.empty() && unlink(probe.c_str()) != 0) problem = errno_text("cannot remove", probe);
+  return problem;
 }
 
 void remove_tree(const std::string& path) {

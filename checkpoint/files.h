@@ -14,7 +14,8 @@
 //
 // The CRC32 is zlib's (polynomial 0xEDB88320), so `python3 -c "import zlib; ..."` or `crc32`
 // from the shell checks a file without our code. Computed slice-by-8 (~2 GB/s per core), by each
-// writer over its own file right after closing it, while the file is still in the page cache.
+// writer over the bytes it writes (write_bytes_synced), so a file is never read back to be
+// digested.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,9 +28,7 @@ struct FileDigest {
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
 };
-// fsync()s the file (so its data is on disk before anything refers to it) and digests it.
-// Returns "" or a message naming the file.
-std::string sync_and_digest(const std::string& path, FileDigest* out);
+// Reads the file and digests it. Returns "" or a message naming the file.
 std::string digest_file(const std::string& path, FileDigest* out);
 
 // fsync of a directory: makes the creation, rename or removal of its entries durable.
@@ -38,11 +37,18 @@ std::string sync_dir(const std::string& dir);
 // the old content or the new, never a mix.
 std::string write_file_atomically(const std::string& path, const std::string& text);
 std::string write_file_synced(const std::string& path, const std::string& text);
+// Creates path with the n bytes at data, fsyncs it and gives their size and CRC32: "" or the
+// error naming the file (a full disk: "cannot write <path>: No space left on device").
+std::string write_bytes_synced(const std::string& path, const void* data, size_t n,
+                               FileDigest* digest);
 bool read_text_file(const std::string& path, std::string* out);
 
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 std::string make_dir(const std::string& path);  // mkdir -p; "" or the error
+// mkdir -p, then writes, fsyncs and removes a small file `name` inside: "" if the directory can
+// hold files, else the error naming the path.
+std::string probe_dir(const std::string& dir, const std::string& name);
 void remove_tree(const std::string& path);      // rm -rf, best effort
 std::string parent_dir(const std::string& path);
 std::string base_name(const std::string& path);

@@ -28,6 +28,8 @@
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
+//   /train       attributes loss_mean, loss_var (float64), applied, skipped, skipped_in_a_row:
+//                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
 //                virtual datasets of the logical shape: (rows, cols), or (rows,) for vectors;
 //                a stacked tensor (TensorPlacement::stacked = E, the experts of an MoE block)
@@ -45,10 +47,13 @@
 // written as version 1, so older readers keep reading it; this one reads both.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/files.h"
 #include "data/dataloader.h"
+#include "training/health.h"
 #include "model/gpt.h"
 #include "parallel/param_store.h"
 
@@ -66,13 +71,21 @@ struct WriterShards {
 // ranks holding the unit (the writer geometry above), clipped to what its tp rank owns.
 FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
 
+// What a checkpoint keeps of the run besides the tensors and the config: where the training data
+// is, and the loss's trend (training/health.h: skipped spikes), as they were after its step.
+struct RunState {
+  DataPosition data;
+  LossTrend loss_trend;
+};
+
 // Everything but the tensors.
 struct CheckpointMeta {
   int format_version = kCheckpointFormatDense;
   int64_t step = 0;
   uint64_t seed = 0;
   DataPosition data;
-  std::string config_toml;
+  LossTrend loss_trend;
+  std::string config_toml;  // written for people and tools (h5py); resume does not read it
   int writers = 0;        // dp * pp * cp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it
   int writer_cp = 1;      // its context-parallel degree
@@ -86,10 +99,35 @@ struct CheckpointMeta {
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
 };
 
-// Writes this writer's ranges of the master, m and v of every unit (copied from the device).
-// The store's compute stream must be idle. Returns "" or a message naming the file.
+// What a writer saves: its range of the master, m and v of every unit (writer_range), the
+// parts of its rank file in order, and the attributes naming its place.
+struct RankFilePart {
+  StateKind kind;
+  int unit;
+  FlatRange range;
+};
+struct RankFileContents {
+  int64_t shard_rank = 0, tp_rank = 0, pp_rank = 0, ep_rank = 0;
+  std::vector<RankFilePart> parts;  // the non-empty ranges, by state then unit
+  size_t floats() const;            // their total size
+};
+RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards);
+// The host data of part i: called once per part, in order; the pointer is read before the
+// next call (the synchronous save copies each part from the device into one buffer, the
+// asynchronous one hands out its snapshot, checkpoint/async_save.cu).
+using PartSource = std::function<const float*(size_t i)>;
+// The store's slice of part p on the host: copied from the device (the store's compute stream
+// must be idle). Exits naming the unit if the range is not inside the rank's shard.
+void copy_part(ParamStore& store, const RankFilePart& p, float* dst);
+// Writes the rank file: built in memory by HDF5 (its core driver), then written, fsync'd and
+// digested with plain POSIX calls (checkpoint/files.h), so a full disk is one clean write error
+// naming the file and HDF5 never holds a file it could not close. Returns "" or the problem.
+std::string h5_write_rank_file(const std::string& path, const RankFileContents& contents,
+                               const PartSource& source, FileDigest* digest);
+// The synchronous case: every part copied from the store.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
-                               const GPTLayout& layout, const WriterShards& shards);
+                               const GPTLayout& layout, const WriterShards& shards,
+                               FileDigest* digest);
 // The writers' degrees (their dp, pp, cp, tp, ep and chunks per pipeline rank; sp changes no
 // layout), as the index records them.
 MeshShape writer_shape(const CheckpointMeta& meta);
@@ -98,11 +136,11 @@ MeshShape writer_shape(const CheckpointMeta& meta);
 // units[(pp_rank * tp + tp_rank) * ep + ep_rank].
 using WriterUnits = std::vector<std::vector<ParamUnit>>;
 WriterUnits writer_units(const ModelConfig& model, const MeshShape& writers);
-// Writes the index over the files of meta.writers writers; `units` as writer_units gives
-// them. Returns "" or a message naming the file (or the tensor whose elements the writers do
-// not hold exactly once).
+// Writes the index over the files of meta.writers writers (in memory, then as the rank file);
+// `units` as writer_units gives them. Returns "" or a message naming the file (or the tensor
+// whose elements the writers do not hold exactly once).
 std::string h5_write_index(const std::string& path, const WriterUnits& units,
-                           const CheckpointMeta& meta);
+                           const CheckpointMeta& meta, FileDigest* digest);
 
 // Reading, any layout: the index opened read-only, and a ParamFill per state that reads the
 // requested block of a logical tensor as one hyperslab.

@@ -32,6 +32,8 @@
 // plus config/layout_rules.cu (the parallel layout's rules, also used by the planner).
 #include "config/config.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -203,8 +205,11 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
   for (int i = 0; i < argc; i++)
     if (std::string(argv[i]) != "--check-config") args.push_back(argv[i]);  // the caller's flag
   if (args.empty() || args[0].compare(0, 2, "--") == 0)
-    FATAL_ALL("usage: <config.toml> [--section.key=value ...] [--check-config]: the first argument "
-          "must be the config file%s", args.empty() ? "" : (", got '" + args[0] + "'").c_str());
+    FATAL_ALL("the first argument must be the config file%s (--help: the usage)",
+              args.empty() ? "" : (", got '" + args[0] + "'").c_str());
+  struct stat st;
+  if (stat(args[0].c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    FATAL_ALL("cannot read the config file '%s': it is a directory", args[0].c_str());
   std::ifstream in(args[0], std::ios::binary);
   if (!in) FATAL_ALL("cannot read the config file '%s': %s", args[0].c_str(), std::strerror(errno));
   std::ostringstream text;

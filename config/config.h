@@ -58,6 +58,9 @@ struct TrainConfig {      // [train]
   std::string recompute = "none";      // "none" | "gelu" | "block"
   float moe_aux_loss = 0.01f;          // load-balancing loss coefficient (MoE)
   float moe_z_loss = 0.0f;             // router z-loss coefficient (MoE)
+  float skip_spikes = 0.0f;            // skip an update whose loss is this many running std
+                                       // devs above the running mean (0 = never; health.h)
+  int max_skips = 5;                   // ... and stop after this many in a row
   // Where the fp32 master weights and Adam moments live ([parallel] zero >= 1): "none" on the
   // device, "cpu" in pinned host memory, "nvme" in one file per rank under offload_dir; AdamW
   // then runs on the host (parallel/offload.cu).
@@ -80,6 +83,7 @@ struct ParallelConfig {   // [parallel]
   int zero = 0;
   bool fsdp = false;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
+  double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
 };
 
 struct PrecisionConfig {  // [precision]
@@ -98,6 +102,8 @@ struct CheckpointConfig { // [checkpoint]
   int every = 0;          // save every this many steps (0 = only after the last step)
   int keep = 3;           // newest checkpoints kept
   std::string resume;     // "" | "latest" | a checkpoint path
+  bool overwrite = false; // a run that does not resume may replace the checkpoints in dir
+  bool async = false;     // written by a background thread from a host copy (async_save.h)
 };
 
 struct LogConfig {        // [log]
@@ -110,6 +116,8 @@ struct LogConfig {        // [log]
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
   bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
+  int straggler_every = 100;      // report the slowest and fastest rank every this many steps
+  float straggler_factor = 1.25f; // name a rank whose step is this many times the median's
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)

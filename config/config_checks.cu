@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -43,13 +44,15 @@ static std::string read_model_header(const std::string& path, ModelFileShape* sh
       s.Vp != (s.V + 127) / 128 * 128)
     return strf("malformed header: maxT=%d V=%d L=%d NH=%d C=%d Vp=%d (sizes must be positive, "
                 "Vp = V rounded up to a multiple of 128)", s.maxT, s.V, s.L, s.NH, s.C, s.Vp);
-  int64_t C = s.C;  // llm.c's parameter count: wte, wpe, L blocks, ln_f
-  int64_t params = (int64_t)s.Vp * C + (int64_t)s.maxT * C + s.L * (12 * C * C + 13 * C) + 2 * C;
-  int64_t expected = 1024 + params * (s.version == 3 ? 4 : 2);
-  if (bytes != expected)
+  // llm.c's parameter count: wte, wpe, L blocks, ln_f; in 128 bits, since a damaged header's
+  // sizes overflow 64 (and then no file has the size they imply).
+  const __int128 C = s.C;
+  const __int128 params = s.Vp * C + s.maxT * C + s.L * (12 * C * C + 13 * C) + 2 * C;
+  const __int128 expected = 1024 + params * (s.version == 3 ? 4 : 2);
+  if ((__int128)bytes != expected)
     return strf("the file has %ld bytes, but its header (L=%d NH=%d C=%d maxT=%d Vp=%d, "
-                "version %d) needs %lld", bytes, s.L, s.NH, s.C, s.maxT, s.Vp, s.version,
-                (long long)expected);
+                "version %d) needs %.0Lf", bytes, s.L, s.NH, s.C, s.maxT, s.Vp, s.version,
+                (long double)expected);
   return "";
 }
 
@@ -202,11 +205,14 @@ void check_values(Checker& c) {
                          "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
   for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
-                         "log.sample_every", "precision.fp8_margin"})
+                         "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
-                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss"})
+                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
+                         "parallel.timeout_s", "train.skip_spikes"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
+  c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
+  c.require(cfg.log.straggler_factor > 1, "log.straggler_factor", "must be > 1");
   for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
                          "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib",
                          "plan.pcie_gbs", "plan.nvme_gbs"})
@@ -223,6 +229,15 @@ void check_values(Checker& c) {
                    mention(cfg, c.origins, "model.max_seq_len") + ": a run uses the first "
                    "seq_len rows of the position table (wpe), which has max_seq_len rows, so "
                    "seq_len must be <= max_seq_len (for random init, raise [model] max_seq_len)");
+  // Token positions are 32-bit ints in the kernels and the pipeline: a rank's tokens of a step
+  // (micro_batch x seq_len of each of grad_accum micro-batches) must fit one.
+  const double step_tokens =
+      (double)cfg.train.micro_batch * cfg.model.seq_len * std::max(1, cfg.train.grad_accum);
+  if (step_tokens > INT_MAX)
+    c.problems.add(mention(cfg, c.origins, "train.micro_batch") + " x " +
+                   mention(cfg, c.origins, "model.seq_len") + " x " +
+                   mention(cfg, c.origins, "train.grad_accum") + strf(" = %.0f tokens of a step on "
+                   "a rank, more than 2^31 - 1: token positions are 32-bit ints", step_tokens));
   if (cfg.train.min_lr > cfg.train.lr)
     c.problems.add(mention(cfg, c.origins, "train.min_lr") + " is greater than " +
                    mention(cfg, c.origins, "train.lr"));
@@ -268,8 +283,12 @@ void check_files(Checker& c) {
     const std::string problem = offload_dir_problem(cfg.train.offload_dir);
     if (!problem.empty()) c.require(false, "train.offload_dir", problem);
   }
-  const std::string& resume = cfg.checkpoint.resume;
   struct stat st;
+  const std::string& tokenizer = cfg.data.tokenizer;
+  if (!tokenizer.empty())
+    c.require(stat(tokenizer.c_str(), &st) == 0 && S_ISREG(st.st_mode), "data.tokenizer",
+              "no such file (\"\" = look for tokenizer.bin beside the train shards)");
+  const std::string& resume = cfg.checkpoint.resume;
   if (!resume.empty() && resume != "latest")
     c.require(stat(resume.c_str(), &st) == 0, "checkpoint.resume",
               "no such checkpoint (expected \"\", \"latest\" or an existing path)");

@@ -112,8 +112,8 @@ void read_tokens(DataLoader& dl, int fd, int64_t file, int64_t first, int64_t co
   }
 }
 
-// Token k of dl.buffer as int32 (the host is little-endian, like the files).
-int buffer_token(const DataLoader& dl, int64_t file, int64_t k) {
+// Token k of dl.buffer (the host is little-endian, like the files).
+int64_t buffer_token(const DataLoader& dl, int64_t file, int64_t k) {
   if (dl.token_bytes[file] == 2) {
     uint16_t t;
     std::memcpy(&t, dl.buffer.data() + 2 * k, 2);
@@ -121,9 +121,21 @@ int buffer_token(const DataLoader& dl, int64_t file, int64_t k) {
   }
   uint32_t t;
   std::memcpy(&t, dl.buffer.data() + 4 * k, 4);
-  CHECK(t <= (uint32_t)INT_MAX, "shard '%s': token %u does not fit an int32",
-        dl.files[file].c_str(), t);
-  return (int)t;
+  return t;
+}
+
+// Token k of dl.buffer (token `first` + k of the shard) as an int; stops the job if it is not
+// below the vocabulary (or does not fit an int).
+int checked_token(const DataLoader& dl, int64_t file, int64_t first, int64_t k) {
+  const int64_t token = buffer_token(dl, file, k);
+  const int64_t limit = dl.vocab_size > 0 ? dl.vocab_size : (int64_t)INT_MAX + 1;
+  if (token < limit) return (int)token;
+  const int64_t offset = first + k;
+  FATAL("%s: shard '%s': token %lld at offset %lld (byte %lld) is not below %s %lld: the shard "
+        "was made with another tokenizer, or is damaged", dl.what.c_str(),
+        dl.files[file].c_str(), (long long)token, (long long)offset,
+        (long long)(kHeaderBytes + offset * dl.token_bytes[file]),
+        dl.vocab_size > 0 ? "[model] vocab_size =" : "the int32 limit", (long long)limit);
 }
 
 // Reads `rows` consecutive rows starting at row `row` into inputs/targets (rows*T each).
@@ -131,9 +143,10 @@ void read_rows(DataLoader& dl, int fd, int64_t file, int64_t row, int64_t rows, 
                int* targets) {
   int64_t n = rows * dl.T;
   read_tokens(dl, fd, file, row * dl.T, n + 1);
-  for (int64_t k = 0; k < n; k++) {
-    inputs[k] = buffer_token(dl, file, k);
-    targets[k] = buffer_token(dl, file, k + 1);
+  for (int64_t k = 0; k <= n; k++) {
+    const int token = checked_token(dl, file, row * dl.T, k);
+    if (k < n) inputs[k] = token;
+    if (k > 0) targets[k - 1] = token;
   }
 }
 
@@ -197,7 +210,7 @@ std::string shard_check(const std::string& path, int64_t* num_tokens, int* token
 }
 
 void dataloader_init(DataLoader& dl, const std::string& pattern, const char* what, int B, int T,
-                     int dp_rank, int dp_size, bool shuffle, uint64_t seed) {
+                     int dp_rank, int dp_size, bool shuffle, uint64_t seed, int vocab_size) {
   CHECK(B > 0 && T > 0, "%s: batch size B=%d and sequence length T=%d must be positive", what, B,
         T);
   CHECK(dp_size > 0 && dp_rank >= 0 && dp_rank < dp_size, "%s: dp rank %d out of range for dp %d",
@@ -205,6 +218,7 @@ void dataloader_init(DataLoader& dl, const std::string& pattern, const char* wha
   dl = DataLoader();
   dl.B = B, dl.T = T, dl.dp_rank = dp_rank, dl.dp_size = dp_size;
   dl.shuffle = shuffle, dl.seed = seed;
+  dl.what = what, dl.vocab_size = vocab_size;
   dl.files = glob_files(pattern);
   CHECK_ALL(!dl.files.empty(), "%s: no file matches '%s'", what, pattern.c_str());
   int64_t G = global_rows(dl);
@@ -228,8 +242,12 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
   while (dl.pos.row + G > rows_in_shard(dl, current_file(dl))) advance_shard(dl);
   int64_t file = current_file(dl);
   const std::string& path = dl.files[file];
-  int fd = open(path.c_str(), O_RDONLY);
+  const int fd = open(path.c_str(), O_RDONLY);
   CHECK(fd >= 0, "shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
+  struct Closer {  // a bad token stops the job from inside read_rows
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
   int64_t first = dl.pos.row + (int64_t)dl.dp_rank * dl.B;  // this rank's first row in the order
   if (dl.row_order.empty()) {
     read_rows(dl, fd, file, first, dl.B, inputs, targets);
@@ -239,7 +257,6 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
       read_rows(dl, fd, file, row, 1, inputs + (int64_t)b * dl.T, targets + (int64_t)b * dl.T);
     }
   }
-  close(fd);
   dl.pos.row += G;
 }
 
@@ -252,6 +269,16 @@ void dataloader_seek(DataLoader& dl, const DataPosition& pos) {
             (long long)pos.epoch, (long long)pos.shard, (long long)pos.row, dl.files.size());
   dl.pos = pos;
   build_orders(dl);
+}
+
+std::string dataloader_span(const DataLoader& dl, const DataPosition& from) {
+  char text[1024];
+  std::snprintf(text, sizeof(text), "%s rows (epoch %lld, shard %lld, row %lld) to (epoch %lld, "
+                "shard %lld = '%s', row %lld)", dl.what.c_str(), (long long)from.epoch,
+                (long long)from.shard, (long long)from.row, (long long)dl.pos.epoch,
+                (long long)dl.pos.shard, dl.files[current_file(dl)].c_str(),
+                (long long)dl.pos.row);
+  return text;
 }
 
 int64_t dataloader_num_batches(const DataLoader& dl) {

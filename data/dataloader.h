@@ -14,6 +14,10 @@
 // each shard with a RNG seeded by (seed, epoch, shard): reproducible, and independent of dp for
 // a fixed G.
 //
+// Token ids. A shard made with another tokenizer (or damaged) holds ids at or past the model's
+// vocabulary; the embedding would read outside its table (or, vocabulary-parallel, silently
+// read zeros). So the loader checks every id it hands out against [model] vocab_size.
+//
 // The position is kept layout-independent (epoch, shard, row) so that a checkpoint written with
 // one dp resumes with another.
 #pragma once
@@ -31,7 +35,9 @@ struct DataLoader {
   std::vector<std::string> files;  // sorted glob matches
   std::vector<int64_t> num_tokens; // per file
   std::vector<int> token_bytes;    // 2 or 4, per file
+  std::string what;                // the config key, for messages ("[data] train")
   int B = 0, T = 0, dp_rank = 0, dp_size = 1;
+  int vocab_size = 0;              // every token read must be below it (0: not checked)
   bool shuffle = false;
   uint64_t seed = 0;
   DataPosition pos;
@@ -41,13 +47,20 @@ struct DataLoader {
 };
 
 // `what` names the config key in errors ("[data] train"). Exits with a message if the glob
-// matches nothing or a shard is malformed.
+// matches nothing or a shard is malformed. vocab_size > 0: every token read is checked against
+// it (below).
 void dataloader_init(DataLoader& dl, const std::string& pattern, const char* what, int B, int T,
-                     int dp_rank, int dp_size, bool shuffle, uint64_t seed);
+                     int dp_rank, int dp_size, bool shuffle, uint64_t seed, int vocab_size = 0);
 // Fills inputs and targets (B*T each, host) with this rank's rows of the next global micro-batch.
+// Every token is checked as it is read, before any kernel can see it: an id >= vocab_size stops
+// the job (FATAL: the rank that read it may be alone) naming the key, the shard, the token's
+// offset in the shard, the id and the vocab size.
 void dataloader_next(DataLoader& dl, int* inputs, int* targets);
 void dataloader_reset(DataLoader& dl);  // back to the start (validation passes)
 void dataloader_seek(DataLoader& dl, const DataPosition& pos);
+// The rows read since position `from`, for a log line: "[data] train rows (epoch 0, shard 1 =
+// 'train_001.bin', row 96) to (epoch 0, shard 1, row 100)".
+std::string dataloader_span(const DataLoader& dl, const DataPosition& from);
 // Number of global micro-batches in one pass over the data (validation sizing).
 int64_t dataloader_num_batches(const DataLoader& dl);
 // Validates one shard file; returns "" or an error message naming the file.

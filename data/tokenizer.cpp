@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 
 #include "kernels/common.h"
 
@@ -16,7 +17,8 @@ constexpr int kGpt2Eot = 50256;
 
 bool tokenizer_load(Tokenizer& tok, const std::string& path) {
   tok = Tokenizer();
-  FILE* f = std::fopen(path.c_str(), "rb");
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), std::fclose);
+  FILE* f = file.get();
   if (!f) return false;
   int32_t header[256];
   CHECK_ALL(std::fread(header, sizeof(header), 1, f) == 1,
@@ -26,7 +28,14 @@ bool tokenizer_load(Tokenizer& tok, const std::string& path) {
   CHECK_ALL(header[1] == 1 || header[1] == 2, "tokenizer '%s': bad version %d, expected 1 or 2",
             path.c_str(), header[1]);
   int vocab = header[2];
-  CHECK_ALL(vocab > 0, "tokenizer '%s': bad vocabulary size %d", path.c_str(), vocab);
+  std::fseek(f, 0, SEEK_END);
+  const long bytes = std::ftell(f);
+  std::fseek(f, sizeof(header), SEEK_SET);
+  // Each token takes at least two bytes (its length and one byte), so the file bounds the
+  // vocabulary before anything is allocated for it.
+  CHECK_ALL(vocab > 0 && vocab <= (bytes - (long)sizeof(header)) / 2,
+            "tokenizer '%s': bad vocabulary size %d for a file of %ld bytes", path.c_str(), vocab,
+            bytes);
   tok.eot = header[1] == 1 ? kGpt2Eot : header[3];
   tok.pieces.resize(vocab);
   for (int i = 0; i < vocab; i++) {
@@ -37,7 +46,6 @@ bool tokenizer_load(Tokenizer& tok, const std::string& path) {
     CHECK_ALL(std::fread(&tok.pieces[i][0], 1, len, f) == len,
               "tokenizer '%s': token %d of %d is truncated", path.c_str(), i, vocab);
   }
-  std::fclose(f);
   tok.loaded = true;
   return true;
 }

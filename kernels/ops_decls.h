@@ -56,6 +56,9 @@ void event_destroy(Event e);
 void event_record(Event e, Stream s);
 void stream_wait_event(Stream s, Event e);  // later work on s waits for e (no host wait)
 void event_sync(Event e);
+// Whether the work recorded before e has completed (an event never recorded is done); does not
+// wait. Safe to call from another host thread (the NCCL watchdog, parallel/watchdog.h).
+bool event_done(Event e);
 float event_elapsed_ms(Event start, Event end);  // CPU backend: host wall time between records
 const char* attention_impl_name(Stream s);        // what AttentionImpl::Auto resolved to
 // The backend's own stream handle (a cudaStream_t on CUDA, nullptr on the CPU), for libraries
@@ -70,14 +73,17 @@ void range_pop();
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]            out (B,T,C), wte (Vp,C), wpe (maxT,C)
 // Vocabulary-parallel form: wte holds only the rows [vocab_first, vocab_first + vocab_rows) of
 // the full table; a token outside that range contributes zeros. wpe == nullptr adds no position.
+// Every token must be in [0, vocab_size): the data loader checks each id on the host before any
+// kernel sees it (data/dataloader.h); the CPU backend checks again and stops naming the token,
+// the CUDA backend does in a build with GPT5D_DEBUG_CHECKS (make DEBUG_CHECKS=1).
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
                      int C, DType dt, Stream s, int vocab_first = 0,
-                     int vocab_rows = kAllVocabRows);
+                     int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows);
 // dwte[tokens[b,t] - vocab_first,:] += dout[b,t,:] for tokens in the range (above);
 // dwpe[t,:] += sum_b dout[b,t,:] when dwpe != nullptr.                  (deterministic order)
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
                       int C, DType dt, Stream s, int vocab_first = 0,
-                      int vocab_rows = kAllVocabRows);
+                      int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows);
 
 // out = inp + bias + residual, summed in fp32 and rounded once. bias (C) and residual (N,C) may
 // each be nullptr; out may be inp. What a GEMM epilogue does, for the row-parallel GEMMs of

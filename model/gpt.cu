@@ -373,7 +373,7 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
                          root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
-                         g.Vp_local, m.dt, s);
+                         g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
     const void* x = gpt_stage_output(m, c.slot, c.chunk);

@@ -141,7 +141,8 @@ static void embedding_backward(GPT& m, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const ActivationSlot& sl = m.slots[c.slot];
   tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
-                        sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, m.dt, s);
+                        sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
+                        m.dt, s);
 }
 
 void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {

@@ -35,6 +35,7 @@
 
 #include "kernels/ops.h"
 #include "parallel/axis.h"
+#include "parallel/watchdog.h"
 
 enum class CommBackend : int { MPI = 0, NCCL, Count, None };
 
@@ -61,6 +62,7 @@ struct Comm {
   int size = 1;                 // group size
   CommBackend backend = CommBackend::None;
   CommStats* stats = nullptr;   // shared by all axes of the process (null: not counted)
+  Watchdog* watch = nullptr;    // shared too: the deadline of waits (null: none)
   void* mpi = nullptr;          // the MPI backend's group (parallel/comm_mpi_runtime.cu)
   void* nccl = nullptr;         // ncclComm_t under the NCCL backend, in groups of 2 or more
   int tags = 1;                 // p2p tags 0 .. tags-1 (comm_open_tags)
@@ -161,7 +163,7 @@ void runtime_finalize();
 // same axes in the same order), and under NCCL groups of 2+ also get an ncclComm (collective over
 // the group; the device must be selected first). Count and None only describe it.
 void comm_create(Comm& c, Axis axis, const std::vector<int>& members, int world_rank,
-                 CommBackend backend, CommStats* stats);
+                 CommBackend backend, CommStats* stats, Watchdog* watch = nullptr);
 void comm_destroy(Comm& c);  // frees the MPI and NCCL communicators and the staging buffer
 
 // ---------------------------------------------------------------------------------------------
@@ -188,7 +190,7 @@ extern const CollectiveBackend kMpiCollectives;   // parallel/comm_mpi.cu
 extern const CollectiveBackend kNcclCollectives;
 void nccl_require();             // stops the job with a clear message where NCCL is absent
 void* nccl_create(Comm& c);      // an ncclComm_t for c's group (c.mpi is connected)
-void nccl_destroy(void* nccl);
+void nccl_destroy(Comm& c, void* nccl_comm);  // frees one made by nccl_create(c)
 
 // The MPI backend's host side (parallel/comm_mpi_runtime.cu), for the host helpers above under
 // every backend: small host arrays of ints, doubles or bytes.

@@ -14,12 +14,16 @@
 // even), the same per-addition rounding a GPU reduction of bf16 values does. The op is created on
 // first use and lives until MPI_Finalize (a function-local static: MPI ops are process-wide).
 //
+// Waiting: every call is MPI's nonblocking form, waited for by mpi_wait (comm_mpi_runtime.cu):
+// it sleeps instead of spinning and ends the job past [parallel] timeout_s (parallel/watchdog.h).
+//
 // Determinism: OpenMPI picks a reduction algorithm from the group and message sizes only, so a
 // given layout reduces in the same order on every run.
 // Errors: MPI calls are not checked one by one; runtime_init (parallel/comm_mpi_runtime.cu)
 // installs an error handler on MPI_COMM_WORLD, inherited by every group, that reports the MPI
 // error and the rank through FATAL.
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -132,14 +136,19 @@ void stage_out(const HostView& v, void* out, size_t out_bytes) {
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   const size_t bytes = count * dtype_size(dt);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), mpi_type(dt), sum_op(dt), mpi_group(c));
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, v.out, mpi_count(count), mpi_type(dt), sum_op(dt), mpi_group(c),
+                 &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "all-reduce");
   stage_out(v, buf, bytes);
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
   const size_t bytes = count * sizeof(float);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Allreduce(MPI_IN_PLACE, v.out, mpi_count(count), MPI_FLOAT, MPI_MAX, mpi_group(c));
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, v.out, mpi_count(count), MPI_FLOAT, MPI_MAX, mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "all-reduce (max)");
   stage_out(v, buf, bytes);
 }
 
@@ -147,8 +156,10 @@ void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count
                         ops::Stream s) {
   const size_t out_bytes = recv_count * dtype_size(dt);
   HostView v = stage_in(c, send, c.size * out_bytes, recv, out_bytes, false, s);
-  MPI_Reduce_scatter_block(v.in, v.out, mpi_count(recv_count), mpi_type(dt), sum_op(dt),
-                           mpi_group(c));
+  MPI_Request r;
+  MPI_Ireduce_scatter_block(v.in, v.out, mpi_count(recv_count), mpi_type(dt), sum_op(dt),
+                            mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "reduce-scatter");
   stage_out(v, recv, out_bytes);
 }
 
@@ -157,14 +168,18 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
   const size_t in_bytes = send_count * dtype_size(dt);
   HostView v = stage_in(c, send, in_bytes, recv, c.size * in_bytes, false, s);
   const int n = mpi_count(send_count);
-  MPI_Allgather(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c));
+  MPI_Request r;
+  MPI_Iallgather(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "all-gather");
   stage_out(v, recv, c.size * in_bytes);
 }
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
   const size_t bytes = count * dtype_size(dt);
   HostView v = stage_in(c, buf, bytes, buf, bytes, true, s);
-  MPI_Bcast(v.out, mpi_count(count), mpi_type(dt), root, mpi_group(c));
+  MPI_Request r;
+  MPI_Ibcast(v.out, mpi_count(count), mpi_type(dt), root, mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "broadcast");
   stage_out(v, buf, bytes);
 }
 
@@ -200,7 +215,13 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
                   &req[i]);
     }
   std::vector<MPI_Status> status(n);
-  MPI_Waitall(n, req.data(), status.data());
+  char what[128];
+  int at = std::snprintf(what, sizeof(what), "point-to-point");
+  for (int i = 0; i < n && at < (int)sizeof(what); i++)
+    at += std::snprintf(what + at, sizeof(what) - at, "%s%s %d", i ? ", " : " (",
+                        ops[i].is_send ? "send to" : "recv from", ops[i].peer);
+  if (at < (int)sizeof(what) - 1) std::snprintf(what + at, sizeof(what) - at, ")");
+  mpi_wait(c, n, req.data(), status.data(), what);
   for (int i = 0; i < n; i++) {
     if (ops[i].is_send) continue;
     int received = 0;
@@ -217,7 +238,9 @@ void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt,
   const size_t bytes = c.size * count * dtype_size(dt);
   HostView v = stage_in(c, send, bytes, recv, bytes, false, s);
   const int n = mpi_count(count);
-  MPI_Alltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c));
+  MPI_Request r;
+  MPI_Ialltoall(v.in, n, mpi_type(dt), v.out, n, mpi_type(dt), mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "all-to-all");
   stage_out(v, recv, bytes);
 }
 
@@ -229,8 +252,10 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
   const size_t elem = dtype_size(dt);
   const size_t in_bytes = (size_t)sd[c.size] * elem, out_bytes = (size_t)rd[c.size] * elem;
   HostView v = stage_in(c, send, in_bytes, recv, out_bytes, false, s);
-  MPI_Alltoallv(v.in, sn.data(), sd.data(), mpi_type(dt), v.out, rn.data(), rd.data(),
-                mpi_type(dt), mpi_group(c));
+  MPI_Request r;
+  MPI_Ialltoallv(v.in, sn.data(), sd.data(), mpi_type(dt), v.out, rn.data(), rd.data(),
+                 mpi_type(dt), mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "all-to-all-v");
   stage_out(v, recv, out_bytes);
 }
 

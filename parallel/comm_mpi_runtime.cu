@@ -3,6 +3,9 @@
 // side of the helpers in comm.h. With parallel/comm_mpi.cu (the collectives) this is the only
 // code that calls MPI.
 //
+// Waiting: every MPI call of the backend is nonblocking and waited for by mpi_wait, which sleeps
+// instead of spinning and ends the job past [parallel] timeout_s (parallel/watchdog.h).
+//
 // Failure handling: one failing rank must end the whole job, naming itself. runtime_init installs
 //   - the FATAL hook (kernels/common.h): prefix "[rank r] " on every message, then
 //     MPI_Abort(MPI_COMM_WORLD), which makes mpirun kill every other rank (a one-rank job just
@@ -17,6 +20,11 @@
 // Groups: MPI_Comm_split over MPI_COMM_WORLD, where ranks with equal "color" form a group ordered
 // by "key": the color of a group is its first member's world rank (unique to it), the key the
 // rank's place in the member list (parallel/mesh.cu works the lists out).
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -110,11 +118,12 @@ void runtime_finalize() {
 // Groups
 // ---------------------------------------------------------------------------------------------
 void comm_create(Comm& c, Axis axis, const std::vector<int>& members, int world_rank,
-                 CommBackend backend, CommStats* stats) {
+                 CommBackend backend, CommStats* stats, Watchdog* watch) {
   c = Comm{};
   c.axis = axis;
   c.backend = backend;
   c.stats = stats;
+  c.watch = watch;
   c.size = (int)members.size();
   c.rank = -1;
   for (int i = 0; i < c.size; i++)
@@ -143,8 +152,9 @@ void comm_open_tags(Comm& c, int tags) {
 }
 
 void comm_destroy(Comm& c) {
-  for (void* t : c.nccl_tags) nccl_destroy(t);
-  if (c.nccl) nccl_destroy(c.nccl);
+  for (void* t : c.nccl_tags) nccl_destroy(c, t);
+  c.nccl_tags.clear();
+  if (c.nccl) nccl_destroy(c, c.nccl);
   if (c.mpi) {
     MPI_Comm* group = static_cast<MPI_Comm*>(c.mpi);
     MPI_Comm_free(group);
@@ -152,6 +162,54 @@ void comm_destroy(Comm& c) {
   }
   std::free(c.staging);
   c = Comm{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting, with a deadline
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// A wait first yields the core between tests for up to kYieldS (a collective whose peers are
+// already there completes within it), then sleeps, 20 us growing to 1 ms: a long wait (a slow
+// peer, a stopped one) costs no CPU.
+constexpr double kYieldS = 1e-3;
+constexpr long kFirstNapNs = 20000, kLongestNapNs = 1000000;
+
+void nap(long ns) {
+  struct timespec t = {0, ns};
+  nanosleep(&t, nullptr);
+}
+
+[[noreturn]] void deadline_passed(const Comm& c, const char* op, double waited) {
+  const Watchdog& w = *c.watch;
+  FATAL("watchdog: %s on axis %s (%d ranks) at step %lld has waited %.1f s, longer than "
+        "[parallel] timeout_s = %g: another rank of the group stopped, died or is far behind",
+        op, axis_name(c.axis), c.size, (long long)w.step, waited, w.timeout_s);
+}
+
+}  // namespace
+
+void mpi_wait(Comm& c, int n, MPI_Request* requests, MPI_Status* statuses, const char* op) {
+  const auto start = std::chrono::steady_clock::now();
+  const double timeout = c.watch ? c.watch->timeout_s : 0;
+  long nap_ns = kFirstNapNs;
+  for (;;) {
+    int done = 0;
+    MPI_Testall(n, requests, &done, statuses);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (done) {
+      if (c.watch) c.watch->waited_s += waited;
+      return;
+    }
+    if (timeout > 0 && waited > timeout) deadline_passed(c, op, waited);
+    if (waited < kYieldS) {
+      sched_yield();
+      continue;
+    }
+    nap(nap_ns);
+    nap_ns = std::min(2 * nap_ns, kLongestNapNs);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,28 +229,43 @@ MPI_Op host_op(HostOp op) {
 
 namespace mpi_host {
 
-void barrier(Comm& c) { MPI_Barrier(mpi_group(c)); }
+void barrier(Comm& c) {
+  MPI_Request r;
+  MPI_Ibarrier(mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "barrier");
+}
 
 void all_reduce(Comm& c, void* x, int n, HostType t, HostOp op) {
-  MPI_Allreduce(MPI_IN_PLACE, x, n, host_type(t), host_op(op), mpi_group(c));
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, x, n, host_type(t), host_op(op), mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "host all-reduce");
 }
 
 void all_to_all(Comm& c, const void* send, int per_peer, void* recv, HostType t) {
-  MPI_Alltoall(send, per_peer, host_type(t), recv, per_peer, host_type(t), mpi_group(c));
+  MPI_Request r;
+  MPI_Ialltoall(send, per_peer, host_type(t), recv, per_peer, host_type(t), mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "host all-to-all");
 }
 
 void broadcast(Comm& c, void* buf, size_t bytes, int root) {
-  MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_group(c));
+  MPI_Request r;
+  MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "host broadcast");
 }
 
 void all_gather(Comm& c, const void* mine, size_t bytes, void* all) {
-  MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, mpi_group(c));
+  MPI_Request r;
+  MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, mpi_group(c), &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "host all-gather");
 }
 
 void all_gather_v(Comm& c, const void* mine, int bytes, const int* all_bytes, void* all) {
   std::vector<int> displs(c.size, 0);
   for (int r = 1; r < c.size; r++) displs[r] = displs[r - 1] + all_bytes[r - 1];
-  MPI_Allgatherv(mine, bytes, MPI_BYTE, all, all_bytes, displs.data(), MPI_BYTE, mpi_group(c));
+  MPI_Request r;
+  MPI_Iallgatherv(mine, bytes, MPI_BYTE, all, all_bytes, displs.data(), MPI_BYTE, mpi_group(c),
+                  &r);
+  mpi_wait(c, 1, &r, MPI_STATUSES_IGNORE, "host all-gather");
 }
 
 }  // namespace mpi_host

@@ -14,11 +14,14 @@
 // p2p_batch (and send_to, recv_from and send_recv, its one- and two-op cases) puts its
 // ncclSends and ncclRecvs in one group: NCCL starts them together, so none waits for another's
 // peer to be ready, and the group occupies the stream until all are done.
+//
+// Every operation is watched against [parallel] timeout_s by a thread (parallel/nccl_watchdog.h).
 #include <nccl.h>
 
 #include <cuda_runtime.h>
 
 #include "parallel/comm.h"
+#include "parallel/nccl_watchdog.h"
 
 #define NCCL_CHECK(call)                                                                      \
   do {                                                                                        \
@@ -32,6 +35,13 @@ namespace {
 ncclComm_t handle(const Comm& c) {
   CHECK(c.nccl, "NCCL backend: axis %s has no NCCL communicator", axis_name(c.axis));
   return static_cast<ncclComm_t>(c.nccl);
+}
+// Queues an operation (`call`) on s under the watchdog (parallel/nccl_watchdog.h).
+template <class Call>
+void watched(Comm& c, const char* op, ops::Stream s, Call call) {
+  const uint64_t ticket = nccl_watch_begin(c, op);
+  call();
+  nccl_watch_queued(c, ticket, s);
 }
 // The backend hands out its native stream through the seam; nullptr is the legacy default stream.
 cudaStream_t cuda_stream(ops::Stream s) { return static_cast<cudaStream_t>(ops::native_stream(s)); }
@@ -48,31 +58,42 @@ ncclDataType_t nccl_type(DType dt) {
 }  // namespace
 
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
-  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, handle(c), cuda_stream(s)));
+  watched(c, "all-reduce", s, [&] {
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, handle(c), cuda_stream(s)));
+  });
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
-  NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclMax, handle(c), cuda_stream(s)));
+  watched(c, "all-reduce (max)", s, [&] {
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclMax, handle(c), cuda_stream(s)));
+  });
 }
 
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
-  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dt), ncclSum, handle(c),
-                               cuda_stream(s)));
+  watched(c, "reduce-scatter", s, [&] {
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dt), ncclSum, handle(c),
+                                 cuda_stream(s)));
+  });
 }
 
 void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                 ops::Stream s) {
-  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dt), handle(c), cuda_stream(s)));
+  watched(c, "all-gather", s, [&] {
+    NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dt), handle(c), cuda_stream(s)));
+  });
 }
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {
-  NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, handle(c), cuda_stream(s)));
+  watched(c, "broadcast", s, [&] {
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dt), root, handle(c), cuda_stream(s)));
+  });
 }
 
 // Tag t > 0 travels on the group's communicator of that tag (comm_open_tags): NCCL matches
 // point-to-point per communicator in posting order, so each tag is its own ordered stream.
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
+  const uint64_t ticket = nccl_watch_begin(c, "point-to-point");
   NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
     const P2POp& op = ops[i];
@@ -84,6 +105,7 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
       NCCL_CHECK(ncclRecv(op.buf, op.count, nccl_type(dt), op.peer, comm, cuda_stream(s)));
   }
   NCCL_CHECK(ncclGroupEnd());
+  nccl_watch_queued(c, ticket, s);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
@@ -91,12 +113,14 @@ void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, o
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   ncclComm_t comm = handle(c);
+  const uint64_t ticket = nccl_watch_begin(c, "all-to-all");
   NCCL_CHECK(ncclGroupStart());
   for (int peer = 0; peer < c.size; ++peer) {
     NCCL_CHECK(ncclSend(in + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
     NCCL_CHECK(ncclRecv(out + peer * block, count, nccl_type(dt), peer, comm, cuda_stream(s)));
   }
   NCCL_CHECK(ncclGroupEnd());
+  nccl_watch_queued(c, ticket, s);
 }
 
 // Per peer one ncclSend and one ncclRecv of its block (offsets: the prefix sums of the counts),
@@ -109,6 +133,7 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
   char* out = static_cast<char*>(recv);
   ncclComm_t comm = handle(c);
   size_t send_at = 0, recv_at = 0;  // elements
+  const uint64_t ticket = nccl_watch_begin(c, "all-to-all-v");
   NCCL_CHECK(ncclGroupStart());
   for (int peer = 0; peer < c.size; ++peer) {
     if (send_counts[peer] > 0)
@@ -121,6 +146,7 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
     recv_at += recv_counts[peer];
   }
   NCCL_CHECK(ncclGroupEnd());
+  nccl_watch_queued(c, ticket, s);
 }
 
 }  // namespace comm_nccl
@@ -142,7 +168,11 @@ void* nccl_create(Comm& c) {
     FATAL("NCCL: cannot create a communicator of %d ranks: %s (%s). NCCL needs one GPU per rank; "
           "when several ranks share a GPU use [parallel] backend = \"mpi\"",
           c.size, ncclGetErrorString(r), ncclGetLastError(nullptr));
+  nccl_watch_register(c, comm);
   return comm;
 }
 
-void nccl_destroy(void* nccl) { NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl))); }
+void nccl_destroy(Comm& c, void* nccl_comm) {
+  nccl_watch_unregister(c, nccl_comm);
+  NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl_comm)));
+}

@@ -99,7 +99,7 @@ void mesh_init(Mesh& mesh, const MeshShape& shape, int world_rank, int local_ran
   mesh.stats = CommStats{};
   for (int a = 0; a < (int)Axis::Count; a++)
     comm_create(mesh.groups[a], (Axis)a, mesh_group_members(shape, (Axis)a, world_rank),
-                world_rank, backend, &mesh.stats);
+                world_rank, backend, &mesh.stats, &mesh.watch);
 }
 
 void mesh_destroy(Mesh& mesh) {

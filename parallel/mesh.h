@@ -59,6 +59,7 @@ struct Mesh {
   int local_rank = 0;  // rank among the processes of this node (picks the GPU)
   Comm groups[(int)Axis::Count];
   CommStats stats;     // counters shared by all the groups above
+  Watchdog watch;      // the deadline of their waits ([parallel] timeout_s; 0 = none)
   Comm& operator[](Axis a) { return groups[(int)a]; }
   const Comm& operator[](Axis a) const { return groups[(int)a]; }
 };

@@ -66,10 +66,6 @@ static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill
     for (const Block& b : blocks_in_range(t, shard)) fill(t, b, host + (b.local - shard.first));
 }
 
-const char* state_kind_name(StateKind k) {
-  return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
-}
-
 static float* device_state(UnitState& us, StateKind k) {
   return k == StateKind::Master ? us.master : k == StateKind::AdamM ? us.adam_m : us.adam_v;
 }

@@ -121,7 +121,10 @@ ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
-const char* state_kind_name(StateKind k);  // "model", "optim/m", "optim/v"
+// "model", "optim/m", "optim/v"
+inline const char* state_kind_name(StateKind k) {
+  return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
+}
 // Elements [first, first + count) (unit-relative, inside this rank's shard) of one state of unit
 // u, into host memory, wherever the state lives (device, host, file). The compute stream must be
 // idle and the optimizer step finished.

@@ -209,7 +209,7 @@ static size_t chunk_token(const TokenPositions& pos, int k) { return (size_t)k *
 
 void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, const int* tokens,
                           const void* wte, const void* wpe, const TokenPositions& pos, int C,
-                          int vocab_first, int vocab_rows, DType dt, ops::Stream s) {
+                          int vocab_first, int vocab_rows, int V, DType dt, ops::Stream s) {
   // without SP (or tp) the sum lands in place, in out
   void* all = tp.active() && tp.sp ? partial : out;
   const size_t e = dtype_size(dt);
@@ -217,14 +217,15 @@ void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, co
   for (int k = 0; k < pos.chunks; k++) {
     const void* wpe_k = tp.rank() == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
     ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
-                         wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows);
+                         wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows, V);
   }
   sum_partials(tp, all, out, pos.tokens(), C, dt, s);  // g forward
 }
 
 void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, void* all,
                            const void* dout_mine, const int* tokens, const TokenPositions& pos,
-                           int C, int vocab_first, int vocab_rows, DType dt, ops::Stream s) {
+                           int C, int vocab_first, int vocab_rows, int V, DType dt,
+                           ops::Stream s) {
   const void* dout = all_tokens(tp, all, dout_mine, pos.tokens(), C, dt, s);  // g backward
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
@@ -232,7 +233,7 @@ void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, v
     ops::encoder_backward(dwte, dwpe + (size_t)pos.first[k] * C,
                           (const char*)dout + chunk_token(pos, k) * C * e,
                           tokens + chunk_token(pos, k), pos.B, pos.len, C, dt, s, vocab_first,
-                          vocab_rows);
+                          vocab_rows, V);
 }
 
 void tp_cross_entropy(const TensorParallel& tp, void* logits, float* losses, float* stats,

@@ -156,9 +156,10 @@ def gpt2_loss(P, idx, targets, L, NH, V, mlp=dense_mlp):
 
 
 def train_losses(params, cfg, tokens, steps, B, T, grad_accum=1, lr=1e-3, weight_decay=0.0,
-                 grad_clip=0.0, betas=(0.9, 0.95), eps=1e-8, schedule=None):
+                 grad_clip=0.0, betas=(0.9, 0.95), eps=1e-8, schedule=None, skip=()):
     """Per-step losses of AdamW training in float64, llm.c unshuffled order, one process.
-    Weight decay applies to 2-D tensors only. schedule(step) -> lr for 1-based steps."""
+    Weight decay applies to 2-D tensors only. schedule(step) -> lr for 1-based steps. The
+    updates of the steps in `skip` are not applied (torch's AdamW then counts one step fewer)."""
     P = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     decay = [p for p in P.values() if p.dim() >= 2]
     no_decay = [p for p in P.values() if p.dim() < 2]
@@ -180,6 +181,7 @@ def train_losses(params, cfg, tokens, steps, B, T, grad_accum=1, lr=1e-3, weight
         if schedule is not None:
             for g in opt.param_groups:
                 g["lr"] = schedule(step)
-        opt.step()
+        if step not in skip:
+            opt.step()
         losses.append(total)
     return losses

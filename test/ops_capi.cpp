@@ -45,6 +45,12 @@ void op_encoder_forward(void* out, const int* tokens, const void* wte, const voi
                         int T, int C, int dt) {
   ops::encoder_forward(out, tokens, wte, wpe, B, T, C, dtype_of(dt), test_stream());
 }
+// With the vocabulary bound every token must be below (the kernel's own check).
+void op_encoder_forward_vocab(void* out, const int* tokens, const void* wte, const void* wpe,
+                              int B, int T, int C, int dt, int vocab_size) {
+  ops::encoder_forward(out, tokens, wte, wpe, B, T, C, dtype_of(dt), test_stream(), 0,
+                       kAllVocabRows, vocab_size);
+}
 void op_encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B,
                          int T, int C, int dt) {
   ops::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, dtype_of(dt), test_stream());

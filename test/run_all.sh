@@ -60,6 +60,22 @@ run checkpoint-writers "$BUILD/test_checkpoint_writers"
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
 run usability   $PY test/test_usability.py
+run checkpoint-safety $PY test/test_checkpoint_safety.py
+run watchdog    $PY test/test_watchdog.py
+run preemption  $PY test/test_preemption.py
+run async-checkpoint $PY test/test_async_checkpoint.py
+run loss-spikes $PY test/test_loss_spikes.py
+run stragglers  $PY test/test_stragglers.py
+run elastic     $PY test/test_elastic.py
+run bad-input   $PY test/test_bad_input.py
+# The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
+# sanitized build of the readers is part of the group's time.
+if why=$(test/fuzz/have_engine.sh); then
+  run fuzz-corpus bash -c 'make -j2 BUILD="$BUILD" fuzz-bins > "$BUILD/fuzz-bins.log" 2>&1 ||
+                           { tail -20 "$BUILD/fuzz-bins.log"; exit 1; }; test/fuzz/run_corpus.sh'
+else
+  skip fuzz-corpus "no fuzzing engine: $why"
+fi
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
 else

@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 import tomllib
-import zlib
 
 import h5py
 import numpy as np
@@ -52,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, make_experiment,  # noqa: E402
                      read_metrics, run, write_config)
-from trainer import kill_job, steps_against  # noqa: E402
+from trainer import kill_job, steps_against, verify_manifest  # noqa: E402
 from trainer import with_validation  # noqa: E402
 
 checks = Checks("test_checkpoint")
@@ -80,22 +79,6 @@ def experiment(tmp, rng, steps, n_tokens=4000):
     sec["data"]["shuffle"] = True
     with_validation(sec, tmp, 5, 2)
     return write_config(tmp, "c.toml", sec)
-
-
-def verify_manifest(ckpt):
-    """Every manifest entry present with its size and zlib CRC32: "" or the problem."""
-    with open(os.path.join(ckpt, "manifest.txt"), "rb") as f:
-        text = f.read()
-    end = text.rfind(b"end ")
-    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
-        return "manifest's own checksum"
-    for line in text[:end].decode().splitlines()[1:]:
-        size, crc, name = line.split()
-        with open(os.path.join(ckpt, name), "rb") as f:
-            data = f.read()
-        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
-            return name
-    return ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
     for (StateKind kind : kKinds) param_store_load(h.store, g.units, code_fill(kind), kind);
     const WriterShards shards{c.dpcp_index, l.dp * l.cp, l.ep};
     const std::string problem =
-        h5_write_rank_file(dir + "/" + rank_file_name(w), h.store, g, shards);
+        h5_write_rank_file(dir + "/" + rank_file_name(w), h.store, g, shards, nullptr);
     if (!problem.empty()) return problem;
   }
   CheckpointMeta meta;
@@ -146,7 +146,7 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
   meta.L = g0.L, meta.NH = g0.NH, meta.C = g0.C, meta.T = g0.T, meta.V = g0.V, meta.Vp = g0.Vp;
   meta.maxT = g0.maxT;
   // The writers' units come from what they hold (l), their places from the index's record.
-  return h5_write_index(dir + "/" + kIndexFileName, writer_units(m, mesh.shape), meta);
+  return h5_write_index(dir + "/" + kIndexFileName, writer_units(m, mesh.shape), meta, nullptr);
 }
 
 // Every rank of `l` loads its shards through the index; the number of units whose shard is not

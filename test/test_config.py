@@ -34,18 +34,19 @@ DEFAULTS = {
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
-              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "optimizer_offload": "none",
-              "offload_dir": ""},
+              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "skip_spikes": 0.0, "max_skips": 5,
+              "optimizer_offload": "none", "offload_dir": ""},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "zero": 0,
                  "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
-                 "pp_balance": "equal", "backend": ""},
+                 "pp_balance": "equal", "backend": "", "timeout_s": 600.0},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
-    "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": ""},
+    "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": "", "overwrite": False,
+                   "async": False},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
-            "check_tied": False},
+            "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25},
     "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
              "memory_gib": 80.0, "pcie_gbs": 50.0, "nvme_gbs": 6.0},
@@ -54,7 +55,7 @@ MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # requir
 # max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
 PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert"]
 FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps",
-                "moe_aux_loss", "moe_z_loss"}
+                "moe_aux_loss", "moe_z_loss", "skip_spikes", "straggler_factor"}
 
 
 def check(ok, what):
@@ -72,7 +73,7 @@ def f32(x):
 # Files: llm.c token shards and model files
 
 
-def write_shard(path, ntok=64):
+def write_shard(path, ntok=600):  # enough rows for every config's first batch (--check-config)
     header = [0] * 256
     header[0:3] = [20240520, 1, ntok]
     with open(path, "wb") as f:
@@ -243,10 +244,10 @@ def good_cases(tmp):
 
     # An integer literal is fine for a float key; every key set in the file; odd strings.
     text, _, _ = render(secs, {"train.lr": "1", "train.weight_decay": "0.1",
-                               "data.tokenizer": r'"tok \"q\" \\ é.bin"',
+                               "data.tokenizer": '"' + tmp + r'/tok \"q\" \\ é.bin"',
                                "parallel.backend": '"nccl"', "checkpoint.keep": "1"})
     got = expect_good("integer literal for a float key", c.write(text), (), {
-        "train.lr": 1.0, "train.weight_decay": 0.1, "data.tokenizer": 'tok "q" \\ é.bin',
+        "train.lr": 1.0, "train.weight_decay": 0.1, "data.tokenizer": tmp + '/tok "q" \\ é.bin',
         "parallel.backend": "nccl", "checkpoint.keep": 1})
 
     # [init] from gives the shape (fp32 v3 and bf16 v5 files); given keys that agree are fine.
@@ -474,6 +475,7 @@ def main():
         for i in range(3):
             write_shard(os.path.join(tmp, f"train_{i:03d}.bin"))
         write_shard(os.path.join(tmp, "val_000.bin"))
+        open(os.path.join(tmp, 'tok "q" \\ é.bin'), "wb").close()  # an odd name that exists
         good_cases(tmp)
         file_error_cases(tmp)
         model_file_cases(tmp)

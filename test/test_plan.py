@@ -17,14 +17,18 @@ pp2 1f1b with uneven stages (pp_layers = [1, 3]). For each, rank 0 of the plan (
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); the
 bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, gpipe and
-interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v).
+interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
+the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
+schedule, micro_batch and grad_accum) as the config gives it.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
-fixed), fastest first.
+fixed), fastest first; for configs/gpt_7b.toml its dp = 8 row fits at a ZeRO rung >= 1 with the
+peak --plan gives that rung, where dp = 8 replicated (118 GiB) does not fit.
 """
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -122,6 +126,16 @@ def check_layout(tmp, i, what, par, extra):
     with open(plan_path) as f:
         plan = json.load(f)
     r0 = plan["ranks"][0]
+    lay = plan.get("layout", {})
+    zero = par.get("zero", 3 if par.get("fsdp") else 0)  # fsdp = true is zero = 3
+    want = {"dp": par.get("dp", 1), "pp": par.get("pp", 1), "cp": par.get("cp", 1),
+            "tp": par.get("tp", 1), "ep": par.get("ep", 1), "zero": zero, "fsdp": zero == 3,
+            "optimizer_offload": sec["train"].get("optimizer_offload", "none"),
+            "sp": par.get("sp", True), "pp_schedule": par.get("pp_schedule", "1f1b"),
+            "micro_batch": sec["train"]["micro_batch"],
+            "grad_accum": sec["train"].get("grad_accum", 1)}
+    checks.check(f"{what}: the plan records its layout",
+                 all(lay.get(k) == v for k, v in want.items()), f"{lay}")
     same_state = r0["state_bytes"] == info["state_bytes"]
     same_act = r0["activation_bytes"] == info["activation_bytes"]
     if "ep" in r0["comm"]:
@@ -173,6 +187,27 @@ def test_bad_input(tmp):
                  times == sorted(times) and all(row[4] == "1" for row in rows) and
                  any(row[:6] == ["8", "1", "1", "1", "1", "1"] for row in rows),
                  f"{len(rows)} layouts, first {rows[0][:7] if rows else None}")
+    # Issue 26's finding: GPT 7B on 8 GPUs was "not fitting" at dp 8 (118 GiB replicated) although
+    # sharding its states fits. The dp 8 row must fit at a sharded rung, with --plan's peak of
+    # that rung, and --plan of dp 8 replicated must say it does not fit.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    gpt7b = os.path.join(root, "configs/gpt_7b.toml")
+    r = run(gpt7b, ["--plan-search=8"])
+    row = next((ln.split() for ln in r.stdout.splitlines()
+                if ln.split()[:5] == ["8", "1", "1", "1", "1"]), [])
+    zero, offload = (int(row[10]), row[11]) if len(row) > 11 else (0, "none")
+    dp8 = ["--plan", "--parallel.dp=8", "--parallel.pp=1", "--train.grad_accum=128"]
+    r = run(gpt7b, dp8 + [f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"],
+            check=False)
+    planned = re.search(r"\n +0 +0 +0 +0 +0 +[\d.]+ +[\d.]+ +([\d.]+)\n", r.stdout)
+    replicated = run(gpt7b, dp8 + ["--parallel.zero=0"], check=False)
+    checks.check("--plan-search 8 of GPT 7B: dp 8 fits with its states sharded (as --plan of "
+                 "that rung says), replicated not",
+                 row and "does not fit" not in " ".join(row) and zero >= 1 and
+                 planned is not None and abs(float(planned.group(1)) / 1024 - float(row[9])) < 0.01
+                 and "DOES NOT FIT" in replicated.stdout,
+                 f"row {' '.join(row)} | --plan peak {planned.group(1) if planned else None} MiB | "
+                 f"replicated: {replicated.stdout.strip().splitlines()[-1][:80]}")
     sec = sections(tmp, "search_moe", {}, {"train": {"micro_batch": 1, "grad_accum": 8},
                                            "model": MOE})
     r = run(write_config(tmp, "search_moe.toml", sec), ["--plan-search=8"])

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -244,3 +245,57 @@ def steps_against(pattern, reference):
                 if rec["loss"] != reference[rec["step"]]:
                     mismatched.add(rec["step"])
     return seen, mismatched
+
+
+def json_records(path):
+    """Every record of a metrics file, in file order (a line cut by a kill is skipped)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def rank_pids(marker):
+    """{world rank: pid} of the ranks (not mpirun) whose command line holds marker."""
+    found = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                cmd = f.read()
+            if marker.encode() not in cmd or b"mpirun" in cmd.split(b"\0")[0]:
+                continue
+            with open(d + "/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+            if rank:
+                found[int(rank[0].split(b"=")[1])] = int(os.path.basename(d))
+        except OSError:
+            pass
+    return found
+
+
+def verify_manifest(ckpt):
+    """Every manifest entry of a checkpoint present with its size and zlib CRC32 (computed here,
+    independently of the trainer): "" or the problem."""
+    try:
+        with open(os.path.join(ckpt, "manifest.txt"), "rb") as f:
+            text = f.read()
+    except OSError as e:
+        return str(e)
+    end = text.rfind(b"end ")
+    if int(text[end + 4:].split()[0], 16) != zlib.crc32(text[:end]):
+        return "manifest's own checksum"
+    for line in text[:end].decode().splitlines()[1:]:
+        size, crc, name = line.split()
+        try:
+            with open(os.path.join(ckpt, name), "rb") as f:
+                data = f.read()
+        except OSError:
+            return name
+        if len(data) != int(size) or zlib.crc32(data) != int(crc, 16):
+            return name
+    return ""

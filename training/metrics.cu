@@ -1,8 +1,14 @@
 // training/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (training/metrics.h).
 #include "training/metrics.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 double model_flops_per_token(const GPTLayout& g) {
   return 6.0 * (double)g.active_parameters + 6.0 * g.L * g.C * (double)g.T;
@@ -27,10 +33,65 @@ double device_peak_tflops(const std::string& name, double override_tflops) {
   return 0.0;
 }
 
-void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0) {
+// The kind of a metrics line: a run record (its first step in *step, 1 when it does not say), a
+// step or validation record (its step), or anything else (a line cut short by a kill).
+enum class Line { Run, Step, Other };
+static Line parse_line(const std::string& line, int* step) {
+  if (line.empty() || line.back() != '}') return Line::Other;
+  if (line.compare(0, 7, "{\"run\":") == 0) {
+    const size_t at = line.find("\"first_step\":");
+    *step = at == std::string::npos ? 1 : std::atoi(line.c_str() + at + 13);
+    return Line::Run;
+  }
+  return std::sscanf(line.c_str(), "{\"step\":%d", step) == 1 ? Line::Step : Line::Other;
+}
+
+static void drop_steps_after(const std::string& path, int resumed_step) {
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  size_t continued = lines.size();  // the run record of the run being continued
+  for (size_t i = 0; i < lines.size(); i++) {
+    int first = 0;
+    if (parse_line(lines[i], &first) == Line::Run && first <= resumed_step + 1) continued = i;
+  }
+  if (continued == lines.size()) return;
+  std::string kept;
+  size_t dropped = 0;
+  for (size_t i = 0; i < lines.size(); i++) {
+    int step = 0;
+    const Line kind = parse_line(lines[i], &step);
+    const bool keep = i <= continued || (kind == Line::Step && step <= resumed_step);
+    if (keep) kept += lines[i] + "\n";
+    else dropped++;
+  }
+  if (dropped == 0) return;
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  CHECK(f && std::fwrite(kept.data(), 1, kept.size(), f) == kept.size() && std::fclose(f) == 0 &&
+            std::rename(tmp.c_str(), path.c_str()) == 0,
+        "[log] metrics: cannot rewrite %s: %s", path.c_str(), std::strerror(errno));
+  std::printf("metrics  %s: dropped %zu record(s) past step %d, written before the run resumed "
+              "here stopped\n", path.c_str(), dropped, resumed_step);
+}
+
+void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0, int resumed_step) {
   if (!is_rank0 || path.empty()) return;
+  if (resumed_step > 0 && access(path.c_str(), F_OK) == 0) drop_steps_after(path, resumed_step);
+  log.path = path;
   log.jsonl = std::fopen(path.c_str(), "a");
-  CHECK(log.jsonl, "[log] metrics: cannot open %s for appending", path.c_str());
+  CHECK(log.jsonl, "[log] metrics: cannot open %s for appending: %s", path.c_str(),
+        std::strerror(errno));
+}
+
+// Flushes a record and stops the job if any part of it could not be written.
+static void flush_checked(MetricsLog& log) {
+  errno = 0;
+  if (std::fflush(log.jsonl) == 0 && !std::ferror(log.jsonl)) return;
+  FATAL("[log] metrics: cannot write %s: %s", log.path.c_str(),
+        errno ? std::strerror(errno) : "write error");
 }
 
 void metrics_close(MetricsLog& log) {
@@ -43,10 +104,10 @@ void metrics_run(MetricsLog& log, const RunInfo& i) {
   std::fprintf(log.jsonl,
                "{\"run\":{\"parameters\":%zu,\"state_bytes\":%zu,\"activation_bytes\":%zu,"
                "\"host_bytes\":%zu,\"disk_bytes\":%zu,\"world_size\":%d,"
-               "\"flops_per_token\":%.0f,\"peak_tflops\":%.1f}}\n",
+               "\"flops_per_token\":%.0f,\"peak_tflops\":%.1f,\"first_step\":%d}}\n",
                i.parameters, i.state_bytes, i.activation_bytes, i.host_bytes, i.disk_bytes,
-               i.world_size, i.flops_per_token, i.peak_tflops);
-  std::fflush(log.jsonl);
+               i.world_size, i.flops_per_token, i.peak_tflops, i.first_step);
+  flush_checked(log);
 }
 
 static void print_fraction(FILE* f, const char* key, double x) {
@@ -128,9 +189,11 @@ static void print_step_line(const StepReport& r) {
   if (r.elapsed_s >= 0)
     progress = " | " + duration_text(r.elapsed_s) + " elapsed, " +
                (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
-  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %s | "
+  char ckpt[48] = "";
+  if (r.ckpt_wait_ms >= 0) std::snprintf(ckpt, sizeof(ckpt), " | ckpt copy %.1f ms", r.ckpt_wait_ms);
+  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms%s | %.0f tok/s | %s | "
               "mem %.2f GiB (peak %.2f)%s%s%s%s\n",
-              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms,
+              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms, ckpt,
               r.tokens_per_s, mfu,
               r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0,
               offload_text(r).c_str(), progress.c_str(), r.note.empty() ? "" : " | ",
@@ -169,6 +232,7 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
     print_offload_json(log.jsonl, r.offload_stats);
   }
   if (r.elapsed_s >= 0) std::fprintf(log.jsonl, ",\"elapsed_s\":%.3f", r.elapsed_s);
+  if (r.ckpt_wait_ms >= 0) std::fprintf(log.jsonl, ",\"ckpt_wait_ms\":%.3f", r.ckpt_wait_ms);
   if (!r.fp8.empty()) {
     std::fprintf(log.jsonl, ",\"fp8\":{");
     for (size_t i = 0; i < r.fp8.size(); i++)
@@ -179,11 +243,11 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   if (r.moe) print_moe_json(log.jsonl, r.moe_report);
   print_comm_json(log.jsonl, comm);
   std::fprintf(log.jsonl, "}\n");
-  std::fflush(log.jsonl);
+  flush_checked(log);
 }
 
 void metrics_val(MetricsLog& log, int step, double val_loss) {
   if (!log.jsonl) return;
   std::fprintf(log.jsonl, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
-  std::fflush(log.jsonl);
+  flush_checked(log);
 }

@@ -43,6 +43,8 @@ struct StepReport {
   OffloadStats offload_stats;         // the step's offload traffic and host optimizer time
   double elapsed_s = -1, eta_s = -1;  // wall time since the first step began, and the estimate
                                       // of the time left at the mean pace so far; < 0 = unknown
+  double ckpt_wait_ms = -1;           // the wait for an asynchronous checkpoint's copy (< 0: none)
+  double waited_ms = 0;               // of ms, the time spent waiting for other ranks in MPI
   std::string note;                   // appended to the step line ("attention flash")
   std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
   bool moe = false;                   // an MoE model: moe_report holds its step statistics
@@ -51,11 +53,20 @@ struct StepReport {
 
 struct MetricsLog {
   FILE* jsonl = nullptr;  // only on rank 0
+  std::string path;
 };
-void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0);
+// Every write is flushed and checked: a failed one (a full disk) stops the job with a message
+// naming the file, instead of losing the metrics silently.
+// resumed_step > 0 (a run resuming a checkpoint of that step): first the records past it of the
+// run being continued are dropped from the file (those a run wrote after its last checkpoint
+// before it died; the resumed run writes them again), so the file holds every step once. The
+// run being continued is the last one whose run record says it started at or before
+// resumed_step + 1; later runs' records go too, earlier runs are left alone.
+void metrics_open(MetricsLog& log, const std::string& path, bool is_rank0, int resumed_step = 0);
 void metrics_close(MetricsLog& log);
 // The first record of a run: sizes that do not change from step to step.
 struct RunInfo {
+  int first_step = 1;          // the first step this run trains (resumed step + 1)
   size_t parameters = 0;       // N
   size_t state_bytes = 0;      // this rank's weights + gradients + optimizer state
   size_t activation_bytes = 0; // this rank's activations and backward scratch

@@ -14,5 +14,7 @@ float clip_factor(const TrainConfig& t, double grad_norm);
 // writes the compute-dtype working copy where the store keeps one, and leaves the new weights
 // where the model reads them (ZeRO-1/2 gather them, offload copies them up). The planner runs it
 // too, dry: its collectives and copies are part of a step.
+// `step`: this update's number, 1-based (Adam's bias corrections): the step number minus the
+// updates skipped as loss spikes (training/health.h).
 void optimizer_step(ParamStore& store, const GPTLayout& layout, const TrainConfig& t, int step,
                     float lr, float grad_scale);

@@ -205,7 +205,7 @@ int plan_run(const Config& cfg, const PlanFlags& f) {
   const Plan plan = plan_layout(cfg);
   plan_print(plan, cfg, stdout);
   if (!f.json.empty()) {
-    const std::string problem = plan_write_json(plan, f.json);
+    const std::string problem = plan_write_json(plan, cfg, f.json);
     CHECK_ALL(problem.empty(), "--plan-json: %s", problem.c_str());
   }
   return plan.does_not_fit.empty() ? 0 : 1;
@@ -250,10 +250,17 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
     std::fprintf(out, "  DOES NOT FIT: %s\n", plan.does_not_fit.c_str());
 }
 
-std::string plan_write_json(const Plan& plan, const std::string& path) {
+std::string plan_write_json(const Plan& plan, const Config& c, const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return "cannot write " + path;
-  std::fprintf(f, "{\"ranks\":[");
+  const ParallelConfig& p = c.parallel;
+  std::fprintf(f, "{\"layout\":{\"dp\":%d,\"pp\":%d,\"cp\":%d,\"tp\":%d,\"ep\":%d,\"zero\":%d,"
+               "\"fsdp\":%s,\"optimizer_offload\":\"%s\",\"sp\":%s,\"pp_schedule\":\"%s\","
+               "\"pp_virtual\":%d,\"micro_batch\":%d,\"grad_accum\":%d},", p.dp, p.pp, p.cp,
+               p.tp, p.ep, p.zero, p.fsdp ? "true" : "false", c.train.optimizer_offload.c_str(),
+               p.sp ? "true" : "false", p.pp_schedule.c_str(), p.pp_virtual, c.train.micro_batch,
+               c.train.grad_accum);
+  std::fprintf(f, "\"ranks\":[");
   for (size_t i = 0; i < plan.ranks.size(); i++) {
     const RankPlan& r = plan.ranks[i];
     std::fprintf(f, "%s{\"rank\":%d,\"dp_rank\":%d,\"pp_rank\":%d,\"cp_rank\":%d,\"tp_rank\":%d,"

@@ -47,9 +47,11 @@ enum class PlanScope { EveryRank, Stages };
 // Plans cfg's layout; cfg must have passed layout_problems (config/config.h).
 Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
-// The plan as JSON, with the metrics file's names: {"ranks": [{"rank", "state_bytes",
-// "activation_bytes", "comm"}...], "bubble", "step_ms", "mfu", ...}. Returns "" or the problem.
-std::string plan_write_json(const Plan& plan, const std::string& path);
+// The plan as JSON, with the metrics file's names: {"layout": {"dp", "pp", "cp", "tp", "ep",
+// "zero", "fsdp", "optimizer_offload", "sp", "pp_schedule", "pp_virtual", "micro_batch",
+// "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "comm"}...], "bubble",
+// "step_ms", "mfu", ...}. Returns "" or the problem.
+std::string plan_write_json(const Plan& plan, const Config& cfg, const std::string& path);
 // Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's
 // schedule and grad_accum), best estimated step time first, those that do not fit marked. A
 // layout that does not fit at the config's ZeRO stage climbs the ladder: the higher stages, then

@@ -62,11 +62,18 @@ void encoder_backward_typed(float* dwte, float* dwpe, const Elem* dout, const in
 }  // namespace
 }  // namespace cpu
 
+// Every token in [0, vocab_size) (the loader checked them; this is the kernel's own guard).
+static void check_tokens(const char* op, const int* tokens, int N, int vocab_size) {
+  for (int n = 0; n < N; n++)
+    if (tokens[n] < 0 || tokens[n] >= vocab_size)
+      BUG("%s: token %d at position %d is outside the vocabulary [0, %d)", op, tokens[n], n,
+          vocab_size);
+}
+
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
+                     int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size) {
   if (is_dry(s)) return;
-  for (int n = 0; n < B * T; n++)
-    CHECK(tokens[n] >= 0, "encoder_forward: token %d at %d", tokens[n], n);
+  check_tokens("encoder_forward", tokens, B * T, vocab_size);
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::encoder_forward_typed((S*)out, tokens, (const S*)wte, (const S*)wpe, B, T, C,
@@ -75,8 +82,10 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
 }
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
-                      int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
+                      int C, DType dt, Stream s, int vocab_first, int vocab_rows,
+                      int vocab_size) {
   if (is_dry(s)) return;
+  check_tokens("encoder_backward", tokens, B * T, vocab_size);
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     cpu::encoder_backward_typed(dwte, dwpe, (const S*)dout, tokens, B, T, C, vocab_first,

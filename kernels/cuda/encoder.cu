@@ -53,7 +53,14 @@ int grid_for(size_t work, int threads, size_t max_blocks = 1 << 16) {
 // The rows [first, first + rows) of the vocabulary that this wte holds.
 struct VocabRange {
   int first, rows;
+  int size;  // every token is below it (checked in a GPT5D_DEBUG_CHECKS build)
   __device__ __forceinline__ bool holds(int token) const {
+#ifdef GPT5D_DEBUG_CHECKS
+    if (token < 0 || token >= size) {
+      printf("encoder: token %d is outside the vocabulary [0, %d)\n", token, size);
+      __trap();
+    }
+#endif
     return token >= first && token - first < rows;
   }
 };
@@ -225,11 +232,11 @@ void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* 
 }  // namespace
 
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
+                     int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size) {
   if (is_dry(s)) return;
   const int N = B * T;
   if (N == 0 || C == 0) return;
-  const VocabRange vocab{vocab_first, vocab_rows};
+  const VocabRange vocab{vocab_first, vocab_rows, vocab_size};
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     constexpr int P = Pack128<S>::size;
@@ -251,10 +258,11 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
 }
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
-                      int C, DType dt, Stream s, int vocab_first, int vocab_rows) {
+                      int C, DType dt, Stream s, int vocab_first, int vocab_rows,
+                      int vocab_size) {
   if (is_dry(s)) return;
   if (B * T == 0 || C == 0) return;
-  const VocabRange vocab{vocab_first, vocab_rows};
+  const VocabRange vocab{vocab_first, vocab_rows, vocab_size};
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     constexpr int P = Pack128<S>::size;

@@ -256,6 +256,13 @@ void stream_wait_event(Stream s, Event e) {
 
 void event_sync(Event e) { CUDA_CHECK(cudaEventSynchronize(e->event)); }
 
+bool event_done(Event e) {
+  const cudaError_t r = cudaEventQuery(e->event);
+  if (r == cudaErrorNotReady) return false;
+  CUDA_CHECK(r);
+  return true;
+}
+
 float event_elapsed_ms(Event start, Event end) {
   CUDA_CHECK(cudaEventSynchronize(end->event));
   float ms = 0.0f;

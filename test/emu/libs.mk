@@ -48,15 +48,23 @@ $(BUILD)/emu/test_cudnn: test/emu/test_cudnn.cpp kernels/cuda/attention_cudnn.cu
 $(BUILD)/emu/host/%.o: % $(EMU_STANDINS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_LIB_FLAGS) -x c++ -c $< -o $@
-EMU_COMM_TEST_OBJ := $(call obj,host,$(filter-out parallel/comm_nccl_absent.cu,\
-                       $(COMM_FAKE_DEVICE_SRC)) test/test_comm.cpp) \
-                     $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
-                     $(BUILD)/emu/host/test/emu/ops_host_memory.cpp.o
+EMU_NCCL_BACKEND_OBJ := $(call obj,host,$(filter-out parallel/comm_nccl_absent.cu,\
+                          $(COMM_FAKE_DEVICE_SRC))) \
+                        $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+                        $(BUILD)/emu/host/parallel/nccl_watchdog.cu.o \
+                        $(BUILD)/emu/host/test/emu/ops_host_memory.cpp.o
+EMU_COMM_TEST_OBJ := $(EMU_NCCL_BACKEND_OBJ) $(call obj,host,test/test_comm.cpp)
 $(BUILD)/emu/test_comm_nccl: $(EMU_COMM_TEST_OBJ) $(EMU_STANDINS)
 	$(CXX) -o $@ $(EMU_COMM_TEST_OBJ) $(EMU_STANDINS) $(LDLIBS)
+# The watchdog's operations (test/test_watchdog_comm.cpp) on the NCCL backend: its thread sees
+# the stand-in's call never return and aborts (test/test_watchdog.py drives it).
+$(BUILD)/emu/test_watchdog_comm_nccl: $(EMU_NCCL_BACKEND_OBJ) \
+                                      $(call obj,host,test/test_watchdog_comm.cpp) $(EMU_STANDINS)
+	$(CXX) -o $@ $(filter %.o,$^) $(EMU_STANDINS) $(LDLIBS)
 
 EMU_LIB_TEST_BINS := $(BUILD)/emu/test_cublaslt $(BUILD)/emu/test_nccl $(BUILD)/emu/test_cub \
-                     $(BUILD)/emu/test_cudnn $(BUILD)/emu/test_comm_nccl
+                     $(BUILD)/emu/test_cudnn $(BUILD)/emu/test_comm_nccl \
+                     $(BUILD)/emu/test_watchdog_comm_nccl
 
 .PHONY: emu-standins emu-lib-test-bins emu-lib-tests
 emu-standins: $(EMU_STANDINS)

@@ -1,4 +1,4 @@
-// test/emu/ops_host_memory.cpp - TEST-ONLY: the nine ops:: memory and stream functions that
+// test/emu/ops_host_memory.cpp - TEST-ONLY: the ops:: memory, stream and event functions that
 // test/test_comm.cpp and parallel/comm*.cu call, over plain host memory, so that the project's
 // communicator test runs on the NCCL backend (parallel/comm_nccl.cu) with the NCCL stand-in and
 // without the emulator core (test/emu/LIBRARIES.md, "test_comm on the NCCL backend").
@@ -36,5 +36,11 @@ void copy_to_host(void* dst, const void* src, size_t n) { std::memmove(dst, src,
 void copy_on_device(void* dst, const void* src, size_t n, Stream) { std::memmove(dst, src, n); }
 void stream_sync(Stream) {}
 void* native_stream(Stream) { return nullptr; }
+// Events, for the NCCL watchdog (parallel/comm_nccl.cu): the stand-in completes every operation
+// before it returns, so a recorded event is always done.
+Event event_create() { return reinterpret_cast<Event>(new char(0)); }
+void event_destroy(Event e) { delete reinterpret_cast<char*>(e); }
+void event_record(Event, Stream) {}
+bool event_done(Event) { return true; }
 
 }  // namespace ops

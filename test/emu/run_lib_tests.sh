@@ -23,4 +23,7 @@ for np in 3 4; do
     timeout 120 mpirun -np $np "$BUILD/emu/test_comm_nccl"
 done
 
+# The watchdog on the NCCL backend: a stopped peer, and the thread that aborts (test_watchdog.py).
+run emu-nccl-watchdog $PY test/test_watchdog.py --comm "$BUILD/emu/test_watchdog_comm_nccl" nccl
+
 suite_finish emu-lib-tests

@@ -187,6 +187,19 @@ GPU_TEST(runtime_events) {
   std::snprintf(what, sizeof(what), "event time %.2f ms <= host time %.2f ms", dev_ms, host_ms);
   expect(ctx, dev_ms > 0.0f && dev_ms <= host_ms * 1.01 + 0.1, what);
 
+  // event_done (the NCCL watchdog's poll) does not wait: an event never recorded is done; one
+  // behind ~10 GiB of copies is not yet, on a GPU, right after they are queued (the emulator runs
+  // copies as they are queued); after event_sync it is.
+  ops::Event fresh = ops::event_create();
+  expect(ctx, ops::event_done(fresh), "event_done of an event never recorded");
+  for (int i = 0; i < 40; i++) ops::copy_on_device(mid, src, n, a);
+  ops::event_record(copied, a);
+  const bool done_at_once = ops::event_done(copied);
+  expect(ctx, ctx.emulated || !done_at_once, "event_done behind 10 GiB of copies: not yet");
+  ops::event_sync(copied);
+  expect(ctx, ops::event_done(copied), "event_done after event_sync");
+  ops::event_destroy(fresh);
+
   ops::event_destroy(start);
   ops::event_destroy(copied);
   for (void* p : {(void*)src, (void*)mid, (void*)dst}) ops::release(p);

@@ -122,8 +122,10 @@ ncclResult_t fail(ncclResult_t r, const std::string& what) {
 }
 
 ncclComm* comm_of(ncclComm_t comm, const char* function) {
-  if (comm && comm->magic == kCommMagic) return comm;
-  fail(ncclInvalidArgument, std::string(function) + ": not a communicator");
+  if (comm && comm->magic == kCommMagic && !comm->aborted) return comm;
+  fail(ncclInvalidArgument, std::string(function) + (comm && comm->magic == kCommMagic
+                                                         ? ": the communicator was aborted"
+                                                         : ": not a communicator"));
   return nullptr;
 }
 
@@ -192,7 +194,28 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId raw, in
   MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &mpi);
   MPI_Group_free(&members);
   MPI_Group_free(&world);
-  *comm = new ncclComm{kCommMagic, mpi, rank, nranks};
+  *comm = new ncclComm{kCommMagic, mpi, rank, nranks, false};
+  return ncclSuccess;
+}
+
+// NCCL frees the communicator and stops its unfinished operations. The stand-in runs operations
+// on the host thread that called them, which may still be inside one (the watchdog aborts from
+// another thread, parallel/nccl_watchdog.cu), so it only marks the communicator aborted: any
+// later call on it is refused, and its memory and MPI communicator are left to the process's
+// exit (which is what follows an abort). No MPI call: it may run beside the calling thread's.
+ncclResult_t ncclCommAbort(ncclComm_t handle) {
+  ncclComm* comm = comm_of(handle, "ncclCommAbort");
+  if (!comm) return ncclInvalidArgument;
+  comm->aborted = true;
+  return ncclSuccess;
+}
+
+// The stand-in's operations either complete or stop the job (MPI's error handler): there is never
+// an asynchronous error to report.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* async_error) {
+  ncclComm* comm = comm_of(handle, "ncclCommGetAsyncError");
+  if (!comm || !async_error) return ncclInvalidArgument;
+  *async_error = ncclSuccess;
   return ncclSuccess;
 }
 

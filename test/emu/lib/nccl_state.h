@@ -14,6 +14,7 @@ struct ncclComm {
   unsigned magic;
   MPI_Comm mpi;
   int rank, nranks;
+  bool aborted;  // ncclCommAbort was called (nccl.cpp)
 };
 
 namespace nccl_standin {
