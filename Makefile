@@ -5,6 +5,8 @@
 #   make test     every CPU test (installs dependencies first; see test/run_all.sh)
 #   make test-gpu the GPU tests (needs a GPU)
 #   make fuzz     each reader's fuzz target for FUZZ_SECONDS (test/fuzz/README.md)
+#   make test-emu the CUDA backend and the whole CUDA trainer (./train_emu) on the CPU emulator
+#                 (no GPU needed; test/emu/README.md)
 #   make run      the quick-start demo: deps, build, fortunes dataset, train, sample
 #   make bench    GPU benchmarks (bench/run_all.sh)
 #   make bundle   relocatable folder for an air-gapped GPU node (tools/make_bundle.sh)
@@ -154,7 +156,7 @@ bundle: all $(BUILD)/test_gpu
 -include test/fuzz/fuzz.mk
 
 clean:
-	rm -rf $(BUILD) train train_cpu
+	rm -rf $(BUILD) train train_cpu train_emu
 
 # ---------------------------------------------------------------------------------------------
 # GPU test programs, kernel benchmark, offline bundle (owner: test/run_gpu.sh, bench/, tools/

@@ -56,6 +56,7 @@ struct Run {
   CommStats comm_total{};
   double peak_tflops = 0;
   int resumed_step = 0;  // steps done before this run (0 = fresh start; checkpoint/)
+  NoiseScale noise;      // [log] grad_noise_scale
   bool rank0 = false;
 };
 
@@ -124,6 +125,9 @@ static void setup(Run& r, int world_rank, int local_rank) {
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
   const CommsByAxis comms = mesh_comms(r.mesh);
+  if (cfg.log.grad_noise_scale)  // counted with the store's working buffers
+    r.store.small_batch_squares =
+        (float*)allocate_zeroed(r.store.work_memory, sizeof(float), r.compute);
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));
@@ -216,6 +220,16 @@ static void print_banner(const Run& r) {
   }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
+  if (store_compressed(r.store)) {
+    size_t residual = 0;
+    for (const UnitState& us : r.store.units) residual += us.residual_numel * sizeof(float);
+    char ratio[48] = "";
+    if (r.store.compressor.kind == GradCompression::Topk)
+      std::snprintf(ratio, sizeof(ratio), " (%g of each bucket)", r.store.compressor.topk_ratio);
+    std::printf("compress dp gradient reductions in %s%s with error feedback "
+                "(parallel/grad_compression.cu): %.1f MiB of residuals on rank 0\n",
+                grad_compression_name(r.store.compressor.kind), ratio, residual / 1048576.0);
+  }
   if (store_offloaded(r.store))
     std::printf("offload  optimizer state and AdamW on the host (\"%s\"): %.1f MiB of pinned host "
                 "memory%s, %.1f MiB on disk on rank 0\n", c.train.optimizer_offload.c_str(),
@@ -228,6 +242,20 @@ static void print_banner(const Run& r) {
   else
     std::printf("MFU      not reported: no peak known for this device (set [log] peak_tflops)\n");
   std::fflush(stdout);
+}
+
+// [log] grad_noise_scale (training/noise_scale.h): the small batch is each rank's first
+// micro-batch (its squared gradient norm, summed before any reduction), the big batch the step.
+// Both gradients carry the loss's 1/(global batch) scale, so the small one is scaled up by
+// (global batch / micro-batch) = grad_accum x dp to be its own batch's mean.
+static void noise_scale_step(Run& r, double grad_norm) {
+  const int B = r.cfg.train.micro_batch, accum = r.cfg.train.grad_accum, dp = r.mesh.shape.dp;
+  float local = 0;
+  ops::stream_sync(r.compute);
+  ops::copy_to_host(&local, r.store.small_batch_squares, sizeof(float));
+  const double up = (double)accum * dp;
+  const double small_sq = all_reduce_host_sum(r.mesh[Axis::DP], (double)local) / dp * up * up;
+  noise_scale_update(r.noise, small_sq, grad_norm * grad_norm, B, (double)B * accum * dp);
 }
 
 // One optimizer step. Returns the report for the logs.
@@ -261,6 +289,11 @@ static StepReport train_step(Run& r, int step) {
   rep.step = step;
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
+  if (r.store.small_batch_squares) {
+    noise_scale_step(r, rep.grad_norm);
+    rep.noise = true;
+    rep.noise_scale = r.noise;
+  }
   rep.lr = learning_rate(c.train, step);
   float local_loss = 0;
   ops::stream_sync(r.compute);

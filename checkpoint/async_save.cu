@@ -26,12 +26,12 @@ double async_save_begin(AsyncSave& a, const Config& cfg, int step, const GPTLayo
   Comm& world = mesh[Axis::World];
   async_save_poll(a, cfg, layout, world, /*wait=*/true);  // one save in flight at a time
   a.target = save_begin(cfg, step, run, world);
-  a.contents = rank_file_contents(layout, save_writer_shards(mesh));
+  a.contents = rank_file_contents(layout, save_writer_shards(mesh), store, mesh.shape);
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
-  a.parts.assign(a.contents.parts.size(), {});
+  a.parts.assign(a.contents.items(), {});  // the parts, then the residuals (hdf5_format.h)
   for (size_t i = 0; i < a.parts.size(); i++) {
-    a.parts[i].resize(a.contents.parts[i].range.size());
-    copy_part(store, a.contents.parts[i], a.parts[i].data());
+    a.parts[i].resize(a.contents.item_floats(i));
+    copy_item(store, a.contents, i, a.parts[i].data());
   }
   a.copy_s = seconds_since(a.target.start);
   a.written.store(false);

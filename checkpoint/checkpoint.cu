@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <tuple>
 
 #include "checkpoint/files.h"
@@ -233,7 +234,7 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   FileDigest digest;
   const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
-                                                 save_writer_shards(mesh), &digest);
+                                                 save_writer_shards(mesh), mesh.shape, &digest);
   save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 
@@ -372,6 +373,25 @@ static void open_index(const std::string& ckpt, const ModelConfig& model, const 
   fail_together(world, problem, "cannot resume: ");
 }
 
+// The compressed reductions' residuals (hdf5_format.h): each rank its own, from its own file, when
+// the layout is the writer's; else all are dropped, with one warning.
+static void resume_residuals(const std::string& ckpt, ParamStore& store, Mesh& mesh) {
+  Comm& world = mesh[Axis::World];
+  const std::string file = ckpt + "/" + rank_file_name(world.rank);
+  const bool exists = std::ifstream(file).good();  // a smaller world wrote no such file
+  const std::string why = first_problem(
+      world, exists ? h5_read_residuals(file, store, residual_layout(store, mesh.shape))
+                    : "the checkpoint has no rank file " + rank_file_name(world.rank));
+  if (!why.empty()) {
+    for (UnitState& us : store.units)
+      if (us.residual) ops::fill_zero(us.residual, us.residual_numel * sizeof(float), store.compute);
+    ops::stream_sync(store.compute);
+    if (world.rank == 0)
+      std::printf("resume   warning: dropping the gradient compression residuals (%s): what the "
+                  "last steps had not sent is lost\n", why.c_str());
+  }
+}
+
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
@@ -392,6 +412,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   for (StateKind kind : kStates)
     param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
   h5_close_index(index);
+  if (store_compressed(store)) resume_residuals(ckpt, store, mesh);
 
   if (meta.seed != cfg.train.seed && world.rank == 0)
     std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",

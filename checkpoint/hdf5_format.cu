@@ -89,13 +89,18 @@ static std::string write_image(H5Id& file, const std::string& path, FileDigest* 
   return write_bytes_synced(path, image.data(), image.size(), digest);
 }
 
+size_t RankFileContents::item_floats(size_t i) const {
+  return i < parts.size() ? parts[i].range.size() : residuals[i - parts.size()].numel;
+}
+
 size_t RankFileContents::floats() const {
   size_t n = 0;
-  for (const RankFilePart& p : parts) n += p.range.size();
+  for (size_t i = 0; i < items(); i++) n += item_floats(i);
   return n;
 }
 
-RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards) {
+RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards,
+                                    const ParamStore& store, const MeshShape& shape) {
   RankFileContents c;
   c.shard_rank = shards.index, c.tp_rank = layout.tp.rank(), c.pp_rank = layout.pp.rank();
   c.ep_rank = layout.ep->rank;
@@ -104,12 +109,22 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
       const FlatRange range = writer_range(layout.units[u], shards, (int)c.tp_rank);
       if (range.size() > 0) c.parts.push_back({kind, (int)u, range});
     }
+  if (!store_compressed(store)) return c;
+  c.residual_layout = residual_layout(store, shape);
+  for (size_t u = 0; u < store.units.size(); u++)
+    if (store.units[u].residual) c.residuals.push_back({(int)u, store.units[u].residual_numel});
   return c;
 }
 
 void copy_part(ParamStore& store, const RankFilePart& p, float* dst) {
   // wherever the state lives: the device, or host memory or a file under optimizer offload
   store_state_read(store, p.unit, p.kind, p.range.first, p.range.size(), dst);
+}
+
+void copy_item(ParamStore& store, const RankFileContents& c, size_t i, float* dst) {
+  if (i < c.parts.size()) return copy_part(store, c.parts[i], dst);
+  const RankFileResidual& r = c.residuals[i - c.parts.size()];
+  ops::copy_to_host(dst, store.units[r.unit].residual, r.numel * sizeof(float));
 }
 
 static void write_part(hid_t file, const RankFilePart& p, const float* data) {
@@ -123,6 +138,25 @@ static void write_part(hid_t file, const RankFilePart& p, const float* data) {
   ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot write " + name);
 }
 
+std::string residual_layout(const ParamStore& store, const MeshShape& s) {
+  char text[160];
+  std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
+                grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp, s.pp_virtual,
+                s.cp, s.ep, (int)store.mode);
+  return text;
+}
+
+// /residual/unit_<u>: the whole residual of unit u (hdf5_format.h).
+static void write_residual(hid_t group, const RankFileResidual& r, const float* data) {
+  const std::string name = "unit_" + std::to_string(r.unit);
+  hsize_t n = r.numel;
+  H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
+  H5Id ds(ok(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                        H5P_DEFAULT), "cannot create residual/" + name));
+  ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+     "cannot write residual/" + name);
+}
+
 std::string h5_write_rank_file(const std::string& path, const RankFileContents& c,
                                const PartSource& source, FileDigest* digest) {
   quiet_hdf5();
@@ -133,21 +167,70 @@ std::string h5_write_rank_file(const std::string& path, const RankFileContents& 
     write_attr_i64(file, "pp_rank", c.pp_rank);
     write_attr_i64(file, "ep_rank", c.ep_rank);
     for (size_t i = 0; i < c.parts.size(); i++) write_part(file, c.parts[i], source(i));
+    if (!c.residuals.empty()) {
+      H5Id group(create_group(file, "residual"));
+      write_string(group, "layout", c.residual_layout);
+      for (size_t r = 0; r < c.residuals.size(); r++)
+        write_residual(group, c.residuals[r], source(c.parts.size() + r));
+    }
     return write_image(file, path, digest);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();
   }
 }
 
+// A string dataset (write_string). Only the residuals' layout is read this way, from a rank
+// file whose digest resume has already checked against the manifest.
+static std::string read_string(hid_t file, const char* name) {
+  H5Id ds(ok(H5Dopen2(file, name, H5P_DEFAULT), std::string("no dataset ") + name));
+  H5Id type(utf8_string_type());
+  H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
+  char* p = nullptr;
+  ok(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p), std::string("cannot read ") + name);
+  std::string text = p ? p : "";
+  H5Dvlen_reclaim(type, space, H5P_DEFAULT, &p);
+  return text;
+}
+
+std::string h5_read_residuals(const std::string& path, ParamStore& store,
+                              const std::string& layout) {
+  quiet_hdf5();
+  try {
+    H5Id file(ok(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"));
+    if (H5Lexists(file, "residual", H5P_DEFAULT) <= 0) return "the checkpoint holds none";
+    H5Id group(ok(H5Gopen2(file, "residual", H5P_DEFAULT), "cannot open residual"));
+    const std::string written = read_string(group, "layout");
+    if (written != layout) return "written under " + written + ", now " + layout;
+    std::vector<float> host;
+    for (size_t u = 0; u < store.units.size(); u++) {
+      UnitState& us = store.units[u];
+      if (!us.residual) continue;
+      const std::string name = "unit_" + std::to_string(u);
+      H5Id ds(ok(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "no dataset residual/" + name));
+      H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
+      CHECK(H5Sget_simple_extent_npoints(space) == (hssize_t)us.residual_numel,
+            "%s: residual/%s has %lld values, expected %zu", path.c_str(), name.c_str(),
+            (long long)H5Sget_simple_extent_npoints(space), us.residual_numel);
+      host.resize(us.residual_numel);
+      ok(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
+         "cannot read residual/" + name);
+      ops::copy_to_device(us.residual, host.data(), host.size() * sizeof(float));
+    }
+  } catch (const H5Failure& e) {
+    FATAL("cannot resume: %s: %s", path.c_str(), e.what());
+  }
+  return "";
+}
+
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards,
-                               FileDigest* digest) {
-  const RankFileContents c = rank_file_contents(layout, shards);
+                               const MeshShape& shape, FileDigest* digest) {
+  const RankFileContents c = rank_file_contents(layout, shards, store, shape);
   size_t largest = 0;
-  for (const RankFilePart& p : c.parts) largest = std::max(largest, p.range.size());
+  for (size_t i = 0; i < c.items(); i++) largest = std::max(largest, c.item_floats(i));
   std::vector<float> host(largest);
   return h5_write_rank_file(path, c, [&](size_t i) {
-    copy_part(store, c.parts[i], host.data());
+    copy_item(store, c, i, host.data());
     return (const float*)host.data();
   }, digest);
 }

@@ -106,28 +106,54 @@ struct RankFilePart {
   int unit;
   FlatRange range;
 };
+// With compressed reductions the file also holds this rank's residuals (below): whole units,
+// after the parts. "Items" are the parts, then the residuals, in that order.
+struct RankFileResidual {
+  int unit;
+  size_t numel;
+};
 struct RankFileContents {
   int64_t shard_rank = 0, tp_rank = 0, pp_rank = 0, ep_rank = 0;
   std::vector<RankFilePart> parts;  // the non-empty ranges, by state then unit
-  size_t floats() const;            // their total size
+  std::string residual_layout;      // residual_layout(); "" without compression
+  std::vector<RankFileResidual> residuals;
+  size_t items() const { return parts.size() + residuals.size(); }
+  size_t item_floats(size_t i) const;
+  size_t floats() const;            // the total size of the items
 };
-RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards);
-// The host data of part i: called once per part, in order; the pointer is read before the
+RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards& shards,
+                                    const ParamStore& store, const MeshShape& shape);
+// The host data of item i: called once per item, in order; the pointer is read before the
 // next call (the synchronous save copies each part from the device into one buffer, the
 // asynchronous one hands out its snapshot, checkpoint/async_save.cu).
 using PartSource = std::function<const float*(size_t i)>;
 // The store's slice of part p on the host: copied from the device (the store's compute stream
 // must be idle). Exits naming the unit if the range is not inside the rank's shard.
 void copy_part(ParamStore& store, const RankFilePart& p, float* dst);
+// Item i of the contents on the host: a part (copy_part) or a residual (copied from the device).
+void copy_item(ParamStore& store, const RankFileContents& c, size_t i, float* dst);
 // Writes the rank file: built in memory by HDF5 (its core driver), then written, fsync'd and
 // digested with plain POSIX calls (checkpoint/files.h), so a full disk is one clean write error
 // naming the file and HDF5 never holds a file it could not close. Returns "" or the problem.
 std::string h5_write_rank_file(const std::string& path, const RankFileContents& contents,
                                const PartSource& source, FileDigest* digest);
-// The synchronous case: every part copied from the store.
+// The synchronous case: every item copied from the store.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards,
-                               FileDigest* digest);
+                               const MeshShape& shape, FileDigest* digest);
+
+// The residuals of the compressed reductions ([parallel] grad_compression, parallel/
+// grad_compression.cu) are this rank's own state, not part of any logical tensor, so they stay
+// out of the index: the rank file holds /residual/unit_<u> (the whole residual of unit u) and the
+// string /residual/layout, which names everything their meaning depends on (the compression,
+// the degrees, the ZeRO stage: residual_layout). A run resumes them only from the file of its
+// own world rank written under the same layout; otherwise they are dropped (zero: the steps
+// before lose what they had not sent yet, nothing else changes).
+std::string residual_layout(const ParamStore& store, const MeshShape& shape);
+// Loads this rank's residuals from `rank_file` if it holds them under `layout`. Returns "" when
+// loaded, else why not (the caller warns). A broken file stops the job naming it.
+std::string h5_read_residuals(const std::string& rank_file, ParamStore& store,
+                              const std::string& layout);
 // The writers' degrees (their dp, pp, cp, tp, ep and chunks per pipeline rank; sp changes no
 // layout), as the index records them.
 MeshShape writer_shape(const CheckpointMeta& meta);

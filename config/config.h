@@ -82,6 +82,11 @@ struct ParallelConfig {   // [parallel]
   // too, 3 weights too (FSDP). fsdp = true is zero = 3; the reader makes the two agree.
   int zero = 0;
   bool fsdp = false;
+  // Compressed data-parallel gradient reductions with error feedback (parallel/
+  // grad_compression.cu), zero = 0, 1 or 2: "int8" (block-scaled codes) or "topk" (the
+  // topk_ratio largest values of each bucket per rank).
+  std::string grad_compression = "none";  // "none" | "int8" | "topk"
+  double topk_ratio = 0.01;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
   double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
 };
@@ -118,6 +123,7 @@ struct LogConfig {        // [log]
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
   int straggler_every = 100;      // report the slowest and fastest rank every this many steps
   float straggler_factor = 1.25f; // name a rank whose step is this many times the median's
+  bool grad_noise_scale = false;  // the gradient noise scale B_simple (training/noise_scale.h)
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)

@@ -149,6 +149,38 @@ static void check_offload(Checker& c) {
                    "offload_dir, the directory its files go to");
 }
 
+// Compressed gradient reductions (parallel/grad_compression.cu) replace DDP's all-reduce and
+// ZeRO-1/2's reduce-scatter; FSDP's sharded gradient path is not compressed.
+static void check_grad_compression(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.parallel.grad_compression == "none") return;
+  if (cfg.parallel.zero == 3)
+    c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " is not supported "
+                   "with FSDP (" + mention(cfg, c.origins, "parallel.zero") + "): use zero = 0, "
+                   "1 or 2, or grad_compression = \"none\"");
+  if (cfg.parallel.grad_compression == "topk")
+    c.require(cfg.parallel.topk_ratio > 0 && cfg.parallel.topk_ratio <= 1, "parallel.topk_ratio",
+              "must be in (0, 1]: the fraction of each gradient bucket a rank sends");
+}
+
+// The gradient noise scale (training/noise_scale.h) reads each rank's whole first micro-batch
+// gradient before it is reduced: DDP or ZeRO-1 on a dense dp-only layout, and two batch sizes.
+static void check_noise_scale(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (!cfg.log.grad_noise_scale) return;
+  const ParallelConfig& p = cfg.parallel;
+  const std::string key = mention(cfg, c.origins, "log.grad_noise_scale");
+  if (p.zero > 1)
+    c.problems.add(key + " needs whole local gradients: " + mention(cfg, c.origins, "parallel.zero") +
+                   " shards them; use zero = 0 or 1");
+  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || cfg.model.n_experts > 0)
+    c.problems.add(key + " works on dp-only layouts of dense models (tp = pp = cp = 1, "
+                   "n_experts = 0): a rank's gradient is otherwise a part of the small batch's");
+  if (std::max(1, p.dp) * std::max(1, cfg.train.grad_accum) < 2)
+    c.problems.add(key + " needs two batch sizes: " + mention(cfg, c.origins, "parallel.dp") +
+                   " or " + mention(cfg, c.origins, "train.grad_accum") + " must be >= 2");
+}
+
 // FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):
 // the channels per tensor-parallel rank d_model/tp (then also 3 and 4 times it) and the tokens
 // of a micro-batch, micro_batch * seq_len (the depth of the weight-gradient GEMM).
@@ -249,6 +281,8 @@ void check_values(Checker& c) {
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);
+  check_grad_compression(c);
+  check_noise_scale(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

@@ -53,6 +53,8 @@ size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::E4M3: return 1;
     case DType::E5M2: return 1;
+    case DType::I8: return 1;
+    case DType::I32: return 4;
   }
   FATAL("unknown dtype %d", (int)t);
 }
@@ -63,6 +65,8 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::E4M3: return "e4m3";
     case DType::E5M2: return "e5m2";
+    case DType::I8: return "int8";
+    case DType::I32: return "int32";
   }
   FATAL("unknown dtype %d", (int)t);
 }
@@ -73,6 +77,8 @@ float element_as_float(const void* data, size_t i, DType dt) {
     case DType::BF16: return bf16_to_f32(((const uint16_t*)data)[i]);
     case DType::E4M3: return fp8_to_f32(((const uint8_t*)data)[i], DType::E4M3);
     case DType::E5M2: return fp8_to_f32(((const uint8_t*)data)[i], DType::E5M2);
+    case DType::I8: return (float)((const int8_t*)data)[i];
+    case DType::I32: return (float)((const int32_t*)data)[i];
   }
   FATAL("unknown dtype %d", (int)dt);
 }

@@ -48,7 +48,9 @@ void set_shared_error_handler(void (*finish_job)(), bool prints);
 // Element types of stored tensors. Master weights, Adam moments and weight gradients are always
 // F32; activations and the working copy of the weights use the compute dtype ([precision]).
 // E4M3 and E5M2 are FP8 storage (kernels/fp8.h): GEMM operands only, never a compute dtype.
-enum class DType : int { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
+// I8 and I32 are payloads of the compressed gradient reductions (parallel/grad_compression.cu:
+// int8 codes, top-k indices): moved by collectives, never summed by them, never a compute dtype.
+enum class DType : int { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3, I8 = 4, I32 = 5 };
 // A switch, not a ternary, in every place that maps a DType: a third type (FP8) must stop the
 // program where nobody handled it, never quietly pass as bf16.
 size_t dtype_size(DType t);
@@ -78,3 +80,15 @@ float element_as_float(const void* data, size_t i, DType dt);
 
 inline size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 inline size_t ceil_div(size_t x, size_t m) { return (x + m - 1) / m; }
+
+// The compressed gradient reductions' formats (kernels/ops_decls.h: int8_quantize, topk_select;
+// parallel/grad_compression.cu), the same on both backends so that a plan counts the same bytes:
+// int8 codes come in blocks of kQuantBlock values with one fp32 scale each; a chunk of chunk_n
+// values travels as one record of its codes (padded to 4 bytes) and then its blocks' scales.
+constexpr size_t kQuantBlock = 256;
+inline size_t int8_record_bytes(size_t chunk_n) {
+  return round_up(chunk_n, 4) + 4 * ceil_div(chunk_n, kQuantBlock);
+}
+// Top-k selection works through tiles of kTopkTile values; its device scratch, in bytes.
+constexpr size_t kTopkTile = 4096;
+inline size_t topk_scratch_bytes(size_t n) { return 4 * (264 + 4 * ceil_div(n, kTopkTile)); }

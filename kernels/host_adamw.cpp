@@ -68,7 +68,9 @@ void host_adamw_update(float* master, void* param_out, const float* grad, float*
     case DType::F32: return adamw_typed(master, (float*)param_out, grad, m, v, n, step);
     case DType::BF16: return adamw_typed(master, (uint16_t*)param_out, grad, m, v, n, step);
     case DType::E4M3:
-    case DType::E5M2: break;
+    case DType::E5M2:
+    case DType::I8:
+    case DType::I32: break;
   }
   FATAL("adamw_update: weights in %s are not supported (fp32 or bf16)", dtype_name(param_dt));
 }

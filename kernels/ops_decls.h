@@ -316,4 +316,35 @@ void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stre
 // dst = src converted (rounded to nearest even when narrowing).
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s);
 
+// ---------------------------------------------------------------------------------------------
+// Compressed gradient reductions (parallel/grad_compression.cu), fp32 in and out
+// ---------------------------------------------------------------------------------------------
+// Int8 block quantisation of `chunks` chunks of chunk_n values (x, chunks * chunk_n floats). Each
+// chunk is cut into blocks of kQuantBlock values from its own start (the last block of a chunk
+// may be shorter). Per block: scale = absmax / 127 in fp32 (0 for an all-zero block); per value
+// q = rint(x / scale) (nearest even; 0 when the scale is 0), kept in [-127, 127]. Chunk c becomes
+// one record at packed + c * int8_record_bytes(chunk_n): its chunk_n codes, zero bytes up to a
+// multiple of 4, then its blocks' scales. The quantisation error err[i] = x[i] - q[i] * scale
+// (each product and difference rounded once, no FMA) is written, or added with accumulate_err;
+// err may be x itself.
+void int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int chunks,
+                   bool accumulate_err, Stream s);
+// out[i] = (...((0 + d_0[i]) + d_1[i]) + ...) + d_{records-1}[i] for i < chunk_n, where
+// d_r[i] = q_r[i] * scale_r: the sum of `records` records of one chunk, in record order, fp32.
+void int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int records, Stream s);
+// The records of consecutive chunks, end to end: out[c * chunk_n + i] = q_c[i] * scale_c for
+// every element below n (records * chunk_n may exceed n: the rest is not written).
+void int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, int records,
+                     Stream s);
+// Top-k sparsification: the k values of x (n floats, k <= n) with the largest |x|, where equal
+// magnitudes go by the lower index first (|x| compared as the bits of the float without its
+// sign). record receives their k indices in increasing order (int32), then their k values; the
+// selected values of x are set to 0, so that x keeps what was not sent. scratch:
+// topk_scratch_bytes(n) bytes of device memory.
+void topk_select(int32_t* record, float* x, size_t n, size_t k, void* scratch, Stream s);
+// For each of `records` records (k indices, then k values, as topk_select writes them) in record
+// order: out[i - first] += value for each index i in [first, first + out_n).
+void topk_scatter_add(float* out, size_t first, size_t out_n, const int32_t* records, size_t k,
+                      int records_n, Stream s);
+
 }  // namespace ops

@@ -164,6 +164,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     release_block(m, store, l, true, whole, c.last_micro_step);
   }
   if (whole && g.first_stage(c.chunk)) embedding_backward(m, c, s);
+  if (whole) grads_micro_batch_done(store);
   ops::range_pop();
 }
 
@@ -179,5 +180,6 @@ void gpt_stage_weight(GPT& m, ParamStore& store, const StageCall& c, ops::Stream
     release_block(m, store, l, false, true, c.last_micro_step);
   }
   if (g.first_stage(c.chunk)) embedding_backward(m, c, s);
+  grads_micro_batch_done(store);  // W completes the micro-batch's gradients
   ops::range_pop();
 }

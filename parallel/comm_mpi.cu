@@ -39,6 +39,8 @@ MPI_Datatype mpi_type(DType dt) {
     case DType::BF16: return MPI_UINT16_T;
     case DType::E4M3:
     case DType::E5M2: return MPI_UINT8_T;  // moved as bytes, never summed
+    case DType::I8: return MPI_INT8_T;      // compressed gradients: moved, never summed
+    case DType::I32: return MPI_INT32_T;
   }
   FATAL("MPI backend: no MPI type for dtype %d", (int)dt);
 }
@@ -60,7 +62,9 @@ MPI_Op sum_op(DType dt) {
     case DType::F32: return MPI_SUM;
     case DType::BF16: return bf16_op;
     case DType::E4M3:
-    case DType::E5M2: break;
+    case DType::E5M2:
+    case DType::I8:
+    case DType::I32: break;
   }
   FATAL("MPI backend: no sum for dtype %d", (int)dt);
 }

@@ -51,6 +51,8 @@ ncclDataType_t nccl_type(DType dt) {
     case DType::BF16: return ncclBfloat16;
     case DType::E4M3:
     case DType::E5M2: return ncclUint8;  // moved as bytes; a sum of FP8 is never asked for
+    case DType::I8: return ncclInt8;     // compressed gradients: moved, never summed
+    case DType::I32: return ncclInt32;
   }
   FATAL("NCCL backend: no NCCL type for dtype %d", (int)dt);
 }

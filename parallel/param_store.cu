@@ -45,10 +45,30 @@ OffloadKind offload_kind(const std::string& s) {
 ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.offload.kind = offload_kind(cfg.train.optimizer_offload);
   st.offload.dir = cfg.train.offload_dir;
+  st.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
+  st.compressor.topk_ratio = cfg.parallel.topk_ratio;
   return sharding_mode(cfg.parallel.zero);
 }
 
 bool store_offloaded(const ParamStore& st) { return st.offload.kind != OffloadKind::None; }
+bool store_compressed(const ParamStore& st) { return st.compressor.kind != GradCompression::None; }
+
+// Compressed reductions: a zero residual per unit whose group has two ranks or more, as long as
+// the bucket the unit reduces (DDP: the unit; ZeRO-1/2: the padded unit), and the scratch of the
+// largest one.
+static void compression_init(ParamStore& st) {
+  if (!store_compressed(st)) return;
+  CHECK(st.mode != ShardingMode::FSDP, "[parallel] grad_compression works with zero = 0, 1 or 2");
+  for (UnitState& us : st.units) {
+    const size_t n = st.mode == ShardingMode::Replicated ? us.numel : us.padded_numel;
+    if (us.group->size < 2) continue;
+    us.residual_numel = residual_numel(st.compressor.kind, n, us.group->size);
+    us.residual = (float*)allocate_zeroed(st.state_memory, us.residual_numel * sizeof(float),
+                                          st.compute);
+    grad_compressor_need(st.compressor, n, us.group->size);
+  }
+  grad_compressor_allocate(st.compressor, st.work_memory);
+}
 
 // ZeRO-1/2 keep full weights that each rank updates a shard of: after an update (or a load) every
 // rank's new shard is all-gathered.
@@ -169,6 +189,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     case ShardingMode::FSDP: fsdp_init(st); break;
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
+  compression_init(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   st.comm_idle = allocate_event(st.work_memory);
   st.issue_point = allocate_event(st.work_memory);
@@ -220,6 +241,9 @@ static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
 }
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
+  UnitState& us = st.units[unit];
+  if (st.small_batch_squares && us.releases++ == 0 && !us.whole_step)  // before its reduction
+    ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
   switch (st.mode) {
     case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
@@ -230,13 +254,24 @@ void grads_release(ParamStore& st, int unit, bool last_micro_step) {
     offload_grad_to_host(st, unit);
 }
 
+void grads_micro_batch_done(ParamStore& st) {
+  if (!st.small_batch_squares || st.small_batch_measured) return;
+  st.small_batch_measured = true;  // the whole-step units hold the first micro-batch's only
+  for (UnitState& us : st.units)
+    if (us.whole_step)
+      ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gradients as the optimizer sees them
 // ---------------------------------------------------------------------------------------------
 // Zeroes what the micro-steps accumulate into: the full gradient where it persists (DDP,
 // ZeRO-1, padding included), else the shard.
 void grads_zero(ParamStore& st) {
+  if (st.small_batch_squares) ops::fill_zero(st.small_batch_squares, sizeof(float), st.compute);
+  st.small_batch_measured = false;
   for (UnitState& us : st.units) {
+    us.releases = 0;
     if (st.mode == ShardingMode::ZeRO1)
       ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
     else ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);

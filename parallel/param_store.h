@@ -38,6 +38,7 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/grad_compression.h"
 #include "parallel/offload.h"
 #include "parallel/placement.h"
 
@@ -74,6 +75,11 @@ struct UnitState {
   int grad_slot = -1;       // pool slot holding grad_full (blocks only)
   ops::Event gather_done = nullptr;  // FSDP, ZeRO-1/2: the all-gather of params is done
   ops::Event reduce_done = nullptr;
+  // [parallel] grad_compression: what this rank's compressed reductions have not sent yet
+  // (parallel/grad_compression.cu), residual_numel floats; null without compression.
+  float* residual = nullptr;
+  size_t residual_numel = 0;
+  int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
 };
 
 struct ParamStore {
@@ -104,6 +110,16 @@ struct ParamStore {
   bool count_only = false;  // set before param_store_init: count the memory, allocate nothing
   // Optimizer offload: set offload.kind (and offload.dir for nvme) before param_store_init.
   Offload offload;
+  // Compressed dp reductions (DDP, ZeRO-1/2): set compressor.kind and topk_ratio before
+  // param_store_init.
+  GradCompressor compressor;
+  // [log] grad_noise_scale (training/noise_scale.h): set small_batch_squares to a zeroed device
+  // float; the first micro-batch's squared gradient norm (before any reduction) is summed into
+  // it: a block's at its first release, the units used by the whole step (the root) when the
+  // first micro-batch's backward ends (grads_micro_batch_done). DDP and ZeRO-1 (whole local
+  // gradients), dp-only layouts.
+  float* small_batch_squares = nullptr;
+  bool small_batch_measured = false;
   int world_rank = 0;       // names the offload file
 };
 
@@ -115,10 +131,12 @@ void param_store_init(ParamStore& store, const std::vector<ParamUnit>& units, Sh
                       const ParamFill& fill);
 void param_store_destroy(ParamStore& store);
 // What a config asks of the store, as the trainer and the planner make it: the mode of
-// [parallel] zero (returned) and the offload of [train] optimizer_offload and offload_dir (set
-// on `store`, before param_store_init).
+// [parallel] zero (returned), the offload of [train] optimizer_offload and offload_dir and the
+// compression of [parallel] grad_compression and topk_ratio (set on `store`, before
+// param_store_init).
 ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
+bool store_compressed(const ParamStore& store);  // [parallel] grad_compression is not "none"
 // The three fp32 states a shard carries; checkpoints save and load all three.
 enum class StateKind { Master, AdamM, AdamV };
 // "model", "optim/m", "optim/v"
@@ -145,6 +163,8 @@ void params_prefetch(ParamStore& store, int unit);
 void params_release(ParamStore& store, int unit);
 float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
+// The backward of a micro-batch is queued (this stage's every contribution, the embedding's too).
+void grads_micro_batch_done(ParamStore& store);
 
 // The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);

@@ -39,6 +39,8 @@ uint64_t mix(uint64_t x) {  // splitmix64
 // such values is representable in dt; otherwise: a general value of dt (wide exponent range).
 float value(const Ctx& ctx, int w, int tag, size_t i, DType dt, bool exact) {
   const uint64_t h = mix(ctx.seed ^ mix((uint64_t)w << 40 ^ (uint64_t)tag << 32 ^ i));
+  if (dt == DType::I8) return (float)((int)(h % 255) - 127);  // moved, never summed
+  if (dt == DType::I32) return (float)((int64_t)(h % 16777215) - 8388607);  // exact in a float
   if (exact) {
     if (dt == DType::F32) return (float)((int64_t)(h % 65535) - 32767) / 256.0f;
     return (float)((int)(h % 127) - 63) / 4.0f;
@@ -54,27 +56,33 @@ std::vector<float> values(const Ctx& ctx, int w, int tag, size_t n, DType dt, bo
   return v;
 }
 
+// One element of dtype dt from a host float (representable in dt), into bytes, and back.
+void put(uint8_t* bytes, size_t i, float x, DType dt) {
+  if (dt == DType::F32) std::memcpy(&bytes[4 * i], &x, 4);
+  else if (dt == DType::BF16) { uint16_t h = f32_to_bf16(x); std::memcpy(&bytes[2 * i], &h, 2); }
+  else if (dt == DType::I8) bytes[i] = (uint8_t)(int8_t)x;
+  else { int32_t k = (int32_t)x; std::memcpy(&bytes[4 * i], &k, 4); }
+}
+
 // Device buffers from and to host floats (bf16: stored as bf16, values already representable).
+// Extra elements are poisoned: NaN in fp32 and bf16, -1 in the integer types.
 void* upload(const std::vector<float>& v, DType dt, size_t extra_elems = 0) {
   const size_t n = v.size() + extra_elems;
   void* p = ops::alloc(n * dtype_size(dt) + 1);
-  std::vector<uint8_t> bytes(n * dtype_size(dt), 0xFF);  // extra elements poisoned (NaN)
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::F32) std::memcpy(&bytes[4 * i], &v[i], 4);
-    else { uint16_t h = f32_to_bf16(v[i]); std::memcpy(&bytes[2 * i], &h, 2); }
-  }
+  std::vector<uint8_t> bytes(n * dtype_size(dt), 0xFF);
+  for (size_t i = 0; i < v.size(); ++i) put(bytes.data(), i, v[i], dt);
   ops::copy_to_device(p, bytes.data(), bytes.size());
   return p;
 }
+bool is_float(DType dt) { return dt == DType::F32 || dt == DType::BF16; }
+float poison(DType dt) { return is_float(dt) ? NAN : -1.0f; }
+bool is_poison(float x, DType dt) { return is_float(dt) ? std::isnan(x) : x == -1.0f; }
 void* poisoned(size_t n, DType dt) { return upload({}, dt, n); }
 std::vector<float> download(const void* p, size_t n, DType dt) {
   std::vector<uint8_t> bytes(n * dtype_size(dt));
   ops::copy_to_host(bytes.data(), p, bytes.size());
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (dt == DType::F32) std::memcpy(&v[i], &bytes[4 * i], 4);
-    else { uint16_t h; std::memcpy(&h, &bytes[2 * i], 2); v[i] = bf16_to_f32(h); }
-  }
+  for (size_t i = 0; i < n; ++i) v[i] = element_as_float(bytes.data(), i, dt);
   return v;
 }
 

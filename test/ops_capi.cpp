@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "parallel/expert_dispatch_plan.h"
@@ -169,6 +170,25 @@ void op_sum_accumulate(float* out, const float* x, size_t n, float scale) {
 }
 void op_add_inplace(float* dst, const float* src, size_t n) {
   ops::add_inplace(dst, src, n, test_stream());
+}
+void op_int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int chunks,
+                      int accumulate_err) {
+  ops::int8_quantize(packed, err, x, chunk_n, chunks, accumulate_err != 0, test_stream());
+}
+void op_int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int records) {
+  ops::int8_dequantize_sum(out, packed, chunk_n, records, test_stream());
+}
+void op_int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, int records) {
+  ops::int8_dequantize(out, n, packed, chunk_n, records, test_stream());
+}
+size_t op_int8_record_bytes(size_t chunk_n) { return int8_record_bytes(chunk_n); }
+void op_topk_select(int32_t* record, float* x, size_t n, size_t k) {
+  std::vector<char> scratch(topk_scratch_bytes(n));
+  ops::topk_select(record, x, n, k, scratch.data(), test_stream());
+}
+void op_topk_scatter_add(float* out, size_t first, size_t out_n, const int32_t* records, size_t k,
+                         int records_n) {
+  ops::topk_scatter_add(out, first, out_n, records, k, records_n, test_stream());
 }
 void op_cast(void* dst, int dst_dt, const void* src, int src_dt, size_t n) {
   ops::cast(dst, dtype_of(dst_dt), src, dtype_of(src_dt), n, test_stream());

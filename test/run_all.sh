@@ -48,6 +48,10 @@ run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
+run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
+run grad-compression $PY test/test_grad_compression.py
+run noise-scale "$BUILD/test_noise_scale"
+run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
@@ -87,12 +91,13 @@ else
   skip emu-libs "no $BUILD/emu/test_comm_nccl (built with the CUDA toolkit, which is missing)"
 fi
 # The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
-# emulator's own tests, every test/gpu program under two thread orders, and the shared-memory
-# kernels under AddressSanitizer.
+# emulator's own tests, every test/gpu program under two thread orders, the shared-memory
+# kernels under AddressSanitizer, and the whole CUDA trainer (./train_emu) against ./train_cpu.
 if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
   run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
   run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
   run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
+  run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
 else
   skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
 fi

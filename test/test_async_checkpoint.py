@@ -15,7 +15,10 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, shuffled
    bit for bit.
 4. ZeRO-1 with the optimizer offloaded to host memory: steps 3 and 6 saved asynchronously equal
    the synchronous ones bit for bit (the copy reads the state where the store keeps it).
-5. kill -9 of the job at random moments while it saves every step asynchronously (5 kills, the
+5. int8-compressed DDP gradients (the residuals live in each rank's file, not in the index):
+   steps 3 and 6 saved asynchronously equal the synchronous ones bit for bit, index and every
+   rank file's /residual datasets, which are not all zero.
+6. kill -9 of the job at random moments while it saves every step asynchronously (5 kills, the
    first during start-up): after each, `latest` names a checkpoint that verifies; the last run
    finishes, and every step's loss, whichever run computed it, equals the uninterrupted run's.
 """
@@ -154,6 +157,39 @@ def test_offload(tmp, cfg):
                  equal == names, f"equal {equal} of {names}")
 
 
+def residuals(ckpt, rank):
+    """{dataset: array} under /residual of a rank file (and its layout string)."""
+    out = {}
+    with h5py.File(os.path.join(ckpt, f"rank_{rank:05d}.h5"), "r") as f:
+        for name, obj in f["residual"].items():
+            out[name] = obj[()] if name == "layout" else obj[...]
+    return out
+
+
+def test_compressed(tmp, cfg):
+    """DDP with int8-compressed gradients: the asynchronous copy takes the residuals too."""
+    layout = ["--parallel.dp=2", "--parallel.grad_compression=int8", "--train.micro_batch=2",
+              "--train.steps=6"]
+    cks = {}
+    for mode in ("sync", "async"):
+        cks[mode] = os.path.join(tmp, "ck_int8_" + mode)
+        run(cfg, layout + [f"--checkpoint.dir={cks[mode]}", "--checkpoint.every=3",
+                           f"--checkpoint.async={'true' if mode == 'async' else 'false'}",
+                           f"--log.metrics={tmp}/int8_{mode}.jsonl"], np_ranks=2, timeout=180)
+    equal, nonzero = [], 0
+    for n in ("step_000003", "step_000006"):
+        a, b = os.path.join(cks["sync"], n), os.path.join(cks["async"], n)
+        ra, rb = [residuals(a, r) for r in (0, 1)], [residuals(b, r) for r in (0, 1)]
+        same = all(x.keys() == y.keys() and all(
+            np.array_equal(x[k], y[k]) for k in x) for x, y in zip(ra, rb))
+        nonzero += sum(int(np.any(v != 0)) for x in ra for k, v in x.items() if k != "layout")
+        if same and same_checkpoints(a, b):
+            equal.append(n)
+    checks.check("int8 compression: asynchronous checkpoints (index and residuals) equal the "
+                 "synchronous ones", equal == ["step_000003", "step_000006"] and nonzero > 0,
+                 f"equal {equal}; {nonzero} non-zero residual datasets")
+
+
 def main():
     rng = seeded_rng("test_async_checkpoint")
     random.seed(int(rng.integers(1 << 30)))
@@ -163,7 +199,7 @@ def main():
         sec["data"]["shuffle"] = True
         cfg = write_config(tmp, "c.toml", sec)
         for test in (lambda: test_same_checkpoints(tmp, cfg), lambda: test_offload(tmp, cfg),
-                     lambda: test_kill(tmp, cfg)):
+                     lambda: test_compressed(tmp, cfg), lambda: test_kill(tmp, cfg)):
             try:
                 test()
             except (RuntimeError, OSError, KeyError, ValueError, StopIteration) as e:

@@ -134,7 +134,7 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
     for (StateKind kind : kKinds) param_store_load(h.store, g.units, code_fill(kind), kind);
     const WriterShards shards{c.dpcp_index, l.dp * l.cp, l.ep};
     const std::string problem =
-        h5_write_rank_file(dir + "/" + rank_file_name(w), h.store, g, shards, nullptr);
+        h5_write_rank_file(dir + "/" + rank_file_name(w), h.store, g, shards, mesh.shape, nullptr);
     if (!problem.empty()) return problem;
   }
   CheckpointMeta meta;

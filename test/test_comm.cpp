@@ -218,7 +218,7 @@ void test_all_gather(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DTy
   void* send = nullptr;
   void* recv = nullptr;
   if (in_place) {
-    std::vector<float> full(c.size * n, NAN);
+    std::vector<float> full(c.size * n, poison(dt));
     std::copy(mine.begin(), mine.end(), full.begin() + c.rank * n);
     recv = upload(full, dt);
     send = (char*)recv + c.rank * n * dtype_size(dt);
@@ -295,7 +295,7 @@ void test_all_to_all_v(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, D
   const std::vector<float> got = download(recv, recv_total + 2, dt);
   check_values(ctx, std::vector<float>(got.begin(), got.begin() + recv_total), want,
                "all_to_all_v");
-  check(ctx, std::isnan(got[recv_total]) && std::isnan(got[recv_total + 1]),
+  check(ctx, is_poison(got[recv_total], dt) && is_poison(got[recv_total + 1], dt),
         "all_to_all_v wrote past its blocks");
   ops::release(send);
   ops::release(recv);
@@ -349,6 +349,19 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table, const
         test_all_reduce(ctx, c, M, n, dt, false);
         test_reduce_scatter(ctx, c, M, n, dt, false, false);
       }
+    }
+  }
+  // The integer payloads of the compressed reductions (int8 codes, int32 indices): every
+  // collective that moves data without summing it.
+  for (DType dt : {DType::I8, DType::I32}) {
+    ctx.where = layout + " axis " + axis_name(a) + " " + dtype_name(dt);
+    for (size_t n : kSizes) {
+      test_all_gather(ctx, c, M, n, dt, false);
+      test_all_gather(ctx, c, M, n, dt, true);
+      test_broadcast(ctx, c, M, n, dt, c.size - 1);
+      test_pair_ring(ctx, c, M, n, dt);
+      test_all_to_all(ctx, c, M, n, dt);
+      test_all_to_all_v(ctx, c, M, n, dt);
     }
   }
   // 1 MB messages (fp32), far past every eager limit: a blocking send in send_recv would hang

@@ -38,7 +38,8 @@ DEFAULTS = {
               "optimizer_offload": "none", "offload_dir": ""},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": True, "zero": 0,
                  "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
-                 "pp_balance": "equal", "backend": "", "timeout_s": 600.0},
+                 "pp_balance": "equal", "backend": "", "timeout_s": 600.0,
+                 "grad_compression": "none", "topk_ratio": 0.01},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
@@ -46,7 +47,8 @@ DEFAULTS = {
                    "async": False},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
-            "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25},
+            "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25,
+            "grad_noise_scale": False},
     "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
              "memory_gib": 80.0, "pcie_gbs": 50.0, "nvme_gbs": 6.0},
@@ -408,6 +410,21 @@ def zero_and_offload_cases(c, secs, tmp, case):
          ["[train] offload_dir", "no_such_dir", "no such directory"], "train.offload_dir")
     case("unknown offload", {"train.optimizer_offload": '"disk"'},
          ["optimizer_offload", '"none", "cpu", "nvme"'], "train.optimizer_offload")
+    # [parallel] grad_compression (parallel/grad_compression.cu): not with FSDP, topk_ratio in
+    # (0, 1], one of the three names.
+    text, keys, _ = render(secs, {"parallel.zero": "3", "parallel.grad_compression": '"int8"'})
+    expect_error("grad_compression with FSDP", c.write(text), (),
+                 ['[parallel] grad_compression = "int8"', "[parallel] zero = 3", "FSDP"],
+                 ((keys["parallel.grad_compression"][0], keys["parallel.grad_compression"][2]),
+                  (keys["parallel.zero"][0], keys["parallel.zero"][2])))
+    case("topk_ratio 0", {"parallel.grad_compression": '"topk"', "parallel.topk_ratio": "0.0"},
+         ["topk_ratio = 0", "must be in (0, 1]"], "parallel.topk_ratio")
+    case("unknown grad_compression", {"parallel.grad_compression": '"fp16"'},
+         ["grad_compression", '"none", "int8", "topk"'], "parallel.grad_compression")
+    text, _, _ = render(secs, {"parallel.zero": "2", "parallel.grad_compression": '"topk"',
+                               "parallel.topk_ratio": "0.25"})
+    expect_good("zero = 2 with topk 0.25", c.write(text), (),
+                {"parallel.grad_compression": "topk", "parallel.topk_ratio": 0.25})
 
 
 def model_file_cases(tmp):

@@ -13,7 +13,9 @@ scratch, the MoE layers' kept gradients, the extra all-gathers of sequence paral
 slots held until W): pp2 zb-h1 over 4 micro-batches, dp2 x pp2 zb-v FSDP over 3, tp2 (SP) x pp2
 zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed, dp2 x pp2 zb-h1 ZeRO-2 over 3;
 pp2 interleaved over 2 chunks;
-pp2 1f1b with uneven stages (pp_layers = [1, 3]). For each, rank 0 of the plan (`--plan-json`)
+pp2 1f1b with uneven stages (pp_layers = [1, 3]); compressed gradient reductions: dp2 x tp2 DDP
+with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
+4). For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); the
 bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, gpipe and
@@ -85,6 +87,10 @@ LAYOUTS = [
      {"train": {"grad_accum": 2, "optimizer_offload": "nvme"}}),
     ("MoE dp4 x ep2 ZeRO-2 bf16 offload nvme", {"dp": 4, "ep": 2, "zero": 2},
      {"model": MOE, "precision": {"compute": "bf16"}, "train": {"optimizer_offload": "nvme"}}),
+    ("dp2 x tp2 DDP int8 compression", {"dp": 2, "tp": 2, "grad_compression": "int8"}, {}),
+    ("MoE dp4 x ep2 ZeRO-2 topk 5% grad_accum 2",
+     {"dp": 4, "ep": 2, "zero": 2, "grad_compression": "topk", "topk_ratio": 0.05},
+     {"model": MOE, "train": {"grad_accum": 2}}),
 ]
 NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
               "disk_write_bytes": 0}

@@ -191,9 +191,11 @@ static void print_step_line(const StepReport& r) {
                (r.eta_s >= 0 ? duration_text(r.eta_s) : std::string("?")) + " left";
   char ckpt[48] = "";
   if (r.ckpt_wait_ms >= 0) std::snprintf(ckpt, sizeof(ckpt), " | ckpt copy %.1f ms", r.ckpt_wait_ms);
-  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms%s | %.0f tok/s | %s | "
+  char noise[48] = "";
+  if (r.noise) std::snprintf(noise, sizeof(noise), " | B_noise %.4g", noise_scale_simple(r.noise_scale));
+  std::printf("step %5d/%d | loss %.6f%s | lr %.3e | norm %.4f%s | %.1f ms%s | %.0f tok/s | %s | "
               "mem %.2f GiB (peak %.2f)%s%s%s%s\n",
-              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, r.ms, ckpt,
+              r.step, r.steps, r.loss, moe_text(r).c_str(), r.lr, r.grad_norm, noise, r.ms, ckpt,
               r.tokens_per_s, mfu,
               r.mem_bytes / 1073741824.0, r.mem_peak_bytes / 1073741824.0,
               offload_text(r).c_str(), progress.c_str(), r.note.empty() ? "" : " | ",
@@ -233,6 +235,13 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
   }
   if (r.elapsed_s >= 0) std::fprintf(log.jsonl, ",\"elapsed_s\":%.3f", r.elapsed_s);
   if (r.ckpt_wait_ms >= 0) std::fprintf(log.jsonl, ",\"ckpt_wait_ms\":%.3f", r.ckpt_wait_ms);
+  if (r.noise) {  // training/noise_scale.h
+    const NoiseScale& n = r.noise_scale;
+    std::fprintf(log.jsonl, ",\"noise_scale\":{\"b_simple\":%.9g,\"small_sq\":%.9g,"
+                 "\"big_sq\":%.9g,\"b_small\":%g,\"b_big\":%g,\"grad_sq\":%.9g,\"trace\":%.9g}",
+                 noise_scale_simple(n), n.small_sq, n.big_sq, n.b_small, n.b_big, n.grad_sq,
+                 n.trace);
+  }
   if (!r.fp8.empty()) {
     std::fprintf(log.jsonl, ",\"fp8\":{");
     for (size_t i = 0; i < r.fp8.size(); i++)

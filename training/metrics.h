@@ -13,6 +13,7 @@
 #pragma once
 #include <vector>
 
+#include "training/noise_scale.h"
 #include "model/fp8.h"
 #include <cstdio>
 #include <string>
@@ -49,6 +50,8 @@ struct StepReport {
   std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
   bool moe = false;                   // an MoE model: moe_report holds its step statistics
   MoeReport moe_report;
+  bool noise = false;                 // [log] grad_noise_scale: noise_scale holds its estimates
+  NoiseScale noise_scale;
 };
 
 struct MetricsLog {

@@ -88,7 +88,9 @@ inline void dispatch_dtype(DType dt, Fn&& fn) {
     case DType::F32: fn(float{}); return;
     case DType::BF16: fn(uint16_t{}); return;
     case DType::E4M3:
-    case DType::E5M2: break;  // FP8 is a GEMM operand format, not a compute dtype
+    case DType::E5M2:  // FP8 is a GEMM operand format, not a compute dtype
+    case DType::I8:    // integer payloads of the compressed reductions
+    case DType::I32: break;
   }
   FATAL("CPU backend: no kernels for dtype %d", (int)dt);
 }

@@ -8,13 +8,12 @@
 //     the final lse and D = rowsum(dout * out):  dS = p (dP - D), dP = dout V^T,
 //     dq += scale dS K,  dk += scale dS^T Q,  dv += P^T dout.
 //
-// NEVER RUN ON A GPU: written and compiled for sm_90 on a machine without one. The CPU backend
-// (kernels/cpu/attention_block.cpp, tested against float64 by test/test_attention_block.py) is
-// the reference; test/gpu/test_attention_block.cu compares these kernels with it, and has not run
-// either. During development the kernels' own source was executed in a host emulation (256 host
-// threads per block, barriers for __syncthreads and the shuffles; not part of the repository) and
-// matched the CPU backend to 3e-7 on 28 shape, dtype and mask cases: evidence for the indexing
-// and the synchronisation, none for speed or for the real memory model.
+// Not yet run on a GPU. They run on the CPU emulator in every `make test` (test/emu/README.md):
+// test/gpu/test_attention_block.cu compares them with the CPU backend (kernels/cpu/
+// attention_block.cpp, itself tested against float64 by test/test_attention_block.py) under two
+// thread orders and AddressSanitizer, and ./train_emu trains with cp = 2 through them to within
+// 2e-6 of the one-rank CPU run (test/test_gpu_train.py): evidence for the indexing and the
+// synchronisation, none for speed or for the real memory model.
 //
 // Kernels (CUDA cores, fp32 math, any HS <= 128, fp32 or bf16 storage: the exact path, which
 // must match the CPU backend to 1e-5 in fp32; the bf16 tensor-core flash kernels of attention.cu
@@ -34,6 +33,7 @@
 //     diagonal on): S^T, dP^T, dV += P^T dO, dK += dS^T Q.
 //     Both recompute S and dP: the price of determinism without atomics.
 #include <cmath>
+#include <cstdio>
 #include <type_traits>
 
 #include "kernels/cuda/attention_generic.cuh"
@@ -486,6 +486,10 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, HS};
   check_shape(sh);
+  // What the trainer logs as the attention used (ops::attention_impl_name): with ring attention
+  // these kernels, never the attention_forward choice between flash and cuDNN.
+  if (!s->attention_note[0])
+    std::snprintf(s->attention_note, sizeof(s->attention_note), "ring blocks (hand-written)");
   const float scale = 1.0f / std::sqrt((float)HS);
   dispatch_dtype(dt, [&](auto tag) {
     using Elem = decltype(tag);

@@ -216,6 +216,8 @@ cudaDataType_t cuda_type(DType dt) {
     case DType::BF16: return CUDA_R_16BF;
     case DType::E4M3: return CUDA_R_8F_E4M3;
     case DType::E5M2: return CUDA_R_8F_E5M2;
+    case DType::I8:
+    case DType::I32: break;  // never a GEMM operand here
   }
   FATAL("cuBLASLt: no CUDA type for dtype %d", (int)dt);
 }

@@ -16,9 +16,9 @@
 // copy_columns: a grid-stride loop over groups of 8 consecutive columns of one row (16-byte
 // vector access when the width, both row strides and both pointers allow it), else over single
 // elements; the same conversion as the cast.
-// copy_columns has NEVER RUN ON A GPU (written and compiled without one; the CPU backend's
-// copy_columns is tested bitwise by test/test_attention_block.py, and test/gpu/
-// test_attention_block.cu compares the two).
+// copy_columns has not yet run on a GPU; it runs on the CPU emulator (test/emu/README.md), where
+// test/gpu/test_attention_block.cu compares it with the CPU backend's (tested bitwise by
+// test/test_attention_block.py).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"

@@ -13,6 +13,10 @@
 #                        that use shared memory or vector paths (test/emu/run_emu_tests.sh asan)
 #   make emu-self-tests  the emulator's own tests (test/emu/test_emu*.cu, negative builds)
 #   make emu-tests       all three
+#   make train_emu       the whole CUDA trainer on the emulator: ./train_emu
+#   make emu-train-tests ./train_emu against ./train_cpu (test/test_gpu_train.py, emulated sizes)
+#                        and test_fp8_sites on the emulated backend
+#   make test-emu        emu-gpu-tests, then emu-train-tests
 
 EMU_DIR      := $(BUILD)/emu
 EMU_ASAN_DIR := $(BUILD)/emu-asan
@@ -85,7 +89,32 @@ $(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kerne
                           $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
 	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
 
-.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests
+# The whole CUDA trainer on the emulator: the shared host code (the g++ objects of ./train), the
+# CUDA backend's emulated objects (the same ones $(EMU_DIR)/test_gpu links: built once),
+# parallel/comm_nccl.cu over the NCCL stand-in, the other stand-ins. And test_model_grads on the
+# emulated CUDA backend ($(BUILD)/cuda_test_model_grads's twin).
+EMU_RUNTIME_OBJ := $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
+EMU_CUDA_OBJ    := $(call emu_obj,$(CUDA_SRC)) $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+                   $(EMU_RUNTIME_OBJ) $(EMU_STANDINS)
+train_emu: $(SHARED_OBJ) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+# The same under AddressSanitizer (the kernels and the emulator; the host code as in ./train):
+# every access of a kernel at the trainer's own shapes checked. Not in the suite (several times
+# slower); run by hand, see test/emu/README.md.
+$(EMU_ASAN_DIR)/train_emu: $(SHARED_OBJ) $(call asan_obj,$(CUDA_SRC)) \
+    $(BUILD)/emu/host/parallel/comm_nccl.cu.o \
+    $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
+	$(CXX) $(EMU_ASAN) -o $@ $^ $(LDLIBS)
+$(EMU_DIR)/test_model_grads: $(BUILD)/host/test/test_model_grads.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+# test_fp8_sites on the emulated CUDA backend ($(BUILD)/cuda_test_fp8_sites's twin): every FP8
+# linear call of a step through the cuBLASLt stand-in's FP8 GEMMs, against float64.
+$(EMU_DIR)/test_fp8_sites: $(BUILD)/host/test/test_fp8_sites.cpp.o \
+    $(filter-out $(BUILD)/host/train.cu.o,$(SHARED_OBJ)) $(EMU_CUDA_OBJ)
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+.PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests emu-train-tests test-emu
 emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
 emu-gpu-tests: $(EMU_DIR)/test_gpu
 	test/emu/run_emu_tests.sh gpu $(EMU_DIR)/test_gpu
@@ -93,5 +122,11 @@ emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 	test/emu/run_emu_tests.sh asan $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
 	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
+emu-train-tests: train_emu $(EMU_DIR)/test_model_grads $(EMU_DIR)/test_fp8_sites train_cpu \
+                 $(BUILD)/test_model_grads
+	BUILD=$(BUILD) test/emu/run_emu_tests.sh train ./train_emu
+# One after the other (each uses both cores; under -j2 make would run them side by side).
+test-emu: emu-gpu-tests
+	$(MAKE) --no-print-directory BUILD=$(BUILD) emu-train-tests
 
 # (Dependency files: the Makefile includes every .d under $(BUILD).)

@@ -198,3 +198,11 @@ inline T atomic_max(T* address, T value) {
 }
 inline unsigned atomicMax(unsigned* address, unsigned value) { return atomic_max(address, value); }
 inline int atomicMax(int* address, int value) { return atomic_max(address, value); }
+// Integer sums only (the top-k counts of kernels/cuda/grad_compression.cu): any order gives the
+// same result, so the two thread orders stay bitwise equal. A float atomicAdd is not provided.
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
+inline int atomicAdd(int* address, int value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}

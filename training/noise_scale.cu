@@ -1,0 +1,20 @@
+// training/noise_scale.cu - the gradient noise scale's estimators and their averages (the
+// formulas and where the two batch sizes come from: training/noise_scale.h).
+#include "training/noise_scale.h"
+
+#include "kernels/common.h"
+
+void noise_scale_update(NoiseScale& ns, double small_sq, double big_sq, double b_small,
+                        double b_big) {
+  CHECK(b_big > b_small && b_small > 0, "noise scale: batch sizes %g and %g", b_small, b_big);
+  ns.small_sq = small_sq, ns.big_sq = big_sq, ns.b_small = b_small, ns.b_big = b_big;
+  ns.grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small);
+  ns.trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big);
+  ns.ema_grad_sq = ns.beta * ns.ema_grad_sq + (1 - ns.beta) * ns.grad_sq;
+  ns.ema_trace = ns.beta * ns.ema_trace + (1 - ns.beta) * ns.trace;
+  ns.steps++;
+}
+
+double noise_scale_simple(const NoiseScale& ns) {
+  return ns.steps > 0 && ns.ema_grad_sq != 0 ? ns.ema_trace / ns.ema_grad_sq : 0.0;
+}
