@@ -34,6 +34,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 #include "parallel/pipeline.h"
+#include "parallel/pipeline_balance.h"
 
 struct Run {
   Config cfg;
@@ -105,7 +106,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   r.device = ops::device_init(local_rank);
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
   r.mesh.watch.timeout_s = cfg.parallel.timeout_s;
-  mesh_init(r.mesh, mesh_shape(cfg.parallel), world_rank, local_rank, backend);
+  mesh_init(r.mesh, mesh_shape(cfg), world_rank, local_rank, backend);
   const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
   CHECK_ALL(!fp8 || ops::device_supports_fp8(),
@@ -136,6 +137,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
                      llmc_fill(f, r.layout));
     llmc_close(f);
   }
+  r.model.split_backward = r.pipeline.schedule.split;
   gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
                          r.compute, r.comm);
   setup_data_and_logs(r);
@@ -202,11 +204,20 @@ static void print_banner(const Run& r) {
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
                 "sequence; attention is a ring over the cp group\n", mesh.cp,
                 c.model.seq_len / (2 * mesh.cp));
-  if (mesh.pp > 1)
-    std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank of %d block(s), %d micro-batches: "
-                "bubble (p-1)/(v*m+p-1) = %.3f\n", mesh.pp, c.parallel.pp_schedule.c_str(),
-                c.parallel.pp_virtual, r.layout.blocks_per_stage, c.train.grad_accum,
-                pipeline_bubble(mesh.pp, c.train.grad_accum, c.parallel.pp_virtual));
+  if (mesh.pp > 1) {
+    const PipelineSchedule& s = r.pipeline.schedule;
+    std::printf("pipeline pp=%d \"%s\" x %d chunk(s) per rank, %d micro-batches%s: bubble %.3f "
+                "by the schedule's formula at equal costs\n", mesh.pp,
+                c.parallel.pp_schedule.c_str(), c.parallel.pp_virtual, c.train.grad_accum,
+                s.split ? ", backwards split into B and W" : "",
+                pipeline_schedule_bubble(s.kind, s.p, s.m, s.v));
+    const std::string how = c.parallel.pp_layers.empty()
+                                ? "pp_balance = \"" + c.parallel.pp_balance + "\""
+                                : std::string("pp_layers as given");
+    std::printf("stages   %s (%s, [plan]'s device model)\n",
+                pipeline_stage_summary(pipeline_part_costs(c), mesh.pp_layers).c_str(),
+                how.c_str());
+  }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
   if (store_compressed(r.store)) {
@@ -318,8 +329,9 @@ static StepReport train_step(Run& r, int step) {
   rep.host_bytes = r.store.offload.memory.bytes;
   rep.offload_stats = r.store.offload.stats;
   if (r.model.fp8) {  // rank 0's first block's linear layers and its last one, for the metrics
-    const int first = r.layout.first_block(0), last = r.layout.first_block(r.layout.pp.v - 1) +
-                                                      r.layout.blocks_per_stage - 1;
+    const int last_chunk = r.layout.pp.v - 1;
+    const int first = r.layout.first_block(0),
+              last = r.layout.first_block(last_chunk) + r.layout.blocks(last_chunk) - 1;
     const int s = kBlockLinears * first;
     rep.fp8 = fp8_snapshot(*r.model.fp8, {s + kQkvLinear, s + kAttnProjLinear, s + kFcLinear,
                                           s + kFcProjLinear, kBlockLinears * (last + 1) - 1});
@@ -348,18 +360,22 @@ static void evaluate(Run& r, int step) {
   std::fflush(stdout);
 }
 
-// The last step's pipeline, measured: each stage's busy fraction and the bubble against the
-// formula, and with [log] pipeline_timeline the step drawn per rank. Collective over pp.
+// The last step's pipeline, measured: each stage's busy fraction, the bubble measured, the one
+// the simulator predicts from the measured durations (ranks that share cores, or communication,
+// make the measured one larger) and the formula's, and with [log] pipeline_timeline the step
+// drawn per rank. Collective over pp.
 static void print_bubble(Run& r) {
   const PipelineReport rep = pipeline_report(r.pipeline, r.cfg.log.pipeline_timeline);
   if (!r.rank0) return;
   std::printf("pipeline last step %.2f ms; busy per stage:", rep.span_ms);
   for (double b : rep.busy_ms) std::printf(" %.0f%%", 100.0 * b / rep.span_ms);
-  std::printf("; bubble %.1f%% measured, %.1f%% by the formula (p-1)/(v*m+p-1)\n",
-              100.0 * rep.bubble, 100.0 * rep.bubble_formula);
+  std::printf("; bubble %.1f%% measured, %.1f%% predicted from the measured durations, %.1f%% "
+              "by the formula at equal costs\n", 100.0 * rep.bubble, 100.0 * rep.bubble_predicted,
+              100.0 * rep.bubble_formula);
   if (!rep.timeline.empty())
-    std::printf("pipeline timeline of the last step (F/B: forward/backward of micro-batch "
-                "0-f, f/b: later chunks):\n%s", rep.timeline.c_str());
+    std::printf("pipeline timeline of the last step (F/B/W: forward, backward, weight pass of "
+                "micro-batch 0-f; f/b/w: later chunks):\n%s%s", rep.timeline.c_str(),
+                rep.actions.c_str());
   std::fflush(stdout);
 }
 
@@ -422,12 +438,12 @@ int main(int argc, char** argv) {
   const char* default_backend = std::strcmp(ops::backend_name(), "cuda") == 0 ? "nccl" : "mpi";
   const PlanFlags planner = plan_take_flags(&argc, argv);
   if (planner.any()) {  // the layout the config names, not this launch's: training/plan.h
-    r.cfg = load_config(argc - 1, argv + 1, 0, default_backend);
+    r.cfg = load_config(argc - 1, argv + 1, 0, default_backend, pipeline_config_problems);
     const int rc = r.rank0 ? plan_run(r.cfg, planner) : 0;
     runtime_finalize();
     return rc;
   }
-  r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend);
+  r.cfg = load_config(argc - 1, argv + 1, world_size, default_backend, pipeline_config_problems);
   if (has_flag(argc, argv, "--check-config")) {  // print the resolved config and stop
     check_data(r.cfg);
     if (r.rank0) std::printf("%s", r.cfg.toml_text.c_str());

@@ -157,6 +157,12 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.writer_cp = layout.cp->size;
   meta.writer_pp = layout.pp.p();
   meta.writer_pp_virtual = layout.pp.v;
+  meta.writer_pp_order = layout.pp.order == StageOrder::V ? 1 : 0;
+  for (int s = 0; s + 1 < (int)layout.stage_first.size(); s++)  // recorded when not equal
+    meta.writer_pp_layers.push_back(layout.stage_first[s + 1] - layout.stage_first[s]);
+  if (std::adjacent_find(meta.writer_pp_layers.begin(), meta.writer_pp_layers.end(),
+                         std::not_equal_to<int>()) == meta.writer_pp_layers.end())
+    meta.writer_pp_layers.clear();
   meta.writer_ep = layout.ep->size;
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);

@@ -40,6 +40,8 @@ MeshShape writer_shape(const CheckpointMeta& m) {
   MeshShape shape;
   shape.tp = m.writer_tp, shape.cp = m.writer_cp, shape.pp = m.writer_pp, shape.ep = m.writer_ep;
   shape.pp_virtual = m.writer_pp_virtual;
+  shape.pp_order = m.writer_pp_order == 1 ? StageOrder::V : StageOrder::Loop;
+  shape.pp_layers = m.writer_pp_layers;
   shape.dp = m.writers / (shape.tp * shape.cp * shape.pp);
   return shape;
 }
@@ -335,6 +337,8 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "writer_pp", m.writer_pp);
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   write_attr_i64(file, "writer_ep", m.writer_ep);
+  write_attr_i64(file, "writer_pp_order", m.writer_pp_order);
+  if (!m.writer_pp_layers.empty()) write_attr_ints(file, "writer_pp_layers", m.writer_pp_layers);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
                                                {"d_model", m.C}, {"seq_len", m.T},
                                                {"vocab_size", m.V}, {"padded_vocab", m.Vp},

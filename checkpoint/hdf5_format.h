@@ -21,8 +21,10 @@
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
 //                writer_ep, n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab,
-//                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense).
-//                Absent in older checkpoints: max_seq_len = seq_len, writer_ep = 1, dense.
+//                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense),
+//                writer_pp_order (0: loop, 1: V), writer_pp_layers (each stage's blocks, only
+//                when not equal). Absent in older checkpoints: max_seq_len = seq_len,
+//                writer_ep = 1, dense, loop order, equal stages.
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
@@ -89,6 +91,8 @@ struct CheckpointMeta {
   int writer_cp = 1;      // its context-parallel degree
   int writer_pp = 1;      // its pipeline degree and chunks per pipeline rank
   int writer_pp_virtual = 1;
+  int writer_pp_order = 0;  // its stage order: 0 loop, 1 V (parallel/pipeline_schedule.h)
+  std::vector<int> writer_pp_layers;  // its stages' block counts; empty: equal stages
   int writer_ep = 1;      // its expert-parallel degree
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len

@@ -41,6 +41,8 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->writer_cp = (int)read_attr_or(file, "writer_cp", 1);
     m->writer_pp_virtual = (int)read_attr_or(file, "writer_pp_virtual", 1);
     m->writer_ep = (int)read_attr_or(file, "writer_ep", 1);
+    m->writer_pp_order = (int)read_attr_or(file, "writer_pp_order", 0);
+    m->writer_pp_layers = read_attr_ints_or_empty(file, "writer_pp_layers");
     m->E = (int)read_attr_or(file, "n_experts", 0);
     m->d_expert = (int)read_attr_or(file, "d_expert", 0);
     m->moe_every = (int)read_attr_or(file, "moe_every", 0);

@@ -153,7 +153,7 @@ toml::table parse_document(const std::string& text, const std::string& source) {
 
 Config build_config(const std::string& text, const std::string& source,
                     const std::vector<std::string>& overrides, int world_size,
-                    const char* default_backend) {
+                    const char* default_backend, const LayoutCheck& more) {
   std::string backend = default_backend ? default_backend : "";
   if (backend != "nccl" && backend != "mpi")
     BUG("default backend must be \"nccl\" or \"mpi\", got \"%s\"", backend.c_str());
@@ -180,6 +180,10 @@ Config build_config(const std::string& text, const std::string& source,
       cfg, world_size, [&](const char* id) { return mention(cfg, origins, id); });
   std::istringstream lines(layout);
   for (std::string line; std::getline(lines, line);) problems.add(line);
+  if (layout.empty() && more) {  // the layers above check what needs them (the schedule file)
+    std::istringstream extra(more(cfg));
+    for (std::string line; std::getline(extra, line);) problems.add(line);
+  }
   if (check_job_and_files) check_files(checker);
   problems.stop_if_any();
 
@@ -192,10 +196,11 @@ Config build_config(const std::string& text, const std::string& source,
 
 Config parse_config_text(const std::string& text, const std::string& source_name, int world_size,
                          const char* default_backend) {
-  return build_config(text, source_name, {}, world_size, default_backend);
+  return build_config(text, source_name, {}, world_size, default_backend, {});
 }
 
-Config load_config(int argc, char** argv, int world_size, const char* default_backend) {
+Config load_config(int argc, char** argv, int world_size, const char* default_backend,
+                   const LayoutCheck& more) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; i++)
     if (std::string(argv[i]) != "--check-config") args.push_back(argv[i]);  // the caller's flag
@@ -210,5 +215,5 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
   std::ostringstream text;
   text << in.rdbuf();
   std::vector<std::string> overrides(args.begin() + 1, args.end());
-  return build_config(text.str(), args[0], overrides, world_size, default_backend);
+  return build_config(text.str(), args[0], overrides, world_size, default_backend, more);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 struct ModelConfig {      // [model]  (required unless [init] from gives the shape)
   int n_layer = 0;
@@ -70,8 +71,13 @@ struct TrainConfig {      // [train]
 struct ParallelConfig {   // [parallel]
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   bool sp = true;         // sequence parallel (meaningful when tp > 1)
-  std::string pp_schedule = "1f1b";  // "1f1b" | "gpipe" | "interleaved" (pp > 1)
-  int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2)
+  // "1f1b" | "gpipe" | "interleaved" | "zb-h1" | "zb-v" | "file:PATH" (pp > 1)
+  std::string pp_schedule = "1f1b";
+  int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2; "zb-v": 2)
+  std::vector<int> pp_layers;  // blocks of each of the pp*pp_virtual stages, in model order
+                               // (empty: equal, or chosen by pp_balance)
+  std::string pp_balance = "equal";  // "equal" | "auto": the split that minimises the slowest
+                                     // stage's estimated time (parallel/pipeline_balance.cu)
   // ZeRO stage (parallel/zero.cu has the ladder): 0 DDP, 1 optimizer state sharded, 2 gradients
   // too, 3 weights too (FSDP). fsdp = true is zero = 3; the reader makes the two agree.
   int zero = 0;
@@ -150,7 +156,12 @@ struct Config {
 // Parses argv = [config.toml, --section.key=value ...]. `world_size` is the number of ranks (the
 // product of the parallel degrees must equal it); `default_backend` is "nccl" or "mpi".
 // On any error prints a message naming the key and its location and exits non-zero.
-Config load_config(int argc, char** argv, int world_size, const char* default_backend);
+// `more`: the checks of the layers above (the pipeline's, which read and simulate a user's
+// schedule file: parallel/pipeline_schedule.h, pipeline_config_problems), "" or one problem per
+// line, reported with the config's own.
+using LayoutCheck = std::function<std::string(const Config& cfg)>;
+Config load_config(int argc, char** argv, int world_size, const char* default_backend,
+                   const LayoutCheck& more = {});
 // Parses a config from TOML text (the file name is used in messages only). Used by load_config
 // and to read the config stored in a checkpoint.
 Config parse_config_text(const std::string& text, const std::string& source_name,

@@ -79,7 +79,9 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
       KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
       KEY(parallel, grad_compression, "none", "int8", "topk"), KEY(parallel, topk_ratio),
-      KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved"), KEY(parallel, pp_virtual), KEY(parallel, backend, "nccl", "mpi", ""),
+      KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved", "zb-h1", "zb-v", "file:"),
+      KEY(parallel, pp_virtual), KEY(parallel, pp_layers),
+      KEY(parallel, pp_balance, "equal", "auto"), KEY(parallel, backend, "nccl", "mpi", ""),
       KEY(parallel, timeout_s),
       KEY(precision, compute, "fp32", "bf16", "fp8"),
       KEY(precision, fp8_recipe, "tensorwise", "delayed"), KEY(precision, fp8_amax_history),
@@ -145,8 +147,17 @@ std::string unknown(const std::string& where, const std::string& section, const 
 
 static std::string list_choices(const Key& key) {  // "\"cosine\", \"constant\""
   std::string out;
-  for (const std::string& c : key.choices) out += (out.empty() ? "\"" : ", \"") + c + "\"";
+  for (const std::string& c : key.choices)
+    out += (out.empty() ? "\"" : ", \"") + c + (c.back() == ':' ? "PATH" : "") + "\"";
   return out;
+}
+
+// A choice ending in ':' is a prefix ("file:" takes "file:my.csv").
+static bool is_choice(const Key& key, const std::string& v) {
+  for (const std::string& c : key.choices)
+    if (v == c || (c.back() == ':' && v.size() > c.size() && v.compare(0, c.size(), c) == 0))
+      return true;
+  return false;
 }
 
 // The accessors take a Config& to hand out writable fields; code that only reads goes through
@@ -173,7 +184,7 @@ static std::string node_text(const toml::node& n) {
 
 std::string expected_kind(FieldRef field) {
   const char* kinds[] = {"an integer", "an integer >= 0", "a number", "a number", "true or false",
-                         "a string"};  // in the order of FieldRef's alternatives
+                         "a string", "an array of integers"};  // FieldRef's alternatives' order
   return kinds[field.index()];
 }
 
@@ -226,10 +237,21 @@ std::string set_field(Config& cfg, const Key& key, const toml::node& n) {
     std::string operator()(std::string* f) const {
       if (!n.is_string()) return "expects a string, got " + node_text(n);
       const std::string& v = n.as_string()->get();
-      if (!key.choices.empty() &&
-          std::find(key.choices.begin(), key.choices.end(), v) == key.choices.end())
+      if (!key.choices.empty() && !is_choice(key, v))
         return "\"" + v + "\" is not one of " + list_choices(key);
       *f = v;
+      return "";
+    }
+    std::string operator()(std::vector<int>* f) const {
+      if (!n.is_array()) return "expects an array of integers, got " + node_text(n);
+      std::vector<int> out;
+      for (const toml::node& e : *n.as_array()) {
+        if (!e.is_integer()) return "expects an array of integers, one element is " + node_text(e);
+        const int64_t v = e.as_integer()->get();
+        if (v < INT_MIN || v > INT_MAX) return strf("%lld is out of range", (long long)v);
+        out.push_back((int)v);
+      }
+      *f = out;
       return "";
     }
   };
@@ -268,6 +290,11 @@ std::string field_text(const Config& cfg, const Key& key) {
     std::string operator()(double* f) const { return shortest_float(*f, 17); }
     std::string operator()(bool* f) const { return *f ? "true" : "false"; }
     std::string operator()(std::string* f) const { return quoted(*f); }
+    std::string operator()(std::vector<int>* f) const {
+      std::string out = "[";
+      for (size_t i = 0; i < f->size(); i++) out += strf("%s%d", i ? ", " : "", (*f)[i]);
+      return out + "]";
+    }
   };
   return std::visit(Printer{}, field_of(cfg, key));
 }

@@ -36,13 +36,15 @@ std::string location(const std::string& source, const toml::source_region& regio
 
 // ---------------------------------------------------------------------------------------------
 // The schema: one line per key. The field's C++ type is the key's TOML type.
-using FieldRef = std::variant<int*, uint64_t*, float*, double*, bool*, std::string*>;
+using FieldRef =
+    std::variant<int*, uint64_t*, float*, double*, bool*, std::string*, std::vector<int>*>;
 
 struct Key {
   const char* section;
   const char* name;
   FieldRef (*field)(Config&);
-  std::vector<std::string> choices;  // string keys with a fixed set of values; else empty
+  std::vector<std::string> choices;  // string keys with a fixed set of values; else empty. A
+                                     // choice ending in ':' ("file:") takes any value it starts
   std::string id() const { return std::string(section) + "." + name; }
 };
 

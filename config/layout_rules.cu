@@ -12,6 +12,8 @@
 //   2*cp | seq_len              zigzag context parallelism cuts a sequence into 2*cp chunks
 //   tp | seq_len/cp (with sp)   ... and sequence parallelism splits each cp rank's positions
 //   pp <= n_layer, the schedule's own rules (pipeline_rules): every stage holds whole blocks
+//   pp_layers: one entry per stage, each >= 1, summing to n_layer (or pp_balance = "auto")
+//   zb-h1, zb-v need recompute = "none": their weight passes read the block's activations
 //   ep | dp*cp                  expert groups are blocks of ep ranks inside dp x cp
 #include <cstdarg>
 #include <cstdio>
@@ -52,32 +54,68 @@ std::string plain_name(const Config& cfg, const std::string& id) {
 std::string pipeline_rules(const std::string& kind, int p, int m, int v, int n_layer) {
   std::string msg;
   auto add = [&](const std::string& line) { msg += (msg.empty() ? "" : "\n") + line; };
-  const bool interleaved = kind == "interleaved";
-  if (kind != "gpipe" && kind != "1f1b" && !interleaved)
+  const bool interleaved = kind == "interleaved", zb_v = kind == "zb-v";
+  const bool file = kind.rfind("file:", 0) == 0;
+  if (kind != "gpipe" && kind != "1f1b" && !interleaved && kind != "zb-h1" && !zb_v && !file)
     add("pipeline: schedule \"" + kind + "\" is unknown (one of \"gpipe\", \"1f1b\", "
-        "\"interleaved\")");
+        "\"interleaved\", \"zb-h1\", \"zb-v\", \"file:PATH\")");
   if (p < 1 || m < 1 || v < 1) {
     add(format("pipeline: pp = %d, micro-batches m = %d and virtual chunks v = %d must each be "
                "at least 1", p, m, v));
     return msg;  // the rules below divide by these
   }
-  if (v > 1 && !interleaved)
-    add(format("pipeline: v = %d chunks per rank needs the \"interleaved\" schedule (\"", v) +
-        kind + "\" runs one chunk per rank)");
+  if (v > 1 && !interleaved && !zb_v && !file)
+    add(format("pipeline: v = %d chunks per rank needs the \"interleaved\" or \"zb-v\" "
+               "schedule (\"", v) + kind + "\" runs one chunk per rank)");
   if (interleaved && v < 2)
     add("pipeline: the \"interleaved\" schedule needs v >= 2 chunks per rank (with one chunk "
         "per rank it is \"1f1b\")");
-  if (interleaved && p < 3)
-    add(format("pipeline: the \"interleaved\" schedule needs pp >= 3, not %d (at pp = 2 the "
-               "activations and the gradients between the two ranks share one ordered channel "
-               "and would have to interleave in the same order on both ends)", p));
+  if (zb_v && v != 2)
+    add(format("pipeline: the \"zb-v\" schedule runs v = 2 chunks per rank in a V (rank r "
+               "holds stages r and 2pp-1-r), not %d: set pp_virtual = 2", v));
   if (interleaved && m % p != 0)
     add(format("pipeline: the \"interleaved\" schedule needs the micro-batches m = %d to be a "
                "multiple of pp = %d (they go through each chunk in groups of pp)", m, p));
   if (n_layer > 0 && n_layer % (p * v) != 0)
     add(format("pipeline: n_layer = %d is not a multiple of pp*v = %d*%d = %d (each of the pp*v "
-               "stages holds the same number of blocks)", n_layer, p, v, p * v));
+               "stages holds the same number of blocks unless [parallel] pp_layers or pp_balance "
+               "says otherwise)", n_layer, p, v, p * v));
   return msg;
+}
+
+// [parallel] pp_layers and pp_balance: the blocks of each of the pp*v stages (model order).
+static std::string stage_layer_rules(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const int stages = p.pp * p.pp_virtual;
+  std::string msg;
+  auto add = [&](const std::string& line) { msg += (msg.empty() ? "" : "\n") + line; };
+  if (!p.pp_layers.empty() && p.pp_balance == "auto")
+    add("[parallel] pp_layers and pp_balance = \"auto\" both say how many blocks each stage "
+        "holds: give one of them");
+  if (p.pp_layers.empty()) return msg;
+  int sum = 0;
+  bool positive = true;
+  for (int n : p.pp_layers) sum += n, positive = positive && n >= 1;
+  if ((int)p.pp_layers.size() != stages)
+    add(format("[parallel] pp_layers has %zu entries, but there are pp*pp_virtual = %d*%d = %d "
+               "stages (one entry per stage, in model order)", p.pp_layers.size(), p.pp,
+               p.pp_virtual, stages));
+  if (!positive) add("[parallel] pp_layers: every stage needs at least one block");
+  if (sum != cfg.model.n_layer)
+    add(format("[parallel] pp_layers sums to %d blocks, but [model] n_layer = %d", sum,
+               cfg.model.n_layer));
+  return msg;
+}
+
+// A schedule that splits the backward (zb-h1, zb-v) keeps every block's activations until the
+// block's weight pass; recompute shares them between the layers.
+static std::string split_rules(const Config& cfg) {
+  const std::string& kind = cfg.parallel.pp_schedule;
+  if ((kind != "zb-h1" && kind != "zb-v") || cfg.train.recompute == "none") return "";
+  return "[train] recompute = \"" + cfg.train.recompute + "\" with [parallel] pp_schedule = \"" +
+         kind + "\": a schedule that splits each backward into its input-gradient and its "
+         "weight-gradient pass keeps the block's activations until the weight pass, which "
+         "recompute does not (it shares them between layers): set recompute = \"none\"";
 }
 
 std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& namer) {
@@ -121,13 +159,20 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
                      "context-parallel rank's positions over tp)",
                      m.seq_len, p.cp, m.seq_len / p.cp));
   if (p.pp > 1 || p.pp_virtual > 1) {
+    const bool equal = p.pp_layers.empty() && p.pp_balance != "auto";
     const std::string rules = pipeline_rules(p.pp_schedule, p.pp, cfg.train.grad_accum,
-                                             p.pp_virtual, m.n_layer);
+                                             p.pp_virtual, equal ? m.n_layer : 0);
     if (!rules.empty())
       fail(name("parallel.pp") + ", " + name("parallel.pp_schedule") + ", " +
            name("parallel.pp_virtual") + ", " + name("train.grad_accum") +
            " (the micro-batches of a step): " + rules);
+    for (const std::string& more : {stage_layer_rules(cfg), split_rules(cfg)})
+      if (!more.empty()) fail(more);
   }
+  if (m.n_layer < p.pp * p.pp_virtual && m.n_layer >= p.pp)
+    fail(name("parallel.pp") + ", " + name("parallel.pp_virtual") +
+         format(": the pp*v = %d stages need at least one layer each, but ", p.pp * p.pp_virtual) +
+         name("model.n_layer"));
   if (m.n_layer < p.pp)
     fail(name("parallel.pp") + " exceeds " + name("model.n_layer") +
          " (each pipeline stage needs at least one layer)");

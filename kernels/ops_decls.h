@@ -107,7 +107,9 @@ void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weig
                     Stream s);
 // dinp = dout (N,OC) @ weight (OC,C), times gelu'(gelu_input) when gelu_input (N,C) is given
 //        (the GELU that produced inp, fused); dinp may be nullptr (not needed).
-// dweight += dout^T @ inp (fp32);  dbias += sum_n dout (fp32) when dbias is given.
+// dweight += dout^T @ inp (fp32);  dbias += sum_n dout (fp32). Each when given: a backward split
+// in two (zero-bubble pipeline schedules) calls it with dinp alone (inp is then not read), then
+// with dweight and dbias alone (weight and gelu_input are then not read).
 void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                      const void* weight, const void* gelu_input, int N, int C, int OC, DType dt,
                      Stream s);

@@ -14,7 +14,7 @@ void fp8_create(Fp8Context& f, const Fp8Recipe& recipe, const std::vector<std::s
   auto scratch = [&](size_t bytes) { return allocate_zeroed(memory, bytes, s); };
   auto scaling = [&] { return Fp8Scaling{(float*)scratch((3 + recipe.history) * sizeof(float))}; };
   for (size_t i = 0; i < names.size(); i++)
-    f.linears.push_back({scaling(), scaling(), scaling(), scaling()});
+    f.linears.push_back({scaling(), scaling(), scaling(), scaling(), scaling()});
   const size_t rows = max_rows, width = std::max(max_in, max_out);
   f.x8 = scratch(rows * width);
   f.x8t = scratch(rows * width);
@@ -63,28 +63,35 @@ void fp8_linear_forward(Fp8Context& f, int site, void* out, void* pre_gelu, cons
 
 void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, float* dbias,
                          const void* dout, const void* inp, const void* weight,
-                         const void* gelu_input, int N, int C, int OC, ops::Stream s) {
+                         const void* gelu_input, int N, int C, int OC, ops::Stream s,
+                         GradPart part) {
   Fp8Call call;
-  call.site = site, call.backward = true, call.dinp = dinp, call.dweight = dweight;
-  call.dbias = dbias, call.dout = dout, call.inp = inp, call.weight = weight;
-  call.gelu_input = gelu_input, call.N = N, call.C = C, call.OC = OC, call.stream = s;
+  call.site = site, call.backward = true, call.part = part, call.dinp = dinp;
+  call.dweight = dweight, call.dbias = dbias, call.dout = dout, call.inp = inp;
+  call.weight = weight, call.gelu_input = gelu_input, call.N = N, call.C = C, call.OC = OC;
+  call.stream = s;
   observe(f, call, false);
   const Fp8Linear& L = f.linears[site];
-  rescale(f, L.grad, dout, (size_t)N * OC, DType::E5M2, s);
-  rescale(f, L.input_bwd, inp, (size_t)N * C, DType::E4M3, s);
+  const bool input = part != GradPart::Weight, weights = part != GradPart::Input;
+  // The weight pass alone scales the gradient with grad_w (model/fp8.h).
+  const Fp8Scaling& grad = input ? L.grad : L.grad_w;
+  rescale(f, grad, dout, (size_t)N * OC, DType::E5M2, s);
+  if (weights) rescale(f, L.input_bwd, inp, (size_t)N * C, DType::E4M3, s);
   // g8 feeds the input gradient; the transposes (g8t, x8t, w8t) the rest: only what is needed.
-  ops::fp8_cast(dinp ? f.g8 : nullptr, f.g8t, DType::E5M2, dout, DType::BF16, N, OC,
-                L.grad.scale(), s);
-  ops::fp8_cast(nullptr, f.x8t, DType::E4M3, inp, DType::BF16, N, C, L.input_bwd.scale(), s);
-  if (dinp) {
+  ops::fp8_cast(input && dinp ? f.g8 : nullptr, weights ? f.g8t : nullptr, DType::E5M2, dout,
+                DType::BF16, N, OC, grad.scale(), s);
+  if (weights)
+    ops::fp8_cast(nullptr, f.x8t, DType::E4M3, inp, DType::BF16, N, C, L.input_bwd.scale(), s);
+  if (input && dinp) {
     ops::fp8_cast(nullptr, f.w8t, DType::E4M3, weight, DType::BF16, OC, C, L.weight.scale(), s);
     ops::gemm_fp8(dinp, DType::BF16, false, f.g8, DType::E5M2, f.w8t, DType::E4M3, N, C, OC,
                   L.grad.scale_inv(), L.weight.scale_inv(), s);
     if (gelu_input) ops::gelu_backward(dinp, gelu_input, dinp, (size_t)N * C, DType::BF16, s);
   }
-  ops::gemm_fp8(dweight, DType::F32, true, f.g8t, DType::E5M2, f.x8t, DType::E4M3, OC, C, N,
-                L.grad.scale_inv(), L.input_bwd.scale_inv(), s);
-  if (dbias) ops::bias_backward(dbias, dout, N, OC, DType::BF16, s);
+  if (weights)
+    ops::gemm_fp8(dweight, DType::F32, true, f.g8t, DType::E5M2, f.x8t, DType::E4M3, OC, C, N,
+                  grad.scale_inv(), L.input_bwd.scale_inv(), s);
+  if (weights && dbias) ops::bias_backward(dbias, dout, N, OC, DType::BF16, s);
   observe(f, call, true);
 }
 

@@ -40,7 +40,12 @@
 // pipeline parallelism other micro-batches' forwards run between a micro-batch's forward and its
 // backward, so the forward's last input scale belongs to another tensor, and casting with it
 // could saturate. With tensorwise scaling that is the forward's scale of the same tensor, bit for
-// bit; with delayed scaling it keeps its own history.
+// bit; with delayed scaling it keeps its own history. A zero-bubble pipeline schedule runs the
+// two backward GEMMs apart (matmul_backward's dinp alone, later dweight alone), with other
+// micro-batches' input-gradient GEMMs in between; the weight pass then scales the gradient with
+// its own state `grad_w`, for the same reason: tensorwise, the same scale bit for bit; delayed,
+// a history of the same amaxes, since the weight passes of a chunk run in the order of its
+// backwards.
 #pragma once
 #include <string>
 #include <vector>
@@ -48,6 +53,7 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/tensor_parallel.h"
 
 struct Fp8Recipe {
   bool delayed = false;
@@ -68,6 +74,7 @@ struct Fp8Scaling {
 struct Fp8Linear {
   Fp8Scaling input, weight, grad;  // E4M3, E4M3, E5M2
   Fp8Scaling input_bwd;            // E4M3: the input again, for the weight-gradient GEMM
+  Fp8Scaling grad_w;               // E5M2: the gradient again, for a weight pass run apart
 };
 
 // One FP8 linear call as a test sees it (test/test_fp8_sites.cpp checks every call of a model's
@@ -78,7 +85,8 @@ struct Fp8Call {
   bool backward = false, after = false;
   void *out = nullptr, *pre_gelu = nullptr;                      // forward
   const void *inp = nullptr, *weight = nullptr, *bias = nullptr, *residual = nullptr;
-  void* dinp = nullptr;                                          // backward
+  GradPart part = GradPart::Both;                                // backward: which GEMMs run
+  void* dinp = nullptr;
   float *dweight = nullptr, *dbias = nullptr;
   const void *dout = nullptr, *gelu_input = nullptr;
   int N = 0, C = 0, OC = 0;
@@ -109,9 +117,12 @@ void fp8_create(Fp8Context& f, const Fp8Recipe& recipe, const std::vector<std::s
 void fp8_linear_forward(Fp8Context& f, int site, void* out, void* pre_gelu, const void* inp,
                         const void* weight, const void* bias, const void* residual, int N, int C,
                         int OC, ops::Stream s);
+// part: which GEMMs run (GradPart::Both, or the input or the weight gradient alone); it decides,
+// not the pointers, so that the planner's dry step (no buffers) runs the same amax collectives.
 void fp8_linear_backward(Fp8Context& f, int site, void* dinp, float* dweight, float* dbias,
                          const void* dout, const void* inp, const void* weight,
-                         const void* gelu_input, int N, int C, int OC, ops::Stream s);
+                         const void* gelu_input, int N, int C, int OC, ops::Stream s,
+                         GradPart part = GradPart::Both);
 
 // amax and scale of the input, weight and gradient of every linear layer, copied to the host
 // (the metrics' "fp8" object). Call when the stream is idle.

@@ -33,7 +33,7 @@
 #include <cmath>
 
 #include "model/fp8.h"
-#include "model/moe.h"
+#include "model/gpt_parts.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 
@@ -92,10 +92,11 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
   sl.grad = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
-  for (int j = 0; j < g.blocks_per_stage; j++) {
+  for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
     bool dense = false, moe = false;
-    for (int c = 0; c < g.pp.v; c++) (g.moe[g.first_block(c) + j] ? moe : dense) = true;
+    for (int c = 0; c < g.pp.v; c++)
+      if (j < g.blocks(c)) (g.moe[g.first_block(c) + j] ? moe : dense) = true;
     LayerActs x = m.recompute == Recompute::Block
                       ? shared
                       : new_layer_acts(m, m.recompute == Recompute::None, dense);
@@ -147,6 +148,8 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.datty = new_buffer<void*>(m, N * Cl * a);
   m.dqkv = new_buffer<void*>(m, N * 3 * Cl * a);
   m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
+  if (m.split_backward)  // the LayerNorms' gradients between B and W (model/gpt_backward.cu)
+    m.ln_grads = new_buffer<float*>(m, (size_t)layout.L * 4 * C * sizeof(float));
   if (fp8) {
     CHECK(dt == DType::BF16, "FP8 GEMMs run inside a bf16 model, not %s", dtype_name(dt));
     m.fp8 = new_fp8(layout, *fp8, (int)N, m.memory, s);
@@ -191,19 +194,11 @@ void gpt_destroy(GPT& m) {
 // ---------------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------------
-// Address of tensor `i` of unit `u` inside a flat buffer of element size `elem`.
+// Address of tensor `i` of unit `u` inside a flat buffer of element size `elem` (null: null).
 static void* tensor_at(void* base, const ParamUnit& u, int i, size_t elem) {
-  return (char*)base + u.tensors[i].offset * elem;
+  return base ? (char*)base + u.tensors[i].offset * elem : nullptr;
 }
 
-// Block l's tensors, by BlockTensor index: their weights and their offsets in the unit (where
-// their gradients are in the unit's gradient buffer). An index the block lacks stays null.
-struct BlockWeights {
-  void* w[kBlockTensors] = {};
-  size_t offset[kBlockTensors] = {};
-  float* grads = nullptr;                   // the unit's fp32 gradient buffer (backward)
-  ExpertWeights experts{}, expert_grads{};  // an MoE block's (from its expert unit)
-};
 static BlockWeights block_weights(const GPT& m, int l, void* base) {
   BlockWeights bw;
   const ParamUnit& u = m.layout.units[m.layout.block_unit[l]];
@@ -221,30 +216,29 @@ static ExpertWeights expert_tensors(const GPT& m, int l, void* base, size_t elem
   return {tensor_at(base, u, kExpertFcW, elem), tensor_at(base, u, kExpertProjW, elem),
           tensor_at(base, u, kExpertFcB, elem), tensor_at(base, u, kExpertProjB, elem)};
 }
-// Block l from the store: its unit and, for an MoE block, its experts' unit, acquired and
-// released together (ParamUnit::paired); with `grads` also their gradient buffers.
-static BlockWeights acquire_block(GPT& m, ParamStore& store, int l, bool grads) {
+BlockWeights acquire_block(GPT& m, ParamStore& store, int l, bool weights, bool grads) {
   const int unit = m.layout.block_unit[l], experts = m.layout.expert_unit[l];
-  BlockWeights bw = block_weights(m, l, params_acquire(store, unit));
+  BlockWeights bw = block_weights(m, l, weights ? params_acquire(store, unit) : nullptr);
   if (experts >= 0)
-    bw.experts = expert_tensors(m, l, params_acquire(store, experts), dtype_size(m.dt));
+    bw.experts = expert_tensors(m, l, weights ? params_acquire(store, experts) : nullptr,
+                                dtype_size(m.dt));
   if (!grads) return bw;
   bw.grads = grads_acquire(store, unit);
   if (experts >= 0) bw.expert_grads = expert_tensors(m, l, grads_acquire(store, experts), 4);
   return bw;
 }
-static void release_block(GPT& m, ParamStore& store, int l, bool grads, bool last_micro_step) {
+void release_block(GPT& m, ParamStore& store, int l, bool weights, bool grads,
+                   bool last_micro_step) {
   for (int unit : {m.layout.block_unit[l], m.layout.expert_unit[l]}) {
     if (unit < 0) continue;
-    params_release(store, unit);
+    if (weights) params_release(store, unit);
     if (grads) grads_release(store, unit, last_micro_step);
   }
 }
-// A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
-static void* root_weight(const GPT& m, int i) {
+void* root_weight(const GPT& m, int i) {
   return tensor_at(m.root, m.layout.units[m.layout.root_unit], i, dtype_size(m.dt));
 }
-static float* root_grad(const GPT& m, int i) {
+float* root_grad(const GPT& m, int i) {
   return m.root_grad + m.layout.units[m.layout.root_unit].tensors[i].offset;
 }
 
@@ -260,21 +254,20 @@ static void fp8_gemm_forward(const LinearGemm& g, void* out, void* pre_gelu, con
 
 static void fp8_gemm_backward(const LinearGemm& g, void* dinp, float* dweight, float* dbias,
                               const void* dout, const void* inp, const void* weight,
-                              const void* gelu_input, int N, int K, int OC, ops::Stream s) {
+                              const void* gelu_input, int N, int K, int OC, ops::Stream s,
+                              GradPart part) {
   fp8_linear_backward(*(Fp8Context*)g.context, g.site, dinp, dweight, dbias, dout, inp, weight,
-                      gelu_input, N, K, OC, s);
+                      gelu_input, N, K, OC, s, part);
 }
 
-static LinearGemm block_gemm(const GPT& m, int site) {
+LinearGemm block_gemm(const GPT& m, int site) {
   if (!m.fp8) return compute_dtype_gemm(m.dt);
   return LinearGemm{fp8_gemm_forward, fp8_gemm_backward, m.fp8, site, m.dt};
 }
 
-// The model's scratch that the tensor-parallel layers work in (null where tp or SP is off).
-static TpBuffers tp_buffers(const GPT& m) { return {m.gathered, m.partial, m.dln_all, m.dln}; }
+TpBuffers tp_buffers(const GPT& m) { return {m.gathered, m.partial, m.dln_all, m.dln}; }
 
-// The input of the chunk's j-th block.
-static const void* block_input(const ActivationSlot& sl, int j) {
+const void* block_input(const ActivationSlot& sl, int j) {
   return j == 0 ? sl.input : sl.layers[j - 1].r3;
 }
 
@@ -283,8 +276,8 @@ static const void* block_input(const ActivationSlot& sl, int j) {
 // output, which is already kept. Under tensor parallelism the GEMMs see this rank's heads /
 // hidden columns (Cl = C/tp), and the parallel linears move the activations
 // (parallel/tensor_parallel.cu).
-static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
-                          int T, bool write_output, float dloss, ops::Stream s) {
+void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
+                   int T, bool write_output, float dloss, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const TensorParallel& tp = g.tp;
   const TpBuffers buf = tp_buffers(m);
@@ -316,29 +309,29 @@ static void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockW
 
 // The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself
 // (a chunk of one block whose forward is followed by its backward: nothing to fetch).
-static void prefetch(ParamStore& store, int current, int next) {
+void prefetch(ParamStore& store, int current, int next) {
   if (next != current) params_prefetch(store, next);
 }
 
 // The chunk's blocks, in order, one unit acquired at a time.
 static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const int first = g.first_block(c.chunk), n = g.blocks_per_stage;
+  const int first = g.first_block(c.chunk), n = g.blocks(c.chunk);
   for (int j = 0; j < n; j++) {
     const int l = first + j;
-    const BlockWeights bw = acquire_block(m, store, l, false);
+    const BlockWeights bw = acquire_block(m, store, l, true, false);
     prefetch(store, g.block_unit[l], j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
     block_forward(m, m.slots[c.slot], j, l, bw, c.B, c.T, true, c.dloss, s);
-    release_block(m, store, l, false, false);
+    release_block(m, store, l, true, false, false);
   }
 }
 
 // Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output: a
 // column-parallel GEMM over the vocabulary, in the compute dtype. Its gathered input stays in the
 // model's tp buffer for head_backward, which follows before any other gather.
-static void head_forward(GPT& m, const ActivationSlot& sl, int N, ops::Stream s) {
+static void head_forward(GPT& m, const void* x, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, sl.layers.back().r3,
+  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, x,
                          root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
                          s);
   column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
@@ -353,8 +346,8 @@ static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
 }
 
 // The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
-// Leaves d(x_L) in sl.grad.
-static void head_backward(GPT& m, ActivationSlot& sl, int N, ops::Stream s) {
+// Leaves d(x_L) in sl.grad; x is x_L.
+static void head_backward(GPT& m, ActivationSlot& sl, const void* x, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int Nt = g.tp.tokens(N);
   const void* dlnf =
@@ -362,14 +355,13 @@ static void head_backward(GPT& m, ActivationSlot& sl, int N, ops::Stream s) {
                                nullptr, m.logits, m.lnf, true, root_weight(m, kWte), N, g.C,
                                g.Vp_local, s);
   ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
-  ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf,
-                          sl.layers.back().r3, root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt,
-                          g.C, m.dt, s);
+  ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
+                          root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, g.C, m.dt, s);
 }
 
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
-static TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
+TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
   return cp_positions_of(g.cp->size, g.cp->rank, c.B, c.T * g.cp->size);
 }
 
@@ -384,16 +376,19 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
                          g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk)) {
-    head_forward(m, sl, N, s);
+    const void* x = gpt_stage_output(m, c.slot, c.chunk);
+    head_forward(m, x, N, s);
     if (c.with_loss) cross_entropy(m, c.dloss, N, s);
     if (c.loss_scale_for_log != 0)
       ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
-    if (c.dloss != 0) head_backward(m, sl, N, s);
+    if (c.dloss != 0) head_backward(m, sl, x, N, s);
   }
   ops::range_pop();
 }
 
-void* gpt_stage_output(GPT& m, int slot) { return m.slots[slot].layers.back().r3; }
+void* gpt_stage_output(GPT& m, int slot, int chunk) {
+  return m.slots[slot].layers[m.layout.blocks(chunk) - 1].r3;
+}
 
 void gpt_step_begin(GPT& m, ParamStore& store, bool training) {
   if (m.layout.root_unit < 0) return;
@@ -429,89 +424,6 @@ std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
   std::vector<float> row(g.V);
   for (int j = 0; j < g.V; j++) row[j] = element_as_float(raw.data(), j, m.dt);
   return row;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward
-// ---------------------------------------------------------------------------------------------
-// The dense MLP's backward: d(r3) = dres -> d(ln2), which it returns (this rank's tokens).
-static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
-                                const void* dres, float* g, int N, ops::Stream s) {
-  const TensorParallel& tp = m.layout.tp;
-  const TpBuffers buf = tp_buffers(m);
-  const int C = m.layout.C, Cl = C / tp.size(), site = kBlockLinears * l;
-  auto grad = [&](int i) { return g + bw.offset[i]; };
-  void* const* w = bw.w;
-  // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
-  row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dfch, grad(kFcProjW),
-                        grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s);
-  return column_parallel_backward(tp, block_gemm(m, site + kFcLinear), buf, grad(kFcW),
-                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, 4 * Cl, s);
-}
-
-// An MoE block's MLP backward (model/moe.cu): d(r3) = dres -> d(ln2) in m.dln, on this rank's
-// tokens.
-static const void* moe_mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
-                                    const void* dres, float* g, int B, int T, float dloss,
-                                    ops::Stream s) {
-  moe_backward(m, *a.moe, m.dln, dres, a.ln2, bw.w[kRouterW], g + bw.offset[kRouterW],
-               bw.experts, bw.expert_grads, B, T, dloss, s);
-  return m.dln;
-}
-
-// Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Weight
-// gradients are accumulated into bw.grads (the unit's fp32 gradient buffer). The parallel
-// linears' backwards move what crosses the tp group (parallel/tensor_parallel.cu).
-static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw,
-                           int B, int T, float dloss, ops::Stream s) {
-  float* g = bw.grads;
-  const GPTLayout& lay = m.layout;
-  const TensorParallel& tp = lay.tp;
-  const TpBuffers buf = tp_buffers(m);
-  const int C = lay.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N), site = kBlockLinears * l;
-  auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
-  auto grad = [&](int i) { return g + bw.offset[i]; };
-  const void* x = block_input(sl, j);
-  LayerActs& a = sl.layers[j];
-  void* const* w = bw.w;
-  void* dres = sl.grad;
-  const void* dln2 = lay.moe[l]
-      ? moe_mlp_backward(m, a, l, bw, dres, g, B, T, dloss, s)
-      : mlp_backward(m, a, l, bw, dres, g, N, s);
-  ops::layernorm_backward(dres, grad(kLn2W), grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
-                          a.ln2_rstd, Nt, C, m.dt, s);  // dres is now d(r2)
-  row_parallel_backward(tp, gemm(kAttnProjLinear), buf, m.datty, grad(kAttnProjW),
-                        grad(kAttnProjB), dres, a.atty, w[kAttnProjW], nullptr, N, Cl, C, s);
-  cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
-  const void* dln1 = column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB),
-                                              m.dqkv, a.ln1, false, w[kQkvW], N, C, 3 * Cl, s);
-  ops::layernorm_backward(dres, grad(kLn1W), grad(kLn1B), dln1, x, w[kLn1W], a.ln1_mean,
-                          a.ln1_rstd, Nt, C, m.dt, s);  // dres is now d(x)
-}
-
-void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  ActivationSlot& sl = m.slots[c.slot];
-  const int first = g.first_block(c.chunk), n = g.blocks_per_stage, N = c.B * c.T;
-  ops::range_push("backward");
-  for (int j = n - 1; j >= 0; j--) {
-    const int l = first + j;
-    const BlockWeights bw = acquire_block(m, store, l, true);
-    prefetch(store, g.block_unit[l], j > 0 ? g.block_unit[l - 1] : c.next_unit);
-    if (m.recompute == Recompute::Block)
-      block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
-    if (m.recompute == Recompute::Gelu && !g.moe[l])
-      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size(),
-                        m.dt, s);
-    block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, s);
-    release_block(m, store, l, true, c.last_micro_step);
-  }
-  if (g.first_stage(c.chunk))  // the tied embedding's second gradient contribution
-    tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
-                          sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
-                          m.dt, s);
-  grads_micro_batch_done(store);
-  ops::range_pop();
 }
 
 // ---------------------------------------------------------------------------------------------

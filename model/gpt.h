@@ -57,11 +57,13 @@ enum RootTensor { kWte = 0, kWpe, kLnfW, kLnfB, kRootTensors };
 // The linear layers of a block; layer l's are numbered kBlockLinears * l + these (FP8 scales).
 enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kBlockLinears };
 
-// This rank's place in the pipeline: it holds chunks c = 0 .. v-1, chunk c being stage c*p + rank
-// of the p*v stages, each of n_layer/(p*v) consecutive blocks (parallel/pipeline_schedule.h).
+// This rank's place in the pipeline: it holds chunks c = 0 .. v-1 of the p*v stages of
+// consecutive blocks, chunk c being the stage the order gives (parallel/pipeline_schedule.h:
+// c*p + rank in the Loop order).
 struct PipelinePlace {
   Comm* group = nullptr;  // the pp group (the mesh's)
   int v = 1;
+  StageOrder order = StageOrder::Loop;
   int p() const { return group->size; }
   int rank() const { return group->rank; }
 };
@@ -79,7 +81,8 @@ struct GPTLayout {
   Comm* cp = nullptr;
   Comm* ep = nullptr;
   int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
-  int blocks_per_stage = 0;      // L / (p*v)
+  std::vector<int> stage_first;  // per stage (model order): its first block; [p*v] = L
+  int max_blocks = 0;            // the most blocks of one of this rank's chunks
   int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
   std::vector<int> block_unit;   // per global layer: its index in units, -1 on another stage
   std::vector<int> expert_unit;  // per global layer: its experts' unit; -1: dense or elsewhere
@@ -92,13 +95,14 @@ struct GPTLayout {
   int maxT = 0;  // rows of wpe ([model] max_seq_len); a run uses the first T (seq_len) of them
   std::vector<ParamUnit> units;  // this rank's: [root] + its blocks in layer order
 
-  int stage(int chunk) const { return chunk * pp.p() + pp.rank(); }
-  int first_block(int chunk) const { return stage(chunk) * blocks_per_stage; }
+  int stage(int chunk) const { return pipeline_stage(pp.order, pp.p(), pp.rank(), chunk); }
+  int first_block(int chunk) const { return stage_first[stage(chunk)]; }
+  int blocks(int chunk) const { return stage_first[stage(chunk) + 1] - first_block(chunk); }
   bool first_stage(int chunk) const { return stage(chunk) == 0; }
   bool last_stage(int chunk) const { return stage(chunk) == pp.p() * pp.v - 1; }
   // The unit a chunk's forward (or backward) acquires first: its first (last) block.
   int entry_unit(int chunk, bool forward) const {
-    return block_unit[first_block(chunk) + (forward ? 0 : blocks_per_stage - 1)];
+    return block_unit[first_block(chunk) + (forward ? 0 : blocks(chunk) - 1)];
   }
 };
 // The placement of every tensor on the mesh rank `mesh` describes (its groups; any backend: the
@@ -159,6 +163,8 @@ struct GPT {
   // backward scratch
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
+  float* ln_grads = nullptr;      // split backward: per layer the LayerNorms' weight gradients
+                                  // between B and W, (L, 4, C) fp32 (model/gpt_backward.cu)
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
   ContextParallel* cp = nullptr;  // attention's context-parallel state (one cp rank: empty)
   MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
@@ -169,6 +175,8 @@ struct GPT {
   // (memory.bytes is what the banner and the planner report), freed by gpt_destroy.
   Allocator memory;
   bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
+  bool split_backward = false;    // set before gpt_create: the schedule runs each backward as B
+                                  // then W (parallel/pipeline_schedule.h): W's buffers too
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
 };
@@ -213,19 +221,25 @@ struct StageCall {
   float dloss = 0;               // != 0: training (the last stage runs the head's backward too)
   bool with_loss = true;         // the last stage computes the losses (targets uploaded)
   float loss_scale_for_log = 0;  // the last stage adds this * sum(losses) to model.loss_sum
-  bool last_micro_step = false;  // backward: the last micro-batch of the step for this chunk
+  bool last_micro_step = false;  // backward (weight pass when split): the chunk's last of the
+                                 // step, after which its gradients are complete
   int next_unit = -1;            // the unit the schedule's next action acquires first (prefetch)
+  GradPart part = GradPart::Both;  // backward: whole, or its input-gradient part B (split)
 };
 // The chunk's forward: the embedding first on stage 0, then its blocks, and on the last stage the
 // final LayerNorm, the logits and the loss; when training, also the head's backward, which leaves
 // the gradient of the chunk's output in slot.grad (logits are the largest activation: the last
 // stage keeps one set instead of one per micro-batch in flight).
 void gpt_stage_forward(GPT& model, ParamStore& store, const StageCall& c, ops::Stream s);
-// The chunk's backward: slot.grad holds d(output) on entry and d(input) on exit; the first stage
-// ends with the embedding's backward.
+// The chunk's backward (model/gpt_backward.cu): slot.grad holds d(output) on entry and d(input)
+// on exit. Whole (c.part Both): the weight gradients too, and on the first stage the embedding's
+// backward. c.part Input: the input-gradient pass B of a split schedule.
 void gpt_stage_backward(GPT& model, ParamStore& store, const StageCall& c, ops::Stream s);
+// The weight-gradient pass W of a split schedule, after the chunk's B on the same slot: every
+// weight gradient of the chunk (and on the first stage the embedding's backward).
+void gpt_stage_weight(GPT& model, ParamStore& store, const StageCall& c, ops::Stream s);
 // The chunk's output activation in a slot (what stage s+1 receives).
-void* gpt_stage_output(GPT& model, int slot);
+void* gpt_stage_output(GPT& model, int slot, int chunk);
 
 // One-stage conveniences (pp = 1): a whole micro-batch forward + backward (tests), and a forward
 // (losses in model.losses when targets != nullptr; logits of all positions in model.logits).

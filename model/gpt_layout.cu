@@ -5,6 +5,7 @@
 // router, and its experts, whose gradients are summed over the ranks holding the same experts
 // (Axis::EPDP). The root (embeddings, final LayerNorm) is held by the first and the last
 // pipeline stage. Every tensor's name keys its random init and its checkpoint dataset.
+#include <algorithm>
 #include <cmath>
 
 #include "model/gpt.h"
@@ -125,7 +126,7 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.V = m.vocab_size;
   g.Vp = m.padded_vocab();
   g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
-  g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual};
+  g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual, mesh.shape.pp_order};
   g.cp = &mesh[Axis::CP];
   g.ep = &mesh[Axis::EP];
   const TensorParallel& tp = g.tp;
@@ -138,15 +139,24 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.NH_local = g.NH / tp.size();
   g.Vp_local = g.Vp / tp.size();
   g.vocab_first = tp.rank() * g.Vp_local;
-  g.blocks_per_stage = g.L / (pp.p() * pp.v);
+  const int S = pp.p() * pp.v;  // the stages' first blocks: pp_layers, or equal stages
+  g.stage_first.assign(1, 0);
+  for (int s = 0; s < S; s++)
+    g.stage_first.push_back(g.stage_first[s] + (mesh.shape.pp_layers.empty()
+                                                    ? g.L / S : mesh.shape.pp_layers[s]));
+  CHECK(g.stage_first[S] == g.L, "pipeline: the stages hold %d blocks, the model has %d",
+        g.stage_first[S], g.L);
+  for (int c = 0; c < pp.v; c++) g.max_blocks = std::max(g.max_blocks, g.blocks(c));
 
   // The first and the last stage each hold the root (parallel/placement.h: tied).
   ParamUnit root = root_unit(g);
   g.parameters = unit_parameters(root);
-  const bool first = pp.rank() == 0, last = pp.rank() == pp.p() - 1;
+  // The first stage is pp rank 0's; the last is rank p-1's in the Loop order, rank 0's in the V.
+  const int last_owner = pipeline_stage_owner(pp.order, pp.p(), S - 1);
+  const bool first = pp.rank() == 0, last = pp.rank() == last_owner;
   if (first || last) {
-    root.tied = pp.p() > 1;
-    root.tied_copy = pp.p() > 1 && !first;
+    root.tied = last_owner != 0;
+    root.tied_copy = root.tied && !first;
     g.root_unit = 0;
     g.units.push_back(root);
   }
@@ -163,7 +173,9 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
       g.parameters += unit_parameters(experts);
       g.active_parameters += unit_parameters(experts) / g.E * g.top_k;
     }
-    if ((l / g.blocks_per_stage) % pp.p() != pp.rank()) continue;  // stage l/bps lives elsewhere
+    const int stage = (int)(std::upper_bound(g.stage_first.begin(), g.stage_first.end(), l) -
+                            g.stage_first.begin()) - 1;
+    if (pipeline_stage_owner(pp.order, pp.p(), stage) != pp.rank()) continue;  // elsewhere
     g.block_unit[l] = (int)g.units.size();
     u.paired = g.moe[l];  // used with its experts
     g.units.push_back(u);

@@ -68,6 +68,7 @@ MoeActs* moe_new_acts(GPT& m) {
   x.h = block ? st.shared.h : gpt_new_buffer(m, rows * D * a);
   x.hg = m.recompute != Recompute::None ? st.shared.hg : gpt_new_buffer(m, rows * D * a);
   x.y = block ? st.shared.y : gpt_new_buffer(m, Nt * k * C * a);
+  x.dy = m.split_backward ? gpt_new_buffer(m, rows * C * a) : nullptr;
   ep_route_create(x.route, st.ep, (int)Nt, m.memory);
   return acts;
 }
@@ -264,20 +265,24 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
 // Backward
 // ---------------------------------------------------------------------------------------------
 // The expert GEMMs' backward, in place: dy (M,C) expert-major holds d(expert output) on entry
-// and d(expert input) on exit.
+// and d(expert input) on exit. part Input: no weight gradients (dw unused); d(expert output) is
+// kept in a.dy and d(h) in a.h for the weight pass.
 static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const ExpertWeights& dw,
-                             void* dy, ops::Stream s) {
+                             void* dy, GradPart part, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
   MoeState& st = *m.moe;
   const ExpertRoute& r = a.route;
+  const bool split = part == GradPart::Input;
   if (m.recompute == Recompute::Gelu && r.M > 0)  // ("block" recomputed it with the rest)
     ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
+  if (split) ops::copy_on_device(a.dy, dy, (size_t)r.M * C * e, s);
   for (int j = 0; j < st.ep.experts_per_rank(); j++) {
     const int n = r.expert_rows[j];
     if (n == 0) continue;
     const size_t row = r.expert_first[j];
-    const ExpertWeights ew = expert_at(g, w, j, e), gw = expert_at(g, dw, j, 4);
+    const ExpertWeights ew = expert_at(g, w, j, e);
+    const ExpertWeights gw = split ? ExpertWeights{} : expert_at(g, dw, j, 4);
     void* dy_j = (char*)dy + row * C * e;
     void* dh = (char*)st.dh + row * D * e;
     ops::matmul_backward(dh, (float*)gw.proj_w, (float*)gw.proj_b, dy_j, (char*)a.hg + row * D * e,
@@ -285,29 +290,35 @@ static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const E
     ops::matmul_backward(dy_j, (float*)gw.fc_w, (float*)gw.fc_b, dh, (char*)a.x + row * C * e,
                          ew.fc_w, nullptr, n, C, D, m.dt, s);
   }
+  if (split) ops::copy_on_device(a.h, st.dh, (size_t)r.M * D * e, s);
 }
 
 // The router's backward: the gates' gradient, the balance gradient and the z-loss through the
-// softmax into the logits, then the router GEMM (its input gradient into d_router_in).
+// softmax into the logits, then the router GEMM (its input gradient into d_router_in). part
+// Input: no weight gradient; d(logits) kept in a.logits (fp32) for the weight pass.
 static void router_backward(GPT& m, MoeActs& a, const void* inp, const void* router_w,
-                            float* d_router_w, int Nt, float dloss_scale, ops::Stream s) {
+                            float* d_router_w, int Nt, float dloss_scale, GradPart part,
+                            ops::Stream s) {
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   ops::copy_to_device_async(st.dprobs, a.balance_grad.data(), a.balance_grad.size() * 4, s);
   ops::moe_router_backward(st.dlogits, a.probs, a.expert, a.gate, st.dgate, st.dprobs, a.lse,
                            st.z_coef * dloss_scale, Nt, g.E, g.top_k, s);
+  if (part == GradPart::Input)
+    ops::copy_on_device(a.logits, st.dlogits, (size_t)Nt * g.E * sizeof(float), s);
   void* dz = st.dlogits;
   if (m.dt != DType::F32) {
     ops::cast(st.logits_dt, m.dt, st.dlogits, DType::F32, (size_t)Nt * g.E, s);
     dz = st.logits_dt;
   }
-  ops::matmul_backward(st.d_router_in, d_router_w, nullptr, dz, inp, router_w, nullptr, Nt, g.C,
-                       g.E, m.dt, s);
+  ops::matmul_backward(st.d_router_in, part == GradPart::Input ? nullptr : d_router_w, nullptr,
+                       dz, inp, router_w, nullptr, Nt, g.C, g.E, m.dt, s);
 }
 
 void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* inp,
                   const void* router_w, float* d_router_w, const ExpertWeights& w,
-                  const ExpertWeights& dw, int B, int T, float dloss_scale, ops::Stream s) {
+                  const ExpertWeights& dw, int B, int T, float dloss_scale, GradPart part,
+                  ops::Stream s) {
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
@@ -315,11 +326,37 @@ void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* 
   ops::moe_combine_backward(st.d_rows, st.dgate, dout, a.y, a.gate, a.route.position, Nt, k, C,
                             m.dt, s);
   ep_to_experts(st.ep, a.route, st.d_rows, d_expert, st.recv, C, m.dt, s);
-  experts_backward(m, a, w, dw, d_expert, s);
+  experts_backward(m, a, w, dw, d_expert, part, s);
   ep_to_home(st.ep, a.route, d_expert, st.d_rows, st.send, C, m.dt, s);
   ops::moe_unpermute_backward(dinp, st.d_rows, a.route.position, Nt, k, C, m.dt, s);
-  router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, s);
+  router_backward(m, a, inp, router_w, d_router_w, Nt, dloss_scale, part, s);
   ops::add_bias_residual(dinp, dinp, nullptr, st.d_router_in, Nt, C, m.dt, s);
+}
+
+void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_w,
+                     const ExpertWeights& dw, int B, int T, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  MoeState& st = *m.moe;
+  const int Nt = g.tp.tokens(B * T);
+  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  const ExpertRoute& r = a.route;
+  for (int j = 0; j < st.ep.experts_per_rank(); j++) {  // d(output) in dy, d(h) in h
+    const int n = r.expert_rows[j];
+    if (n == 0) continue;
+    const size_t row = r.expert_first[j];
+    const ExpertWeights gw = expert_at(g, dw, j, 4);
+    ops::matmul_backward(nullptr, (float*)gw.proj_w, (float*)gw.proj_b, (char*)a.dy + row * C * e,
+                         (char*)a.hg + row * D * e, nullptr, nullptr, n, D, C, m.dt, s);
+    ops::matmul_backward(nullptr, (float*)gw.fc_w, (float*)gw.fc_b, (char*)a.h + row * D * e,
+                         (char*)a.x + row * C * e, nullptr, nullptr, n, C, D, m.dt, s);
+  }
+  const void* dz = a.logits;  // d(router logits), fp32
+  if (m.dt != DType::F32) {
+    ops::cast(st.logits_dt, m.dt, a.logits, DType::F32, (size_t)Nt * g.E, s);
+    dz = st.logits_dt;
+  }
+  ops::matmul_backward(nullptr, d_router_w, nullptr, dz, inp, nullptr, nullptr, Nt, g.C, g.E,
+                       m.dt, s);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "parallel/expert_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 struct GPT;
 
@@ -20,6 +21,9 @@ struct MoeActs {
   void* h = nullptr;        // (max rows,D) their fc outputs, before the GELU
   void* hg = nullptr;       // (max rows,D) after it (shared by all layers under recompute)
   void* y = nullptr;        // (Nt*top_k,C) the experts' outputs, back home, dispatch order
+  void* dy = nullptr;       // (max rows,C) split backward: d(experts' outputs), expert-major,
+                            // kept by B for W (model/gpt_backward.cu); B also leaves d(h) in h
+                            // and d(router logits) in logits
   ExpertRoute route;        // where the pairs went (host plan + device gather indices)
   std::vector<float> balance_grad;  // (Nt,E) d(aux loss)/d(probs), made in the forward (host)
 };
@@ -94,7 +98,13 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
 void moe_recompute(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int B, int T,
                    ops::Stream s);
 // dinp (Nt,C) = d(MoE)/d(inp) given dout (Nt,C); weight gradients accumulated (fp32) into dw
-// (the expert unit's gradients) and d_router_w.
+// (the expert unit's gradients) and d_router_w. part Input (a split backward's B): no weight
+// gradient; what moe_weight_pass needs is kept in a (dy, h, logits: see MoeActs).
 void moe_backward(GPT& m, MoeActs& a, void* dinp, const void* dout, const void* inp,
                   const void* router_w, float* d_router_w, const ExpertWeights& w,
-                  const ExpertWeights& dw, int B, int T, float dloss_scale, ops::Stream s);
+                  const ExpertWeights& dw, int B, int T, float dloss_scale, GradPart part,
+                  ops::Stream s);
+// The weight pass W after moe_backward's part Input: the experts' and the router's weight
+// gradients into dw and d_router_w (inp = ln2, as in the forward). No communication.
+void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_w,
+                     const ExpertWeights& dw, int B, int T, ops::Stream s);

@@ -150,6 +150,8 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
   std::vector<P2POp> posted;
   for (int i = 0; i < n; i++) {
     check_peer(c, ops[i].peer, ops[i].is_send ? "p2p send" : "p2p receive");
+    CHECK(ops[i].tag >= 0 && ops[i].tag < c.tags, "p2p on axis %s: tag %d, the group has tags "
+          "0..%d (comm_open_tags)", axis_name(c.axis), ops[i].tag, c.tags - 1);
     if (ops[i].count == 0) continue;
     tally(c, ops[i].is_send ? CollectiveKind::Send : CollectiveKind::Recv,
           ops[i].count * dtype_size(dt));

@@ -24,7 +24,9 @@
 // stage can send its activation forward and receive a gradient backward in one call, whatever
 // order its neighbours reach theirs. All three match each other in posting order per pair of
 // ranks (MPI tag 0; NCCL orders point-to-point per peer): a send_recv's send may be received by
-// a recv_from, and so on.
+// a recv_from, and so on. p2p_batch's ops may carry a tag (comm_open_tags): then they match per
+// pair of ranks and tag, each tag one ordered stream (MPI: the tag; NCCL: a communicator per
+// tag), so that a pipeline's activations and gradients need not arrive in one common order.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -63,6 +65,8 @@ struct Comm {
   Watchdog* watch = nullptr;    // shared too: the deadline of waits (null: none)
   void* mpi = nullptr;          // the MPI backend's group (parallel/comm_mpi_runtime.cu)
   void* nccl = nullptr;         // ncclComm_t under the NCCL backend, in groups of 2 or more
+  int tags = 1;                 // p2p tags 0 .. tags-1 (comm_open_tags)
+  std::vector<void*> nccl_tags; // under NCCL, the ncclComm_t of tags 1 .. tags-1
   void* staging = nullptr;      // host buffer (malloc) for the MPI backend with GPU buffers
   size_t staging_bytes = 0;
 };
@@ -104,8 +108,14 @@ struct P2POp {
   void* buf = nullptr;  // read for a send, written for a receive
   size_t count = 0;
   int peer = -1;
+  int tag = 0;          // < c.tags: ops match per (pair of ranks, tag), in posting order
 };
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
+// Lets p2p_batch use tags 0 .. tags-1 on c (a no-op when c already has as many). Collective over
+// the group (every member calls it, with the same count). MPI matches by tag natively; NCCL has
+// no tags and matches point-to-point in order per communicator, so each tag gets one more
+// communicator of the group; Count and None only record the count.
+void comm_open_tags(Comm& c, int tags);
 // send holds c.size blocks of count elements; block j goes to rank j; recv block j comes from j.
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
 // The same with a size per peer (expert parallelism's dispatch and combine): send_counts[j]
@@ -180,7 +190,7 @@ extern const CollectiveBackend kMpiCollectives;   // parallel/comm_mpi.cu
 extern const CollectiveBackend kNcclCollectives;
 void nccl_require();             // stops the job with a clear message where NCCL is absent
 void* nccl_create(Comm& c);      // an ncclComm_t for c's group (c.mpi is connected)
-void nccl_destroy(Comm& c);      // frees c.nccl
+void nccl_destroy(Comm& c, void* nccl_comm);  // frees one made by nccl_create(c)
 
 // The MPI backend's host side (parallel/comm_mpi_runtime.cu), for the host helpers above under
 // every backend: small host arrays of ints, doubles or bytes.

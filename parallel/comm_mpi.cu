@@ -212,10 +212,10 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
       if (ops[i].is_send != (pass == 1)) continue;
       const int count = mpi_count(ops[i].count);
       if (ops[i].is_send)
-        MPI_Isend(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, mpi_group(c),
+        MPI_Isend(buffer(i), count, mpi_type(dt), ops[i].peer, ops[i].tag, mpi_group(c),
                   &req[i]);
       else
-        MPI_Irecv(buffer(i), count, mpi_type(dt), ops[i].peer, /*tag=*/0, mpi_group(c),
+        MPI_Irecv(buffer(i), count, mpi_type(dt), ops[i].peer, ops[i].tag, mpi_group(c),
                   &req[i]);
     }
   std::vector<MPI_Status> status(n);

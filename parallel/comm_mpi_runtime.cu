@@ -144,8 +144,17 @@ void comm_create(Comm& c, Axis axis, const std::vector<int>& members, int world_
   if (backend == CommBackend::NCCL && c.size > 1) c.nccl = nccl_create(c);
 }
 
+void comm_open_tags(Comm& c, int tags) {
+  if (tags <= c.tags) return;
+  if (c.nccl)  // a communicator per tag, made like the group's own (every member calls this)
+    while ((int)c.nccl_tags.size() < tags - 1) c.nccl_tags.push_back(nccl_create(c));
+  c.tags = tags;
+}
+
 void comm_destroy(Comm& c) {
-  if (c.nccl) nccl_destroy(c);
+  for (void* t : c.nccl_tags) nccl_destroy(c, t);
+  c.nccl_tags.clear();
+  if (c.nccl) nccl_destroy(c, c.nccl);
   if (c.mpi) {
     MPI_Comm* group = static_cast<MPI_Comm*>(c.mpi);
     MPI_Comm_free(group);

@@ -92,12 +92,15 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
   });
 }
 
+// Tag t > 0 travels on the group's communicator of that tag (comm_open_tags): NCCL matches
+// point-to-point per communicator in posting order, so each tag is its own ordered stream.
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
-  ncclComm_t comm = handle(c);
   const uint64_t ticket = nccl_watch_begin(c, "point-to-point");
   NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
     const P2POp& op = ops[i];
+    ncclComm_t comm =
+        op.tag == 0 ? handle(c) : static_cast<ncclComm_t>(c.nccl_tags[op.tag - 1]);
     if (op.is_send)
       NCCL_CHECK(ncclSend(op.buf, op.count, nccl_type(dt), op.peer, comm, cuda_stream(s)));
     else
@@ -171,7 +174,7 @@ void* nccl_create(Comm& c) {
   return comm;
 }
 
-void nccl_destroy(Comm& c) {
-  nccl_watch_unregister(c, c.nccl);
-  NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(c.nccl)));
+void nccl_destroy(Comm& c, void* nccl_comm) {
+  nccl_watch_unregister(c, nccl_comm);
+  NCCL_CHECK(ncclCommDestroy(static_cast<ncclComm_t>(nccl_comm)));
 }

@@ -31,4 +31,4 @@ const CollectiveBackend kNcclCollectives = {
 
 void nccl_require() { nccl_absent::absent(); }
 void* nccl_create(Comm&) { nccl_absent::absent(); }
-void nccl_destroy(Comm&) { nccl_absent::absent(); }
+void nccl_destroy(Comm&, void*) { nccl_absent::absent(); }

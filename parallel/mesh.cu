@@ -3,11 +3,18 @@
 // makes groups collectively over the world).
 #include "parallel/mesh.h"
 
-MeshShape mesh_shape(const ParallelConfig& p) {
+#include "parallel/pipeline_balance.h"
+
+MeshShape mesh_shape(const Config& c) {
+  const ParallelConfig& p = c.parallel;
   MeshShape m;
   m.dp = p.dp, m.pp = p.pp, m.cp = p.cp, m.tp = p.tp, m.ep = p.ep;
   m.pp_virtual = p.pp_virtual;
   m.sp = p.sp;
+  if (p.pp > 1 || p.pp_virtual > 1) {
+    m.pp_order = pipeline_stage_order(p.pp_schedule);
+    m.pp_layers = pipeline_stage_layers(c);
+  }
   return m;
 }
 
@@ -62,15 +69,17 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
       for (int r = 0; r < m.world(); r++)
         if (mesh_coords(m, r).pp == c.pp) g.push_back(r);
       break;
-    case Axis::Embed:  // the two ends of this pipeline; a middle stage (or pp = 1) is alone
-      if (m.pp > 1 && (c.pp == 0 || c.pp == m.pp - 1)) {
-        MeshCoords first = c, last = c;
-        first.pp = 0, last.pp = m.pp - 1;
-        g = {mesh_world_rank(m, first), mesh_world_rank(m, last)};
+    case Axis::Embed: {  // the ranks of the first and the last stage; anyone else is alone
+      const int last = pipeline_stage_owner(m.pp_order, m.pp, m.pp * m.pp_virtual - 1);
+      if (last != 0 && (c.pp == 0 || c.pp == last)) {  // (the V order puts both on pp rank 0)
+        MeshCoords first = c, end = c;
+        first.pp = 0, end.pp = last;
+        g = {mesh_world_rank(m, first), mesh_world_rank(m, end)};
       } else {
         g = {w};
       }
       break;
+    }
     case Axis::Count: BUG("mesh_group_members: no such axis");
   }
   return g;

@@ -16,7 +16,8 @@
 //   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all); ep_rank = index % ep
 //   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
 //   stage ranks with the same pp_rank, by world rank  (FP8 amax agreement inside a stage)
-//   embed pp ranks 0 and pp-1 of one pipeline         (the tied embedding's gradient)
+//   embed the pp ranks of the first and the last stage (the tied embedding's gradient; pp
+//         ranks 0 and pp-1, or rank 0 alone in the V order)
 //
 // The arithmetic is three pure functions (coordinates, world rank, group members) that the mesh,
 // the planner (training/plan.cu) and the checkpoint index (checkpoint/hdf5_format.cu) all use. The
@@ -27,15 +28,21 @@
 
 #include "config/config.h"
 #include "parallel/comm.h"
+#include "parallel/pipeline_schedule.h"
 
-// The degrees, and the two layout choices that go with them.
+// The degrees, and the layout choices that go with them.
 struct MeshShape {
   int dp = 1, pp = 1, cp = 1, tp = 1, ep = 1;
   int pp_virtual = 1;  // model chunks per pipeline rank
   bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
+  StageOrder pp_order = StageOrder::Loop;  // which rank and chunk hold each pipeline stage
+  std::vector<int> pp_layers;  // blocks of each of the pp*pp_virtual stages, in model order
+                               // (empty: equal stages)
   int world() const { return dp * pp * cp * tp; }
 };
-MeshShape mesh_shape(const ParallelConfig& p);
+// The shape a config asks for: its degrees, the schedule's stage order and the stage sizes
+// (parallel/pipeline_balance.h: pp_layers, pp_balance = "auto", or equal).
+MeshShape mesh_shape(const Config& c);
 
 // A rank's coordinates. ep: its rank in its expert-parallel group (dpcp index % ep).
 struct MeshCoords {

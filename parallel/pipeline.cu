@@ -1,25 +1,28 @@
 // parallel/pipeline.cu - pipeline parallelism: the model cut into stages, one group of
 // consecutive blocks per rank, micro-batches flowing through them.
 //
-// The idea. With pp ranks, rank r holds blocks [r*L/pp, (r+1)*L/pp) (interleaved: v smaller
-// chunks, see parallel/pipeline_schedule.cu), the first stage also the embedding and the last
-// the head and the loss. A step's batch is cut into m = grad_accum micro-batches; micro-batch i
+// The idea. With pp ranks, rank r holds a stage of consecutive blocks (L/pp of them, or what
+// [parallel] pp_layers or pp_balance = "auto" says: parallel/pipeline_balance.cu; interleaved
+// and zb-v: v smaller chunks, see parallel/pipeline_schedule.cu), the first stage also the
+// embedding and the last the head and the loss. A step's batch is cut into m = grad_accum micro-batches; micro-batch i
 // goes forward through stage 0, 1, ..., each stage sending its output activation to the next,
 // and its gradient comes back the same way. Each rank holds 1/pp of the weights, gradients and
 // optimizer state, and of the activations of one micro-batch: what pipelining buys is memory,
 // with only point-to-point traffic between neighbours.
 //
 // Who talks to whom, bytes. Rank r sends to r+1 and receives from r+1 (and rank pp-1 to rank 0
-// between the chunks of an interleaved schedule), on the pp communicator, which pairs ranks with
-// the same dp, cp and tp coordinates: each tp rank sends its own part of the boundary (under
+// between the chunks of an interleaved schedule; in zb-v's V order the chunks come back up, and
+// rank pp-1's two chunks meet on the rank, by a copy), on the pp communicator, which pairs ranks
+// with the same dp, cp and tp coordinates: each tp rank sends its own part of the boundary (under
 // sequence parallelism B*T/tp tokens). Per micro-batch and boundary one activation forward and
 // one gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and
 // rank at most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
 //
-// The schedule (1f1b by default; gpipe; interleaved) is a list of actions per rank, built in
-// parallel/pipeline_schedule.cu (the warm-up, the steady one-forward-one-backward state, the
-// cool-down and the memory bound) and checked by parallel/pipeline_simulator.cu; the bubble
-// (p-1)/(v*m + p-1) is derived in docs/PARALLELISM.md. This file runs the list:
+// The schedule (1f1b by default; gpipe; interleaved; the zero-bubble zb-h1 and zb-v, whose
+// backwards are split into B and W; a user's file) is a list of actions per rank, built in
+// parallel/pipeline_schedule.cu (the warm-up, the steady state, the cool-down, the memory bound
+// and the bubble of each) and checked by parallel/pipeline_simulator.cu; docs/PARALLELISM.md
+// derives the bubbles. This file runs the list:
 //
 //   rank 1 of 4, 1f1b, m = 4:   recv-fwd 0, F0, send-fwd 0 | recv-fwd 1, F1, send-fwd 1 |
 //                               recv-bwd 0 ... B0 ...
@@ -28,78 +31,109 @@
 //   p2p     r0>  >r2 r0>  >r2  <r2      >r0  r0> ...
 //
 // Activation slots. A forward keeps its activations in a slot until the backward of the same
-// micro-batch and chunk frees it; the executor takes a free slot at the forward (or at the
-// receive of its input) and gives it back after the backward's gradient is sent. A rank needs as
-// many slots as its peak number of chunk forwards in flight, which the schedule's simulation
-// gives (1f1b: pp - rank at most, whatever m is).
+// micro-batch and chunk frees it (its weight pass W, when the schedule splits backwards: W reads
+// the activations and the output gradients B kept, model/gpt_backward.cu); the executor takes a
+// free slot at the first action of a (micro-batch, chunk) in the list (the receive of its input,
+// or its forward) and gives it back after the last (the send of its input gradient, its
+// backward or its weight pass). A rank needs as many slots as that rule holds at its peak
+// (pipeline_slots): the schedule's peak of chunk forwards in flight (1f1b: pp - rank at most,
+// whatever m is), plus what the message placement receives early or sends late.
 //
 // Point to point. Each run of consecutive sends and receives in the list is posted as one
-// send_recv (NCCL: one group; MPI: Isend + Irecv + Waitall), so two neighbours that send to
+// p2p_batch (NCCL: one group; MPI: Isend + Irecv + Waitall), so two neighbours that send to
 // each other at the same moment do not wait for each other. Sends and receives between two ranks
-// match in posting order.
+// match in posting order per channel (pipeline_channel: the activations a chunk sends, the
+// gradients a chunk sends), each channel a tag of the pp communicator (comm_open_tags).
 //
 // Around the executor (model/gpt_pipeline.cu, parallel/param_store.cu): the root (wte, wpe, ln_f)
 // is held by the first and the last stage, its gradients summed over the pair once per step
-// (the embedding group), so the two wte copies stay bitwise equal; every unit's gradient is
-// reduced over dp once per step, after the last micro-batch's backward of its chunk; FSDP
-// prefetches the first weights of the next action in the list, not of the neighbouring unit.
+// (the embedding group), so the two wte copies stay bitwise equal (the V order puts both ends on
+// rank 0: one copy); every unit's gradient is reduced over dp once per step, after the last
+// backward (or weight pass) of its chunk; FSDP prefetches the first weights of the next forward
+// or backward in the list (a weight pass needs none), not of the neighbouring unit.
 //
 // Measured bubble. Every compute action is timed with events (host clock on the CPU backend);
-// pipeline_report gathers the timings of the pp group and compares the idle fraction with the
-// formula, and draws the step as an ASCII timeline.
+// pipeline_report gathers the timings of the pp group, compares the idle fraction with the
+// bubble the simulator predicts from those durations (the schedule's own idle time, without
+// communication or ranks sharing cores) and with the formula, and draws the step as an ASCII
+// timeline.
 #include "parallel/pipeline.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "kernels/common.h"
 
 static bool is_compute(PipeOp op) { return !pipe_op_is_comm(op); }
 
-// When a (micro-batch, chunk) takes an activation slot and when it gives it back: the one rule
-// the executor follows and the sizing counts with. Taken at the receive of its input, or at its
-// forward on stage 0; given back after the last use - the send of its input gradient, its
-// backward on stage 0 (nothing to send), and in a forward-only pass the send of its output or
-// its forward on the last stage.
-struct SlotRule {
-  bool take, give;
-};
-static SlotRule slot_rule(const PipeAction& a, bool training, int stage, int stages) {
-  const bool fwd = a.op == PipeOp::Forward, bwd = a.op == PipeOp::Backward;
-  const bool take = a.op == PipeOp::RecvForward || (fwd && stage == 0);
-  const bool give = a.op == PipeOp::SendBackward || (bwd && stage == 0) ||
-                    (!training && (a.op == PipeOp::SendForward || (fwd && stage == stages - 1)));
-  return {take, give};
+// The chunk of this rank whose slot (same micro-batch) compute action a uses besides its own:
+// the previous stage's, when it is on this rank too (rank p-1 of the V order, or p = 1). A
+// forward copies its input from that slot's output; a backward copies its input gradient into
+// that slot's gradient, where the previous stage's backward reads it. Either way that slot is
+// held already (its backward comes later). -1: none.
+static int local_neighbour(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  if (a.op != PipeOp::Forward && a.op != PipeOp::Backward) return -1;
+  const int stage = s.stage(rank, a.chunk) - 1;
+  if (stage < 0 || s.owner(stage) != rank) return -1;
+  return s.chunk_of(stage);
 }
 
-// The most activation sets this rank's list holds at once. A schedule that receives an
-// activation early holds it from then on: more than its peak of forwards in flight.
+// When a (micro-batch, chunk) takes an activation slot and when it gives it back: the one rule
+// the executor follows and the sizing counts with. Taken at the first action of it in the list
+// (the receive of its input, or its forward on stage 0), given back after its last use (the
+// send of its input gradient, its backward, its weight pass when the schedule splits; in a
+// forward-only pass: never, each chunk has its own).
+struct SlotRule {
+  std::vector<char> take, give;  // per action of the list
+};
+static SlotRule slot_rule(const PipelineSchedule& s, int rank,
+                          const std::vector<PipeAction>& list) {
+  SlotRule rule{std::vector<char>(list.size(), 0), std::vector<char>(list.size(), 0)};
+  std::map<int, int> first, last;  // chunk * m + micro -> action index
+  for (size_t i = 0; i < list.size(); i++) {
+    const PipeAction& a = list[i];
+    const int key = a.chunk * s.m + a.micro;
+    if (!first.count(key)) first[key] = (int)i;
+    last[key] = (int)i;
+  }
+  for (const auto& [key, i] : first) rule.take[i] = 1;
+  for (const auto& [key, i] : last) rule.give[i] = 1;
+  return rule;
+}
+
+// The most activation sets a list holds at once. A schedule that receives an activation early
+// holds it from then on: more than its peak of forwards in flight.
 static int peak_slots(const PipelineSchedule& s, int rank) {
+  const std::vector<PipeAction>& list = s.ranks[rank];
+  const SlotRule rule = slot_rule(s, rank, list);
   int live = 0, peak = 1;
-  for (const PipeAction& a : s.ranks[rank]) {
-    const SlotRule rule = slot_rule(a, true, a.chunk * s.p + rank, s.p * s.v);
-    live += (int)rule.take - (int)rule.give;
+  for (size_t i = 0; i < list.size(); i++) {
+    live += rule.take[i];
     peak = std::max(peak, live);
+    live -= rule.give[i];
   }
   return peak;
 }
 
 void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
   const PipelineSchedule schedule = pipeline_build(kind, group->size, m, v);
-  const PipelineSimulation sim = pipeline_simulate(schedule, 1.0, 2.0, PipeComm::Rendezvous);
+  const PipelineSimulation sim = pipeline_simulate(schedule, PipeCosts{}, PipeComm::Rendezvous);
   CHECK(sim.error.empty(), "pipeline %s p=%d m=%d v=%d: %s", kind.c_str(), group->size, m, v,
         sim.error.c_str());
   pipeline_init_with(pl, schedule, group);
 }
 
 void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* group) {
-  const int m = schedule.m, v = schedule.v;
   pl.schedule = schedule;
   pl.comm = group;
   pl.slots = pipeline_slots(pl.schedule, group->rank);
+  comm_open_tags(*group, 2 * schedule.v);  // the message channels (pipeline_channel)
   if (pl.count_only) return;
-  pl.events.resize(1 + 4 * (size_t)m * v);  // the start; each forward and backward: 2
+  size_t computes = 0;
+  for (const PipeAction& a : schedule.ranks[group->rank]) computes += is_compute(a.op);
+  pl.events.resize(1 + 2 * computes);  // the start; each compute action: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
 
@@ -139,53 +173,72 @@ struct SlotPool {
 
 struct Executor {
   const PipelineSchedule& sched;
+  const std::vector<PipeAction>& list;
   const PipelineStages& stages;
   Comm& comm;
   int rank;
-  bool training;  // false: forward only, a slot is free once its output is sent
   ops::Stream s;
+  SlotRule rule;
   SlotPool pool;
-
-  SlotRule rule(const PipeAction& a) const {
-    return slot_rule(a, training, a.chunk * sched.p + rank, sched.p * sched.v);
-  }
+  std::vector<char> last_of_chunk;  // per action: no later action of its op on its chunk
 };
 
-const PipeAction* next_compute(const std::vector<PipeAction>& list, size_t i) {
+// The next Forward or Backward after action i (what to prefetch the weights of), or null.
+const PipeAction* next_weighted(const std::vector<PipeAction>& list, size_t i) {
   for (size_t j = i + 1; j < list.size(); j++)
-    if (is_compute(list[j].op)) return &list[j];
+    if (list[j].op == PipeOp::Forward || list[j].op == PipeOp::Backward) return &list[j];
   return nullptr;
 }
 
-// Posts the run of communication actions [begin, end) as one p2p_batch. A slot whose last use is
-// a send in the run is free for a receive in it: the receive writes a slot's input, never the
-// gradient being sent, and whatever writes that gradient next is ordered after this call.
-void communicate(Executor& ex, const std::vector<PipeAction>& list, size_t begin, size_t end) {
+std::vector<char> last_of_chunk(const std::vector<PipeAction>& list) {
+  std::vector<char> last(list.size(), 0);
+  std::map<std::pair<int, int>, size_t> at;  // (op, chunk) -> its last action
+  for (size_t i = 0; i < list.size(); i++) at[{(int)list[i].op, list[i].chunk}] = i;
+  for (const auto& [key, i] : at) last[i] = 1;
+  return last;
+}
+
+Executor make_executor(const PipelineSchedule& sched, const std::vector<PipeAction>& list,
+                       const PipelineStages& stages, Comm& comm, int slots, ops::Stream s) {
+  Executor ex{sched, list, stages, comm, comm.rank, s, slot_rule(sched, comm.rank, list), {}, {}};
+  ex.pool.m = sched.m;
+  for (int i = slots - 1; i >= 0; i--) ex.pool.free.push_back(i);
+  ex.last_of_chunk = last_of_chunk(list);
+  return ex;
+}
+
+// Posts the run of communication actions [begin, end) as one p2p_batch, each message on its
+// channel's tag. A slot whose last use is a send in the run is free for a receive in it: the
+// receive writes a slot's input, never the gradient being sent, and whatever writes that
+// gradient next is ordered after this call.
+void communicate(Executor& ex, size_t begin, size_t end) {
   std::vector<P2POp> ops;
-  for (size_t j = begin; j < end; j++) {
-    const PipeAction& a = list[j];
-    if (!pipe_op_is_send(a.op)) continue;
-    ops.push_back({true, ex.stages.boundary(a.op, ex.pool.at(a)), ex.stages.boundary_count,
-                   a.peer});
-    if (ex.rule(a).give) ex.pool.give(a);
-  }
-  for (size_t j = begin; j < end; j++) {
-    const PipeAction& a = list[j];
-    if (pipe_op_is_send(a.op)) continue;
-    const int slot = ex.rule(a).take ? ex.pool.take(a) : ex.pool.at(a);
-    ops.push_back({false, ex.stages.boundary(a.op, slot), ex.stages.boundary_count, a.peer});
-  }
+  for (int sends = 1; sends >= 0; sends--)
+    for (size_t j = begin; j < end; j++) {
+      const PipeAction& a = ex.list[j];
+      if (pipe_op_is_send(a.op) != (sends == 1)) continue;
+      const int slot = ex.rule.take[j] ? ex.pool.take(a) : ex.pool.at(a);
+      ops.push_back({sends == 1, ex.stages.boundary(a, slot), ex.stages.boundary_count, a.peer,
+                     pipeline_channel(ex.sched, ex.rank, a)});
+      if (ex.rule.give[j]) ex.pool.give(a);
+    }
   p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
 }
 
 // A compute action on its slot (slot_rule: taken here on stage 0, given back here when nothing
 // is sent after it).
-void compute(Executor& ex, const std::vector<PipeAction>& list, size_t i) {
-  const PipeAction& a = list[i];
-  const SlotRule rule = ex.rule(a);
-  const int slot = rule.take ? ex.pool.take(a) : ex.pool.at(a);
-  ex.stages.compute(a, slot, next_compute(list, i));
-  if (rule.give) ex.pool.give(a);
+void compute(Executor& ex, size_t i) {
+  const PipeAction& a = ex.list[i];
+  ComputeCall call;
+  call.action = a;
+  call.slot = ex.rule.take[i] ? ex.pool.take(a) : ex.pool.at(a);
+  call.next = next_weighted(ex.list, i);
+  call.split = ex.sched.split;
+  call.last_of_chunk = ex.last_of_chunk[i];
+  const int other = local_neighbour(ex.sched, ex.rank, a);
+  if (other >= 0) call.local_slot = ex.pool.at({a.op, a.micro, other, -1});
+  ex.stages.compute(call);
+  if (ex.rule.give[i]) ex.pool.give(a);
 }
 
 // Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
@@ -205,27 +258,19 @@ void for_each_step(const std::vector<PipeAction>& list, F f) {
   }
 }
 
-SlotPool make_pool(int slots, int m) {
-  SlotPool pool;
-  pool.m = m;
-  for (int i = slots - 1; i >= 0; i--) pool.free.push_back(i);
-  return pool;
-}
-
 }  // namespace
 
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const int rank = pl.comm->rank;
-  const std::vector<PipeAction>& list = pl.schedule.ranks[rank];
-  Executor ex{pl.schedule, stages, *pl.comm, rank, true, s, make_pool(pl.slots, pl.schedule.m)};
+  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.comm->rank];
+  Executor ex = make_executor(pl.schedule, list, stages, *pl.comm, pl.slots, s);
   const bool timed_run = !pl.count_only;
   if (timed_run) ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;
   size_t e = 1;
   for_each_step(list, [&](size_t begin, size_t end) {
-    if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, list, begin, end);
+    if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, begin, end);
     if (timed_run) ops::event_record(pl.events[e++], s);
-    compute(ex, list, begin);
+    compute(ex, begin);
     if (timed_run) ops::event_record(pl.events[e++], s);
     timed.push_back(list[begin]);
   });
@@ -238,18 +283,23 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
 }
 
 void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const int p = pl.schedule.p, v = pl.schedule.v, S = p * v;
+  const PipelineSchedule& sc = pl.schedule;
+  const int r = pl.comm->rank, S = sc.p * sc.v;
   std::vector<PipeAction> list;  // each chunk: receive the input, forward, send the output
-  for (int c = 0; c < v; c++) {
-    const int stage = c * p + pl.comm->rank;
-    if (stage > 0) list.push_back({PipeOp::RecvForward, 0, c, (stage - 1) % p});
+  for (int c = 0; c < sc.v; c++) {
+    const int stage = sc.stage(r, c);
+    if (stage > 0 && sc.owner(stage - 1) != r)
+      list.push_back({PipeOp::RecvForward, 0, c, sc.owner(stage - 1)});
     list.push_back({PipeOp::Forward, 0, c, -1});
-    if (stage < S - 1) list.push_back({PipeOp::SendForward, 0, c, (stage + 1) % p});
+    if (stage < S - 1 && sc.owner(stage + 1) != r)
+      list.push_back({PipeOp::SendForward, 0, c, sc.owner(stage + 1)});
   }
-  Executor ex{pl.schedule, stages, *pl.comm, pl.comm->rank, false, s, make_pool(1, 1)};
+  CHECK(pl.slots >= sc.v, "pipeline: %d activation slots for %d chunks", pl.slots, sc.v);
+  Executor ex = make_executor(sc, list, stages, *pl.comm, sc.v, s);
+  std::fill(ex.rule.give.begin(), ex.rule.give.end(), 0);  // a slot per chunk, kept to the end
   for_each_step(list, [&](size_t begin, size_t end) {
-    if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, list, begin, end);
-    else compute(ex, list, begin);
+    if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, begin, end);
+    else compute(ex, begin);
   });
 }
 
@@ -258,21 +308,36 @@ void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Str
 // ---------------------------------------------------------------------------------------------
 // One rank's compute actions (in time order) as characters: each at least one column and never
 // on top of the previous one, so every action keeps its letter while there are fewer actions
-// than columns (an action shorter than a column is pushed right by at most the ones before it).
+// than columns (an action shorter than a column is pushed right by at most the ones before it,
+// and left by at most the ones after it, which each keep a column at the end).
 static std::string draw_rank(const std::vector<double>& t, int n, double span, int width) {
   std::string line(width, '.');
   int next_free = 0;
   for (int k = 0; k < n; k++) {
     const double* a = &t[5 * k];  // op, micro, chunk, start, end
-    const int c0 = std::min(width - 1, std::max(next_free, (int)(a[3] / span * width)));
-    const int c1 = std::max(c0 + 1, std::min(width, (int)std::lround(a[4] / span * width)));
+    const int last = width - (n - k);  // the columns after it are left to the rest
+    const int c0 = std::min(last, std::max(next_free, (int)(a[3] / span * width)));
+    const int c1 = std::max(c0 + 1, std::min(last + 1, (int)std::lround(a[4] / span * width)));
     next_free = c1;
-    const bool fwd = a[0] == (double)PipeOp::Forward;
     for (int c = c0; c < c1; c++) line[c] = '=';
-    line[c0] = a[2] > 0 ? (fwd ? 'f' : 'b') : (fwd ? 'F' : 'B');
+    line[c0] = (a[2] > 0 ? "fbw" : "FBW")[(int)a[0]];  // PipeOp Forward, Backward, Weight
     if (c1 - c0 >= 2) line[c0 + 1] = "0123456789abcdef"[(int)a[1] % 16];
   }
   return line;
+}
+
+// The same actions as numbers, for whoever checks the drawing or the bubbles: each as its op
+// letter (F, B, W), micro-batch, '.', chunk, '@', start and end in ms from the rank's own start.
+static std::string list_rank(const std::vector<double>& t, int n) {
+  std::string out;
+  char buf[96];
+  for (int k = 0; k < n; k++) {
+    const double* a = &t[5 * k];
+    std::snprintf(buf, sizeof(buf), " %c%d.%d@%.6f-%.6f", "FBW"[(int)a[0]], (int)a[1], (int)a[2],
+                  a[3], a[4]);
+    out += buf;
+  }
+  return out;
 }
 
 PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
@@ -297,13 +362,22 @@ PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
   double mean_busy = 0;
   for (double b : rep.busy_ms) mean_busy += b / p;
   rep.bubble = rep.span_ms > 0 ? 1.0 - mean_busy / rep.span_ms : 0.0;
-  rep.bubble_formula = pipeline_bubble(p, sch.m, sch.v);
+  PipeCosts measured;  // every rank's actions at their measured durations, run by the simulator
+  for (int r = 0; r < p; r++) {
+    measured.measured.emplace_back();
+    for (int k = 0; k < n; k++)
+      measured.measured[r].push_back(all[5 * ((size_t)r * n + k) + 4] -
+                                     all[5 * ((size_t)r * n + k) + 3]);
+  }
+  rep.bubble_predicted = pipeline_simulate(sch, measured, PipeComm::Rendezvous).bubble();
+  rep.bubble_formula = pipeline_schedule_bubble(sch.kind, p, sch.m, sch.v);
   if (timeline && rep.span_ms > 0)
     for (int r = 0; r < p; r++) {
       const std::vector<double> t(all.begin() + 5 * (size_t)r * n,
                                   all.begin() + 5 * (size_t)(r + 1) * n);
       rep.timeline += "pp rank " + std::to_string(r) + " |" + draw_rank(t, n, rep.span_ms, width) +
                       "|\n";
+      rep.actions += "pp rank " + std::to_string(r) + " actions:" + list_rank(t, n) + "\n";
     }
   return rep;
 }

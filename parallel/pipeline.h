@@ -10,15 +10,29 @@
 #include "parallel/comm.h"
 #include "parallel/pipeline_schedule.h"
 
+// One compute action as the executor hands it to the model.
+struct ComputeCall {
+  PipeAction action;               // Forward, Backward or Weight of (micro, chunk)
+  int slot = 0;                    // the activation slot of (micro, chunk)
+  const PipeAction* next = nullptr;  // this rank's next Forward or Backward, or null: the model
+                                     // prefetches its first weights (a Weight needs none)
+  bool split = false;              // the schedule splits backwards: a Backward is the input-
+                                   // gradient part only, a Weight the weight-gradient part
+  bool last_of_chunk = false;      // no later action of this op on this chunk in the step: the
+                                   // chunk's gradients are complete after it (the last Backward,
+                                   // or the last Weight when split)
+  int local_slot = -1;             // the slot of the previous stage when it is on this rank too
+                                   // (V order: rank p-1): a Forward's input is that slot's chunk
+                                   // output; a Backward's input gradient goes to that slot's
+                                   // gradient (the previous stage's backward starts from it)
+};
+
 // What the executor asks of the model (model/gpt_pipeline.cu wires these to model/gpt.h).
 struct PipelineStages {
-  // Runs compute action a (Forward or Backward of micro-batch a.micro through chunk a.chunk) on
-  // activation slot `slot`. `next` is this rank's next compute action, or null: the model
-  // prefetches that action's first weights while this one computes.
-  std::function<void(const PipeAction& a, int slot, const PipeAction* next)> compute;
-  // Where a boundary message of a slot lives: SendForward the chunk's output, RecvForward its
-  // input, RecvBackward / SendBackward its residual-stream gradient.
-  std::function<void*(PipeOp op, int slot)> boundary;
+  std::function<void(const ComputeCall& call)> compute;
+  // Where boundary message a (of a.chunk) lives in its slot: SendForward the chunk's output,
+  // RecvForward its input, RecvBackward / SendBackward its residual-stream gradient.
+  std::function<void*(const PipeAction& a, int slot)> boundary;
   size_t boundary_count = 0;  // elements per message (B*T*C, or B*T/tp*C under SP)
   DType dt = DType::F32;
 };
@@ -39,13 +53,17 @@ struct Pipeline {
 };
 
 // Builds the schedule of m micro-batches and v chunks per rank over the pp group (its rules were
-// checked when the config was read: pipeline_rules) and sizes the slots from its simulation.
+// checked when the config was read: pipeline_rules, pipeline_config_problems), sizes the slots
+// and opens the group's 2v message channels (tags: parallel/comm.h). Collective over the group.
 void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group);
 // The same with a schedule already built and checked, for the group's size (the planner builds
 // it once for all ranks).
 void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* group);
 void pipeline_destroy(Pipeline& pl);
-// The activation slots rank `rank` of a schedule needs (what pipeline_init sizes pl.slots to).
+// The activation slots rank `rank` of a schedule needs (what pipeline_init sizes pl.slots to): a
+// (micro-batch, chunk) holds one from the first action of its in the list (the receive of its
+// input, or its forward) to the last (the send of its input gradient, its backward, or its
+// weight pass when split).
 int pipeline_slots(const PipelineSchedule& sched, int rank);
 // One training step: every action of this rank's list, in order; compute actions timed.
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
@@ -53,13 +71,18 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 
 // After a step: per rank, the busy time over the step's span and the bubble, gathered over the
-// pp group (on every rank). With `timeline`, also an ASCII picture of the step, one line per
-// rank, `width` columns.
+// pp group (on every rank); the bubble the simulator predicts from the measured durations of
+// every action (what the schedule would give if the ranks waited only for each other: ranks
+// that share cores, or communication, make the measured one larger); and the schedule's formula.
+// With `timeline`, also an ASCII picture of the step, one line per rank, `width` columns, and
+// the actions it draws with their times.
 struct PipelineReport {
   std::vector<double> busy_ms;  // per pp rank: time spent in compute actions
   double span_ms = 0;           // first action's start to the last one's end, over the ranks
   double bubble = 0;            // 1 - mean busy / span
-  double bubble_formula = 0;    // (p-1)/(v*m + p-1)
-  std::string timeline;
+  double bubble_predicted = 0;  // the simulator's, from the measured durations (rendezvous)
+  double bubble_formula = 0;    // the schedule's at equal costs (pipeline_schedule_bubble)
+  std::string timeline;  // one line per rank, drawn (when asked for)
+  std::string actions;   // one line per rank: each compute action, its start and end (ditto)
 };
 PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width = 96);

@@ -1,18 +1,22 @@
 // parallel/pipeline_simulator.cu - runs the action lists of a pipeline schedule
-// (parallel/pipeline_schedule.h) against each other, one clock per rank, with compute costs F and
-// B per chunk and free communication, and draws the result as an ASCII timeline. It checks what
-// the executor relies on - every receive meets the message it expects, every compute has its
-// input, no rank waits for ever - and measures the makespan, each rank's busy time and its peak
-// of live activations. The planner (training/plan.cu), the executor's start-up
-// (parallel/pipeline.cu), the message placement (pipeline_messages.cu) and the tests use it.
+// (parallel/pipeline_schedule.h) against each other, one clock per rank, with the costs of the
+// compute actions (PipeCosts: F, B, W per chunk, or each action's measured duration) and free
+// communication, and draws the result as an ASCII timeline. It checks what the executor relies
+// on - every receive meets the message it expects, every compute has its input, no rank waits for
+// ever - and measures the makespan, each rank's busy time and its peak of live activations. The
+// planner (training/plan.cu), the executor's start-up and report (parallel/pipeline.cu), the
+// message placement (pipeline_messages.cu), a user's schedule's checks (pipeline_file.cu) and
+// the tests use it.
 //
 // The rules it runs by. A compute starts at its rank's clock once its input is there (the data on
 // stage 0, a received activation or gradient, or the output of this rank's own neighbouring
-// stage when p = 1) and moves that clock by F or B. Sends and receives between two ranks match
-// in posting order, one first-in first-out channel per ordered pair of ranks, as NCCL and MPI
-// (tag 0) match them. When a send is done depends on the transport (PipeComm):
+// stage) and moves that clock by its cost. A W needs its own B; it sends and receives nothing.
+// Sends and receives between two ranks match in posting order per channel (pipeline_channel:
+// the activations of one chunk, or its gradients), one first-in first-out queue per ordered pair
+// of ranks and channel, as MPI (by tag) and NCCL (per communicator) match them. When a send is
+// done depends on the transport (PipeComm):
 //
-//   Buffered    the send completes at once and its message waits in the channel. A receive takes
+//   Buffered    the send completes at once and its message waits in its queue. A receive takes
 //               the front message, which must be the one it expects, and the rank's clock moves
 //               to the time it was sent. Only receives block. (MPI's eager small messages.)
 //   Rendezvous  a rank reaching a run of sends and receives (pipeline_comm_runs) posts all of
@@ -21,13 +25,15 @@
 //               their partners. (NCCL always; MPI above its eager limit; how the executor runs.)
 //
 // Rendezvous is the stricter: a list that runs buffered deadlocks under it when two ranks each send
-// to the other in a run of its own before the run with the receive (docs/PARALLELISM.md).
+// to the other in a run of its own before the run with the receive (docs/PARALLELISM.md). A
+// deadlock is reported as the cycle of ranks waiting for each other.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <tuple>
 
 namespace {
 
@@ -44,16 +50,20 @@ struct Posted {
   double time;
 };
 
+using Channel = std::tuple<int, int, int>;  // from rank, to rank, channel
+
 // What the simulator tracks. Per rank r, chunk c, micro-batch i (index (c*m + i)): the time a
-// forward / backward finished and the time its input arrived (-1: not yet).
+// forward / backward / weight pass finished and the time its input arrived (-1: not yet).
 struct SimState {
   const PipelineSchedule& s;
+  const PipeCosts& costs;
   PipeComm mode;
   std::vector<size_t> pc;     // per rank: index of the next action
+  std::vector<size_t> done;   // per rank: compute actions done
   std::vector<double> clock;  // per rank: when the next action may start
   std::vector<int> live;
-  std::vector<std::vector<double>> fwd_done, bwd_done, fwd_input, bwd_input;
-  std::map<std::pair<int, int>, std::deque<Message>> queues;  // buffered: (from rank, to rank)
+  std::vector<std::vector<double>> fwd_done, bwd_done, wgt_done, fwd_input, bwd_input;
+  std::map<Channel, std::deque<Message>> queues;  // buffered
   // Rendezvous. Per rank: its runs of sends and receives (pipeline_comm_runs), the index of the
   // current one, how many of its operations still wait for a partner (-1: not posted yet), the
   // latest post time among the partners matched so far, and which actions are matched.
@@ -62,13 +72,13 @@ struct SimState {
   std::vector<int> unmatched;
   std::vector<double> partner_time;
   std::vector<std::vector<char>> matched;
-  std::map<std::pair<int, int>, std::deque<Posted>> sends, recvs;  // (from rank, to rank)
+  std::map<Channel, std::deque<Posted>> sends, recvs;
 
-  SimState(const PipelineSchedule& sched, PipeComm comm)
-      : s(sched), mode(comm), pc(s.p, 0), clock(s.p, 0.0), live(s.p, 0), run(s.p, 0),
-        unmatched(s.p, -1), partner_time(s.p, 0.0) {
+  SimState(const PipelineSchedule& sched, const PipeCosts& c, PipeComm comm)
+      : s(sched), costs(c), mode(comm), pc(s.p, 0), done(s.p, 0), clock(s.p, 0.0), live(s.p, 0),
+        run(s.p, 0), unmatched(s.p, -1), partner_time(s.p, 0.0) {
     const std::vector<double> unset(s.m * s.v, -1.0);
-    for (auto* v : {&fwd_done, &bwd_done, &fwd_input, &bwd_input}) v->assign(s.p, unset);
+    for (auto* v : {&fwd_done, &bwd_done, &wgt_done, &fwd_input, &bwd_input}) v->assign(s.p, unset);
     for (const std::vector<PipeAction>& actions : s.ranks) {
       runs.push_back(pipeline_comm_runs(actions));
       matched.emplace_back(actions.size(), 0);
@@ -78,10 +88,12 @@ struct SimState {
 
 std::string describe(const SimState& st, int r, size_t i) {
   const PipeAction& a = st.s.ranks[r][i];
-  char buf[160];
+  char buf[200];
   std::snprintf(buf, sizeof(buf), "rank %d action %zu (%s micro %d chunk %d stage %d peer %d)", r,
-                i, pipe_op_name(a.op), a.micro, a.chunk, a.chunk * st.s.p + r, a.peer);
-  return buf;
+                i, pipe_op_name(a.op), a.micro, a.chunk, st.s.stage(r, a.chunk), a.peer);
+  std::string out = buf;
+  if (a.line > 0) out = "line " + std::to_string(a.line) + ": " + out;
+  return out;
 }
 
 enum class Step { Done, Posted, Blocked, Error };  // Posted: a run went out, and waits
@@ -101,8 +113,8 @@ int check_comm(const SimState& st, int r, size_t i, int idx, std::string* err) {
   const PipelineSchedule& s = st.s;
   const PipeAction& a = s.ranks[r][i];
   const bool downstream = a.op == PipeOp::SendForward || a.op == PipeOp::RecvBackward;
-  const int stage = a.chunk * s.p + r, other = downstream ? stage + 1 : stage - 1;
-  if (other < 0 || other >= s.p * s.v || other % s.p != a.peer) {
+  const int stage = s.stage(r, a.chunk), other = downstream ? stage + 1 : stage - 1;
+  if (other < 0 || other >= s.p * s.v || s.owner(other) != a.peer) {
     *err = describe(st, r, i) + ": the peer does not hold the neighbouring stage";
     return -1;
   }
@@ -114,29 +126,35 @@ int check_comm(const SimState& st, int r, size_t i, int idx, std::string* err) {
   return other;
 }
 
+// The queue a send or receive of rank r goes to: (sender, receiver, channel).
+Channel channel_of(const SimState& st, int r, const PipeAction& a) {
+  const int c = pipeline_channel(st.s, r, a);
+  return pipe_op_is_send(a.op) ? Channel{r, a.peer, c} : Channel{a.peer, r, c};
+}
+
 // "" if receive i of rank r expects this message (direction, micro-batch, sender's stage).
 std::string mismatch(const SimState& st, int r, size_t i, bool forward, int micro, int stage) {
   const PipeAction& a = st.s.ranks[r][i];
-  const int want = a.chunk * st.s.p + r + (a.op == PipeOp::RecvForward ? -1 : 1);
+  const int want = st.s.stage(r, a.chunk) + (a.op == PipeOp::RecvForward ? -1 : 1);
   if (forward == (a.op == PipeOp::RecvForward) && micro == a.micro && stage == want) return "";
-  char buf[120];
-  std::snprintf(buf, sizeof(buf), ": the next message from rank %d is %s micro %d of stage %d",
-                a.peer, forward ? "activation" : "gradient", micro, stage);
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), ": the next message from rank %d on its channel is %s micro %d "
+                "of stage %d", a.peer, forward ? "activation" : "gradient", micro, stage);
   return describe(st, r, i) + buf;
 }
 
-// Buffered: a send completes at once; a receive takes the first message from its peer, which
+// Buffered: a send completes at once; a receive takes the first message of its channel, which
 // must be the one it expects. Fills *err on a broken rule.
 Step communicate(SimState& st, int r, std::string* err) {
   const size_t i = st.pc[r];
   const PipeAction& a = st.s.ranks[r][i];
   const int idx = index_of(st, r, i, err);
   if (idx < 0 || check_comm(st, r, i, idx, err) < 0) return Step::Error;
-  const bool fwd = a.op == PipeOp::SendForward || a.op == PipeOp::RecvForward;
+  const bool fwd = pipe_op_is_forward_message(a.op);
+  std::deque<Message>& q = st.queues[channel_of(st, r, a)];
   if (pipe_op_is_send(a.op)) {
-    st.queues[{r, a.peer}].push_back({fwd, a.micro, a.chunk * st.s.p + r, st.clock[r]});
+    q.push_back({fwd, a.micro, st.s.stage(r, a.chunk), st.clock[r]});
   } else {
-    std::deque<Message>& q = st.queues[{a.peer, r}];
     if (q.empty()) return Step::Blocked;
     const Message msg = q.front();
     *err = mismatch(st, r, i, msg.forward, msg.micro, msg.stage);
@@ -149,16 +167,17 @@ Step communicate(SimState& st, int r, std::string* err) {
   return Step::Done;
 }
 
-// Rendezvous: pairs the posted sends from rank `from` to rank `to` with the posted receives, in
-// posting order, as far as both queues go. Each match counts for both runs.
-bool match(SimState& st, int from, int to, std::string* err) {
-  std::deque<Posted>& sq = st.sends[{from, to}];
-  std::deque<Posted>& rq = st.recvs[{from, to}];
+// Rendezvous: pairs the posted sends of a channel with its posted receives, in posting order, as
+// far as both queues go. Each match counts for both runs.
+bool match(SimState& st, const Channel& ch, std::string* err) {
+  std::deque<Posted>& sq = st.sends[ch];
+  std::deque<Posted>& rq = st.recvs[ch];
+  const int from = std::get<0>(ch), to = std::get<1>(ch);
   for (; !sq.empty() && !rq.empty(); sq.pop_front(), rq.pop_front()) {
     const Posted snd = sq.front(), rcv = rq.front();
     const PipeAction& a = st.s.ranks[from][snd.action];
     const bool fwd = a.op == PipeOp::SendForward;
-    *err = mismatch(st, to, rcv.action, fwd, a.micro, a.chunk * st.s.p + from);
+    *err = mismatch(st, to, rcv.action, fwd, a.micro, st.s.stage(from, a.chunk));
     if (!err->empty()) return false;
     const PipeAction& b = st.s.ranks[to][rcv.action];
     (fwd ? st.fwd_input : st.bwd_input)[to][b.chunk * st.s.m + b.micro] =
@@ -186,10 +205,9 @@ Step rendezvous(SimState& st, int r, std::string* err) {
     st.partner_time[r] = st.clock[r];
     for (size_t i = begin; i < end; ++i) {
       const PipeAction& a = st.s.ranks[r][i];
-      const bool send = pipe_op_is_send(a.op);
-      const std::pair<int, int> pair = send ? std::pair(r, a.peer) : std::pair(a.peer, r);
-      (send ? st.sends : st.recvs)[pair].push_back({r, i, st.clock[r]});
-      if (!match(st, pair.first, pair.second, err)) return Step::Error;
+      const Channel ch = channel_of(st, r, a);
+      (pipe_op_is_send(a.op) ? st.sends : st.recvs)[ch].push_back({r, i, st.clock[r]});
+      if (!match(st, ch, err)) return Step::Error;
     }
     result = Step::Posted;
   }
@@ -201,40 +219,65 @@ Step rendezvous(SimState& st, int r, std::string* err) {
   return Step::Done;
 }
 
-// A forward needs its input: the data (stage 0), a received activation, or the previous stage's
-// output on this same rank (p = 1). A backward needs its own forward and its output gradient:
-// the loss (last stage), a received gradient, or the next stage's on this rank.
-Step compute(SimState& st, int r, double F, double B, PipelineSimulation& out, std::string* err) {
+// The cost of rank r's next compute action a.
+double cost_of(const SimState& st, int r, const PipeAction& a) {
+  const PipeCosts& c = st.costs;
+  if (!c.measured.empty()) return c.measured[r][st.done[r]];
+  if (a.op == PipeOp::Forward) return c.F;
+  if (a.op == PipeOp::Weight) return c.W;
+  return st.s.split ? c.B : c.B + c.W;
+}
+
+// What is wrong with compute action a of rank r now, or nullptr. A forward needs its input: the
+// data (stage 0), a received activation, or the previous stage's output on this same rank. A
+// backward needs its own forward and its output gradient: the loss (last stage), a received
+// gradient, or the next stage's on this rank. A W needs its B.
+const char* compute_problem(const SimState& st, int r, const PipeAction& a, int idx) {
   const PipelineSchedule& s = st.s;
-  const PipeAction& a = s.ranks[r][st.pc[r]];
-  const int idx = index_of(st, r, st.pc[r], err);
-  if (idx < 0) return Step::Error;
-  const int S = s.p * s.v, stage = a.chunk * s.p + r, m = s.m;
+  const int S = s.p * s.v, stage = s.stage(r, a.chunk);
+  if (a.op == PipeOp::Weight) {
+    if (!s.split) return "a weight pass in a schedule that does not split backwards";
+    if (st.bwd_done[r][idx] < 0) return "weight pass before its backward";
+    if (st.wgt_done[r][idx] >= 0) return "twice";
+    return nullptr;
+  }
   const bool fwd = a.op == PipeOp::Forward;
   const int from = fwd ? stage - 1 : stage + 1;
   bool has_input = from < 0 || from >= S || (fwd ? st.fwd_input : st.bwd_input)[r][idx] >= 0;
-  if (!has_input && from % s.p == r)  // the neighbouring stage is on this rank
-    has_input = (fwd ? st.fwd_done : st.bwd_done)[r][(from / s.p) * m + a.micro] >= 0;
-  const char* broken = nullptr;
-  if (!fwd && st.fwd_done[r][idx] < 0) broken = "backward before forward";
-  else if (!has_input) broken = "its input was never received";
-  else if ((fwd ? st.fwd_done : st.bwd_done)[r][idx] >= 0) broken = "twice";
-  if (broken) {
+  if (!has_input && s.owner(from) == r)  // the neighbouring stage is on this rank
+    has_input = (fwd ? st.fwd_done : st.bwd_done)[r][s.chunk_of(from) * s.m + a.micro] >= 0;
+  if (!fwd && st.fwd_done[r][idx] < 0) return "backward before forward";
+  if (!has_input) return "its input was never received";
+  if ((fwd ? st.fwd_done : st.bwd_done)[r][idx] >= 0) return "twice";
+  return nullptr;
+}
+
+Step compute(SimState& st, int r, PipelineSimulation& out, std::string* err) {
+  const PipeAction& a = st.s.ranks[r][st.pc[r]];
+  const int idx = index_of(st, r, st.pc[r], err);
+  if (idx < 0) return Step::Error;
+  if (const char* broken = compute_problem(st, r, a, idx)) {
     *err = describe(st, r, st.pc[r]) + ": " + broken;
     return Step::Error;
   }
+  const double cost = cost_of(st, r, a);
   out.starts[r].push_back({st.clock[r], a});
-  st.clock[r] += fwd ? F : B;
-  out.busy[r] += fwd ? F : B;
-  (fwd ? st.fwd_done : st.bwd_done)[r][idx] = st.clock[r];
-  st.live[r] += fwd ? 1 : -1;
+  st.clock[r] += cost;
+  out.ends[r].push_back(st.clock[r]);
+  out.busy[r] += cost;
+  const bool frees = a.op == PipeOp::Weight || (a.op == PipeOp::Backward && !st.s.split);
+  if (a.op == PipeOp::Forward) st.fwd_done[r][idx] = st.clock[r];
+  if (a.op == PipeOp::Backward) st.bwd_done[r][idx] = st.clock[r];
+  if (a.op == PipeOp::Weight) st.wgt_done[r][idx] = st.clock[r];
+  st.live[r] += a.op == PipeOp::Forward ? 1 : frees ? -1 : 0;
   out.peak_live[r] = std::max(out.peak_live[r], st.live[r]);
   ++st.pc[r];
+  ++st.done[r];
   return Step::Done;
 }
 
-Step step(SimState& st, int r, double F, double B, PipelineSimulation& out, std::string* err) {
-  if (!pipe_op_is_comm(st.s.ranks[r][st.pc[r]].op)) return compute(st, r, F, B, out, err);
+Step step(SimState& st, int r, PipelineSimulation& out, std::string* err) {
+  if (!pipe_op_is_comm(st.s.ranks[r][st.pc[r]].op)) return compute(st, r, out, err);
   return st.mode == PipeComm::Buffered ? communicate(st, r, err) : rendezvous(st, r, err);
 }
 
@@ -247,26 +290,58 @@ size_t waiting_on(const SimState& st, int r) {
   return i;
 }
 
+// No rank can move: follow "rank r waits for the peer of the action it waits on" from the first
+// stuck rank until a rank repeats (the cycle) or a finished rank is reached.
+std::string deadlock(const SimState& st) {
+  const int p = st.s.p;
+  std::vector<int> seen(p, -1), chain;
+  int r = 0;
+  while (r < p && st.pc[r] == st.s.ranks[r].size()) ++r;
+  while (r >= 0 && r < p && seen[r] < 0 && st.pc[r] < st.s.ranks[r].size()) {
+    seen[r] = (int)chain.size();
+    chain.push_back(r);
+    r = st.s.ranks[r][waiting_on(st, r)].peer;
+  }
+  std::string out = "deadlock:";
+  const bool cycle = r >= 0 && r < p && seen[r] >= 0;
+  if (cycle) out += " a cycle of ranks waiting for each other:";
+  for (size_t k = cycle ? seen[r] : 0; k < chain.size(); ++k) {
+    const int q = chain[k];
+    out += (k > (cycle ? (size_t)seen[r] : 0) ? "; " : " ") + describe(st, q, waiting_on(st, q)) +
+           " waits for rank " + std::to_string(st.s.ranks[q][waiting_on(st, q)].peer);
+  }
+  if (!cycle && r >= 0 && r < p) out += ", which has finished";
+  return out;
+}
+
 }  // namespace
+
+double PipelineSimulation::bubble() const {
+  if (makespan <= 0) return 0;
+  double mean = 0;
+  for (double b : busy) mean += b / busy.size();
+  return 1.0 - mean / makespan;
+}
 
 // Runs every rank as far as it can, round after round, until all are done or none can move.
 // Buffered, only receives block, and a message's time is fixed by its sender's order alone;
 // rendezvous, a run ends at the latest post time of its operations and their partners, each fixed
 // by its own rank's order. Either way the result does not depend on which rank the loop visits
 // first.
-PipelineSimulation pipeline_simulate(const PipelineSchedule& s, double F, double B,
+PipelineSimulation pipeline_simulate(const PipelineSchedule& s, const PipeCosts& costs,
                                      PipeComm mode) {
   const int p = s.p;
   PipelineSimulation out;
   out.busy.assign(p, 0.0);
   out.peak_live.assign(p, 0);
   out.starts.resize(p);
-  SimState st(s, mode);
+  out.ends.resize(p);
+  SimState st(s, costs, mode);
   for (;;) {
     bool moved = false, finished = true;
     for (int r = 0; r < p; ++r) {
       while (st.pc[r] < s.ranks[r].size()) {
-        const Step result = step(st, r, F, B, out, &out.error);
+        const Step result = step(st, r, out, &out.error);
         if (result == Step::Error) return out;
         moved = moved || result != Step::Blocked;
         if (result != Step::Done) break;
@@ -275,9 +350,7 @@ PipelineSimulation pipeline_simulate(const PipelineSchedule& s, double F, double
     }
     if (finished) break;
     if (!moved) {
-      out.error = "deadlock:";
-      for (int r = 0; r < p; ++r)
-        if (st.pc[r] < s.ranks[r].size()) out.error += " " + describe(st, r, waiting_on(st, r));
+      out.error = deadlock(st);
       return out;
     }
   }
@@ -289,17 +362,16 @@ PipelineSimulation pipeline_simulate(const PipelineSchedule& s, double F, double
 // Timeline
 // ---------------------------------------------------------------------------------------------
 // Two characters per time unit: the label at a compute's first unit, "==" for the rest.
-std::string pipeline_timeline(const PipelineSchedule& s, const PipelineSimulation& sim, double F,
-                              double B) {
+std::string pipeline_timeline(const PipelineSchedule& s, const PipelineSimulation& sim) {
   const int width = (int)sim.makespan;
   std::string text;
   for (int r = 0; r < s.p; ++r) {
     std::string line(2 * width, '.');
-    for (const auto& [t, a] : sim.starts[r]) {
-      const bool fwd = a.op == PipeOp::Forward;
-      const int begin = (int)t, units = (int)(fwd ? F : B);
-      char label[3] = {fwd ? 'F' : 'B', "0123456789abcdef"[a.micro % 16], 0};
-      if (a.chunk > 0) label[0] = fwd ? 'f' : 'b';
+    for (size_t k = 0; k < sim.starts[r].size(); ++k) {
+      const auto& [t, a] = sim.starts[r][k];
+      const int begin = (int)t, units = (int)(sim.ends[r][k] - t);
+      const char* letters = a.chunk > 0 ? "fbw" : "FBW";
+      const char label[3] = {letters[(int)a.op], "0123456789abcdef"[a.micro % 16], 0};
       for (int u = 0; u < units && begin + u < width; ++u)
         line.replace(2 * (begin + u), 2, u == 0 ? label : "==");
     }

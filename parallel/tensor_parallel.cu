@@ -99,7 +99,7 @@ static void matmul_forward_in_dtype(const LinearGemm& g, void* out, void* pre_ge
 static void matmul_backward_in_dtype(const LinearGemm& g, void* dinp, float* dweight,
                                      float* dbias, const void* dout, const void* inp,
                                      const void* weight, const void* gelu_input, int N, int K,
-                                     int OC, ops::Stream s) {
+                                     int OC, ops::Stream s, GradPart) {  // the pointers say it
   ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, gelu_input, N, K, OC, g.dt, s);
 }
 
@@ -154,13 +154,24 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
 const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm,
                                      const TpBuffers& buf, float* dweight, float* dbias,
                                      const void* dout, const void* inp_mine, bool gathered_kept,
-                                     const void* weight, int N, int K, int OC, ops::Stream s) {
+                                     const void* weight, int N, int K, int OC, ops::Stream s,
+                                     GradPart part) {
+  if (part == GradPart::Input) {  // dX = dout W_i: no input needed
+    gemm.backward(gemm, buf.dinp_all, nullptr, nullptr, dout, nullptr, weight, nullptr, N, K, OC,
+                  s, part);
+    return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
+  }
   // The weight gradient needs the input over all tokens: under SP gather it again, unless the
   // forward's gather is still in buf.gathered.
   const bool sp = tp.active() && tp.sp;
   const void* inp = sp && gathered_kept ? buf.gathered
                                         : all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);
-  gemm.backward(gemm, buf.dinp_all, dweight, dbias, dout, inp, weight, nullptr, N, K, OC, s);
+  if (part == GradPart::Weight) {
+    gemm.backward(gemm, nullptr, dweight, dbias, dout, inp, nullptr, nullptr, N, K, OC, s, part);
+    return nullptr;
+  }
+  gemm.backward(gemm, buf.dinp_all, dweight, dbias, dout, inp, weight, nullptr, N, K, OC, s,
+                part);
   return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
 }
 
@@ -182,9 +193,11 @@ void row_parallel_forward(const TensorParallel& tp, const LinearGemm& gemm, cons
 void row_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm, const TpBuffers& buf,
                            void* dinp, float* dweight, float* dbias, const void* dout_mine,
                            const void* inp, const void* weight, const void* gelu_input, int N,
-                           int K, int OC, ops::Stream s) {
+                           int K, int OC, ops::Stream s, GradPart part) {
   const void* dout = all_tokens(tp, buf.gathered, dout_mine, N, OC, gemm.dt, s);  // g backward
-  gemm.backward(gemm, dinp, dweight, dbias, dout, inp, weight, gelu_input, N, K, OC, s);
+  if (part == GradPart::Input) dweight = nullptr, dbias = nullptr, inp = nullptr;
+  if (part == GradPart::Weight) dinp = nullptr, weight = nullptr, gelu_input = nullptr;
+  gemm.backward(gemm, dinp, dweight, dbias, dout, inp, weight, gelu_input, N, K, OC, s, part);
 }
 
 // ---------------------------------------------------------------------------------------------

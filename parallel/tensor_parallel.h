@@ -37,6 +37,11 @@ struct TensorParallel {
 // function pointers and their context rather than std::function: nothing is allocated per call,
 // the state it carries is visible (context, site, dt), and a caller builds one in one line.
 // ---------------------------------------------------------------------------------------------
+// Which part of a linear layer's backward to run. A zero-bubble pipeline schedule splits every
+// backward in two (parallel/pipeline_schedule.h): the input gradient (on the critical path), and
+// later the weight and bias gradients, from the output gradient and the input kept until then.
+enum class GradPart { Both, Input, Weight };
+
 struct LinearGemm;
 // out (N,OC) = inp (N,K) weight^T + bias + residual; with pre_gelu != null, out = GELU(that) and
 // pre_gelu keeps the input of the GELU (ops::matmul_forward's contract, kernels/ops_decls.h).
@@ -44,11 +49,15 @@ typedef void (*GemmForward)(const LinearGemm& g, void* out, void* pre_gelu, cons
                             const void* weight, const void* bias, const void* residual, int N,
                             int K, int OC, ops::Stream s);
 // dinp (N,K) = dout weight, written; dweight (OC,K) += dout^T inp and dbias (OC) += column sums
-// of dout, fp32, either may be null; gelu_input != null: dinp is multiplied by GELU'(gelu_input)
-// (ops::matmul_backward's contract).
+// of dout, fp32; each may be null (dinp alone, then dweight and dbias alone: the split backward,
+// inp resp. weight then unread); gelu_input != null: dinp is multiplied by GELU'(gelu_input)
+// (ops::matmul_backward's contract). `part` says which of them the caller wants, so that a GEMM
+// with collectives of its own (FP8's amax agreement) runs the same ones when the planner's dry
+// step hands it no buffers.
 typedef void (*GemmBackward)(const LinearGemm& g, void* dinp, float* dweight, float* dbias,
                              const void* dout, const void* inp, const void* weight,
-                             const void* gelu_input, int N, int K, int OC, ops::Stream s);
+                             const void* gelu_input, int N, int K, int OC, ops::Stream s,
+                             GradPart part);
 struct LinearGemm {
   GemmForward forward = nullptr;
   GemmBackward backward = nullptr;
@@ -86,10 +95,13 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
 // gathered_kept: the forward's gathered input is still in buf.gathered (the head: its backward
 // follows its forward directly); else it is gathered again from inp_mine (activations stay
 // divided by tp). A flag, not a pointer: the planner's dry step has no buffers to test.
+// part Input: dX only (weight read, inp_mine not: no gather); part Weight: dweight and dbias only
+// (inp_mine gathered, weight not read; returns nullptr).
 const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm,
                                      const TpBuffers& buf, float* dweight, float* dbias,
                                      const void* dout, const void* inp_mine, bool gathered_kept,
-                                     const void* weight, int N, int K, int OC, ops::Stream s);
+                                     const void* weight, int N, int K, int OC, ops::Stream s,
+                                     GradPart part = GradPart::Both);
 // Row-parallel (attention projection, fc projection): out (tokens(N),OC) = g(inp W_i^T) + bias +
 // residual, inp (N,K) this rank's K columns (its heads or hidden columns), W_i the matching
 // columns of the weight. g forward sums the partial products over the ranks (SP: reduce-scatter
@@ -101,10 +113,11 @@ void row_parallel_forward(const TensorParallel& tp, const LinearGemm& gemm, cons
 // Its backward: g backward makes dout_mine (tokens(N),OC) every token's (SP: all-gather into
 // buf.gathered; without SP: the identity), then dinp (N,K) = dY W_i (times GELU'(gelu_input) if
 // not null), dweight, dbias += from dY. dbias is complete on every rank: dY covers all tokens.
+// part Input: dinp only; part Weight: dweight and dbias only (dY gathered again under SP).
 void row_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm, const TpBuffers& buf,
                            void* dinp, float* dweight, float* dbias, const void* dout_mine,
                            const void* inp, const void* weight, const void* gelu_input, int N,
-                           int K, int OC, ops::Stream s);
+                           int K, int OC, ops::Stream s, GradPart part = GradPart::Both);
 
 // ---------------------------------------------------------------------------------------------
 // Vocabulary-parallel embedding and loss

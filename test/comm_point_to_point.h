@@ -1,7 +1,7 @@
 // test/comm_point_to_point.h - test/test_comm.cpp's point-to-point checks: blocking send/recv
 // in a ring, send_recv (a ring, a pipeline's steady-state exchange, one-sided warm-up calls,
 // messages past every eager limit) and p2p_batch (four messages to both neighbours in one
-// call). Included once, inside test_comm.cpp's anonymous namespace, after
+// call; two tagged messages received in the other order). Included once, inside test_comm.cpp's anonymous namespace, after
 // test/comm_test_support.h.
 #pragma once
 
@@ -81,25 +81,56 @@ void test_pipeline_exchange(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t
 // A batch of four in one p2p_batch: every rank sends one message to its next and another (n+5
 // elements) to its previous rank, and receives both of its neighbours' in the same call. With
 // two ranks both neighbours are one rank, and messages between a pair match in posting order.
+// What a receive of a batch must hold: the values rank M[from] made with `key`.
+struct Received {
+  int op;  // its index in the batch
+  int from, key;
+  const char* what;
+};
+
+// Posts a batch of four (two sends, two receives), checks the counters and every receive, and
+// releases the buffers.
+void run_batch(Ctx& ctx, Comm& c, const std::vector<int>& M, const P2POp (&ops)[4], DType dt,
+               const Received (&want)[2]) {
+  p2p_batch(c, ops, 4, dt, nullptr);
+  for (const P2POp& op : ops)
+    expect_call(ctx, c, op.is_send ? CollectiveKind::Send : CollectiveKind::Recv,
+                op.count * dtype_size(dt));
+  for (const Received& w : want) {
+    const P2POp& op = ops[w.op];
+    check_values(ctx, download(op.buf, op.count, dt),
+                 values(ctx, M[w.from], w.key, op.count, dt, true), w.what);
+  }
+  for (const P2POp& op : ops) ops::release(op.buf);
+}
+
 void test_batch_both_ways(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
   if (c.size == 1) return;
   const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
   const size_t nb = n + 5;
   void* to_next = upload(values(ctx, ctx.world_rank, kBatchNext, n, dt, true), dt);
   void* to_prev = upload(values(ctx, ctx.world_rank, kBatchPrev, nb, dt, true), dt);
-  void* from_prev = poisoned(n, dt);
-  void* from_next = poisoned(nb, dt);
   const P2POp ops[4] = {{true, to_next, n, next}, {true, to_prev, nb, prev},
-                        {false, from_prev, n, prev}, {false, from_next, nb, next}};
-  p2p_batch(c, ops, 4, dt, nullptr);
-  for (const P2POp& op : ops)
-    expect_call(ctx, c, op.is_send ? CollectiveKind::Send : CollectiveKind::Recv,
-                op.count * dtype_size(dt));
-  check_values(ctx, download(from_prev, n, dt), values(ctx, M[prev], kBatchNext, n, dt, true),
-               "p2p_batch: from the previous rank");
-  check_values(ctx, download(from_next, nb, dt), values(ctx, M[next], kBatchPrev, nb, dt, true),
-               "p2p_batch: from the next rank");
-  for (void* p : {to_next, to_prev, from_prev, from_next}) ops::release(p);
+                        {false, poisoned(n, dt), n, prev}, {false, poisoned(nb, dt), nb, next}};
+  run_batch(ctx, c, M, ops, dt, {{2, prev, kBatchNext, "p2p_batch: from the previous rank"},
+                                 {3, next, kBatchPrev, "p2p_batch: from the next rank"}});
+}
+
+// Tags (comm_open_tags): every rank sends its next rank two messages in one batch, tag 0 (n
+// elements) then tag 1 (n+3), and posts the receives of its previous rank's in the other order.
+// Each lands by its tag; on one tag the first receive (n+3 elements) would take the n-element
+// message. A pipeline's activations and gradients travel so (parallel/pipeline_schedule.h).
+void test_tags(Ctx& ctx, Comm& c, const std::vector<int>& M, size_t n, DType dt) {
+  if (c.size == 1) return;
+  comm_open_tags(c, 2);  // collective over the group: every member runs this test
+  const int next = (c.rank + 1) % c.size, prev = (c.rank + c.size - 1) % c.size;
+  const size_t nb = n + 3;
+  void* a = upload(values(ctx, ctx.world_rank, kBatchNext, n, dt, true), dt);
+  void* b = upload(values(ctx, ctx.world_rank, kBatchPrev, nb, dt, true), dt);
+  const P2POp ops[4] = {{true, a, n, next, 0}, {true, b, nb, next, 1},
+                        {false, poisoned(nb, dt), nb, prev, 1}, {false, poisoned(n, dt), n, prev, 0}};
+  run_batch(ctx, c, M, ops, dt, {{3, prev, kBatchNext, "p2p_batch tag 0, received second"},
+                                 {2, prev, kBatchPrev, "p2p_batch tag 1, received first"}});
 }
 
 // One-sided calls, a pipeline's warm-up: every rank sends to r+1 and receives from r-1 in one

@@ -33,6 +33,8 @@ run moe-grads   $PY test/test_moe_grads.py
 run train       $PY test/test_train.py
 run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"
+run pipeline-file "$BUILD/test_pipeline_file"
+run pipeline-balance "$BUILD/test_pipeline_balance"
 run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run parallel-identity "$BUILD/test_parallel_identity"

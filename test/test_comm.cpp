@@ -342,6 +342,7 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table, const
       test_pipeline_exchange(ctx, c, M, n, dt);
       test_chain(ctx, c, M, n, dt);
       test_batch_both_ways(ctx, c, M, n, dt);
+      test_tags(ctx, c, M, n, dt);
       test_all_to_all(ctx, c, M, n, dt);
       test_all_to_all_v(ctx, c, M, n, dt);
       if (c.size == 2) {  // one rounding per sum: general values
@@ -371,6 +372,7 @@ void test_axis(Ctx& ctx, Comm& c, Axis a, const std::vector<Coord>& table, const
     test_pair_ring(ctx, c, M, kLargeP2P, DType::F32);
     test_pipeline_exchange(ctx, c, M, kLargeP2P, DType::F32);
     test_batch_both_ways(ctx, c, M, kLargeP2P, DType::F32);
+    test_tags(ctx, c, M, kLargeP2P, DType::F32);
   }
   barrier(c);
   expect_call(ctx, c, CollectiveKind::Barrier, 0);
@@ -474,7 +476,7 @@ void check_summary(Ctx& ctx, Mesh& mesh) {
 void run_layout(Ctx& ctx, const Layout& L) {
   const std::string name = describe(L);
   Mesh mesh;
-  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, ctx.backend);
+  mesh_init(mesh, mesh_shape(make_config(L)), ctx.world_rank, 0, ctx.backend);
   ctx.where = name;
   ctx.expected = CommStats{};
   check_coordinates(ctx, mesh, L);
@@ -571,7 +573,7 @@ int run_count(Ctx& ctx) {
     for (int w = 0; w < 8; w++) {
       ctx.where = "count " + describe(L) + " rank " + std::to_string(w);
       Mesh mesh;
-      mesh_init(mesh, mesh_shape(make_config(L).parallel), w, 0, CommBackend::Count);
+      mesh_init(mesh, mesh_shape(make_config(L)), w, 0, CommBackend::Count);
       for (int a = 0; a < (int)Axis::Count; a++) {
         Comm& c = mesh.groups[a];
         const std::vector<int> M = expected_members(table, L, (Axis)a, w);
@@ -630,7 +632,7 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
                     std::atoi(argv[5]), std::atoi(argv[6])};
   const CommBackend backend = argc == 8 ? CommBackend::NCCL : CommBackend::MPI;
   Mesh mesh;
-  mesh_init(mesh, mesh_shape(make_config(L).parallel), ctx.world_rank, 0, backend);
+  mesh_init(mesh, mesh_shape(make_config(L)), ctx.world_rank, 0, backend);
   if (ctx.world_rank == 0) std::printf("ok\n");
   mesh_destroy(mesh);
   return 0;
@@ -640,7 +642,7 @@ int run_layout_only(const Ctx& ctx, int argc, char** argv) {
 int run_failure(const Ctx& ctx, const std::string& mode) {
   CHECK(ctx.world_size >= 2, "test_comm %s needs at least 2 ranks", mode.c_str());
   Mesh mesh;
-  mesh_init(mesh, mesh_shape(make_config({ctx.world_size, 1, 1, 1, 1}).parallel), ctx.world_rank,
+  mesh_init(mesh, mesh_shape(make_config({ctx.world_size, 1, 1, 1, 1})), ctx.world_rank,
             0, CommBackend::MPI);
   void* buf = upload({1.0f}, DType::F32);
   all_reduce_sum(mesh[Axis::World], buf, 1, DType::F32, nullptr);  // everyone is up

@@ -134,7 +134,7 @@ def test_refused_layouts(rng):
             ("unknown pipeline schedule", 2, {"pp": 2, "pp_schedule": "zigzag"},
              ["pp_schedule", "zigzag"]),
             ("pp_virtual > 1 without interleaving", 2, {"pp": 2, "pp_virtual": 2},
-             ["pp_virtual = 2", "needs the \"interleaved\" schedule"]),
+             ["pp_virtual = 2", "needs the \"interleaved\" or \"zb-v\" schedule"]),
             ("interleaved: n_layer % (pp * pp_virtual), micro-batches % pp", 4,
              {"pp": 4, "pp_schedule": "interleaved", "pp_virtual": 2},
              ["n_layer = 2 is not a multiple of pp*v = 4*2 = 8", "multiple of pp = 4"]),

@@ -123,7 +123,8 @@ VALIDATE_CASES = [
         '[parallel] pp = 8, [parallel] pp_schedule = "1f1b", [parallel] pp_virtual = 1, [train] '
         'grad_accum = 1 (the '
         'micro-batches of a step): pipeline: n_layer = 6 is not a multiple of pp*v = 8*1 = 8 '
-        '(each of the pp*v stages holds the same number of blocks)',
+        '(each of the pp*v stages holds the same number of blocks unless [parallel] pp_layers '
+        'or pp_balance says otherwise)',
         "[parallel] pp = 8 exceeds [model] n_layer = 6 (each pipeline stage needs at least one "
         "layer)"]),
     ((4, 2, 1, 1, 2, 3, 12, 1024, 12), [
@@ -143,7 +144,8 @@ VALIDATE_CASES = [
         '[parallel] pp = 2, [parallel] pp_schedule = "1f1b", [parallel] pp_virtual = 1, [train] '
         'grad_accum = 1 (the '
         'micro-batches of a step): pipeline: n_layer = 1 is not a multiple of pp*v = 2*1 = 2 '
-        '(each of the pp*v stages holds the same number of blocks)',
+        '(each of the pp*v stages holds the same number of blocks unless [parallel] pp_layers '
+        'or pp_balance says otherwise)',
         "[parallel] pp = 2 exceeds [model] n_layer = 1 (each pipeline stage needs at least one "
         "layer)"]),
 ]

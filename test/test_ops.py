@@ -283,6 +283,32 @@ def test_matmul(lib, r, dt):
     accumulated(r, f"matmul {DT_NAME[dt]} dinp=nullptr dweight", dw, dw0,
                 rounded(dout, dt).t() @ rounded(x, dt), TOL_FP32_OUT)
 
+    # The backward split in two (zero-bubble pipeline schedules): the input gradient alone (inp
+    # not read: a NaN-filled buffer must not leak in), then the weight and bias gradients alone
+    # (weight and gelu_input not read), and dbias alone.
+    N, C, OC = 13, 29, 19
+    x, w, dout, g = randn(N, C), randn(OC, C, scale=C ** -0.5), randn(N, OC), randn(N, C)
+    nan_inp, nan_w = poisoned(N * C, dt), poisoned(OC * C, dt)
+    dinp = poisoned(N * C, dt)
+    lib.op_matmul_backward(dinp, None, None, device(dout, dt), nan_inp, device(w, dt),
+                           device(g, dt), N, C, OC, dt)
+    gr = rounded(g, dt).requires_grad_()
+    gelu_grad = torch.autograd.grad(gelu_ref(gr).sum(), gr)[0]
+    r.close(f"matmul {DT_NAME[dt]} dinp alone (gelu)", host(dinp, dt),
+            (rounded(dout, dt) @ rounded(w, dt)) * gelu_grad, TOL[dt])
+    dw, db = device(randn(OC, C), F32), device(randn(OC), F32)
+    dw0, db0 = dw.copy(), db.copy()
+    lib.op_matmul_backward(None, dw, db, device(dout, dt), device(x, dt), nan_w, nan_inp, N, C,
+                           OC, dt)
+    accumulated(r, f"matmul {DT_NAME[dt]} dweight and dbias alone", dw, dw0,
+                rounded(dout, dt).t() @ rounded(x, dt), TOL_FP32_OUT)
+    accumulated(r, f"matmul {DT_NAME[dt]} dweight and dbias alone: dbias", db, db0,
+                rounded(dout, dt).sum(0), TOL_FP32_OUT)
+    db0 = db.copy()
+    lib.op_matmul_backward(None, None, db, device(dout, dt), nan_inp, nan_w, None, N, C, OC, dt)
+    accumulated(r, f"matmul {DT_NAME[dt]} dbias alone", db, db0, rounded(dout, dt).sum(0),
+                TOL_FP32_OUT)
+
 
 def test_gelu(lib, r, dt):
     n = 1037

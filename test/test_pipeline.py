@@ -24,10 +24,30 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    about 10x the worst measured over 2 seeds, 2.1e-7 here and 2.7e-7 in test_context_parallel).
 4. Checkpoints reshard across pp: a dp2 x pp2 FSDP save at step 10 resumed on one rank, and a
    one-rank save resumed at pp4 x tp2 (np = 8), continue within 1e-5 of the uninterrupted runs.
-5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline): one line per pp
-   rank holding each of its m forwards and m backwards.
+5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline), 1f1b and zb-h1 at
+   pp = 2, m = 4, checked on what machine load cannot change (the durations are wall-clock): each
+   rank's listed actions in the schedule's order (built here independently), one after the other;
+   the measured bubble recomputed from the listed times; the predicted bubble against a
+   simulation here of the listed durations (equal for 1f1b, at least it for zb-h1); the formula;
+   every action drawn, in order, with its micro-batch where it has room.
 6. Refused before any work: n_layer not a multiple of pp (the pipeline-schedule rules of
-   [parallel] pp_schedule and pp_virtual are checked in test_distributed.py).
+   [parallel] pp_schedule and pp_virtual are checked in test_distributed.py); a zero-bubble
+   schedule with recompute; pp_layers that do not sum to n_layer, or given with pp_balance =
+   "auto"; a user schedule file with a mistake, named by file and line (every kind of mistake:
+   test_pipeline_file.cpp).
+7. The zero-bubble schedules (the backward split into B and W), interleaving at pp = 2 and user
+   schedules, within 1e-6 relative of the one-rank run (losses, gradient norms, validation loss;
+   the same samples): zb-h1 at pp = 2 (m = 1, 4) and 4 (m = 2, 8); zb-v at pp = 2 (m = 1, 3, 4)
+   and 4 (L = 8, m = 4, 8); interleaved at pp = 2 (m = 2, 4, and with dp2 FSDP); with dp2 FSDP,
+   DDP, ZeRO-1 and -2 (the weight pass W releases the gradients the stage reduces), tp2 with SP,
+   cp2 (zb-h1 and zb-v), MoE (dp2 x ep2), fp8 (zb-h1, against the one-rank fp8 run as in 3.: W
+   scales the gradient again, grad_w, the same scale bit for bit when tensorwise); uneven stages
+   (pp_layers [1, 3] with 1f1b and zb-h1; L = 6, [2, 1, 1, 2] with zb-v and interleaved);
+   pp_balance = "auto" on a 4096-token vocabulary (the head moves the last stage's blocks to the
+   first: blocks 3,1); a zb-h1 schedule written to a file; message counts per step on every
+   pipeline rank equal the analytic value for the schedule's stage order (V: rank p-1's two chunks
+   meet without a message, and the root is rank 0's alone: no embedding all-reduce). A zb-v
+   save with uneven stages resumes on one rank.
 """
 import os
 import re
@@ -55,36 +75,51 @@ def root_numel(tp=1):
     return sum(round_up(n, 64) for n in [Vp // tp * C, T * C, C, C])
 
 
-def expected_comm(p, v, m, B, dp=1, tp=1, sp=True, fsdp=False, dtype_bytes=4, rank=0):
-    """pp and embed axis counters of one step on pp rank `rank`."""
+def owner(stage, p, order):
+    """The pp rank holding a stage: loop order stage % p; V order r and 2p-1-r."""
+    return 2 * p - 1 - stage if order == "v" and stage >= p else stage % p
+
+
+def expected_comm(p, v, m, B, dp=1, tp=1, sp=True, fsdp=False, dtype_bytes=4, rank=0,
+                  order="loop"):
+    """pp and embed axis counters of one step on pp rank `rank`: per micro-batch one activation
+    and one gradient each way across every stage boundary between two ranks."""
     msg = B * T * C * dtype_bytes // (tp if sp else 1)
     sends = recvs = 0
-    for chunk in range(v):
-        stage = chunk * p + rank
-        if stage < p * v - 1:
-            sends, recvs = sends + m, recvs + m  # activation forward, gradient back
-        if stage > 0:
-            sends, recvs = sends + m, recvs + m
+    for stage in range(p * v):
+        if owner(stage, p, order) != rank:
+            continue
+        for other in (stage - 1, stage + 1):
+            if 0 <= other < p * v and owner(other, p, order) != rank:
+                sends, recvs = sends + m, recvs + m  # activation one way, gradient the other
     out = {"pp": {"send": {"calls": sends, "bytes": sends * msg},
                   "recv": {"calls": recvs, "bytes": recvs * msg}}}
-    shard = round_up(root_numel(tp), dp * 64) // dp if fsdp else root_numel(tp)
-    out["embed"] = {"all_reduce": {"calls": 1, "bytes": 4 * shard}}
+    if owner(p * v - 1, p, order) != 0 and rank in (0, owner(p * v - 1, p, order)):
+        shard = round_up(root_numel(tp), dp * 64) // dp if fsdp else root_numel(tp)
+        out["embed"] = {"all_reduce": {"calls": 1, "bytes": 4 * shard}}
     return out
 
 
 def train(tmp, name, L, m, B, pp=1, schedule="1f1b", v=1, dp=1, tp=1, sp=True, fsdp=False,
-          dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1, ep=1, moe=None):
-    """moe: [model] keys of a mixture of experts (n_experts, top_k, ...), or None: dense."""
+          dtype="fp32", extra=(), steps=STEPS, ckpt=None, cp=1, ep=1, moe=None, layers=None,
+          balance="equal", vocab=V, zero=None):
+    """moe: [model] keys of a mixture of experts (n_experts, top_k, ...), or None: dense.
+    layers: [parallel] pp_layers, or None (balance: pp_balance). vocab: [model] vocab_size (the
+    data's tokens are all below V)."""
     # Adam eps 1e-6, not 1e-8: a rare token's wte gradient (~1e-9) differs between layouts by its
     # reduction order, and with eps 1e-8 Adam turns that noise into steps of up to lr, which
     # drift the gradient norms apart by up to 2e-5 on some datasets (seen in test_matrix).
     sec = base_sections(tmp, steps, micro_batch=B, grad_accum=m, eps=1e-6)
     del sec["init"]
-    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V,
+    sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": vocab,
                     **(moe or {})}
     sec["train"]["seed"] = 777
     sec["parallel"] = {"dp": dp, "tp": tp, "sp": sp, "fsdp": fsdp, "pp": pp, "cp": cp, "ep": ep,
-                       "pp_schedule": schedule, "pp_virtual": v}
+                       "pp_schedule": schedule, "pp_virtual": v, "pp_balance": balance}
+    if layers:
+        sec["parallel"]["pp_layers"] = layers
+    if zero is not None:
+        sec["parallel"]["zero"] = zero
     sec["precision"] = {"compute": dtype}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     sec["log"].update({"sample_every": steps, "sample_tokens": 8, "check_tied": pp > 1})
@@ -102,6 +137,132 @@ def check_comm(what, steps, want):
     got = [{k: s["comm"][k] for k in ("pp", "embed") if k in s["comm"]} for s in steps]
     checks.check(f"{what}: comm per step", all(g == want for g in got),
                  f"{got[0]} (analytic {want})")
+
+
+REFS = {}
+
+
+def reference(tmp, L, m, B, **kw):
+    """The one-rank run of this model and batch (each computed once)."""
+    key = (L, m, B, tuple(sorted((k, str(x)) for k, x in kw.items())))
+    if key not in REFS:
+        REFS[key] = train(tmp, f"ref{len(REFS)}", L, m, B, **kw)
+    return REFS[key]
+
+
+def test_split_schedules(tmp):
+    """zb-h1, zb-v, interleaving at pp = 2, against the one-rank run at 1e-6."""
+    cases = [(4, "zb-h1", 2, 1, m) for m in (1, 4)] + [(4, "zb-h1", 4, 1, m) for m in (2, 8)]
+    cases += [(4, "zb-v", 2, 2, m) for m in (1, 3, 4)] + [(8, "zb-v", 4, 2, m) for m in (4, 8)]
+    cases += [(4, "interleaved", 2, 2, m) for m in (2, 4)]
+    for L, schedule, p, v, m in cases:
+        B = GLOBAL_ROWS // m
+        ref = reference(tmp, L, m, B)
+        got = train(tmp, f"{schedule}_pp{p}_m{m}_L{L}", L, m, B, pp=p, schedule=schedule, v=v)
+        what = f"pp={p} {schedule} v={v} m={m} (L={L})"
+        compare_runs(checks, what, got, ref, tol=1e-6)
+        order = "v" if schedule == "zb-v" else "loop"
+        check_comm(what, got[0], expected_comm(p, v, m, B, order=order))
+
+
+def test_split_with_other_axes(tmp):
+    L, m, B = 4, 2, 4
+    ref = reference(tmp, L, m, B)
+    runs = [("dp2 x pp2 zb-h1 FSDP", dict(dp=2, fsdp=True, schedule="zb-h1")),
+            ("dp2 x pp2 zb-v DDP", dict(dp=2, schedule="zb-v", v=2)),
+            ("dp2 x pp2 zb-v ZeRO-2", dict(dp=2, schedule="zb-v", v=2, zero=2)),
+            ("dp2 x pp2 zb-h1 ZeRO-1", dict(dp=2, schedule="zb-h1", zero=1)),
+            ("tp2 x pp2 zb-v sp", dict(tp=2, schedule="zb-v", v=2)),
+            ("cp2 x pp2 zb-h1", dict(cp=2, schedule="zb-h1")),
+            ("cp2 x pp2 zb-v", dict(cp=2, schedule="zb-v", v=2)),
+            ("dp2 x pp2 interleaved FSDP", dict(dp=2, fsdp=True, schedule="interleaved", v=2))]
+    for what, kw in runs:
+        got = train(tmp, what.replace(" ", "_"), L, m, B // kw.get("dp", 1), pp=2, **kw)
+        compare_runs(checks, what, got, ref, tol=1e-6)
+    moe = {"n_experts": 4, "top_k": 2, "d_expert": 48, "moe_every": 2}
+    ref = reference(tmp, L, m, B, moe=moe)
+    got = train(tmp, "moe_dp2ep2pp2_zbv", L, m, B // 2, pp=2, dp=2, ep=2, schedule="zb-v", v=2,
+                moe=moe)
+    compare_runs(checks, "MoE dp2 x ep2 x pp2 zb-v", got, ref, tol=1e-6)
+    ref = reference(tmp, L, 4, 2, dtype="fp8")
+    got = train(tmp, "pp2_fp8_zbh1", L, 4, 2, pp=2, schedule="zb-h1", dtype="fp8")
+    norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
+    loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
+    checks.check(f"fp8 pp=2 zb-h1: first 6 gradient norms, {STEPS} losses (as test_with_other_axes)",
+                 norms < 1e-6 and loss < 2e-3,
+                 f"max rel err {norms:.1e}, {loss:.1e} vs one-rank fp8 (tolerances 1e-6, 2e-3)")
+
+
+def test_uneven_stages(tmp):
+    m, B = 4, 2
+    ref = reference(tmp, 4, m, B)
+    for schedule in ("1f1b", "zb-h1"):
+        got = train(tmp, f"layers13_{schedule}", 4, m, B, pp=2, schedule=schedule, layers=[1, 3])
+        compare_runs(checks, f"pp=2 {schedule} pp_layers [1, 3]", got, ref, tol=1e-6)
+    ref = reference(tmp, 6, m, B)
+    for schedule in ("zb-v", "interleaved"):
+        got = train(tmp, f"layers6_{schedule}", 6, m, B, pp=2, schedule=schedule, v=2,
+                    layers=[2, 1, 1, 2])
+        compare_runs(checks, f"pp=2 {schedule} v=2 pp_layers [2, 1, 1, 2] (L=6)", got, ref,
+                     tol=1e-6)
+    ref = reference(tmp, 4, m, B, vocab=4096)
+    got = train(tmp, "auto", 4, m, B, pp=2, balance="auto", vocab=4096)
+    compare_runs(checks, "pp=2 pp_balance auto, vocabulary 4096", got, ref, tol=1e-6)
+    banner = re.search(r"^stages +blocks ([\d,]+), estimated share (.*) \(pp_balance", got[3], re.M)
+    checks.check("pp_balance auto with a 4096-token vocabulary: the last stage's head costs more "
+                 "than one block, so blocks 3,1", banner is not None and banner.group(1) == "3,1",
+                 banner.group(0) if banner else "no stages line")
+
+
+def one_f_one_b_lists(p, m):
+    """1f1b's compute order per rank, [(op, micro)]: p-r-1 forwards of warm-up, then a forward
+    and a backward at a time, then the backwards left."""
+    lists = []
+    for r in range(p):
+        w = min(p - r - 1, m)
+        ops = [("F", k) for k in range(w)]
+        for k in range(m - w):
+            ops += [("F", w + k), ("B", k)]
+        lists.append(ops + [("B", k) for k in range(m - w, m)])
+    return lists
+
+
+def zb_h1_lists(p, m):
+    """zb-h1's compute order per rank (Qi et al. 2023), [(op, micro)]: 1f1b's warm-up, then F/B
+    pairs with each W r micro-batches after its B, then the W's left."""
+    lists = []
+    for r in range(p):
+        ops, w_done = [("F", k) for k in range(p - r - 1)], 0
+        for k in range(m - (p - r - 1)):
+            ops += [("F", p - r - 1 + k), ("B", k)]
+            if k - w_done >= r:
+                ops.append(("W", w_done))
+                w_done += 1
+        for k in range(m - (p - r - 1), m):
+            ops.append(("B", k))
+            if k - w_done >= r:
+                ops.append(("W", w_done))
+                w_done += 1
+        lists.append(ops + [("W", k) for k in range(w_done, m)])
+    return lists
+
+
+def test_file_schedule(tmp):
+    m, B, p = 4, 2, 2
+    lines = ["# zb-h1 for pp = 2, m = 4, written by hand", "order,loop"]
+    for r, ops in enumerate(zb_h1_lists(p, m)):
+        lines += [f"{r},{op},{i},0" for op, i in ops]
+    path = os.path.join(tmp, "zb.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    got = train(tmp, "file", 4, m, B, pp=p, schedule="file:" + path,
+                extra=["--log.pipeline_timeline=true"])
+    compare_runs(checks, "pp=2 schedule from a file (zb-h1 by hand)", got, reference(tmp, 4, m, B),
+                 tol=1e-6)
+    timeline = re.findall(r"^pp rank (\d) \|([^|]*)\|$", got[3], re.M)
+    checks.check("the file's schedule drawn: F, B and W of every micro-batch on each rank",
+                 len(timeline) == p and all(line.count(c) == m for _, line in timeline
+                                            for c in "FBW"), f"{len(timeline)} lines")
 
 
 def test_schedules(tmp):
@@ -166,20 +327,97 @@ def test_checkpoints(tmp):
     r = max_rel([s["loss"] for s in resumed[0]], [s["loss"] for s in full[0][10:]])
     checks.check("one-rank save at step 10 resumed at pp4 x tp2 (np=8)", len(resumed[0]) == 10
                  and r < 1e-5, f"steps 11-20 max rel err {r:.2e} vs the uninterrupted run")
+    d = os.path.join(tmp, "ck_c")  # the V order and uneven stages, recorded in the index
+    saved = train(tmp, "ck_zbv", 6, m, B, pp=2, schedule="zb-v", v=2, layers=[2, 1, 1, 2],
+                  ckpt={"dir": d, "every": 10})
+    resumed = train(tmp, "ck_c_one", 6, m, B,
+                    ckpt={"dir": d, "resume": os.path.join(d, "step_000010")})
+    r = max_rel([s["loss"] for s in resumed[0]], [s["loss"] for s in saved[0][10:]])
+    checks.check("pp2 zb-v pp_layers [2, 1, 1, 2] save at step 10 resumed on one rank",
+                 len(resumed[0]) == 10 and r < 1e-5,
+                 f"steps 11-20 max rel err {r:.2e} vs the uninterrupted run")
+
+
+def simulated_bubble(lists, durations):
+    """The bubble (%) of p ranks running their lists with the given durations, each compute
+    starting once its rank is free and its input is there (a forward needs the previous rank's
+    forward of the micro-batch, a backward the next rank's backward; W its own B, before it in the
+    list), communication free: one stage per rank, the longest path through the step."""
+    p = len(lists)
+    done, clock, pc = {}, [0.0] * p, [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pc[r] < len(lists[r]):
+                op, i = lists[r][pc[r]]
+                dep = ("F", i, r - 1) if op == "F" and r > 0 else \
+                      ("B", i, r + 1) if op == "B" and r < p - 1 else None
+                if dep is not None and dep not in done:
+                    break
+                clock[r] = max(clock[r], done.get(dep, 0.0)) + durations[r][pc[r]]
+                done[(op, i, r)] = clock[r]
+                pc[r], progress = pc[r] + 1, True
+    return 100.0 * (1 - sum(map(sum, durations)) / p / max(clock))
+
+
+def check_timeline(schedule, p, m, out, want_lists, formula, exact):
+    """The report of one step, against its own numbers: the timings of each rank's actions are
+    wall-clock (on a loaded machine anything from 1 to 100 ms, ranks on shared cores), so what is
+    checked is what load cannot change - each rank's actions in its schedule's order, one after
+    the other; the measured bubble recomputed from the listed times; the predicted one against an
+    independent simulation of the listed durations; the formula; the drawing holding every
+    action, in order. The trainer predicts under rendezvous (a send waits for its receive), the
+    simulation here lets sends complete at once: that is never slower, and the same when every
+    send is posted with the receive its rank needs next (`exact`: 1f1b at p = 2, where each
+    exchange pairs a send with the receive of the next input); in zb-h1 a rank may wait in a send
+    where buffered it would have run a W, so there the prediction is at least the simulation's."""
+    what = f"pp={p} {schedule} m={m} measured bubble and timeline"
+    report = re.search(r"bubble ([\d.]+)% measured, ([\d.]+)% predicted from the measured "
+                       r"durations, ([\d.]+)% by the formula", out)
+    drawn = dict(re.findall(r"^pp rank (\d) \|([^|]*)\|$", out, re.M))
+    listed = dict(re.findall(r"^pp rank (\d) actions:(.*)$", out, re.M))
+    acts = [[(a[0], int(a[1]), int(a[2]), float(a[3]), float(a[4]))
+             for a in re.findall(r"([FBW])(\d+)\.(\d+)@([\d.]+)-([\d.]+)", listed.get(str(r), ""))]
+            for r in range(p)]
+    if report is None or len(drawn) != p:
+        return checks.check(what, False, "no bubble line or timeline")
+    order = [[(op, i) for op, i, _, _, _ in a] for a in acts]
+    in_turn = all(0 <= a[3] <= a[4] and (k == 0 or rank[k - 1][4] <= a[3])
+                  for rank in acts for k, a in enumerate(rank))
+    checks.check(f"{what}: every rank's actions in the schedule's order, one after the other",
+                 order == want_lists and in_turn, f"{order} vs {want_lists}")
+    durations = [[a[4] - a[3] for a in rank] for rank in acts]
+    span = max(rank[-1][4] for rank in acts)
+    # bubbles printed to 0.1%, times to 1 ns: each duration off by up to 1e-6 ms
+    tol = 0.051 + 100.0 * 1e-6 * sum(map(len, acts)) / span
+    measured = 100.0 * (1 - sum(map(sum, durations)) / p / span)
+    predicted = simulated_bubble(want_lists, durations)
+    got = float(report.group(2))
+    checks.check(f"{what}: bubbles", abs(float(report.group(1)) - measured) < tol and
+                 (abs(got - predicted) < tol if exact else got > predicted - tol) and
+                 abs(float(report.group(3)) - formula) < 0.051,
+                 f"{report.group(0)}; recomputed {measured:.2f}% measured, {predicted:.2f}% "
+                 f"predicted{'' if exact else ' at least'}, {formula:.2f}% formula "
+                 f"(tolerance {tol:.3f})")
+    letters = ["".join(c for c in drawn[str(r)] if c in "FBW") for r in range(p)]
+    digits = [re.findall(r"([FBW])([0-9a-f]?)", drawn[str(r)]) for r in range(p)]
+    checks.check(f"{what}: the drawing holds every action in order, with its micro-batch where "
+                 "it has room", letters == ["".join(op for op, _ in w) for w in want_lists] and
+                 all(d == "" or int(d, 16) == i % 16 for r in range(p)
+                     for (_, d), (_, i) in zip(digits[r], want_lists[r])),
+                 " / ".join(drawn[str(r)] for r in range(p)))
 
 
 def test_timeline(tmp):
     p, m = 2, 4
-    _, _, _, out = train(tmp, "timeline", 4, m, 2, pp=p, extra=["--log.pipeline_timeline=true"])
-    report = re.search(r"bubble ([\d.]+)% measured, ([\d.]+)% by the formula", out)
-    lines = re.findall(r"^pp rank (\d) \|([^|]*)\|$", out, re.M)
-    formula = 100.0 * (p - 1) / (m + p - 1)
-    ok = (report is not None and abs(float(report.group(2)) - formula) < 0.05 and
-          len(lines) == p and all(line.count("F") == m and line.count("B") == m
-                                  for _, line in lines))
-    checks.check("measured bubble and timeline", ok,
-                 (report.group(0) if report else "no bubble line") +
-                 f"; {len(lines)} timeline lines")
+    zb_h1 = 100.0 * (1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1))
+    for schedule, lists, formula, exact in (
+            ("1f1b", one_f_one_b_lists(p, m), 100.0 * (p - 1) / (m + p - 1), True),
+            ("zb-h1", zb_h1_lists(p, m), zb_h1, False)):
+        _, _, _, out = train(tmp, f"timeline_{schedule}", 4, m, 2, pp=p, schedule=schedule,
+                             extra=["--log.pipeline_timeline=true"])
+        check_timeline(schedule, p, m, out, lists, formula, exact)
 
 
 def test_refused(tmp):
@@ -189,6 +427,26 @@ def test_refused(tmp):
     sec["parallel"] = {"pp": 3}
     check_refused(checks, tmp, "n_layer not a multiple of pp", sec, 3,
                   ["n_layer = 4 is not a multiple of pp*v = 3*1 = 3"])
+    sec["parallel"] = {"pp": 2, "pp_schedule": "zb-h1"}
+    sec["train"]["recompute"] = "gelu"
+    check_refused(checks, tmp, "zb-h1 with recompute", sec, 2,
+                  ['[train] recompute = "gelu" with [parallel] pp_schedule = "zb-h1"',
+                   'set recompute = "none"'])
+    sec["train"]["recompute"] = "none"
+    sec["parallel"] = {"pp": 2, "pp_layers": [1, 2]}
+    check_refused(checks, tmp, "pp_layers not summing to n_layer", sec, 2,
+                  ["[parallel] pp_layers sums to 3 blocks, but [model] n_layer = 4"])
+    sec["parallel"] = {"pp": 2, "pp_layers": [1, 3], "pp_balance": "auto"}
+    check_refused(checks, tmp, "pp_layers with pp_balance auto", sec, 2,
+                  ['pp_layers and pp_balance = "auto" both say'])
+    path = os.path.join(tmp, "bad.csv")
+    with open(path, "w") as f:
+        f.write("# B before F\n0,B,0,0\n0,F,0,0\n1,F,0,0\n1,B,0,0\n")
+    sec["parallel"] = {"pp": 2, "pp_schedule": "file:" + path}
+    sec["train"]["grad_accum"] = 1
+    check_refused(checks, tmp, "a user schedule with a backward before its forward", sec, 2,
+                  [f"pipeline schedule file {path}:2: the backward of micro-batch 0 chunk 0 on "
+                   "rank 0 comes before its forward"])
 
 
 def main():
@@ -196,6 +454,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=4, NH=NH, C=C, T=T, V=V, model=False)
         test_schedules(tmp)
+        test_split_schedules(tmp)
+        test_split_with_other_axes(tmp)
+        test_uneven_stages(tmp)
+        test_file_schedule(tmp)
         test_with_other_axes(tmp)
         test_checkpoints(tmp)
         test_timeline(tmp)

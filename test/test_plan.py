@@ -7,14 +7,21 @@ FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "bloc
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
 dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed,
 dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
-on the routing: calls exact, bytes within 25% of the plan's balanced estimate); compressed
-gradient reductions: dp2 x tp2 DDP with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients
-over groups of 2, dense ones over 4). For each, rank 0 of the plan
-(`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the
-metrics' run record) and the communication of every step (calls and bytes per axis and
-collective); the bubble equals (p-1)/(m+p-1) for 1f1b and gpipe; the JSON records the layout it
-planned (the degrees, the ZeRO stage and offload, sp, the schedule, micro_batch and grad_accum) as the config
-gives it.
+on the routing: calls exact, bytes within 25% of the plan's balanced estimate); the zero-bubble
+schedules, whose backward is split into B and W (the weight passes' buffers, the LayerNorm
+scratch, the MoE layers' kept gradients, the extra all-gathers of sequence parallelism, the
+slots held until W): pp2 zb-h1 over 4 micro-batches, dp2 x pp2 zb-v FSDP over 3, tp2 (SP) x pp2
+zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed, dp2 x pp2 zb-h1 ZeRO-2 over 3;
+pp2 interleaved over 2 chunks;
+pp2 1f1b with uneven stages (pp_layers = [1, 3]); compressed gradient reductions: dp2 x tp2 DDP
+with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
+4). For each, rank 0 of the plan (`--plan-json`)
+must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
+record) and the communication of every step (calls and bytes per axis and collective); the
+bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, gpipe and
+interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
+the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
+schedule, micro_batch and grad_accum) as the config gives it.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -60,6 +67,19 @@ LAYOUTS = [
       "train": {"recompute": "block"}}),
     ("MoE dp2 x pp2 x ep2 FSDP", {"dp": 2, "pp": 2, "ep": 2, "fsdp": True},
      {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 2}}),
+    ("pp2 zb-h1 m4", {"pp": 2, "pp_schedule": "zb-h1"}, {"train": {"grad_accum": 4}}),
+    ("dp2 x pp2 zb-v FSDP m3", {"dp": 2, "pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2,
+                                "fsdp": True}, {"train": {"grad_accum": 3}}),
+    ("tp2 sp x pp2 zb-h1 fp8", {"tp": 2, "pp": 2, "pp_schedule": "zb-h1"},
+     {"train": {"grad_accum": 2}, "precision": {"compute": "fp8"}}),
+    ("MoE dp2 x pp2 x ep2 zb-v", {"dp": 2, "pp": 2, "ep": 2, "pp_schedule": "zb-v",
+                                  "pp_virtual": 2},
+     {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 3}}),
+    ("pp2 interleaved v2 m2", {"pp": 2, "pp_schedule": "interleaved", "pp_virtual": 2},
+     {"train": {"grad_accum": 2}}),
+    ("pp2 1f1b pp_layers [1, 3]", {"pp": 2, "pp_layers": [1, 3]}, {"train": {"grad_accum": 2}}),
+    ("dp2 x pp2 zb-h1 ZeRO-2 m3", {"dp": 2, "pp": 2, "pp_schedule": "zb-h1", "zero": 2},
+     {"train": {"grad_accum": 3}}),
     ("dp2 ZeRO-1 bf16", {"dp": 2, "zero": 1}, {"precision": {"compute": "bf16"}}),
     ("dp2 ZeRO-2 grad_accum 2 offload cpu", {"dp": 2, "zero": 2},
      {"train": {"grad_accum": 2, "optimizer_offload": "cpu"}}),
@@ -74,6 +94,16 @@ LAYOUTS = [
 ]
 NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
               "disk_write_bytes": 0}
+
+
+def formula_bubble(par, m):
+    """The schedule's bubble at equal costs (parallel/pipeline_schedule.cu)."""
+    p, v, kind = par.get("pp", 1), par.get("pp_virtual", 1), par.get("pp_schedule", "1f1b")
+    if kind == "zb-h1":
+        return 1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1)
+    if kind == "zb-v":
+        return 1 - 6 * m / (6 * m + max(p - 1, 2 * (2 * p - 1 - m)))
+    return (p - 1) / (v * m + p - 1)
 
 
 def sections(tmp, name, par, extra):
@@ -135,10 +165,9 @@ def check_layout(tmp, i, what, par, extra):
                  f"{r0['host_bytes']}/{r0['disk_bytes']} vs {info['host_bytes']}/"
                  f"{info['disk_bytes']}, offload {r0['offload']} vs {steps[0].get('offload')}, "
                  f"comm {'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
-    p, m = par.get("pp", 1), sec["train"].get("grad_accum", 1)
-    bubble = (p - 1) / (m + p - 1)
+    bubble = formula_bubble(par, sec["train"].get("grad_accum", 1))
     checks.check(f"{what}: bubble", abs(plan["bubble"] - bubble) < 1e-9,
-                 f"{plan['bubble']:.6f} vs (p-1)/(m+p-1) = {bubble:.6f}")
+                 f"{plan['bubble']:.6f} vs the formula's {bubble:.6f}")
 
 
 def test_bad_input(tmp):

@@ -74,7 +74,7 @@ std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, row, s), u01);
     if (gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), owner);
-    broadcast_host(pp, &next, sizeof(next), pp.size - 1);
+    broadcast_host(pp, &next, sizeof(next), pl.schedule.owner(pl.schedule.p * pl.schedule.v - 1));
     generated.push_back(next);
   }
   return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);

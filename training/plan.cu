@@ -43,7 +43,7 @@ struct DryRank {
 
 void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
   const ops::Stream dry = ops::dry_stream();
-  mesh_init(d.mesh, mesh_shape(c.parallel), world_rank, 0, CommBackend::Count);
+  mesh_init(d.mesh, mesh_shape(c), world_rank, 0, CommBackend::Count);
   d.layout = gpt_layout(c.model, d.mesh);
   d.store.count_only = true;
   const ShardingMode mode = store_options(d.store, c);
@@ -52,6 +52,7 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
   d.model.count_only = true;
+  d.model.split_backward = schedule.split;
   gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
 }
 
@@ -100,7 +101,7 @@ bool inside_one_node(const std::vector<int>& members, int gpus_per_node) {
 // the link its group spans.
 double comm_ms(const Config& c, const CommStats& st) {
   const PlanConfig& p = c.plan;
-  const MeshShape shape = mesh_shape(c.parallel);
+  const MeshShape shape = mesh_shape(c);
   double ms = 0;
   for (int a = 0; a < (int)Axis::Count; a++) {
     const int n = st.group_size[a];
@@ -129,7 +130,7 @@ double offload_ms(const Config& c, const OffloadStats& o) {
 // The step time and MFU from the device model, over rank 0's layout.
 void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
   DryRank d;  // rank 0's layout (its FLOPs), built like the others'
-  mesh_init(d.mesh, mesh_shape(c.parallel), 0, 0, CommBackend::None);
+  mesh_init(d.mesh, mesh_shape(c), 0, 0, CommBackend::None);
   const GPTLayout g = gpt_layout(c.model, d.mesh);
   const int world = d.mesh.shape.world();
   const Recompute rc = parse_recompute(c.train.recompute);
@@ -137,8 +138,7 @@ void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
       (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum * c.parallel.dp;
   const double flops = hardware_flops_per_token(g, rc) * plan.tokens_per_step / world;
   plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
-  const PipelineSimulation sim = pipeline_simulate(sched, 1.0, 2.0);
-  plan.bubble = 1.0 - sim.busy[0] / sim.makespan;
+  plan.bubble = pipeline_simulate(sched, PipeCosts{}).bubble();  // at the nominal costs
   plan.comm_ms = comm_ms(c, plan.ranks[0].comm) + offload_ms(c, plan.ranks[0].offload);
   plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
   plan.mfu = model_flops_per_token(g) * plan.tokens_per_step /
@@ -150,7 +150,7 @@ void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
 
 Plan plan_layout(const Config& c, PlanScope scope) {
   Plan plan;
-  const MeshShape shape = mesh_shape(c.parallel);
+  const MeshShape shape = mesh_shape(c);
   const PipelineSchedule schedule = pipeline_build(c.parallel.pp_schedule, shape.pp,
                                                    c.train.grad_accum, shape.pp_virtual);
   const std::vector<int> tokens(
@@ -319,7 +319,8 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
           if ((c.parallel.dp * cp) % ep || (ep > 1 && (cfg.model.n_experts % ep))) continue;
           if (ep > 1 && cfg.model.n_experts == 0) break;
           c.parallel.ep = ep;
-          if (!layout_problems(c, n).empty()) continue;
+          // (a user's schedule file is written for one pp: other layouts refuse it)
+          if (!layout_problems(c, n).empty() || !pipeline_config_problems(c).empty()) continue;
           Config rung = c;
           Plan plan = plan_on_the_ladder(rung);
           rows.push_back({c.parallel.dp, pp, cp, tp, ep, c.train.grad_accum, rung.parallel.zero,

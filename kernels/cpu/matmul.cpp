@@ -107,7 +107,8 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
     if (dinp)
       cpu::matmul_backward_inputs((S*)dinp, (const S*)dout, (const S*)weight, (const S*)gelu_input,
                                   N, C, OC, dt, s);
-    cpu::matmul_backward_weight(dweight, (const S*)dout, (const S*)inp, N, C, OC, dt, s);
+    if (dweight)
+      cpu::matmul_backward_weight(dweight, (const S*)dout, (const S*)inp, N, C, OC, dt, s);
     if (dbias) cpu::matmul_backward_bias(dbias, (const S*)dout, N, OC);
   });
 }

@@ -549,7 +549,8 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
   if (is_dry(s)) return;
   check_shape("matmul_backward", N, C, OC);
   if (dinp) input_gradient(dinp, dout, weight, gelu_input, N, C, OC, dt, s);
-  weight_and_bias_gradient(dweight, dbias, dout, inp, N, C, OC, dt, s);
+  if (dweight) weight_and_bias_gradient(dweight, dbias, dout, inp, N, C, OC, dt, s);
+  else if (dbias) bias_backward(dbias, dout, N, OC, dt, s);  // the deterministic column sums
 }
 
 void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,

@@ -109,13 +109,17 @@ void check_forward(TestContext& ctx, ops::Stream stream, const Shape& sh, DType 
 }
 
 struct BackwardCase {
-  bool dinp, dbias, gelu;
+  bool dinp, dweight, dbias, gelu;
   const char* name;
 };
+// The last three: the backward split in two (zero-bubble schedules), input gradient alone, and
+// the bias gradient alone.
 const BackwardCase kBackwardCases[] = {
-    {true, false, false, "dinp+dw"},       {true, true, false, "dinp+dw+db"},
-    {true, true, true, "gelu dinp+dw+db"}, {true, false, true, "gelu dinp+dw"},
-    {false, true, false, "no-dinp dw+db"}, {false, false, false, "no-dinp dw"}};
+    {true, true, false, false, "dinp+dw"},       {true, true, true, false, "dinp+dw+db"},
+    {true, true, true, true, "gelu dinp+dw+db"}, {true, true, false, true, "gelu dinp+dw"},
+    {false, true, true, false, "no-dinp dw+db"}, {false, true, false, false, "no-dinp dw"},
+    {true, false, false, false, "dinp alone"},   {true, false, false, true, "gelu dinp alone"},
+    {false, false, true, false, "db alone"}};
 
 void check_backward(TestContext& ctx, const Shape& sh, DType dt, const BackwardCase& bc) {
   const int N = sh.N, C = sh.C, OC = sh.OC;
@@ -123,7 +127,7 @@ void check_backward(TestContext& ctx, const Shape& sh, DType dt, const BackwardC
   LayerData x(ctx, sh, dt);
   std::vector<float> dweight0 = random_vector(ctx, n_w), dbias0 = random_vector(ctx, OC);
   std::vector<float> want_dinp(n_inp), want_dw = dweight0, want_db = dbias0;
-  ref::matmul_backward(bc.dinp ? want_dinp.data() : nullptr, want_dw.data(),
+  ref::matmul_backward(bc.dinp ? want_dinp.data() : nullptr, bc.dweight ? want_dw.data() : nullptr,
                        bc.dbias ? want_db.data() : nullptr, x.dout.data(), x.inp.data(),
                        x.weight.data(), bc.gelu ? x.gelu_input.data() : nullptr, N, C, OC,
                        DType::F32, ctx.ref_stream);
@@ -132,7 +136,7 @@ void check_backward(TestContext& ctx, const Shape& sh, DType dt, const BackwardC
   void* dinp = bc.dinp ? dev.poisoned(n_inp, dt) : nullptr;
   float* dw = (float*)dev.upload(dweight0, DType::F32);
   float* db = (float*)dev.upload(dbias0, DType::F32);
-  ops::matmul_backward(dinp, dw, bc.dbias ? db : nullptr, dev.upload(x.dout, dt),
+  ops::matmul_backward(dinp, bc.dweight ? dw : nullptr, bc.dbias ? db : nullptr, dev.upload(x.dout, dt),
                        dev.upload(x.inp, dt), dev.upload(x.weight, dt),
                        bc.gelu ? dev.upload(x.gelu_input, dt) : nullptr, N, C, OC, dt,
                        ctx.stream);
@@ -143,7 +147,8 @@ void check_backward(TestContext& ctx, const Shape& sh, DType dt, const BackwardC
                 output_tol(dt));
   check_close(ctx, what + " dweight", to_host(dw, n_w, DType::F32).data(), want_dw.data(), n_w,
               grad_tol(dt));
-  // Without dbias the bias gradient must be left alone (want_db is still dbias0 then).
+  // Without dweight or dbias those must be left alone (want_dw, want_db are still dweight0,
+  // dbias0 then).
   check_close(ctx, what + " dbias", to_host(db, OC, DType::F32).data(), want_db.data(), OC,
               grad_tol(dt));
 }

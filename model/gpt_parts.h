@@ -1,0 +1,40 @@
+// model/gpt_parts.h - the pieces the GPT's two files share: model/gpt.cu (activations, the
+// forward, the stages) defines them, model/gpt_backward.cu (the backward, whole or split into
+// its input-gradient and weight-gradient passes) uses them too. Nothing outside model/gpt*.cu
+// includes this; the interface is model/gpt.h.
+#pragma once
+#include "model/gpt.h"
+#include "model/moe.h"
+
+// Block l's tensors, by BlockTensor index: their weights and their offsets in the unit (where
+// their gradients are in the unit's gradient buffer). An index the block lacks stays null, and
+// so do the weights when they were not acquired (a weight pass needs none).
+struct BlockWeights {
+  void* w[kBlockTensors] = {};
+  size_t offset[kBlockTensors] = {};
+  float* grads = nullptr;                   // the unit's fp32 gradient buffer (backward)
+  ExpertWeights experts{}, expert_grads{};  // an MoE block's (from its expert unit)
+};
+// Block l from the store: its unit and, for an MoE block, its experts' unit, acquired and
+// released together (ParamUnit::paired); with `weights` their weights, with `grads` their
+// gradient buffers.
+BlockWeights acquire_block(GPT& m, ParamStore& store, int l, bool weights, bool grads);
+void release_block(GPT& m, ParamStore& store, int l, bool weights, bool grads,
+                   bool last_micro_step);
+// A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
+void* root_weight(const GPT& m, int i);
+float* root_grad(const GPT& m, int i);
+// The GEMM of linear layer `site` (BlockLinear numbering): compute dtype, or FP8 (model/fp8.h).
+LinearGemm block_gemm(const GPT& m, int site);
+// The model's scratch that the tensor-parallel layers work in (null where tp or SP is off).
+TpBuffers tp_buffers(const GPT& m);
+// The input of the chunk's j-th block.
+const void* block_input(const ActivationSlot& sl, int j);
+// Block l, the j-th of its chunk, forward on the micro-batch in slot sl (write_output false: a
+// recompute for its backward, all but the output).
+void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
+                   int T, bool write_output, float dloss, ops::Stream s);
+// Starts fetching unit `next` while unit `current` computes (nothing when they are the same).
+void prefetch(ParamStore& store, int current, int next);
+// Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp).
+TokenPositions token_positions(const GPTLayout& g, const StageCall& c);
