@@ -13,9 +13,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS   := -std=c++17 -g -O1 -MMD -MP -fno-omit-frame-pointer $(FUZZ_SAN) -I. $(MPI_CFLAGS) \
                 $(HDF5_CFLAGS) $(TOML_CFLAGS)
-FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume
+FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume schedule_file
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/fuzz_%,config llmc_model token_shard tokenizer \
-                  manifest checkpoint_resume checkpoint_index)
+                  manifest checkpoint_resume checkpoint_index schedule_file)
 
 # The readers, compiled with the sanitizers and fuzzer coverage.
 $(BUILD)/fuzz/obj/%.o: %
@@ -24,6 +24,11 @@ $(BUILD)/fuzz/obj/%.o: %
 fuzz_obj = $(patsubst %,$(BUILD)/fuzz/obj/%.o,$(1) kernels/common.cpp)
 CONFIG_READER := config/config.cu config/config_schema.cu config/config_checks.cu \
                  config/layout_rules.cu
+# The schedule file reader, with the builder, message placement and simulator it runs (and
+# pipeline_rules, which the builder calls).
+SCHEDULE_READER := parallel/pipeline_file.cu parallel/pipeline_schedule.cu \
+                   parallel/pipeline_messages.cu parallel/pipeline_simulator.cu \
+                   config/layout_rules.cu
 
 $(BUILD)/fuzz/fuzz_config: $(call fuzz_obj,test/fuzz/fuzz_config.cpp $(CONFIG_READER))
 $(BUILD)/fuzz/fuzz_llmc_model: $(call fuzz_obj,test/fuzz/fuzz_llmc_model.cpp $(CONFIG_READER))
@@ -34,6 +39,8 @@ $(BUILD)/fuzz/fuzz_checkpoint_resume: $(call fuzz_obj,test/fuzz/fuzz_checkpoint_
                                                checkpoint/files.cu checkpoint/hdf5_read.cu)
 $(BUILD)/fuzz/fuzz_checkpoint_index: \
     $(call fuzz_obj,test/fuzz/fuzz_checkpoint_index.cpp checkpoint/hdf5_read.cu)
+$(BUILD)/fuzz/fuzz_schedule_file: \
+    $(call fuzz_obj,test/fuzz/fuzz_schedule_file.cpp $(SCHEDULE_READER))
 $(FUZZ_BINS):
 	$(FUZZ_CXX) -fsanitize=fuzzer $(FUZZ_SAN) -o $@ $^ $(TOML_LIBS) $(HDF5_LIBS) $(MPI_LIBS)
 
