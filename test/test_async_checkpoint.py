@@ -138,18 +138,24 @@ def test_kill(tmp, cfg):
                  f"{sorted(mismatched)}; steps seen {len(seen)}")
 
 
+def save_both_ways(tmp, cfg, layout, tag):
+    """Runs `layout` saving every 3 steps synchronously and asynchronously: {mode: its dir}."""
+    cks = {}
+    for mode in ("sync", "async"):
+        cks[mode] = os.path.join(tmp, f"ck_{tag}_{mode}")
+        run(cfg, layout + [f"--checkpoint.dir={cks[mode]}", "--checkpoint.every=3",
+                           f"--checkpoint.async={'true' if mode == 'async' else 'false'}",
+                           f"--log.metrics={tmp}/{tag}_{mode}.jsonl"], np_ranks=2, timeout=180)
+    return cks
+
+
 def test_offload(tmp, cfg):
     """ZeRO-1 with the optimizer's state in host memory (optimizer_offload = "cpu"): the copy
     reads each part where the store keeps it (store_state_read), so the asynchronous
     checkpoints equal the synchronous ones bit for bit there too."""
     layout = ["--parallel.dp=2", "--parallel.zero=1", "--train.optimizer_offload=cpu",
               "--train.micro_batch=2", "--train.steps=6"]
-    cks = {}
-    for mode in ("sync", "async"):
-        cks[mode] = os.path.join(tmp, "ck_offload_" + mode)
-        run(cfg, layout + [f"--checkpoint.dir={cks[mode]}", "--checkpoint.every=3",
-                           f"--checkpoint.async={'true' if mode == 'async' else 'false'}",
-                           f"--log.metrics={tmp}/offload_{mode}.jsonl"], np_ranks=2, timeout=180)
+    cks = save_both_ways(tmp, cfg, layout, "offload")
     names = ["step_000003", "step_000006"]
     equal = [n for n in names if same_checkpoints(os.path.join(cks["sync"], n),
                                                    os.path.join(cks["async"], n))]
@@ -170,12 +176,7 @@ def test_compressed(tmp, cfg):
     """DDP with int8-compressed gradients: the asynchronous copy takes the residuals too."""
     layout = ["--parallel.dp=2", "--parallel.grad_compression=int8", "--train.micro_batch=2",
               "--train.steps=6"]
-    cks = {}
-    for mode in ("sync", "async"):
-        cks[mode] = os.path.join(tmp, "ck_int8_" + mode)
-        run(cfg, layout + [f"--checkpoint.dir={cks[mode]}", "--checkpoint.every=3",
-                           f"--checkpoint.async={'true' if mode == 'async' else 'false'}",
-                           f"--log.metrics={tmp}/int8_{mode}.jsonl"], np_ranks=2, timeout=180)
+    cks = save_both_ways(tmp, cfg, layout, "int8")
     equal, nonzero = [], 0
     for n in ("step_000003", "step_000006"):
         a, b = os.path.join(cks["sync"], n), os.path.join(cks["async"], n)
@@ -198,12 +199,8 @@ def main():
         sec = base_sections(tmp, 12, micro_batch=2)
         sec["data"]["shuffle"] = True
         cfg = write_config(tmp, "c.toml", sec)
-        for test in (lambda: test_same_checkpoints(tmp, cfg), lambda: test_offload(tmp, cfg),
-                     lambda: test_compressed(tmp, cfg), lambda: test_kill(tmp, cfg)):
-            try:
-                test()
-            except (RuntimeError, OSError, KeyError, ValueError, StopIteration) as e:
-                checks.check("test ran", False, f"{type(e).__name__}: {e}")
+        checks.run_each(lambda: test_same_checkpoints(tmp, cfg), lambda: test_offload(tmp, cfg),
+                        lambda: test_compressed(tmp, cfg), lambda: test_kill(tmp, cfg))
     checks.report()
 
 

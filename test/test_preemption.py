@@ -180,12 +180,8 @@ def main():
                 preempt(cfg, tmp, reference, name, how)
             except (OSError, KeyError, ValueError, TypeError) as e:
                 checks.check(f"preempted by a signal to {how}", False, f"{type(e).__name__}: {e}")
-        for test in (lambda: double_signal(cfg, tmp),
-                     lambda: killed_after_save(cfg, tmp, reference)):
-            try:
-                test()
-            except (OSError, KeyError, ValueError, TypeError) as e:
-                checks.check("test ran", False, f"{type(e).__name__}: {e}")
+        checks.run_each(lambda: double_signal(cfg, tmp),
+                        lambda: killed_after_save(cfg, tmp, reference))
     checks.report()
 
 

@@ -146,6 +146,15 @@ class Checks:
         if not ok:
             self.failed.append(what)
 
+    def run_each(self, *tests):
+        """Runs each test (a callable); one that raises a usual error of a broken run (a missing
+        file or record, a bad value, an unfinished job) is a failed check, and the next runs."""
+        for test in tests:
+            try:
+                test()
+            except (RuntimeError, OSError, KeyError, ValueError, TypeError, StopIteration) as e:
+                self.check("test ran", False, f"{type(e).__name__}: {e}")
+
     def report(self):
         if self.failed:
             print(f"{self.name}: {len(self.failed)} FAILED: {', '.join(self.failed)}")
