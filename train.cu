@@ -30,6 +30,7 @@
 #include "training/optimizer.h"
 #include "training/plan.h"
 #include "training/preemption.h"
+#include "parallel/diloco.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -57,6 +58,7 @@ struct Run {
   double peak_tflops = 0;
   int resumed_step = 0;  // steps done before this run (0 = fresh start; checkpoint/)
   NoiseScale noise;      // [log] grad_noise_scale
+  Diloco diloco;         // [parallel] diloco_islands (parallel/diloco.h)
   bool rank0 = false;
 };
 
@@ -124,7 +126,9 @@ static void setup(Run& r, int world_rank, int local_rank) {
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, cfg.train.grad_accum,
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
-  const CommsByAxis comms = mesh_comms(r.mesh);
+  CommsByAxis comms = mesh_comms(r.mesh);
+  if (diloco_enabled(cfg))  // an island is its own world (dp-only): the gradient norm is its own
+    comms.axis[(int)Axis::World] = &r.mesh[Axis::DP];
   if (cfg.log.grad_noise_scale)  // counted with the store's working buffers
     r.store.small_batch_squares =
         (float*)allocate_zeroed(r.store.work_memory, sizeof(float), r.compute);
@@ -137,6 +141,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
                      llmc_fill(f, r.layout));
     llmc_close(f);
   }
+  if (diloco_enabled(cfg)) diloco_init(r.diloco, cfg, r.store, r.mesh[Axis::Island]);
   r.model.split_backward = r.pipeline.schedule.split;
   gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
                          r.compute, r.comm);
@@ -151,12 +156,14 @@ static void setup_data_and_logs(Run& r) {
   r.targets.resize(r.tokens.size());
   r.batch_tokens.resize((size_t)B * T);
   r.batch_targets.resize((size_t)B * T);
-  const Comm& dp = r.mesh[Axis::DP];  // each data-parallel rank reads its slice of the batch
+  // Each data-parallel rank reads its slice of the batch (by its dp coordinate: with DiLoCo
+  // islands the dp group is only the island's).
+  const int dp_rank = mesh_coords(r.mesh.shape, r.mesh.world_rank).dp;
   const int V = cfg.model.vocab_size;  // every token read is checked against it
-  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp.rank, dp.size,
+  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp_rank, r.mesh.shape.dp,
                   cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
-    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp.rank, dp.size, false, 0, V);
+    dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp_rank, r.mesh.shape.dp, false, 0, V);
   const std::string tokenizer = tokenizer_path(cfg, r.train_data);
   if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
     std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
@@ -281,7 +288,8 @@ static StepReport train_step(Run& r, int step) {
   }
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
-  const float dloss = 1.0f / ((float)B * T * accum * r.mesh.shape.dp);
+  // The mean over the batch of the group that reduces it (an island's, with DiLoCo).
+  const float dloss = 1.0f / ((float)B * T * accum * (r.mesh.shape.dp / r.mesh.shape.islands));
   gpt_train_step(r.model, r.store, r.pipeline,
                  {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
                  1.0f / ((float)B * T * accum), r.compute);
@@ -306,6 +314,7 @@ static StepReport train_step(Run& r, int step) {
                    clip_factor(c.train, rep.grad_norm));
   else
     rep.note = "update skipped: loss spike";
+  diloco_after_step(r.diloco, r.store, step);  // every diloco_every steps (parallel/diloco.h)
   if (r.model.moe) {
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World]);

@@ -87,6 +87,13 @@ struct ParallelConfig {   // [parallel]
   // topk_ratio largest values of each bucket per rank).
   std::string grad_compression = "none";  // "none" | "int8" | "topk"
   double topk_ratio = 0.01;
+  // DiLoCo (parallel/diloco.cu): the dp ranks form diloco_islands islands of consecutive dp
+  // ranks that train alone and meet every diloco_every steps for an outer Nesterov SGD step.
+  // 0 = off; 1 runs the outer step on one island (with outer lr 1 and momentum 0: plain DDP).
+  int diloco_islands = 0;
+  int diloco_every = 50;
+  double diloco_outer_lr = 0.7;
+  double diloco_outer_momentum = 0.9;
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
   double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
 };

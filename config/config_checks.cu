@@ -163,6 +163,33 @@ static void check_grad_compression(Checker& c) {
               "must be in (0, 1]: the fraction of each gradient bucket a rank sends");
 }
 
+// DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks. Built for DDP on
+// dp-only layouts; the outer state is not checkpointed yet. (K | dp is a layout rule:
+// config/layout_rules.cu.)
+static void check_diloco(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ParallelConfig& p = cfg.parallel;
+  auto key = [&](const char* id) { return mention(cfg, c.origins, id); };
+  c.require(p.diloco_islands >= 0, "parallel.diloco_islands", "must be >= 0 (0 = off)");
+  if (p.diloco_islands <= 0) return;
+  c.require(p.diloco_every >= 1, "parallel.diloco_every", "must be >= 1 (inner steps per outer step)");
+  c.require(p.diloco_outer_lr > 0, "parallel.diloco_outer_lr", "must be > 0");
+  c.require(p.diloco_outer_momentum >= 0 && p.diloco_outer_momentum < 1,
+            "parallel.diloco_outer_momentum", "must be in [0, 1)");
+  const std::string k = key("parallel.diloco_islands");
+  if (p.zero != 0)
+    c.problems.add(k + " works with DDP only so far: " + key("parallel.zero") + " must be 0");
+  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || p.ep > 1)
+    c.problems.add(k + " works on dp-only layouts so far (tp = pp = cp = ep = 1)");
+  if (p.grad_compression != "none")
+    c.problems.add(k + " with " + key("parallel.grad_compression") + " is not supported yet");
+  if (cfg.log.grad_noise_scale)
+    c.problems.add(k + " with " + key("log.grad_noise_scale") + " is not supported yet");
+  if (!cfg.checkpoint.dir.empty() || !cfg.checkpoint.resume.empty())
+    c.problems.add(k + " cannot be checkpointed yet (the outer weights and momentum are not "
+                   "saved): remove " + key("checkpoint.dir") + " and [checkpoint] resume");
+}
+
 // The gradient noise scale (training/noise_scale.h) reads each rank's whole first micro-batch
 // gradient before it is reduced: DDP or ZeRO-1 on a dense dp-only layout, and two batch sizes.
 static void check_noise_scale(Checker& c) {
@@ -283,6 +310,7 @@ void check_values(Checker& c) {
   check_offload(c);
   check_grad_compression(c);
   check_noise_scale(c);
+  check_diloco(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

@@ -15,6 +15,7 @@
 //   pp_layers: one entry per stage, each >= 1, summing to n_layer (or pp_balance = "auto")
 //   zb-h1, zb-v need recompute = "none": their weight passes read the block's activations
 //   ep | dp*cp                  expert groups are blocks of ep ranks inside dp x cp
+//   K | dp (diloco_islands = K) DiLoCo islands are blocks of dp/K consecutive dp ranks
 #include <cstdarg>
 #include <cstdio>
 
@@ -41,7 +42,8 @@ std::string plain_name(const Config& cfg, const std::string& id) {
       {"parallel.dp", p.dp},       {"parallel.tp", p.tp},          {"parallel.pp", p.pp},
       {"parallel.cp", p.cp},       {"parallel.ep", p.ep},          {"parallel.pp_virtual", p.pp_virtual},
       {"model.n_head", m.n_head},  {"model.seq_len", m.seq_len},   {"model.n_layer", m.n_layer},
-      {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum}};
+      {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum},
+      {"parallel.diloco_islands", p.diloco_islands}};
   for (const auto& v : ints)
     if (id == v.id) return format("[%s] %s = %d", section.c_str(), key.c_str(), v.value);
   if (id == "parallel.pp_schedule")
@@ -181,5 +183,8 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
                                       p.dp * p.cp) +
          name("parallel.dp") + ", " + cp + "; expert parallelism shards the experts over blocks "
          "of ep ranks inside dp x cp)");
+  if (p.diloco_islands > 1 && p.dp % p.diloco_islands != 0)
+    fail(name("parallel.diloco_islands") + " does not divide " + name("parallel.dp") +
+         " (DiLoCo islands are blocks of dp/K consecutive dp ranks)");
   return errors;
 }

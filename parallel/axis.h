@@ -10,9 +10,10 @@
 //   EPDP   within dp x cp, the ranks with the same ep coordinate (expert gradients)
 //   Stage  the ranks of one pipeline stage: every axis but pp (FP8 amax agreement)
 //   Embed  the first and the last pipeline stage of one pipeline (the tied embedding)
+//   Island the ranks with the same place in each DiLoCo island (parallel/diloco.cu)
 #pragma once
 
-enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Count };
+enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island, Count };
 
-// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed"
+// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island"
 const char* axis_name(Axis a);

@@ -40,6 +40,7 @@ const char* axis_name(Axis a) {
     case Axis::EPDP: return "ep-dp";
     case Axis::Stage: return "stage";
     case Axis::Embed: return "embed";
+    case Axis::Island: return "island";
     default: return "?";
   }
 }

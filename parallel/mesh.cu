@@ -3,6 +3,8 @@
 // makes groups collectively over the world).
 #include "parallel/mesh.h"
 
+#include <algorithm>
+
 #include "parallel/pipeline_balance.h"
 
 MeshShape mesh_shape(const Config& c) {
@@ -11,6 +13,7 @@ MeshShape mesh_shape(const Config& c) {
   m.dp = p.dp, m.pp = p.pp, m.cp = p.cp, m.tp = p.tp, m.ep = p.ep;
   m.pp_virtual = p.pp_virtual;
   m.sp = p.sp;
+  m.islands = std::max(1, p.diloco_islands);  // 0 (off) is one island
   if (p.pp > 1 || p.pp_virtual > 1) {
     m.pp_order = pipeline_stage_order(p.pp_schedule);
     m.pp_layers = pipeline_stage_layers(c);
@@ -54,7 +57,24 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
   };
   switch (axis) {
     case Axis::World: for (int r = 0; r < m.world(); r++) g.push_back(r); break;
-    case Axis::DP: vary(m.dp, &MeshCoords::dp); break;
+    case Axis::DP: {  // the island's dp ranks (one island: all of them)
+      const int per = m.dp / m.islands;
+      for (int i = 0; i < per; i++) {
+        MeshCoords x = c;
+        x.dp = c.dp / per * per + i;
+        g.push_back(mesh_world_rank(m, x));
+      }
+      break;
+    }
+    case Axis::Island: {  // the same place in every island
+      const int per = m.dp / m.islands;
+      for (int k = 0; k < m.islands; k++) {
+        MeshCoords x = c;
+        x.dp = k * per + c.dp % per;
+        g.push_back(mesh_world_rank(m, x));
+      }
+      break;
+    }
     case Axis::TP: vary(m.tp, &MeshCoords::tp); break;
     case Axis::PP: vary(m.pp, &MeshCoords::pp); break;
     case Axis::CP: vary(m.cp, &MeshCoords::cp); break;

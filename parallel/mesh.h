@@ -7,7 +7,9 @@
 //     world_rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 //
 // Groups (parallel/axis.h), each ordered by the coordinate that varies in it:
-//   dp    ranks that differ only in dp_rank           (gradient reduction, FSDP shards)
+//   dp    ranks that differ only in dp_rank           (gradient reduction, FSDP shards); with
+//         K DiLoCo islands only those of its island: dp/K consecutive dp ranks
+//   island ranks that differ only in their island, at the same place in it (DiLoCo's outer step)
 //   tp    ranks that differ only in tp_rank           (tensor/sequence parallel)
 //   pp    ranks that differ only in pp_rank           (pipeline send/recv)
 //   cp    ranks that differ only in cp_rank           (ring attention)
@@ -35,6 +37,7 @@ struct MeshShape {
   int dp = 1, pp = 1, cp = 1, tp = 1, ep = 1;
   int pp_virtual = 1;  // model chunks per pipeline rank
   bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
+  int islands = 1;     // DiLoCo islands: the dp group is the island's (parallel/diloco.cu)
   StageOrder pp_order = StageOrder::Loop;  // which rank and chunk hold each pipeline stage
   std::vector<int> pp_layers;  // blocks of each of the pp*pp_virtual stages, in model order
                                // (empty: equal stages)

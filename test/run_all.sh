@@ -48,6 +48,7 @@ run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
+run diloco      $PY test/test_diloco.py
 run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
 run grad-compression $PY test/test_grad_compression.py
 run noise-scale "$BUILD/test_noise_scale"
