@@ -12,13 +12,14 @@ void diloco_init(Diloco& d, const Config& cfg, ParamStore& st, Comm& island) {
   size_t largest = 0;
   for (const UnitState& us : st.units) largest = std::max(largest, us.numel);
   d.delta = (float*)allocate(st.work_memory, largest * sizeof(float));
+  if (st.count_only) return;  // the planner: the device buffer counted, no host state
   d.w_sync.resize(st.units.size());
   d.outer_m.resize(st.units.size());
   for (size_t u = 0; u < st.units.size(); u++) {
     const size_t n = st.units[u].numel;
     d.w_sync[u].assign(n, 0.0f);
     d.outer_m[u].assign(n, 0.0f);
-    if (!st.count_only) store_state_read(st, (int)u, StateKind::Master, 0, n, d.w_sync[u].data());
+    store_state_read(st, (int)u, StateKind::Master, 0, n, d.w_sync[u].data());
   }
 }
 
@@ -44,6 +45,12 @@ static void outer_step_unit(Diloco& d, ParamStore& st, int u) {
   }
   ops::copy_to_device(us.master, ws.data(), n * sizeof(float));
   if (st.dt != DType::F32) ops::cast(us.param_shard, st.dt, us.master, DType::F32, n, st.compute);
+}
+
+size_t diloco_outer_bytes(const ParamStore& st) {
+  size_t n = 0;
+  for (const UnitState& us : st.units) n += us.numel;
+  return n * sizeof(float);
 }
 
 void diloco_after_step(Diloco& d, ParamStore& st, int step) {

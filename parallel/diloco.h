@@ -40,7 +40,10 @@ struct Diloco {
 };
 
 bool diloco_enabled(const Config& cfg);  // [parallel] diloco_islands >= 1 (0 = off)
-// Keeps the store's weights as the first w_sync; zero momentum. After the store is filled.
+// Keeps the store's weights as the first w_sync; zero momentum. After the store is filled. With
+// a count-only store (the planner) it only counts the device buffer.
 void diloco_init(Diloco& d, const Config& cfg, ParamStore& store, Comm& island);
+// The payload of one outer all-reduce on this rank (island axis): 4 bytes per weight it holds.
+size_t diloco_outer_bytes(const ParamStore& store);
 // After the optimizer step of `step` (1-based): every H steps, the outer step above.
 void diloco_after_step(Diloco& d, ParamStore& store, int step);

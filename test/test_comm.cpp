@@ -146,6 +146,7 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, cons
     case Axis::Embed:  // the two ends of a pipeline together; anyone else alone
       return end ? std::pair<std::array<int, 3>, int>{{c.dpcp, c.tp, 0}, c.pp}
                  : std::pair<std::array<int, 3>, int>{{-1 - w, 0, 0}, 0};
+    case Axis::Island: return {{-1 - w, 0, 0}, 0};  // no DiLoCo islands here: alone
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }

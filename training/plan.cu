@@ -23,6 +23,7 @@
 
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
+#include "parallel/diloco.h"
 #include "parallel/mesh.h"
 #include "parallel/param_store.h"
 #include "parallel/pipeline.h"
@@ -39,6 +40,7 @@ struct DryRank {
   ParamStore store;
   Pipeline pipeline;
   GPT model;
+  Diloco diloco;  // [parallel] diloco_islands: its device buffer is counted
 };
 
 void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
@@ -49,6 +51,7 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   const ShardingMode mode = store_options(d.store, c);
   param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
                    dry, dry, ParamFill{});
+  if (diloco_enabled(c)) diloco_init(d.diloco, c, d.store, d.mesh[Axis::Island]);
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
   d.model.count_only = true;
@@ -82,6 +85,8 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   r.host_bytes = d.store.offload.memory.bytes;
   r.disk_bytes = d.store.offload.disk_bytes;
   r.comm = d.mesh.stats;
+  if (diloco_enabled(c))  // one outer all-reduce every diloco_every steps, amortised
+    r.diloco_bytes_per_step = (double)diloco_outer_bytes(d.store) / c.parallel.diloco_every;
   r.offload = d.store.offload.stats;
   gpt_destroy(d.model);
   pipeline_destroy(d.pipeline);
@@ -237,6 +242,11 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
   std::fprintf(out, "  communication per step on rank 0:\n");
   CommStats st = plan.ranks[0].comm;
   comm_stats_print(st, 1, out);
+  if (p.diloco_islands >= 1)
+    std::fprintf(out, "    DiLoCo (%d islands): an all-reduce of %.2f MB over the island axis "
+                 "every %d steps: %.2f MB per step amortised (parallel/diloco.h)\n",
+                 p.diloco_islands, plan.ranks[0].diloco_bytes_per_step * p.diloco_every / 1e6,
+                 p.diloco_every, plan.ranks[0].diloco_bytes_per_step / 1e6);
   const OffloadStats& o = plan.ranks[0].offload;
   if (offload)
     std::fprintf(out, "    offload: %.1f MiB to the host, %.1f MiB to the device, %.1f MiB read "
@@ -270,6 +280,8 @@ std::string plan_write_json(const Plan& plan, const Config& c, const std::string
                  r.host_bytes, r.disk_bytes);
     print_comm_json(f, r.comm);
     print_offload_json(f, r.offload);
+    if (c.parallel.diloco_islands >= 1)
+      std::fprintf(f, ",\"diloco_bytes_per_step\":%.10g", r.diloco_bytes_per_step);
     std::fprintf(f, "}");
   }
   std::fprintf(f, "],\"bubble\":%.10g,\"compute_ms\":%.6g,\"comm_ms\":%.6g,\"step_ms\":%.6g,"

@@ -29,6 +29,7 @@ struct RankPlan {
   size_t disk_bytes = 0;        // optimizer offload to nvme: the rank's file
   CommStats comm{};             // per step, as the metrics count them
   OffloadStats offload{};       // per step: host link and file bytes (host_ms not planned)
+  double diloco_bytes_per_step = 0;  // DiLoCo's outer all-reduce payload / diloco_every
 };
 
 struct Plan {
