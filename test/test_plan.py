@@ -36,7 +36,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer import (Checks, base_sections, make_experiment, read_metrics,  # noqa: E402
-                     read_run_info, run, seeded_rng, write_config)
+                     read_run_info, run, seeded_rng, unit_numels, write_config)
 
 checks = Checks("test_plan")
 L, NH, C, T, V = 4, 4, 32, 16, 101
@@ -91,6 +91,8 @@ LAYOUTS = [
     ("MoE dp4 x ep2 ZeRO-2 topk 5% grad_accum 2",
      {"dp": 4, "ep": 2, "zero": 2, "grad_compression": "topk", "topk_ratio": 0.05},
      {"model": MOE, "train": {"grad_accum": 2}}),
+    ("dp4 DDP in 2 DiLoCo islands, outer step every 2 steps",
+     {"dp": 4, "diloco_islands": 2, "diloco_every": 2}, {}),
 ]
 NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
               "disk_write_bytes": 0}
@@ -118,6 +120,25 @@ def sections(tmp, name, par, extra):
         sec["train"]["offload_dir"] = os.path.join(tmp, "offload")
         os.makedirs(sec["train"]["offload_dir"], exist_ok=True)
     return sec
+
+
+def check_diloco_steps(what, par, steps, r0):
+    """DiLoCo's outer all-reduce (island axis) comes every diloco_every steps, one call per unit
+    of 4 bytes per weight: the plan's amortised bytes times diloco_every. Removed from those
+    steps' records, which must then equal the plan like every other step."""
+    every = par["diloco_every"]
+    want_bytes = r0["diloco_bytes_per_step"] * every
+    units = len(unit_numels(L, C, T, V))
+    for s in steps:
+        island = s["comm"].pop("island", None)
+        if s["step"] % every == 0:
+            got = (island or {}).get("all_reduce", {})
+            checks.check(f"{what}: step {s['step']} outer all-reduce = the plan's",
+                         got.get("calls") == units and got.get("bytes") == want_bytes and
+                         len(island or {}) == 1 and want_bytes == 4 * sum(unit_numels(L, C, T, V)),
+                         f"measured {island}, plan {want_bytes:.0f} B in {units} calls")
+        else:
+            checks.check(f"{what}: step {s['step']}: no outer step", island is None, f"{island}")
 
 
 def check_layout(tmp, i, what, par, extra):
@@ -155,6 +176,8 @@ def check_layout(tmp, i, what, par, extra):
                          abs(got["bytes"] - planned["bytes"]) <= 0.25 * planned["bytes"],
                          f"plan {planned}, measured {got}")
             got["bytes"] = planned["bytes"]
+    if par.get("diloco_islands", 0) >= 1:
+        check_diloco_steps(what, par, steps, r0)
     same_comm = all(s["comm"] == r0["comm"] for s in steps)
     same_host = (r0["host_bytes"], r0["disk_bytes"]) == (info["host_bytes"], info["disk_bytes"])
     same_offload = all(s.get("offload", NO_OFFLOAD) == r0["offload"] for s in steps)
