@@ -40,16 +40,21 @@ def rel(a, b):
 
 
 def ema_b_simple(steps):
-    """B_simple after each step, recomputed from the logged norms."""
-    g2 = tr = 0.0
+    """B_simple after each step, recomputed from the logged norms, and its condition number:
+    |G|^2's estimate is a difference of the norms, so where it cancels (B_simple large, or
+    negative early on) the 9 logged digits of the norms leave fewer in B_simple; the condition is
+    the size of the terms over the size of their difference (their EMAs)."""
+    g2 = tr = mag = 0.0
     out = []
     for s in steps:
         n = s["noise_scale"]
         bs, bb = n["b_small"], n["b_big"]
         grad_sq = (bb * n["big_sq"] - bs * n["small_sq"]) / (bb - bs)
         trace = (n["small_sq"] - n["big_sq"]) / (1 / bs - 1 / bb)
+        terms = (bb * n["big_sq"] + bs * n["small_sq"]) / (bb - bs)
         g2, tr = 0.95 * g2 + 0.05 * grad_sq, 0.95 * tr + 0.05 * trace
-        out.append(tr / g2)
+        mag = 0.95 * mag + 0.05 * terms
+        out.append((tr / g2, max(1.0, mag / abs(g2))))
     return out
 
 
@@ -72,9 +77,13 @@ def main():
                          sizes, f"max relative difference {big:.2e}")
             want = ema_b_simple(steps)
             got = [s["noise_scale"]["b_simple"] for s in steps]
-            err = max(rel(g, w) for g, w in zip(got, want))
+            # relative error over the condition number: measured <= 2.0e-9 over 4 seeds (the 9
+            # logged digits); a seed whose last |G|^2 nearly cancelled measured 1.3e-6 unscaled
+            # at B_simple = -1668
+            err = max(rel(g, w) / cond for g, (w, cond) in zip(got, want))
             checks.check(f"{name}: B_simple = EMA of McCandlish's estimators of the logged norms",
-                         err < 1e-6, f"max relative difference {err:.2e}; B_simple {got}")
+                         err < 2e-8, f"max relative difference / condition {err:.2e}; "
+                         f"B_simple {got}")
         d = rel(dp2[0]["noise_scale"]["big_sq"], one[0]["noise_scale"]["big_sq"])
         checks.check("dp 2 and one rank with grad_accum 2: the same big batch", d < 1e-5,
                      f"relative difference {d:.2e}")
