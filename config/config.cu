@@ -172,6 +172,7 @@ Config build_config(const std::string& text, const std::string& source,
   bool check_job_and_files = world_size > 0;
   resolve_model_shape(cfg, origins, check_job_and_files, problems);
   resolve_sharding(cfg, origins, problems);
+  resolve_architecture(cfg, origins);
   problems.stop_if_any();
   Checker checker{cfg, origins, problems};
   check_values(checker);

@@ -25,6 +25,24 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
   int top_k = 2;
   int moe_every = 1;
   int d_expert = 0;       // 0 = 4 * d_model
+  // The architecture. "gpt2": LayerNorm, learned positions (wpe), GELU MLP, biases, tied head.
+  // "llama" (Hugging Face LlamaForCausalLM's conventions): RMSNorm, rotary positions, SwiGLU MLP,
+  // grouped-query attention, no biases, untied head by default.
+  std::string arch = "gpt2";
+  int n_kv_head = 0;          // key/value heads (GQA); 0 = n_head. Must divide n_head.
+  int d_ff = 0;               // MLP hidden size; 0 = the arch's rule (ffn_hidden())
+  double rope_theta = 500000.0;  // llama: inv_freq[j] = rope_theta^(-2j/head_dim)
+  double norm_eps = 1e-5;     // llama: RMSNorm's epsilon (GPT-2's LayerNorm uses 1e-5 always)
+  bool tie_embeddings = true; // head weight = wte; the default is false for llama (resolved
+                              // when the config is read)
+  bool is_llama() const { return arch == "llama"; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  // GPT-2: 4 d_model. Llama (Meta's rule): 8/3 d_model rounded up to a multiple of 256.
+  int ffn_hidden() const {
+    if (d_ff > 0) return d_ff;
+    return is_llama() ? (8 * d_model / 3 + 255) / 256 * 256 : 4 * d_model;
+  }
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
   bool is_moe(int layer) const { return n_experts > 0 && (layer + 1) % moe_every == 0; }
   int expert_hidden() const { return d_expert > 0 ? d_expert : 4 * d_model; }

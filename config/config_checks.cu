@@ -110,6 +110,13 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
 // ---------------------------------------------------------------------------------------------
 // [parallel] zero and fsdp.
 
+// [model] tie_embeddings defaults by architecture: GPT-2 ties, Llama does not.
+void resolve_architecture(Config& cfg, Origins& origins) {
+  if (origins.count("model.tie_embeddings")) return;
+  cfg.model.tie_embeddings = !cfg.model.is_llama();
+  origins["model.tie_embeddings"] = "default for arch = " + cfg.model.arch;
+}
+
 void resolve_sharding(Config& cfg, Origins& origins, Problems& problems) {
   ParallelConfig& p = cfg.parallel;
   const bool zero_given = origins.count("parallel.zero") > 0;
@@ -254,6 +261,31 @@ static void check_experts(Checker& c) {
                    "a model with " + key("model.n_experts"));
 }
 
+// The architecture's keys ([model] arch and the llama-only ones).
+static void check_architecture(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ModelConfig& m = cfg.model;
+  auto key = [&](const char* id) { return mention(cfg, c.origins, id); };
+  c.require(m.n_kv_head >= 0, "model.n_kv_head", "must be >= 0 (0 = n_head)");
+  c.require(m.d_ff >= 0, "model.d_ff", "must be >= 0 (0 = the architecture's default)");
+  c.require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
+  c.require(m.norm_eps > 0, "model.norm_eps", "must be > 0");
+  if (m.n_head > 0 && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
+    c.problems.add(key("model.n_kv_head") + " does not divide " + key("model.n_head") +
+                   " (each key/value head serves n_head / n_kv_head query heads)");
+  if (m.is_llama()) {
+    c.problems.add(key("model.arch") + ": the llama architecture is not built yet");
+    return;
+  }
+  for (const char* id : {"model.n_kv_head", "model.rope_theta", "model.norm_eps"})
+    if (c.origins.count(id))
+      c.problems.add(key(id) + " is a llama key; [model] arch = \"gpt2\" does not use it");
+  if (m.n_kv_head > 0 && m.n_kv_head != m.n_head)
+    c.problems.add(key("model.n_kv_head") + ": grouped-query attention needs arch = \"llama\"");
+  if (!m.tie_embeddings)
+    c.problems.add(key("model.tie_embeddings") + ": GPT-2's head is the embedding (tied)");
+}
+
 void check_values(Checker& c) {
   const Config& cfg = c.cfg;
   for (const char* id : {"model.n_layer", "model.n_head", "model.d_model", "model.seq_len",
@@ -305,6 +337,7 @@ void check_values(Checker& c) {
                    "shards), which is not set");
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
+  check_architecture(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);

@@ -67,6 +67,8 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(model, n_layer), KEY(model, n_head), KEY(model, d_model), KEY(model, seq_len),
       KEY(model, max_seq_len), KEY(model, vocab_size), KEY(model, n_experts),
       KEY(model, top_k), KEY(model, moe_every), KEY(model, d_expert),
+      KEY(model, arch, "gpt2", "llama"), KEY(model, n_kv_head), KEY(model, d_ff),
+      KEY(model, rope_theta), KEY(model, norm_eps), KEY(model, tie_embeddings),
       KEY(init, from),
       KEY(data, train), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
       KEY(train, micro_batch), KEY(train, grad_accum), KEY(train, steps), KEY(train, lr),

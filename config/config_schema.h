@@ -78,6 +78,7 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
 // [parallel] zero and fsdp name one choice twice (fsdp = true is zero = 3): fills the one not
 // given from the other, or reports the pair when both are given and disagree.
 void resolve_sharding(Config& cfg, Origins& origins, Problems& problems);
+void resolve_architecture(Config& cfg, Origins& origins);
 
 struct Checker {
   const Config& cfg;

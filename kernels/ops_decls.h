@@ -100,6 +100,40 @@ void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* do
                         const void* inp, const void* weight, const float* mean, const float* rstd,
                         int N, int C, DType dt, Stream s);
 
+// ---- Llama's layers (kernels/cpu/rmsnorm.cpp, rope.cpp, swiglu.cpp; kernels/cuda/ the same) ----
+// RMSNorm (Hugging Face LlamaRMSNorm): rstd[n] = 1 / sqrt(mean_c inp[n,c]^2 + eps),
+// out[n,c] = inp[n,c] * rstd[n] * weight[c]; fp32 math, out rounded once to dt; rstd (N) saved.
+void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
+                     float eps, DType dt, Stream s);
+// dinp += dRMSNorm/dinp (dinp is the residual stream's gradient: the residual add is fused, as in
+// layernorm_backward); dweight += sum_n dout * inp * rstd (fp32).
+void rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* inp,
+                      const void* weight, const float* rstd, int N, int C, DType dt, Stream s);
+// Rotary position embeddings, in place on the q (NH heads) and k (NKV heads) of a packed qkv
+// (B,T,(NH + 2 NKV) HS): row = [q heads | k heads | v heads], head h at h*HS of its part; v is
+// not touched. Hugging Face's rotate_half form: for each head and j < HS/2, with
+// x1 = x[j], x2 = x[j + HS/2], c = cos_table[p*HS/2 + j], s = sin_table[p*HS/2 + j]:
+//   x[j] = x1 c - x2 s,   x[j + HS/2] = x2 c + x1 s          (fp32, each output rounded once)
+// where p = positions[t] (int32 on the device, the token's global position in its sequence;
+// context parallelism's zigzag chunks are not contiguous), or p = t when positions is nullptr.
+// The tables (maxT, HS/2) fp32 are made on the host (model/rope_tables: angle = p * inv_freq[j],
+// inv_freq[j] = theta^(-2j/HS), in double, then rounded), so both backends use the same bits.
+void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
+                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s);
+// Its backward, in place on the q and k gradient columns of dqkv (same layout): the rotation's
+// transpose, x1' = x1 c + x2 s, x2' = x2 c - x1 s.
+void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
+                   const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
+                   Stream s);
+// SwiGLU: inp (N, 2F) holds per row [gate (F) | up (F)] (the fused gate/up GEMM's output: under
+// tensor parallelism this rank's F columns of each); out (N,F) = silu(gate) * up, with
+// silu(x) = x / (1 + exp(-x)), fp32 math, rounded once.
+void swiglu_forward(void* out, const void* inp, int N, int F, DType dt, Stream s);
+// dinp (N, 2F) is written: d gate = dout * up * silu'(gate), d up = dout * silu(gate), with
+// silu'(x) = sig(x) (1 + x (1 - sig(x))). dinp must not alias inp or dout.
+void swiglu_backward(void* dinp, const void* dout, const void* inp, int N, int F, DType dt,
+                     Stream s);
+
 // y = inp (N,C) @ weight(OC,C)^T [+ bias (OC)] [+ residual (N,OC)]
 // pre_gelu == nullptr: out = y.   pre_gelu != nullptr: pre_gelu = y, out = gelu(y) (no residual).
 void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
