@@ -277,9 +277,11 @@ static void check_architecture(Checker& c) {
     c.problems.add(key("model.arch") + ": the llama architecture is not built yet");
     return;
   }
-  for (const char* id : {"model.n_kv_head", "model.rope_theta", "model.norm_eps"})
-    if (c.origins.count(id))
-      c.problems.add(key(id) + " is a llama key; [model] arch = \"gpt2\" does not use it");
+  const ModelConfig defaults;
+  if (m.rope_theta != defaults.rope_theta)
+    c.problems.add(key("model.rope_theta") + ": GPT-2 has no rotary positions (arch = \"llama\")");
+  if (m.norm_eps != defaults.norm_eps)
+    c.problems.add(key("model.norm_eps") + ": GPT-2's LayerNorm epsilon is fixed at 1e-5");
   if (m.n_kv_head > 0 && m.n_kv_head != m.n_head)
     c.problems.add(key("model.n_kv_head") + ": grouped-query attention needs arch = \"llama\"");
   if (!m.tie_embeddings)

@@ -56,7 +56,9 @@ DEFAULTS = {
 }
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
 # max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
-PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert"]
+PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert",
+                                   "arch", "n_kv_head", "d_ff", "rope_theta", "norm_eps",
+                                   "tie_embeddings"]
 FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps",
                 "moe_aux_loss", "moe_z_loss", "skip_spikes", "straggler_factor"}
 
