@@ -35,8 +35,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer import (Checks, base_sections, make_experiment, read_metrics,  # noqa: E402
-                     read_run_info, run, seeded_rng, unit_numels, write_config)
+from trainer import (Checks, base_sections, make_experiment, read_memory_peaks,  # noqa: E402
+                     read_metrics, read_run_info, run, seeded_rng, unit_numels, write_config)
 
 checks = Checks("test_plan")
 L, NH, C, T, V = 4, 4, 32, 16, 101
@@ -141,6 +141,15 @@ def check_diloco_steps(what, par, steps, r0):
             checks.check(f"{what}: step {s['step']}: no outer step", island is None, f"{island}")
 
 
+def check_memory_peaks(what, plan, measured):
+    """Every rank's device memory peak as the CPU backend's allocator counted it (every
+    ops::alloc, made through an Allocator or not) equals the plan's peak of that rank exactly:
+    the CPU backend has none of the GPU-only terms (training/device_memory.h)."""
+    planned = [r["peak_bytes"] for r in sorted(plan["ranks"], key=lambda r: r["rank"])]
+    checks.check(f"{what}: every rank's allocator peak = the plan's peak", measured == planned,
+                 f"measured {measured}, plan {planned}")
+
+
 def check_layout(tmp, i, what, par, extra):
     sec = sections(tmp, f"run{i}", par, extra)
     cfg = write_config(tmp, f"run{i}.toml", sec)
@@ -188,6 +197,7 @@ def check_layout(tmp, i, what, par, extra):
                  f"{r0['host_bytes']}/{r0['disk_bytes']} vs {info['host_bytes']}/"
                  f"{info['disk_bytes']}, offload {r0['offload']} vs {steps[0].get('offload')}, "
                  f"comm {'equal' if same_comm else str(r0['comm']) + ' vs ' + str(steps[0]['comm'])}")
+    check_memory_peaks(what, plan, read_memory_peaks(sec["log"]["metrics"]))
     bubble = formula_bubble(par, sec["train"].get("grad_accum", 1))
     checks.check(f"{what}: bubble", abs(plan["bubble"] - bubble) < 1e-9,
                  f"{plan['bubble']:.6f} vs the formula's {bubble:.6f}")
