@@ -238,7 +238,7 @@ def test_bad_input(tmp):
     dp8 = ["--plan", "--parallel.dp=8", "--parallel.pp=1", "--train.grad_accum=128"]
     r = run(gpt7b, dp8 + [f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"],
             check=False)
-    planned = re.search(r"\n +0 +0 +0 +0 +0 +[\d.]+ +[\d.]+ +([\d.]+)\n", r.stdout)
+    planned = re.search(r"\n +0 +0 +0 +0 +0 +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)\n", r.stdout)
     replicated = run(gpt7b, dp8 + ["--parallel.zero=0"], check=False)
     checks.check("--plan-search 8 of GPT 7B: dp 8 fits with its states sharded (as --plan of "
                  "that rung says), replicated not",
@@ -260,12 +260,13 @@ def test_bad_input(tmp):
 
 
 def plan_peak(tmp, sec, zero, offload="none"):
-    """Rank 0's peak bytes in the plan of sec's layout at one rung of the ladder."""
+    """The largest device peak (the GPU-only terms included) in the plan of sec's layout at one
+    rung of the ladder: what --plan-search compares with [plan] memory_gib."""
     path = os.path.join(tmp, "rung.json")
     cfg = write_config(tmp, "rung.toml", sec)
     run(cfg, ["--plan-json", path, f"--parallel.zero={zero}", f"--train.optimizer_offload={offload}"])
     with open(path) as f:
-        return max(r["peak_bytes"] for r in json.load(f)["ranks"])
+        return max(r["device_peak_bytes"] for r in json.load(f)["ranks"])
 
 
 def test_search_ladder(tmp):
