@@ -17,7 +17,10 @@ pp2 1f1b with uneven stages (pp_layers = [1, 3]); compressed gradient reductions
 with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
 4). For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
-record) and the communication of every step (calls and bytes per axis and collective); the
+record) and the communication of every step (calls and bytes per axis and collective); every
+rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
+it (ops::memory_peak: every ops::alloc, through an Allocator or not; the metrics' end record), so
+that a buffer allocated outside the planned code, or only when not counting, shows; the
 bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, gpipe and
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the

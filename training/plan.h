@@ -58,7 +58,9 @@ Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
 // The plan as JSON, with the metrics file's names: {"layout": {"dp", "pp", "cp", "tp", "ep",
 // "zero", "fsdp", "optimizer_offload", "sp", "pp_schedule", "pp_virtual", "micro_batch",
-// "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "comm"}...], "bubble",
+// "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "peak_bytes",
+// "device_peak_bytes", "gpu": {"cublas_workspace", "scratch", "scratch_request", "nccl",
+// "nccl_communicators", "context"}, "comm"}...], "bubble",
 // "step_ms", "mfu", ...}. Returns "" or the problem.
 std::string plan_write_json(const Plan& plan, const Config& cfg, const std::string& path);
 // Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's
