@@ -30,6 +30,7 @@
 // axis.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/fp8.h"
@@ -134,10 +135,15 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
   m.dln = new_buffer<void*>(m, Nt * C * a);
-  m.dln_all = tp.active() ? new_buffer<void*>(m, N * C * a) : m.dln;
-  m.datty = new_buffer<void*>(m, N * Cl * a);
-  m.dqkv = new_buffer<void*>(m, N * 3 * Cl * a);
-  m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
+  m.dln_all = tp.active() ? m.partial : m.dln;
+  // the backward's scratch (gpt.h): dfch, then datty and dqkv side by side; the head's logits
+  const size_t dqkv_at = (N * Cl * a + 255) / 256 * 256;  // aligned for vector loads
+  void* scratch = new_buffer<void*>(
+      m, std::max({N * 4 * Cl * a, dqkv_at + N * 3 * Cl * a, head_scratch_bytes(m)}));
+  m.dfch = scratch;
+  m.datty = scratch;
+  m.dqkv = (char*)scratch + dqkv_at;
+  if (gpt_runs_head(layout)) m.logits = scratch;
   if (m.split_backward)  // the LayerNorms' gradients between B and W (model/gpt_backward.cu)
     m.ln_grads = new_buffer<float*>(m, (size_t)layout.L * 4 * C * sizeof(float));
   if (fp8) {
