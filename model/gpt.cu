@@ -91,7 +91,6 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), a = dtype_size(m.dt);
   ActivationSlot sl;
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
-  sl.grad = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
   for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
@@ -128,6 +127,9 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   void* shared_gelu =
       recompute == Recompute::Gelu ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
+  const int grads = m.grad_buffers > 0 ? m.grad_buffers : slots;
+  for (int i = 0; i < grads; i++) m.grads.push_back(new_buffer<void*>(m, Nt * C * a));
+  for (int i = 0; i < slots; i++) m.slots[i].grad = m.grads[i % grads];  // the pipeline re-lends
   head_create(m);  // model/gpt_head.cu
   m.loss_sum = new_buffer<float*>(m, 4);
   if (tp.active()) {
@@ -185,6 +187,7 @@ void gpt_destroy(GPT& m) {
   m.cp = nullptr;
   allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
+  m.grads.clear();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -133,7 +133,8 @@ struct ActivationSlot {
   void* input = nullptr;  // (Nt,C) the chunk's input: the embedding, or received from stage s-1
   void* grad = nullptr;   // (Nt,C) the residual-stream gradient: that of the chunk's output on
                           // entry to the backward (received from stage s+1, or the head's), that
-                          // of its input on exit (sent to stage s-1)
+                          // of its input on exit (sent to stage s-1). One of GPT::grads: the
+                          // pipeline lends them apart from the slots (parallel/pipeline.h)
   std::vector<LayerActs> layers;  // the chunk's blocks; the last one's r3 is the chunk's output
   int* tokens = nullptr;  // (B,T) on the device (the first stage's embedding backward reads them)
 };
@@ -145,6 +146,9 @@ struct GPT {
   int B = 0, T = 0;               // largest micro-batch the buffers hold
   ops::Stream stream = nullptr;   // the stream the buffers were zeroed on
   std::vector<ActivationSlot> slots;
+  std::vector<void*> grads;       // the slots' residual-gradient buffers, (Nt,C) each
+  int grad_buffers = 0;           // set before gpt_create: how many (pipeline_grad_buffers);
+                                  // 0: one per slot
   // Shapes say N = B*T tokens; the residual-stream buffers (slot input and grad, lnf, dln and
   // each layer's ln1, r2, ln2, r3) hold layout.tp.tokens(N) of them.
   // The head (model/gpt_head.cu; on the last stage only): its forward, loss and backward run in

@@ -61,7 +61,7 @@ def extras(s, b, h, ffn, Vp, p, m, t, cp, sp, recompute):
     slots = min(m, p) if p > 1 else 1
     dfch = N * ffn // t * a
     out = {
-        "slot gradients": slots * Nt * h * a,
+        "gradient buffer": Nt * h * a,  # pooled: 1F1B's rank 0 holds one (parallel/pipeline.cu)
         "backward scratch": dfch + Nt * h * a + (N * h * a if t > 1 else 0)
         + (N * h * a if t > 1 and sp else 0),
     }
