@@ -7,6 +7,18 @@
 //   lnf = norm(x_L)       logits = lnf W^T (W: the output weight, Vp x C)
 //   loss = cross-entropy over the first V columns, vocabulary-parallel under tp
 //
+// Over token chunks. The logits are the largest activation (Vp/tp columns per token against C),
+// and each token's logits are needed only for its own loss and its own gradient rows, so the head
+// runs chunk by chunk (head_chunk tokens, a quarter of the micro-batch): the chunk's logits, its
+// losses and in place the logits' gradient, then its share of the output weight's gradient
+// (dW += dlogits^T lnf, summed over chunks in fp32: the only difference from one big GEMM is
+// that order) and its rows of d(lnf), partial over tp until one sum after the last chunk. So no
+// (N, Vp) buffer exists: the chunk's logits live in the backward's scratch, which no block
+// backward uses while the head runs. Under SP the final norm's output is gathered once, before
+// the chunks (the column-parallel linear taken apart, parallel/tensor_parallel.h). Sampling
+// names the row it wants before the forward (model.logits_row); the head copies that row's
+// logits aside as its chunk passes.
+//
 // The output weight comes in as a pointer (with its gradient): GPT-2 ties it to wte; a model
 // with an untied output layer passes its own. The final norm is called through one pair of
 // functions (final_norm_forward/backward), the only place that says which norm it is.
