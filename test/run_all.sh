@@ -28,6 +28,7 @@ tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 
 source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
+run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
 run model       $PY test/test_model.py
 run moe-grads   $PY test/test_moe_grads.py
 run train       $PY test/test_train.py
