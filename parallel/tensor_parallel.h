@@ -13,6 +13,7 @@
 // sequence parallelism); "all" is every token.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "parallel/comm.h"
@@ -166,6 +167,11 @@ const void* tp_vocabulary_row(const TensorParallel& tp, void* all, const void* m
 // `parts` equal consecutive parts (qkv: 3, for q, k, v) and this rank holds the r-th 1/tp of each.
 TensorPlacement tp_column_parallel(const std::string& name, int64_t rows, int64_t cols,
                                    int parts, const TensorParallel& tp);
+// The same with unequal sections (Llama's qkv with grouped-query attention: NH*HS rows of q, then
+// NKV*HS of k and of v): this rank holds the r-th 1/tp of each section, [q_r; k_r; v_r].
+TensorPlacement tp_column_parallel_sections(const std::string& name,
+                                            const std::vector<int64_t>& sections, int64_t cols,
+                                            const TensorParallel& tp);
 // A row-parallel weight (rows = outputs, cols = inputs): this rank's 1/tp of the columns.
 TensorPlacement tp_row_parallel_weight(const std::string& name, int64_t rows, int64_t cols,
                                        const TensorParallel& tp);

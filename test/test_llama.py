@@ -1,0 +1,260 @@
+"""test/test_llama.py - the Llama model ([model] arch = "llama") end to end, and on every axis.
+
+A tiny Llama from the trainer's random init (the counter-based RNG: every layout starts from the
+same weights): L = 2, NH = 4, C = 40 (head size 10), d_ff = 44, T = 16, V = 101 (padded 128),
+global batch 4 sequences, 12 AdamW steps at lr 1e-2 (constant, no clipping, no weight decay
+unless said). Sizes are not multiples of 8 where the code allows it.
+1. Against the float64 PyTorch Llama of test/llama_reference.py (Hugging Face conventions, no
+   code shared with the trainer), from the trainer's own initial weights (an lr = 0 step saved
+   and read back with h5py, mapped to Hugging Face names: qkv's three row sections to q, k, v;
+   fc's two to gate, up): per-step losses within 1e-5 relative for GQA (n_kv_head 2) untied,
+   no GQA (n_kv_head 4) tied, one kv head untied with weight decay 0.1 and clipping 0.5. bf16
+   within 3e-3.
+2. Every layout equals the one-rank run (losses and gradient norms per step, within LAYOUT_TOL):
+   dp2 FSDP, dp2 DDP with grad_accum 2, tp2 with SP (tp divides n_kv_head), tp2 without SP,
+   pp2 1f1b (untied: embedding on the first stage, head on the last), pp2 zb-h1, cp2 (RoPE at
+   the zigzag chunks' global positions), cp2 x tp2, dp2 x pp2 x tp2 FSDP at np 8; recompute
+   "block" and "gelu"; MoE blocks with SwiGLU experts: dp2 x ep2 vs one rank. fp8 runs and
+   trains (its own tolerances are test_fp8.py's business; here: finite, within 5e-2 of bf16).
+3. Checkpoints: saved in dp2 x tp2 FSDP at step 6, resumed on one rank and at pp2 x cp2:
+   steps 7-12 within LAYOUT_TOL of the uninterrupted one-rank run; the checkpoint holds the
+   logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe).
+4. Refused before any work, naming the keys: tp not dividing n_kv_head; d_ff not divisible by
+   tp; a token id past the vocabulary (nothing written); arch = "llama" from an llm.c file.
+"""
+import os
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_reference as lref  # noqa: E402
+from trainer import (Checks, base_sections, check_refused, learnable_tokens,  # noqa: E402
+                     max_rel, read_metrics, run, seeded_rng, write_config)
+import gpt2_reference as ref  # noqa: E402
+
+checks = Checks("test_llama")
+L, NH, C, FF, T, V = 2, 4, 40, 44, 16, 101
+HS = C // NH
+GLOBAL_ROWS, STEPS = 4, 12
+LAYOUT_TOL = 1e-5  # layouts vs one rank, fp32
+
+
+def model_keys(nkv=2, tied=False, **more):
+    m = {"arch": "llama", "n_layer": L, "n_head": NH, "n_kv_head": nkv, "d_model": C,
+         "d_ff": FF, "seq_len": T, "vocab_size": V, "rope_theta": 10000.0, "norm_eps": 1e-5,
+         "tie_embeddings": tied}
+    m.update(more)
+    return m
+
+
+def make_data(tmp, rng, n_tokens=3000):
+    tokens = learnable_tokens(rng, n_tokens, V)
+    ref.write_shard(os.path.join(tmp, "train_000.bin"), tokens)
+    return tokens
+
+
+def sections(tmp, name, model, steps=STEPS, rows=GLOBAL_ROWS, parallel=None, accum=1, **train):
+    """A run of `steps` over a global batch of `rows` sequences, split over dp and grad_accum."""
+    dp = (parallel or {}).get("dp", 1)
+    sec = base_sections(tmp, steps, lr=1e-2, micro_batch=rows // dp // accum, grad_accum=accum)
+    del sec["init"]
+    sec["model"] = dict(model)
+    sec["train"].update(train)
+    sec["log"]["metrics"] = os.path.join(tmp, name + ".jsonl")
+    if parallel:
+        sec["parallel"] = dict(parallel)
+    return sec
+
+
+def world(parallel):
+    p = parallel or {}
+    return p.get("dp", 1) * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1)
+
+
+def train(tmp, name, model, parallel=None, overrides=(), **kw):
+    """Runs the trainer; returns its step records."""
+    sec = sections(tmp, name, model, parallel=parallel, **kw)
+    n = world(parallel)
+    run(write_config(tmp, name + ".toml", sec), list(overrides), np_ranks=n if n > 1 else 0)
+    return read_metrics(os.path.join(tmp, name + ".jsonl"))[0]
+
+
+def compare(what, got, want, tol=LAYOUT_TOL):
+    loss = max_rel([s["loss"] for s in got], [s["loss"] for s in want])
+    norm = max_rel([s["grad_norm"] for s in got], [s["grad_norm"] for s in want])
+    checks.check(what, len(got) == len(want) and max(loss, norm) < tol,
+                 f"max rel err loss {loss:.2e} norm {norm:.2e} (tolerance {tol:.0e})")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Against float64 PyTorch
+# ---------------------------------------------------------------------------------------------
+def read_model_group(path):
+    with h5py.File(path, "r") as f:
+        out = {}
+        f["model"].visititems(lambda n, d: out.__setitem__(n, d[()].astype(np.float64))
+                              if isinstance(d, h5py.Dataset) else None)
+        return out
+
+
+def to_hf(w, nkv, tied):
+    """The trainer's logical tensors -> Hugging Face LlamaForCausalLM names (llama_design)."""
+    hf = {"model.embed_tokens.weight": w["wte"][:V], "model.norm.weight": w["ln_f/weight"]}
+    if not tied:
+        hf["lm_head.weight"] = w["lm_head"][:V]
+    for l in range(L):
+        h, p = f"h.{l}/", f"model.layers.{l}."
+        qkv = w[h + "attn/qkv/weight"]
+        q, k, v = np.split(qkv, [NH * HS, (NH + nkv) * HS])
+        gate, up = np.split(w[h + "mlp/fc/weight"], 2)
+        hf.update({p + "input_layernorm.weight": w[h + "ln_1/weight"],
+                   p + "post_attention_layernorm.weight": w[h + "ln_2/weight"],
+                   p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                   p + "self_attn.v_proj.weight": v,
+                   p + "self_attn.o_proj.weight": w[h + "attn/proj/weight"],
+                   p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                   p + "mlp.down_proj.weight": w[h + "mlp/proj/weight"]})
+    return hf
+
+
+def initial_weights(tmp, name, model):
+    """The trainer's initial weights: one lr = 0 step, saved, read with h5py."""
+    sec = sections(tmp, name, model, steps=1, lr=0.0)
+    sec["checkpoint"] = {"dir": os.path.join(tmp, name + "_ck")}
+    run(write_config(tmp, name + ".toml", sec))
+    return read_model_group(os.path.join(tmp, name + "_ck", "step_000001", "checkpoint.h5"))
+
+
+def test_reference(tmp, tokens):
+    cases = [("GQA (n_kv_head 2), untied", 2, False, {}),
+             ("no GQA (n_kv_head 4), tied", 4, True, {}),
+             ("one kv head, untied, weight decay and clipping", 1, False,
+              {"weight_decay": 0.1, "grad_clip": 0.5})]
+    for what, nkv, tied, extra in cases:
+        model = model_keys(nkv, tied)
+        w = initial_weights(tmp, f"init{nkv}", model)
+        shapes_ok = (w["h.0/attn/qkv/weight"].shape == ((NH + 2 * nkv) * HS, C) and
+                     w["h.1/mlp/fc/weight"].shape == (2 * FF, C) and "wpe" not in w and
+                     ("lm_head" in w) != tied and w["wte"].shape == (128, C))
+        checks.check(f"checkpoint tensors ({what})", shapes_ok,
+                     f"qkv {w['h.0/attn/qkv/weight'].shape}, fc {w['h.1/mlp/fc/weight'].shape}, "
+                     f"{len(w)} tensors")
+        ours = [s["loss"] for s in train(tmp, f"ref{nkv}", model, **extra)]
+        cfg = lref.llama_config(L, NH, nkv, C, FF, V, max_pos=T, tied=tied)
+        theirs = lref.train_losses(to_hf(w, nkv, tied), cfg, tokens, STEPS, GLOBAL_ROWS, T,
+                                   lr=1e-2, **extra)
+        r = max_rel(ours, theirs)
+        checks.check(f"vs float64 PyTorch: {what}", len(ours) == STEPS and r < 1e-5,
+                     f"max rel err {r:.2e} over {STEPS} steps, loss {ours[0]:.4f} -> "
+                     f"{ours[-1]:.4f}")
+        if nkv == 2:
+            bf16 = [s["loss"] for s in train(tmp, "ref_bf16", model,
+                                             overrides=["--precision.compute=bf16"])]
+            r = max_rel(bf16, theirs)
+            checks.check("bf16 follows float64 PyTorch", r < 3e-3, f"max rel err {r:.2e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Layouts
+# ---------------------------------------------------------------------------------------------
+def test_layouts(tmp):
+    model = model_keys(2, False)
+    one = train(tmp, "one", model)
+    cases = [("dp2 FSDP", {"dp": 2, "zero": 3}, {}),
+             ("dp2 DDP, grad_accum 2", {"dp": 2}, {"accum": 2}),
+             ("tp2 with SP", {"tp": 2}, {}),
+             ("tp2 without SP", {"tp": 2, "sp": False}, {}),
+             ("pp2 1f1b", {"pp": 2}, {"accum": 2}),
+             ("pp2 zb-h1", {"pp": 2, "pp_schedule": "zb-h1"}, {"accum": 2}),
+             ("cp2", {"cp": 2}, {}),
+             ("cp2 x tp2", {"cp": 2, "tp": 2}, {}),
+             ("dp2 x pp2 x tp2 FSDP (np 8)", {"dp": 2, "pp": 2, "tp": 2, "zero": 3},
+              {"accum": 2})]
+    for what, parallel, kw in cases:
+        got = train(tmp, "l_" + "_".join(f"{k}{v}" for k, v in parallel.items()), model,
+                    parallel, **kw)
+        want = one if kw.get("accum", 1) == 1 else train(tmp, "one_accum2", model, accum=2)
+        compare(f"{what} = one rank", got, want)
+    for mode in ("block", "gelu"):
+        compare(f"recompute {mode} = none", train(tmp, f"rc_{mode}", model, recompute=mode), one)
+
+
+def test_moe(tmp):
+    model = model_keys(2, False, n_experts=4, top_k=2, d_expert=24)
+    one = train(tmp, "moe_one", model)
+    got = train(tmp, "moe_dp2ep2", model, {"dp": 2, "ep": 2})
+    compare("MoE (SwiGLU experts): dp2 x ep2 = one rank", got, one)
+    falls = one[-1]["loss"] < one[0]["loss"] - 0.5
+    checks.check("MoE Llama learns", falls, f"loss {one[0]['loss']:.3f} -> {one[-1]['loss']:.3f}")
+
+
+def test_fp8(tmp):
+    model = model_keys(2, False, d_ff=48)  # FP8 GEMM dimensions: multiples of 16
+    m = dict(model, d_model=64, n_head=4)
+    bf16 = train(tmp, "bf16", m, overrides=["--precision.compute=bf16"])
+    fp8 = train(tmp, "fp8", m, overrides=["--precision.compute=fp8"])
+    r = max_rel([s["loss"] for s in fp8], [s["loss"] for s in bf16])
+    checks.check("fp8 trains next to bf16", np.isfinite(r) and r < 5e-2,
+                 f"max rel err {r:.2e} over {STEPS} steps")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Checkpoints across layouts
+# ---------------------------------------------------------------------------------------------
+def test_checkpoints(tmp):
+    model = model_keys(2, False)
+    one = train(tmp, "ck_one", model)
+    ck = os.path.join(tmp, "ck")
+    sec = sections(tmp, "ck_save", model, steps=6, parallel={"dp": 2, "tp": 2, "zero": 3})
+    sec["train"]["steps"] = STEPS
+    sec["checkpoint"] = {"dir": ck, "every": 6}
+    run(write_config(tmp, "ck_save.toml", sec), ["--train.steps=6"], np_ranks=4)
+    for what, parallel in [("one rank", None), ("pp2 x cp2", {"pp": 2, "cp": 2})]:
+        name = "ck_" + ("one_r" if parallel is None else "ppcp")
+        accum = 2 if parallel else 1
+        s = sections(tmp, name, model, parallel=parallel, accum=accum)
+        s["checkpoint"] = {"dir": ck, "resume": os.path.join(ck, "step_000006")}
+        n = world(parallel)
+        run(write_config(tmp, name + ".toml", s), np_ranks=n if n > 1 else 0)
+        got = read_metrics(os.path.join(tmp, name + ".jsonl"))[0]
+        want = one if accum == 1 else train(tmp, "ck_one_accum2", model, accum=2)
+        compare(f"checkpoint dp2 x tp2 FSDP step 6 -> {what}: steps 7-12", got,
+                [x for x in want if x["step"] > 6])
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Refusals
+# ---------------------------------------------------------------------------------------------
+def test_refusals(tmp):
+    model = model_keys(2, False)
+    sec = sections(tmp, "bad", dict(model, n_kv_head=1), parallel={"tp": 2})
+    check_refused(checks, tmp, "tp not dividing n_kv_head", sec, 2, ["n_kv_head", "tp"])
+    sec = sections(tmp, "bad", dict(model, d_ff=45), parallel={"tp": 2, "sp": False})
+    check_refused(checks, tmp, "tp not dividing d_ff", sec, 2, ["d_ff", "tp"])
+    sec = sections(tmp, "bad", model)
+    sec["init"] = {"from": os.path.join(tmp, "model.bin")}
+    check_refused(checks, tmp, "llama from an llm.c file", sec, 0, ["init", "llama"])
+    sec = sections(tmp, "bad", dict(model, vocab_size=50))
+    sec["checkpoint"] = {"dir": os.path.join(tmp, "bad_ck")}
+    check_refused(checks, tmp, "token id past the vocabulary", sec, 0, ["vocab"])
+    checks.check("nothing written for the bad tokens", not os.path.exists(
+        os.path.join(tmp, "bad_ck")), "")
+
+
+def main():
+    rng = seeded_rng("test_llama")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = make_data(tmp, rng)
+        ref.write_model(os.path.join(tmp, "model.bin"), ref.random_params(1, 8, T, V, rng),
+                        1, 2, 8, T, V)
+        checks.run_each(lambda: test_reference(tmp, tokens), lambda: test_layouts(tmp),
+                        lambda: test_moe(tmp), lambda: test_fp8(tmp),
+                        lambda: test_checkpoints(tmp), lambda: test_refusals(tmp))
+    checks.report()
+
+
+if __name__ == "__main__":
+    main()
