@@ -215,7 +215,8 @@ void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, co
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
   for (int k = 0; k < pos.chunks; k++) {
-    const void* wpe_k = tp.rank() == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
+    const void* wpe_k =  // (no wpe: Llama's positions are rotary, in the attention)
+        tp.rank() == 0 && wpe ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
     ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
                          wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows, V);
   }

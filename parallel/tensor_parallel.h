@@ -134,14 +134,16 @@ struct TokenPositions {
 };
 
 // The vocabulary-parallel embedding: wte holds rows [vocab_first, vocab_first + vocab_rows).
-// Forward: out (tokens(N) x C) = wte[tokens] + wpe[position]; each rank looks up its own rows
+// Forward: out (tokens(N) x C) = wte[tokens] + wpe[position] (no wpe, null: Llama, whose
+// positions are rotary); each rank looks up its own rows
 // (zeros for the others' tokens), tp rank 0 adds the positions, and the partial embeddings are
 // summed (g forward). `partial` is N x C scratch. V: the vocabulary, which every token is below.
 void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, const int* tokens,
                           const void* wte, const void* wpe, const TokenPositions& pos, int C,
                           int vocab_first, int vocab_rows, int V, DType dt, ops::Stream s);
 // Backward: dout_mine (tokens(N) x C) is gathered to every token (into `all`, N x C); each rank
-// adds into its own wte rows, and every rank computes the whole of dwpe (the same on all).
+// adds into its own wte rows, and every rank computes the whole of dwpe (the same on all; null:
+// none).
 void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, void* all,
                            const void* dout_mine, const int* tokens, const TokenPositions& pos,
                            int C, int vocab_first, int vocab_rows, int V, DType dt,
