@@ -14,8 +14,8 @@ unless said). Sizes are not multiples of 8 where the code allows it.
    dp2 FSDP, dp2 DDP with grad_accum 2, tp2 with SP (tp divides n_kv_head), tp2 without SP,
    pp2 1f1b (untied: embedding on the first stage, head on the last), pp2 zb-h1, cp2 (RoPE at
    the zigzag chunks' global positions), cp2 x tp2, dp2 x pp2 x tp2 FSDP at np 8; recompute
-   "block" and "gelu"; MoE blocks with SwiGLU experts: dp2 x ep2 vs one rank. fp8 runs and
-   trains (its own tolerances are test_fp8.py's business; here: finite, within 5e-2 of bf16).
+   "block" and "gelu"; MoE blocks with SwiGLU experts: dp2 x ep2 vs one rank. fp8 (C = 64):
+   tp2 = one rank within 2e-3 (test_pipeline's fp8 layout tolerance), and the loss falls.
 3. Checkpoints: saved in dp2 x tp2 FSDP at step 6, resumed on one rank and at pp2 x cp2:
    steps 7-12 within LAYOUT_TOL of the uninterrupted one-rank run; the checkpoint holds the
    logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe).
@@ -39,7 +39,7 @@ checks = Checks("test_llama")
 L, NH, C, FF, T, V = 2, 4, 40, 44, 16, 101
 HS = C // NH
 GLOBAL_ROWS, STEPS = 4, 12
-LAYOUT_TOL = 1e-5  # layouts vs one rank, fp32
+LAYOUT_TOL = 5e-5  # layouts vs one rank, fp32: measured <= 5.7e-6 (norms, cp2)
 
 
 def model_keys(nkv=2, tied=False, **more):
@@ -192,13 +192,15 @@ def test_moe(tmp):
 
 
 def test_fp8(tmp):
-    model = model_keys(2, False, d_ff=48)  # FP8 GEMM dimensions: multiples of 16
-    m = dict(model, d_model=64, n_head=4)
-    bf16 = train(tmp, "bf16", m, overrides=["--precision.compute=bf16"])
-    fp8 = train(tmp, "fp8", m, overrides=["--precision.compute=fp8"])
-    r = max_rel([s["loss"] for s in fp8], [s["loss"] for s in bf16])
-    checks.check("fp8 trains next to bf16", np.isfinite(r) and r < 5e-2,
-                 f"max rel err {r:.2e} over {STEPS} steps")
+    """FP8 GEMM dimensions must be multiples of 16: C = 64, d_ff = 64, kv width 2 x 16."""
+    m = dict(model_keys(2, False), d_model=64, d_ff=64)
+    fp8 = train(tmp, "fp8", m, overrides=["--precision.compute=fp8"], lr=1e-3)
+    tp = train(tmp, "fp8_tp2", m, {"tp": 2}, overrides=["--precision.compute=fp8"], lr=1e-3)
+    loss = max_rel([s["loss"] for s in tp], [s["loss"] for s in fp8])
+    falls = fp8[-1]["loss"] < fp8[0]["loss"] - 0.1
+    checks.check("fp8: tp2 = one rank, and it learns", loss < 2e-3 and falls,
+                 f"max rel err loss {loss:.2e} (tolerance 2e-3, test_pipeline's for fp8 "
+                 f"layouts); loss {fp8[0]['loss']:.3f} -> {fp8[-1]['loss']:.3f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,18 +240,20 @@ def test_refusals(tmp):
     sec["init"] = {"from": os.path.join(tmp, "model.bin")}
     check_refused(checks, tmp, "llama from an llm.c file", sec, 0, ["init", "llama"])
     sec = sections(tmp, "bad", dict(model, vocab_size=50))
-    sec["checkpoint"] = {"dir": os.path.join(tmp, "bad_ck")}
-    check_refused(checks, tmp, "token id past the vocabulary", sec, 0, ["vocab"])
-    checks.check("nothing written for the bad tokens", not os.path.exists(
-        os.path.join(tmp, "bad_ck")), "")
+    ck = os.path.join(tmp, "bad_ck")
+    sec["checkpoint"] = {"dir": ck}
+    check_refused(checks, tmp, "token id past the vocabulary", sec, 0, ["vocab_size = 50"])
+    left = os.listdir(ck) if os.path.isdir(ck) else []
+    checks.check("nothing written for the bad tokens", not left, f"{ck}: {left}")
 
 
 def main():
     rng = seeded_rng("test_llama")
     with tempfile.TemporaryDirectory() as tmp:
         tokens = make_data(tmp, rng)
-        ref.write_model(os.path.join(tmp, "model.bin"), ref.random_params(1, 8, T, V, rng),
-                        1, 2, 8, T, V)
+        # a GPT-2 llm.c file of the Llama's very shape: only the architecture can refuse it
+        ref.write_model(os.path.join(tmp, "model.bin"), ref.random_params(L, C, T, V, rng),
+                        L, NH, C, T, V)
         checks.run_each(lambda: test_reference(tmp, tokens), lambda: test_layouts(tmp),
                         lambda: test_moe(tmp), lambda: test_fp8(tmp),
                         lambda: test_checkpoints(tmp), lambda: test_refusals(tmp))
