@@ -14,11 +14,13 @@ unless said). Sizes are not multiples of 8 where the code allows it.
    dp2 FSDP, dp2 DDP with grad_accum 2, tp2 with SP (tp divides n_kv_head), tp2 without SP,
    pp2 1f1b (untied: embedding on the first stage, head on the last), pp2 zb-h1, cp2 (RoPE at
    the zigzag chunks' global positions), cp2 x tp2, dp2 x pp2 x tp2 FSDP at np 8; recompute
-   "block" and "gelu"; MoE blocks with SwiGLU experts: dp2 x ep2 vs one rank. fp8 (C = 64):
+   "block" and "gelu"; pp2 tied = one rank, and only the tied model sums wte's gradient over
+   the embedding group (one all-reduce per step, none untied); MoE blocks with SwiGLU experts: dp2 x ep2 vs one rank. fp8 (C = 64):
    tp2 = one rank within 2e-3 (test_pipeline's fp8 layout tolerance), and the loss falls.
 3. Checkpoints: saved in dp2 x tp2 FSDP at step 6, resumed on one rank and at pp2 x cp2:
    steps 7-12 within LAYOUT_TOL of the uninterrupted one-rank run; the checkpoint holds the
-   logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe).
+   logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe);
+   resuming it with another n_kv_head is refused, naming both shapes.
 4. Refused before any work, naming the keys: tp not dividing n_kv_head; d_ff not divisible by
    tp; a token id past the vocabulary (nothing written); arch = "llama" from an llm.c file.
 """
@@ -180,6 +182,18 @@ def test_layouts(tmp):
         compare(f"{what} = one rank", got, want)
     for mode in ("block", "gelu"):
         compare(f"recompute {mode} = none", train(tmp, f"rc_{mode}", model, recompute=mode), one)
+    # The head's weight: untied, the embedding and the head live on one stage each and nothing
+    # is summed over the pair; tied, both stages hold wte and its gradient is summed (embed axis).
+    untied = train(tmp, "l_pp2_embed", model, {"pp": 2}, accum=2)
+    tied_model = model_keys(2, True)
+    tied_one = train(tmp, "tied_one", tied_model, accum=2)
+    tied = train(tmp, "tied_pp2", tied_model, {"pp": 2}, accum=2)
+    compare("tied pp2 = one rank", tied, tied_one)
+    embed = [s.get("comm", {}).get("embed", {}).get("all_reduce", {}).get("calls", 0)
+             for s in (untied[0], tied[0])]
+    checks.check("pp2: the embed axis sums the tied wte only", embed == [0, 1],
+                 f"all-reduces per step on rank 0's embed axis: untied {embed[0]}, tied "
+                 f"{embed[1]}")
 
 
 def test_moe(tmp):
@@ -225,6 +239,10 @@ def test_checkpoints(tmp):
         want = one if accum == 1 else train(tmp, "ck_one_accum2", model, accum=2)
         compare(f"checkpoint dp2 x tp2 FSDP step 6 -> {what}: steps 7-12", got,
                 [x for x in want if x["step"] > 6])
+    s = sections(tmp, "ck_other", dict(model, n_kv_head=4))
+    s["checkpoint"] = {"dir": ck, "resume": os.path.join(ck, "step_000006")}
+    check_refused(checks, tmp, "resuming with another n_kv_head", s, 0,
+                  ["n_kv_head 2", "n_kv_head 4"])
 
 
 # ---------------------------------------------------------------------------------------------
