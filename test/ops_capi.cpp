@@ -111,27 +111,28 @@ void op_gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, i
   ops::gelu_backward(dinp, inp, dout, n, dtype_of(dt), test_stream());
 }
 
-void op_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
-                          int dt) {
-  ops::attention_forward(out, lse, qkv, B, T, NH, HS, dtype_of(dt), test_stream());
+void op_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
+                          int HS, int dt) {
+  ops::attention_forward(out, lse, qkv, B, T, NH, NKV, HS, dtype_of(dt), test_stream());
 }
 void op_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                           const float* lse, int B, int T, int NH, int HS, int dt) {
-  ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, dtype_of(dt), test_stream());
+                           const float* lse, int B, int T, int NH, int NKV, int HS, int dt) {
+  ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, dtype_of(dt),
+                          test_stream());
 }
 void op_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B,
                         int T, int NH, int HS, int dt) {
   ops::attention_merge(out, lse, out_b, lse_b, B, T, NH, HS, dtype_of(dt), test_stream());
 }
 void op_attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B,
-                                int T, int NH, int HS, int causal, int dt) {
-  ops::attention_block_forward(out, lse, qkv, kv, B, T, NH, HS, causal != 0, dtype_of(dt),
+                                int T, int NH, int NKV, int HS, int causal, int dt) {
+  ops::attention_block_forward(out, lse, qkv, kv, B, T, NH, NKV, HS, causal != 0, dtype_of(dt),
                                test_stream());
 }
 void op_attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                                  const float* lse, const void* qkv, const void* kv, int B, int T,
-                                 int NH, int HS, int causal, int dt) {
-  ops::attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, NH, HS, causal != 0,
+                                 int NH, int NKV, int HS, int causal, int dt) {
+  ops::attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, NH, NKV, HS, causal != 0,
                                 dtype_of(dt), test_stream());
 }
 
