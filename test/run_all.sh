@@ -58,6 +58,7 @@ run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
+run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
