@@ -10,7 +10,7 @@
 //   intermediate_size -> d_ff         vocab_size -> vocab_size
 //   rms_norm_eps -> norm_eps (1e-6)   rope_theta -> rope_theta (10000)
 //   tie_word_embeddings -> tie_embeddings (false)
-//   max_position_embeddings: seq_len and max_seq_len must not exceed it; seq_len defaults to it
+//   max_position_embeddings -> max_seq_len; seq_len must not exceed it and defaults to it
 // and what our model cannot be is refused: model_type other than "llama", hidden_act other than
 // "silu", attention_bias or mlp_bias true, head_dim other than hidden_size/num_attention_heads,
 // and any non-null rope_scaling (Llama 3.1's long-context frequency rescaling is not built).
@@ -134,8 +134,8 @@ void position_keys(HfKeys& k) {
   const int max_pos = (int)v->integer;
   ModelConfig& m = k.cfg.model;
   if (!k.given("model.seq_len")) m.seq_len = max_pos, k.origins["model.seq_len"] = k.origin();
-  if (!k.given("model.max_seq_len"))
-    m.max_seq_len = m.seq_len, k.origins["model.max_seq_len"] = "= seq_len";
+  if (!k.given("model.max_seq_len"))  // kept, so that an export writes it back
+    m.max_seq_len = max_pos, k.origins["model.max_seq_len"] = k.origin();
   for (const char* id : {"model.seq_len", "model.max_seq_len"}) {
     const int value = id[6] == 's' ? m.seq_len : m.max_seq_len;
     if (value > max_pos)

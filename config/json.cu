@@ -20,9 +20,10 @@ constexpr int kMaxDepth = 64;
 
 struct Parser {
   const std::string& s;
+  size_t base = 0;  // added to every offset reported
   size_t i = 0;
 
-  [[noreturn]] void fail(const std::string& what, size_t at) { throw JsonError{at, what}; }
+  [[noreturn]] void fail(const std::string& what, size_t at) { throw JsonError{base + at, what}; }
   [[noreturn]] void fail(const std::string& what) { fail(what, i); }
   bool done() const { return i >= s.size(); }
   char peek() const { return done() ? '\0' : s[i]; }
@@ -56,7 +57,7 @@ JsonValue Parser::value(int depth) {
   if (depth > kMaxDepth) fail("nesting deeper than 64 levels");
   skip_space();
   JsonValue v;
-  v.offset = i;
+  v.offset = base + i;
   switch (peek()) {
     case '{': object(v, depth); break;
     case '[': array(v, depth); break;
@@ -239,8 +240,8 @@ const char* JsonValue::kind_name() const {
   return names[kind];
 }
 
-std::string json_parse(const std::string& text, JsonValue* out) {
-  Parser p{text};
+std::string json_parse(const std::string& text, JsonValue* out, size_t base) {
+  Parser p{text, base};
   try {
     JsonValue v = p.value(0);
     p.skip_space();

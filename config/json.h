@@ -32,8 +32,9 @@ struct JsonValue {
   const char* kind_name() const;                        // "string", "object", ...
 };
 
-// Parses all of `text`. Returns "" and fills *out, or "byte N: what is wrong".
-std::string json_parse(const std::string& text, JsonValue* out);
+// Parses all of `text`. Returns "" and fills *out, or "byte N: what is wrong". Offsets (in the
+// message and in each value) count from `base`: the text's position in its file.
+std::string json_parse(const std::string& text, JsonValue* out, size_t base = 0);
 // Reads and parses a whole file; returns "" or "PATH: byte N: what is wrong" (or why it could
 // not be read). Files over max_bytes are refused unread.
 std::string json_parse_file(const std::string& path, JsonValue* out,
