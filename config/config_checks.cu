@@ -76,6 +76,16 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     if (!given("max_seq_len")) cfg.model.max_seq_len = cfg.model.seq_len;
     return;
   }
+  if (is_hf_directory(cfg.init.from)) {  // a Hugging Face directory: config/config_hf.cu
+    resolve_hf_model(cfg, origins, problems);
+    return;
+  }
+  if (cfg.model.is_llama()) {
+    problems.add(mention(cfg, origins, "init.from") + " is a file, read as an llm.c model (GPT-2), "
+                 "but " + mention(cfg, origins, "model.arch") + ": a Llama starts from a Hugging "
+                 "Face directory (config.json + model.safetensors)");
+    return;
+  }
   if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
