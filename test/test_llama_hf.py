@@ -2,8 +2,8 @@
 
 Every Hugging Face directory here is written by test/llama_reference.py (its own safetensors
 writer) with random weights, at awkward sizes (d_model 36, d_ff 44, vocabulary 101 padded to
-128), for grouped-query attention (4 query heads on 2 kv heads), none (3 on 3) and one kv head
-(4 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
+128), for grouped-query attention (6 query heads on 2 kv heads: an even head size, which RoPE
+needs), none (3 on 3) and one kv head (6 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
 
 1. The reader without the model (build/test_hf_llama: checkpoint/hf_llama.cu's ParamFill on the
    design's tensor-parallel placements, fed in pieces of 37 elements so that blocks start and
@@ -46,9 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(BUILD, "test_hf_llama")
 C, F_, V, L, T = 36, 44, 101, 2, 16
 CASES = [  # (what, NH, NKV, tied, dtype, shards)
-    ("GQA 4 on 2, untied, F32", 4, 2, False, "F32", 1),
+    ("GQA 6 on 2, untied, F32", 6, 2, False, "F32", 1),
     ("no GQA 3 on 3, tied, BF16, 3 shards", 3, 3, True, "BF16", 3),
-    ("one kv head 4 on 1, untied, F32, 3 shards", 4, 1, False, "F32", 3),
+    ("one kv head 6 on 1, untied, F32, 3 shards", 6, 1, False, "F32", 3),
 ]
 
 
@@ -163,7 +163,7 @@ def corrupt(path, how):
 
 def bad_inputs(tmp, rng):
     """(what, directory, words the message must hold) for each tensor-level refusal."""
-    NH, NKV = 4, 2
+    NH, NKV = 6, 2  # head size 6: the trainer refuses an odd one before reading any tensor
     cases = []
 
     def variant(name, edit, words, shards=1):
@@ -184,7 +184,7 @@ def bad_inputs(tmp, rng):
     k = "model.layers.1.self_attn.k_proj.weight"
     variant("missing", lambda p, c, P: (P.pop(k), rewrite(p, c, P)), [k, "missing"])
     variant("shape", lambda p, c, P: (P.__setitem__(k, P[k][:-1]), rewrite(p, c, P)),
-            [k, "model.safetensors", "[17, 36]", "[18, 36]"])
+            [k, "model.safetensors", "[11, 36]", "[12, 36]"])
     variant("dtype", lambda p, c, P: rewrite(p, c, {**P, k: P[k].astype(np.float16)}, {k: "F16"}),
             [k, "F16", "model.safetensors"])
     variant("extra", lambda p, c, P: rewrite(p, c, {**P, "model.layers.0.self_attn.q_proj.bias":
@@ -202,7 +202,7 @@ def bad_inputs(tmp, rng):
 def test_reader_refusals(rng):
     with tempfile.TemporaryDirectory() as tmp:
         for what, path, words in bad_inputs(tmp, rng):
-            r = run_reader(path, 4, 2, False, 1, os.path.join(tmp, "out.safetensors"))
+            r = run_reader(path, 6, 2, False, 1, os.path.join(tmp, "out.safetensors"))
             text = r.stdout + r.stderr
             ok = r.returncode != 0 and all(w in text for w in words) and \
                 not os.path.exists(os.path.join(tmp, "out.safetensors"))
@@ -339,7 +339,7 @@ def test_training(rng):
     with tempfile.TemporaryDirectory() as tmp:
         tokens = learnable_tokens(rng, 3000, V)
         gref.write_shard(os.path.join(tmp, "train_000.bin"), tokens)
-        probe, _ = hf_dir(tmp, rng, 4, 2, False, "F32", 1, name="probe")
+        probe, _ = hf_dir(tmp, rng, 6, 2, False, "F32", 1, name="probe")
         if not llama_trains(tmp, probe):
             return
         steps, lr = 12, 3e-3
@@ -357,6 +357,7 @@ def test_training(rng):
             checks.check(f"trains like float64: {what}", err < 1e-4,
                          f"max rel loss error {err:.2e} over {steps} steps (tolerance 1e-4); "
                          f"loss {theirs[0]:.4f} -> {theirs[-1]:.4f}")
+        os.remove(os.path.join(tmp, "metrics.jsonl"))  # the training cases' (a refusal writes none)
         for what, path, words in bad_inputs(tmp, rng):
             refused(tmp, f"trainer: {what}", sections(tmp, path), words)
 
