@@ -1,8 +1,8 @@
 """test/test_llama_hf.py - Hugging Face Llama weights in: the reader, its refusals, and training.
 
 Every Hugging Face directory here is written by test/llama_reference.py (its own safetensors
-writer) with random weights, at awkward sizes (d_model 36, d_ff 44, vocabulary 101 padded to
-128), for grouped-query attention (4 query heads on 2 kv heads), none (3 on 3) and one kv head
+writer) with random weights, at awkward sizes (d_model 40, head size 10 or 8, d_ff 44, vocabulary 101 padded to
+128), for grouped-query attention (4 query heads on 2 kv heads), none (5 on 5) and one kv head
 (4 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
 
 1. The reader without the model (build/test_hf_llama: checkpoint/hf_llama.cu's ParamFill on the
@@ -44,10 +44,10 @@ checks = Checks("test_llama_hf")
 BUILD = os.environ.get("BUILD", "build")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(BUILD, "test_hf_llama")
-C, F_, V, L, T = 36, 44, 101, 2, 16
+C, F_, V, L, T = 40, 44, 101, 2, 16
 CASES = [  # (what, NH, NKV, tied, dtype, shards)
     ("GQA 4 on 2, untied, F32", 4, 2, False, "F32", 1),
-    ("no GQA 3 on 3, tied, BF16, 3 shards", 3, 3, True, "BF16", 3),
+    ("no GQA 5 on 5, tied, BF16, 3 shards", 5, 5, True, "BF16", 3),
     ("one kv head 4 on 1, untied, F32, 3 shards", 4, 1, False, "F32", 3),
 ]
 
@@ -184,11 +184,11 @@ def bad_inputs(tmp, rng):
     k = "model.layers.1.self_attn.k_proj.weight"
     variant("missing", lambda p, c, P: (P.pop(k), rewrite(p, c, P)), [k, "missing"])
     variant("shape", lambda p, c, P: (P.__setitem__(k, P[k][:-1]), rewrite(p, c, P)),
-            [k, "model.safetensors", "[17, 36]", "[18, 36]"])
+            [k, "model.safetensors", "[19, 40]", "[20, 40]"])
     variant("dtype", lambda p, c, P: rewrite(p, c, {**P, k: P[k].astype(np.float16)}, {k: "F16"}),
             [k, "F16", "model.safetensors"])
     variant("extra", lambda p, c, P: rewrite(p, c, {**P, "model.layers.0.self_attn.q_proj.bias":
-                                                    np.zeros(36, np.float32)}),
+                                                    np.zeros(40, np.float32)}),
             ["q_proj.bias", "no place"])
     variant("length", lambda p, c, P: corrupt(p, "length"), ["model.safetensors", "header length"])
     variant("json", lambda p, c, P: corrupt(p, "json"), ["model.safetensors", "byte ", "malformed"])
@@ -224,6 +224,10 @@ def sections(tmp, path, steps=12, **model):
 
 
 def refused(tmp, what, sec, words):
+    for f in ("metrics.jsonl", "ckpt"):  # left by an earlier run: the refused one must write none
+        shutil.rmtree(os.path.join(tmp, f), ignore_errors=True)
+        if os.path.exists(os.path.join(tmp, f)):
+            os.remove(os.path.join(tmp, f))
     r = run(write_config(tmp, "bad.toml", sec), check=False, timeout=120)
     text = r.stdout + r.stderr
     wrote = [f for f in ("metrics.jsonl", "ckpt") if os.path.exists(os.path.join(tmp, f))]
@@ -244,8 +248,8 @@ def test_config_refusals(rng):
     with tempfile.TemporaryDirectory() as tmp:
         gref.write_shard(os.path.join(tmp, "train_000.bin"), learnable_tokens(rng, 3000, V))
         path, _ = hf_dir(tmp, rng, 4, 2, False, "F32", 1)
-        refused(tmp, "d_model mismatch", sections(tmp, path, d_model=40),
-                ["d_model = 40", "hidden_size = 36", "config.json"])
+        refused(tmp, "d_model mismatch", sections(tmp, path, d_model=48),
+                ["d_model = 48", "hidden_size = 40", "config.json"])
         refused(tmp, "n_kv_head mismatch", sections(tmp, path, n_kv_head=4),
                 ["n_kv_head = 4", "num_key_value_heads = 2"])
         refused(tmp, "norm_eps mismatch", sections(tmp, path, norm_eps=1e-6),
