@@ -45,6 +45,7 @@ BUILD = os.environ.get("BUILD", "build")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(BUILD, "test_hf_llama")
 C, F_, V, L, T = 40, 44, 101, 2, 16
+TRAIN_TOL = 1e-5  # measured <= 1.0e-6 relative (issue 22 asks for 1e-4)
 CASES = [  # (what, NH, NKV, tied, dtype, shards)
     ("GQA 4 on 2, untied, F32", 4, 2, False, "F32", 1),
     ("no GQA 5 on 5, tied, BF16, 3 shards", 5, 5, True, "BF16", 3),
@@ -213,10 +214,10 @@ def test_reader_refusals(rng):
 # ---------------------------------------------------------------------------------------------
 # 3. config.json against [model], through the trainer
 # ---------------------------------------------------------------------------------------------
-def sections(tmp, path, steps=12, **model):
+def sections(tmp, path, steps=12, lr=3e-3, **model):
     return {"init": {"from": path}, "model": {"seq_len": T, **model},
             "data": {"train": os.path.join(tmp, "train_*.bin"), "shuffle": False},
-            "train": {"micro_batch": 2, "grad_accum": 1, "steps": steps, "lr": 3e-3,
+            "train": {"micro_batch": 2, "grad_accum": 1, "steps": steps, "lr": lr,
                       "warmup_steps": 0, "lr_schedule": "constant", "weight_decay": 0.0,
                       "grad_clip": 0.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
             "log": {"every": 1, "metrics": os.path.join(tmp, "metrics.jsonl")},
@@ -278,14 +279,18 @@ EXPORT = [sys.executable, os.path.join(ROOT, "tools", "export.py")]
 
 def fake_checkpoint(path, cfg, ours, model_toml):
     """A checkpoint directory as checkpoint/ writes it, as far as the exporter reads it: one
-    checkpoint.h5 with the shape attributes, the resolved config text and model/<name> datasets,
-    and manifest.txt ("<bytes> <crc32> <file>" lines, then "end <crc32 of the above>")."""
+    checkpoint.h5 with the shape and Llama attributes, the resolved config text (a string
+    dataset "config") and model/<name> datasets, and manifest.txt ("<bytes> <crc32> <file>"
+    lines, then "end <crc32 of the above>")."""
     os.makedirs(path)
     with h5py.File(os.path.join(path, "checkpoint.h5"), "w") as f:
         f.attrs.update({"step": 7, "n_layer": L, "n_head": cfg["num_attention_heads"],
                         "d_model": C, "seq_len": T, "vocab_size": V,
                         "padded_vocab": gref.padded_vocab(V), "n_experts": 0,
-                        "max_seq_len": cfg["max_position_embeddings"], "config": model_toml})
+                        "max_seq_len": cfg["max_position_embeddings"], "llama": 1,
+                        "n_kv_head": cfg["num_key_value_heads"], "d_ff": F_,
+                        "tie_embeddings": int(cfg["tie_word_embeddings"])})
+        f["config"] = model_toml
         for name, a in ours.items():
             f["model/" + name] = a.astype(np.float32)
     blob = open(os.path.join(path, "checkpoint.h5"), "rb").read()
@@ -299,9 +304,8 @@ def test_export_synthetic(rng):
         for i, (what, NH, NKV, tied, _, _) in enumerate(CASES):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, "F32", 1, name=f"in{i}")
             _, P = ref.read_hf_dir(path)
-            toml = (f'[model]\narch = "llama"\nn_kv_head = {NKV}\nd_ff = {F_}\n'
-                    f'rope_theta = {cfg["rope_theta"]!r}\nnorm_eps = 1e-05\n'
-                    f'tie_embeddings = {str(tied).lower()}\n')
+            toml = (f'[model]\narch = "llama"\nrope_theta = {cfg["rope_theta"]!r}\n'
+                    f'norm_eps = 1e-05\n')
             ckpt = os.path.join(tmp, f"ckpt{i}")
             fake_checkpoint(ckpt, cfg, ours_global(P, cfg), toml)
             for dtype in ("fp32", "bf16"):
@@ -323,6 +327,40 @@ def test_export_synthetic(rng):
                              dtypes == {"F32" if dtype == "fp32" else "BF16"},
                              f"{len(got)} tensors, max |exported - original| = {worst:g}, "
                              f"config.json {'equal' if same_cfg else 'DIFFERS'}, dtypes {dtypes}")
+
+
+def test_export_roundtrip(tmp, rng, tokens):
+    """Import -> one lr = 0 step -> checkpoint -> export: the tensors imported, exactly. The GQA
+    case at tp 2 (each rank read its q/k/v sections), the tied BF16 one exported as BF16 (the
+    same bits as the file read)."""
+    for i, tp, dtype in ((0, 2, "fp32"), (1, 1, "bf16")):
+        what, NH, NKV, tied, in_dtype, shards = CASES[i]
+        path, cfg = hf_dir(tmp, rng, NH, NKV, tied, in_dtype, shards, name=f"rt{i}")
+        sec = sections(tmp, path, steps=1, lr=0.0)
+        sec["checkpoint"] = {"dir": os.path.join(tmp, f"rtckpt{i}"), "every": 1}
+        run(write_config(tmp, f"rt{i}.toml", sec), [f"--parallel.tp={tp}"], np_ranks=tp)
+        out = os.path.join(tmp, f"rtout{i}")
+        r = subprocess.run(EXPORT + ["hf", os.path.join(tmp, f"rtckpt{i}"), out, "--dtype", dtype],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            checks.check(f"round trip {what}", False, r.stderr.strip())
+            continue
+        got_cfg, got = ref.read_hf_dir(out)
+        if dtype == "bf16":  # the stored bits, not their values
+            got = {k: a for k, (_, a) in ref.read_safetensors(
+                os.path.join(out, "model.safetensors"))[0].items()}
+            want = {}
+            for file in os.listdir(path):
+                if file.endswith(".safetensors"):
+                    want.update({k: a for k, (_, a) in ref.read_safetensors(
+                        os.path.join(path, file))[0].items()})
+        else:
+            want = ref.read_hf_dir(path)[1]
+        same = set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+        same_cfg = all(got_cfg.get(k) == v for k, v in cfg.items() if k != "torch_dtype")
+        checks.check(f"import, lr 0 step at tp {tp}, export {dtype}: {what}", same and same_cfg,
+                     f"{len(got)} tensors {'bit-identical' if same else 'DIFFER'}, config.json "
+                     f"{'equal' if same_cfg else 'DIFFERS'}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,18 +389,24 @@ def test_training(rng):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, dtype, shards, name=f"case{i}")
             sec = sections(tmp, path, steps=steps)
             del sec["checkpoint"]
-            if os.path.exists(os.path.join(tmp, "metrics.jsonl")):
-                os.remove(os.path.join(tmp, "metrics.jsonl"))
-            run(write_config(tmp, "c.toml", sec))
-            ours = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
             _, P = ref.read_hf_dir(path)
             theirs = ref.train_losses(P, cfg, tokens, steps, 2, T, lr=lr)
-            err = max_rel(ours, theirs) if len(ours) == steps else float("inf")
-            checks.check(f"trains like float64: {what}", err < 1e-4,
-                         f"max rel loss error {err:.2e} over {steps} steps (tolerance 1e-4); "
-                         f"loss {theirs[0]:.4f} -> {theirs[-1]:.4f}")
+            layouts = [("one rank", [], 0)]
+            if i == 0:  # every rank reads only its blocks: q/k/v sections over tp, stages over pp
+                layouts.append(("tp2 x pp2", ["--parallel.tp=2", "--parallel.pp=2",
+                                              "--train.grad_accum=2", "--train.micro_batch=1"], 4))
+            for layout, overrides, np_ranks in layouts:
+                if os.path.exists(os.path.join(tmp, "metrics.jsonl")):
+                    os.remove(os.path.join(tmp, "metrics.jsonl"))
+                run(write_config(tmp, "c.toml", sec), overrides, np_ranks=np_ranks)
+                ours = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
+                err = max_rel(ours, theirs) if len(ours) == steps else float("inf")
+                checks.check(f"trains like float64: {what}, {layout}", err < TRAIN_TOL,
+                             f"max rel loss error {err:.2e} over {steps} steps (tolerance "
+                             f"{TRAIN_TOL:g}); loss {theirs[0]:.4f} -> {theirs[-1]:.4f}")
         for what, path, words in bad_inputs(tmp, rng):
             refused(tmp, f"trainer: {what}", sections(tmp, path), words)
+        test_export_roundtrip(tmp, rng, tokens)
 
 
 def main():
