@@ -6,8 +6,9 @@ writer) with random weights, at awkward sizes (d_model 40, head size 10 or 8, d_
 (4 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
 
 1. The reader without the model (build/test_hf_llama: checkpoint/hf_llama.cu's ParamFill on the
-   design's tensor-parallel placements, fed in pieces of 37 elements so that blocks start and
-   end inside rows and inside the q/k/v and gate/up sections): every local buffer of every tp
+   design's tensor-parallel placements, fed in pieces of 37 elements, so that blocks start and
+   end inside rows, and whole, so that at tp 1 one block crosses the q/k/v and gate/up
+   sections): every local buffer of every tp
    rank (tp 1 and 2; tp 1 only with one kv head) equals the one built here from the tensors
    written, bit for bit (BF16: widened exactly), the padded vocabulary rows zero.
 2. Bad input, each a non-zero exit whose message names the culprit: a missing tensor, a wrong
@@ -118,11 +119,13 @@ def test_reader(rng):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, dtype, shards)
             _, P = ref.read_hf_dir(path)
             want = ours_global(P, cfg)
-            for tp in (1, 2) if NKV % 2 == 0 else (1,):
+            for tp, chunk in [(tp, chunk) for tp in ((1, 2) if NKV % 2 == 0 else (1,))
+                              for chunk in (37, 1 << 30)]:
                 out = os.path.join(tmp, "read.safetensors")
-                r = run_reader(path, NH, NKV, tied, tp, out)
+                r = run_reader(path, NH, NKV, tied, tp, out, chunk)
+                what_tp = f"reader {what} tp {tp}, pieces of {min(chunk, 1 << 20)}"
                 if r.returncode != 0:
-                    checks.check(f"reader {what} tp {tp}", False, r.stderr.strip())
+                    checks.check(what_tp, False, r.stderr.strip())
                     continue
                 got, _ = ref.read_safetensors(out)
                 worst, count = 0.0, 0
@@ -134,7 +137,7 @@ def test_reader(rng):
                                     else float("inf"))
                         count += 1
                 expected_count = tp * len(want)
-                checks.check(f"reader {what} tp {tp}", worst == 0 and len(got) == expected_count,
+                checks.check(what_tp, worst == 0 and len(got) == expected_count,
                              f"{count} local blocks, max |read - written| = {worst:g} (exact)")
 
 
