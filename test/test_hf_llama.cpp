@@ -6,7 +6,8 @@
 //
 // For each tp rank r < TP it places our Llama tensors as the design fixes them (qkv rows
 // [q_r; k_r; v_r] in three unequal sections, fc rows [gate_r; up_r], the two output projections
-// split by columns, wte and lm_head by vocabulary rows, norms replicated), fills each local
+// split by columns, wte and lm_head by vocabulary rows, norms replicated; at TP 1 qkv and fc are
+// one row range, so that blocks cross the q/k/v and gate/up borders), fills each local
 // buffer through hf_llama_fill in pieces of CHUNK elements (so that blocks start and end inside
 // rows and sections), and writes it to OUT as "r<rank>/<name>" (local rows x local cols, F32)
 // with checkpoint/safetensors.cu's writer. Errors of hf_llama_open exit non-zero with its message.
@@ -19,11 +20,13 @@
 #include "kernels/common.h"
 
 // qkv: rank r holds the r-th 1/tp of each of the three sections (which differ in size with GQA).
+// At tp 1 one row range of all rows, so that blocks cross from q to k to v.
 static TensorPlacement qkv_placement(const std::string& name, const ModelConfig& m, int r, int tp) {
   const int64_t q = (int64_t)m.n_head * m.head_dim(), kv = (int64_t)m.kv_heads() * m.head_dim();
   TensorPlacement t = replicated(name, q + 2 * kv, m.d_model);
+  if (tp == 1) return t;
   t.row_ranges = {{r * q / tp, q / tp}, {q + r * kv / tp, kv / tp}, {q + kv + r * kv / tp, kv / tp}};
-  t.tp_split = tp > 1;
+  t.tp_split = true;
   return t;
 }
 
@@ -38,7 +41,8 @@ static std::vector<TensorPlacement> rank_tensors(const ModelConfig& m, int r, in
     out.push_back(replicated(h + "ln_2/weight", C, 1));
     out.push_back(qkv_placement(h + "attn/qkv/weight", m, r, tp));
     out.push_back(split_cols(h + "attn/proj/weight", C, (int64_t)m.n_head * m.head_dim(), r, tp));
-    out.push_back(split_rows(h + "mlp/fc/weight", 2 * F, C, 2, r, tp));
+    out.push_back(tp == 1 ? replicated(h + "mlp/fc/weight", 2 * F, C)  // gate|up in one range
+                          : split_rows(h + "mlp/fc/weight", 2 * F, C, 2, r, tp));
     out.push_back(split_cols(h + "mlp/proj/weight", C, F, r, tp));
   }
   return out;

@@ -1,13 +1,14 @@
 """test/test_llama_hf.py - Hugging Face Llama weights in: the reader, its refusals, and training.
 
 Every Hugging Face directory here is written by test/llama_reference.py (its own safetensors
-writer) with random weights, at awkward sizes (d_model 36, d_ff 44, vocabulary 101 padded to
-128), for grouped-query attention (6 query heads on 2 kv heads: an even head size, which RoPE
-needs), none (3 on 3) and one kv head (6 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
+writer) with random weights, at awkward sizes (d_model 40, head size 10 or 8, d_ff 44, vocabulary 101 padded to
+128), for grouped-query attention (4 query heads on 2 kv heads), none (5 on 5) and one kv head
+(4 on 1); tied and untied heads; F32 and BF16; one file and 3 shards with an index.
 
 1. The reader without the model (build/test_hf_llama: checkpoint/hf_llama.cu's ParamFill on the
-   design's tensor-parallel placements, fed in pieces of 37 elements so that blocks start and
-   end inside rows and inside the q/k/v and gate/up sections): every local buffer of every tp
+   design's tensor-parallel placements, fed in pieces of 37 elements, so that blocks start and
+   end inside rows, and whole, so that at tp 1 one block crosses the q/k/v and gate/up
+   sections): every local buffer of every tp
    rank (tp 1 and 2; tp 1 only with one kv head) equals the one built here from the tensors
    written, bit for bit (BF16: widened exactly), the padded vocabulary rows zero.
 2. Bad input, each a non-zero exit whose message names the culprit: a missing tensor, a wrong
@@ -44,11 +45,12 @@ checks = Checks("test_llama_hf")
 BUILD = os.environ.get("BUILD", "build")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(BUILD, "test_hf_llama")
-C, F_, V, L, T = 36, 44, 101, 2, 16
+C, F_, V, L, T = 40, 44, 101, 2, 16
+TRAIN_TOL = 1e-5  # measured <= 1.0e-6 relative (issue 22 asks for 1e-4)
 CASES = [  # (what, NH, NKV, tied, dtype, shards)
-    ("GQA 6 on 2, untied, F32", 6, 2, False, "F32", 1),
-    ("no GQA 3 on 3, tied, BF16, 3 shards", 3, 3, True, "BF16", 3),
-    ("one kv head 6 on 1, untied, F32, 3 shards", 6, 1, False, "F32", 3),
+    ("GQA 4 on 2, untied, F32", 4, 2, False, "F32", 1),
+    ("no GQA 5 on 5, tied, BF16, 3 shards", 5, 5, True, "BF16", 3),
+    ("one kv head 4 on 1, untied, F32, 3 shards", 4, 1, False, "F32", 3),
 ]
 
 
@@ -117,11 +119,13 @@ def test_reader(rng):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, dtype, shards)
             _, P = ref.read_hf_dir(path)
             want = ours_global(P, cfg)
-            for tp in (1, 2) if NKV % 2 == 0 else (1,):
+            for tp, chunk in [(tp, chunk) for tp in ((1, 2) if NKV % 2 == 0 else (1,))
+                              for chunk in (37, 1 << 30)]:
                 out = os.path.join(tmp, "read.safetensors")
-                r = run_reader(path, NH, NKV, tied, tp, out)
+                r = run_reader(path, NH, NKV, tied, tp, out, chunk)
+                what_tp = f"reader {what} tp {tp}, pieces of {min(chunk, 1 << 20)}"
                 if r.returncode != 0:
-                    checks.check(f"reader {what} tp {tp}", False, r.stderr.strip())
+                    checks.check(what_tp, False, r.stderr.strip())
                     continue
                 got, _ = ref.read_safetensors(out)
                 worst, count = 0.0, 0
@@ -133,7 +137,7 @@ def test_reader(rng):
                                     else float("inf"))
                         count += 1
                 expected_count = tp * len(want)
-                checks.check(f"reader {what} tp {tp}", worst == 0 and len(got) == expected_count,
+                checks.check(what_tp, worst == 0 and len(got) == expected_count,
                              f"{count} local blocks, max |read - written| = {worst:g} (exact)")
 
 
@@ -163,7 +167,7 @@ def corrupt(path, how):
 
 def bad_inputs(tmp, rng):
     """(what, directory, words the message must hold) for each tensor-level refusal."""
-    NH, NKV = 6, 2  # head size 6: the trainer refuses an odd one before reading any tensor
+    NH, NKV = 4, 2
     cases = []
 
     def variant(name, edit, words, shards=1):
@@ -184,11 +188,11 @@ def bad_inputs(tmp, rng):
     k = "model.layers.1.self_attn.k_proj.weight"
     variant("missing", lambda p, c, P: (P.pop(k), rewrite(p, c, P)), [k, "missing"])
     variant("shape", lambda p, c, P: (P.__setitem__(k, P[k][:-1]), rewrite(p, c, P)),
-            [k, "model.safetensors", "[11, 36]", "[12, 36]"])
+            [k, "model.safetensors", "[19, 40]", "[20, 40]"])
     variant("dtype", lambda p, c, P: rewrite(p, c, {**P, k: P[k].astype(np.float16)}, {k: "F16"}),
             [k, "F16", "model.safetensors"])
     variant("extra", lambda p, c, P: rewrite(p, c, {**P, "model.layers.0.self_attn.q_proj.bias":
-                                                    np.zeros(36, np.float32)}),
+                                                    np.zeros(40, np.float32)}),
             ["q_proj.bias", "no place"])
     variant("length", lambda p, c, P: corrupt(p, "length"), ["model.safetensors", "header length"])
     variant("json", lambda p, c, P: corrupt(p, "json"), ["model.safetensors", "byte ", "malformed"])
@@ -202,7 +206,7 @@ def bad_inputs(tmp, rng):
 def test_reader_refusals(rng):
     with tempfile.TemporaryDirectory() as tmp:
         for what, path, words in bad_inputs(tmp, rng):
-            r = run_reader(path, 6, 2, False, 1, os.path.join(tmp, "out.safetensors"))
+            r = run_reader(path, 4, 2, False, 1, os.path.join(tmp, "out.safetensors"))
             text = r.stdout + r.stderr
             ok = r.returncode != 0 and all(w in text for w in words) and \
                 not os.path.exists(os.path.join(tmp, "out.safetensors"))
@@ -213,10 +217,10 @@ def test_reader_refusals(rng):
 # ---------------------------------------------------------------------------------------------
 # 3. config.json against [model], through the trainer
 # ---------------------------------------------------------------------------------------------
-def sections(tmp, path, steps=12, **model):
+def sections(tmp, path, steps=12, lr=3e-3, **model):
     return {"init": {"from": path}, "model": {"seq_len": T, **model},
             "data": {"train": os.path.join(tmp, "train_*.bin"), "shuffle": False},
-            "train": {"micro_batch": 2, "grad_accum": 1, "steps": steps, "lr": 3e-3,
+            "train": {"micro_batch": 2, "grad_accum": 1, "steps": steps, "lr": lr,
                       "warmup_steps": 0, "lr_schedule": "constant", "weight_decay": 0.0,
                       "grad_clip": 0.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
             "log": {"every": 1, "metrics": os.path.join(tmp, "metrics.jsonl")},
@@ -224,6 +228,10 @@ def sections(tmp, path, steps=12, **model):
 
 
 def refused(tmp, what, sec, words):
+    for f in ("metrics.jsonl", "ckpt"):  # left by an earlier run: the refused one must write none
+        shutil.rmtree(os.path.join(tmp, f), ignore_errors=True)
+        if os.path.exists(os.path.join(tmp, f)):
+            os.remove(os.path.join(tmp, f))
     r = run(write_config(tmp, "bad.toml", sec), check=False, timeout=120)
     text = r.stdout + r.stderr
     wrote = [f for f in ("metrics.jsonl", "ckpt") if os.path.exists(os.path.join(tmp, f))]
@@ -244,8 +252,8 @@ def test_config_refusals(rng):
     with tempfile.TemporaryDirectory() as tmp:
         gref.write_shard(os.path.join(tmp, "train_000.bin"), learnable_tokens(rng, 3000, V))
         path, _ = hf_dir(tmp, rng, 4, 2, False, "F32", 1)
-        refused(tmp, "d_model mismatch", sections(tmp, path, d_model=40),
-                ["d_model = 40", "hidden_size = 36", "config.json"])
+        refused(tmp, "d_model mismatch", sections(tmp, path, d_model=48),
+                ["d_model = 48", "hidden_size = 40", "config.json"])
         refused(tmp, "n_kv_head mismatch", sections(tmp, path, n_kv_head=4),
                 ["n_kv_head = 4", "num_key_value_heads = 2"])
         refused(tmp, "norm_eps mismatch", sections(tmp, path, norm_eps=1e-6),
@@ -274,14 +282,18 @@ EXPORT = [sys.executable, os.path.join(ROOT, "tools", "export.py")]
 
 def fake_checkpoint(path, cfg, ours, model_toml):
     """A checkpoint directory as checkpoint/ writes it, as far as the exporter reads it: one
-    checkpoint.h5 with the shape attributes, the resolved config text and model/<name> datasets,
-    and manifest.txt ("<bytes> <crc32> <file>" lines, then "end <crc32 of the above>")."""
+    checkpoint.h5 with the shape and Llama attributes, the resolved config text (a string
+    dataset "config") and model/<name> datasets, and manifest.txt ("<bytes> <crc32> <file>"
+    lines, then "end <crc32 of the above>")."""
     os.makedirs(path)
     with h5py.File(os.path.join(path, "checkpoint.h5"), "w") as f:
         f.attrs.update({"step": 7, "n_layer": L, "n_head": cfg["num_attention_heads"],
                         "d_model": C, "seq_len": T, "vocab_size": V,
                         "padded_vocab": gref.padded_vocab(V), "n_experts": 0,
-                        "max_seq_len": cfg["max_position_embeddings"], "config": model_toml})
+                        "max_seq_len": cfg["max_position_embeddings"], "llama": 1,
+                        "n_kv_head": cfg["num_key_value_heads"], "d_ff": F_,
+                        "tie_embeddings": int(cfg["tie_word_embeddings"])})
+        f["config"] = model_toml
         for name, a in ours.items():
             f["model/" + name] = a.astype(np.float32)
     blob = open(os.path.join(path, "checkpoint.h5"), "rb").read()
@@ -295,9 +307,8 @@ def test_export_synthetic(rng):
         for i, (what, NH, NKV, tied, _, _) in enumerate(CASES):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, "F32", 1, name=f"in{i}")
             _, P = ref.read_hf_dir(path)
-            toml = (f'[model]\narch = "llama"\nn_kv_head = {NKV}\nd_ff = {F_}\n'
-                    f'rope_theta = {cfg["rope_theta"]!r}\nnorm_eps = 1e-05\n'
-                    f'tie_embeddings = {str(tied).lower()}\n')
+            toml = (f'[model]\narch = "llama"\nrope_theta = {cfg["rope_theta"]!r}\n'
+                    f'norm_eps = 1e-05\n')
             ckpt = os.path.join(tmp, f"ckpt{i}")
             fake_checkpoint(ckpt, cfg, ours_global(P, cfg), toml)
             for dtype in ("fp32", "bf16"):
@@ -321,6 +332,40 @@ def test_export_synthetic(rng):
                              f"config.json {'equal' if same_cfg else 'DIFFERS'}, dtypes {dtypes}")
 
 
+def test_export_roundtrip(tmp, rng, tokens):
+    """Import -> one lr = 0 step -> checkpoint -> export: the tensors imported, exactly. The GQA
+    case at tp 2 (each rank read its q/k/v sections), the tied BF16 one exported as BF16 (the
+    same bits as the file read)."""
+    for i, tp, dtype in ((0, 2, "fp32"), (1, 1, "bf16")):
+        what, NH, NKV, tied, in_dtype, shards = CASES[i]
+        path, cfg = hf_dir(tmp, rng, NH, NKV, tied, in_dtype, shards, name=f"rt{i}")
+        sec = sections(tmp, path, steps=1, lr=0.0)
+        sec["checkpoint"] = {"dir": os.path.join(tmp, f"rtckpt{i}"), "every": 1}
+        run(write_config(tmp, f"rt{i}.toml", sec), [f"--parallel.tp={tp}"], np_ranks=tp)
+        out = os.path.join(tmp, f"rtout{i}")
+        r = subprocess.run(EXPORT + ["hf", os.path.join(tmp, f"rtckpt{i}"), out, "--dtype", dtype],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            checks.check(f"round trip {what}", False, r.stderr.strip())
+            continue
+        got_cfg, got = ref.read_hf_dir(out)
+        if dtype == "bf16":  # the stored bits, not their values
+            got = {k: a for k, (_, a) in ref.read_safetensors(
+                os.path.join(out, "model.safetensors"))[0].items()}
+            want = {}
+            for file in os.listdir(path):
+                if file.endswith(".safetensors"):
+                    want.update({k: a for k, (_, a) in ref.read_safetensors(
+                        os.path.join(path, file))[0].items()})
+        else:
+            want = ref.read_hf_dir(path)[1]
+        same = set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+        same_cfg = all(got_cfg.get(k) == v for k, v in cfg.items() if k != "torch_dtype")
+        checks.check(f"import, lr 0 step at tp {tp}, export {dtype}: {what}", same and same_cfg,
+                     f"{len(got)} tensors {'bit-identical' if same else 'DIFFER'}, config.json "
+                     f"{'equal' if same_cfg else 'DIFFERS'}")
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Training against the float64 reference
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +384,7 @@ def test_training(rng):
     with tempfile.TemporaryDirectory() as tmp:
         tokens = learnable_tokens(rng, 3000, V)
         gref.write_shard(os.path.join(tmp, "train_000.bin"), tokens)
-        probe, _ = hf_dir(tmp, rng, 6, 2, False, "F32", 1, name="probe")
+        probe, _ = hf_dir(tmp, rng, 4, 2, False, "F32", 1, name="probe")
         if not llama_trains(tmp, probe):
             return
         steps, lr = 12, 3e-3
@@ -347,19 +392,24 @@ def test_training(rng):
             path, cfg = hf_dir(tmp, rng, NH, NKV, tied, dtype, shards, name=f"case{i}")
             sec = sections(tmp, path, steps=steps)
             del sec["checkpoint"]
-            if os.path.exists(os.path.join(tmp, "metrics.jsonl")):
-                os.remove(os.path.join(tmp, "metrics.jsonl"))
-            run(write_config(tmp, "c.toml", sec))
-            ours = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
             _, P = ref.read_hf_dir(path)
             theirs = ref.train_losses(P, cfg, tokens, steps, 2, T, lr=lr)
-            err = max_rel(ours, theirs) if len(ours) == steps else float("inf")
-            checks.check(f"trains like float64: {what}", err < 1e-4,
-                         f"max rel loss error {err:.2e} over {steps} steps (tolerance 1e-4); "
-                         f"loss {theirs[0]:.4f} -> {theirs[-1]:.4f}")
-        os.remove(os.path.join(tmp, "metrics.jsonl"))  # the training cases' (a refusal writes none)
+            layouts = [("one rank", [], 0)]
+            if i == 0:  # every rank reads only its blocks: q/k/v sections over tp, stages over pp
+                layouts.append(("tp2 x pp2", ["--parallel.tp=2", "--parallel.pp=2",
+                                              "--train.grad_accum=2", "--train.micro_batch=1"], 4))
+            for layout, overrides, np_ranks in layouts:
+                if os.path.exists(os.path.join(tmp, "metrics.jsonl")):
+                    os.remove(os.path.join(tmp, "metrics.jsonl"))
+                run(write_config(tmp, "c.toml", sec), overrides, np_ranks=np_ranks)
+                ours = [s["loss"] for s in read_metrics(os.path.join(tmp, "metrics.jsonl"))[0]]
+                err = max_rel(ours, theirs) if len(ours) == steps else float("inf")
+                checks.check(f"trains like float64: {what}, {layout}", err < TRAIN_TOL,
+                             f"max rel loss error {err:.2e} over {steps} steps (tolerance "
+                             f"{TRAIN_TOL:g}); loss {theirs[0]:.4f} -> {theirs[-1]:.4f}")
         for what, path, words in bad_inputs(tmp, rng):
             refused(tmp, f"trainer: {what}", sections(tmp, path), words)
+        test_export_roundtrip(tmp, rng, tokens)
 
 
 def main():

@@ -22,7 +22,8 @@ manifest (size and CRC32) first: a missing source file of a virtual dataset woul
 read as NaN. A mixture-of-experts checkpoint (attribute n_experts > 0) is refused: neither
 format has experts or a router.
 
-Llama (the architecture is read from the [model] section of the config the checkpoint stores):
+Llama (the index's attribute llama = 1, with n_kv_head, d_ff and tie_embeddings; rope_theta and
+norm_eps come from the [model] section of the config text the checkpoint stores):
 our packed tensors are cut into Hugging Face's (checkpoint/hf_llama.h has the mapping, the
 inverse of what [init] from reads): qkv's rows into q_proj (n_head*head_dim rows), k_proj and
 v_proj (n_kv_head*head_dim each); fc's into gate_proj and up_proj (d_ff each); wte and lm_head cut
@@ -196,27 +197,33 @@ def hf_config(s):
 
 
 def llama_keys(f):
-    """The [model] section of the config stored in the checkpoint (arch, n_kv_head, ...)."""
-    text = f.attrs.get("config", "")
+    """A Llama's own keys: the index's attributes (llama, n_kv_head, d_ff, tie_embeddings, as
+    resolved) and rope_theta, norm_eps from the [model] section of the config text it stores.
+    {} for a GPT-2."""
+    if not int(f.attrs.get("llama", 0)):
+        return {}
+    m = {"arch": "llama", "n_kv_head": int(f.attrs["n_kv_head"]), "d_ff": int(f.attrs["d_ff"]),
+         "tie_embeddings": bool(int(f.attrs["tie_embeddings"]))}
+    text = f["config"][()] if "config" in f else b""
     text = text.decode() if isinstance(text, bytes) else str(text)
     try:
-        return tomllib.loads(text).get("model", {})
+        model = tomllib.loads(text).get("model", {})
     except tomllib.TOMLDecodeError as e:
-        sys.exit(f"error: {f.filename}: the stored config does not parse: {e}")
-
-
-def ffn_hidden(s, m):
-    """[model] d_ff, or the Llama rule for 0 (config/config.h): 8/3 d_model up to 256's."""
-    return m.get("d_ff", 0) or (8 * s["d_model"] // 3 + 255) // 256 * 256
+        sys.exit(f"error: {f.filename}: the config it stores does not parse: {e}")
+    for key in ("rope_theta", "norm_eps"):
+        if key not in model:
+            sys.exit(f"error: {f.filename}: the config it stores has no [model] {key}")
+        m[key] = float(model[key])
+    return m
 
 
 def llama_tensors(f, s, m):
     """(name, array) in Hugging Face LlamaForCausalLM naming; all (out, in) as ours."""
     V, L, C, NH = s["vocab_size"], s["n_layer"], s["d_model"], s["n_head"]
-    HS, NKV, F = C // NH, m.get("n_kv_head", 0) or NH, ffn_hidden(s, m)
+    HS, NKV, F = C // NH, m["n_kv_head"], m["d_ff"]
     out = [("model.embed_tokens.weight", model_tensor(f, "wte")[:V]),
            ("model.norm.weight", model_tensor(f, "ln_f/weight"))]
-    if not m.get("tie_embeddings", False):
+    if not m["tie_embeddings"]:
         out.append(("lm_head.weight", model_tensor(f, "lm_head")[:V]))
     for l in range(L):
         h, p = f"h.{l}/", f"model.layers.{l}."
@@ -234,14 +241,13 @@ def llama_tensors(f, s, m):
 
 
 def llama_config(s, m, dtype):
-    NH = s["n_head"]
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": s["d_model"], "num_hidden_layers": s["n_layer"],
-            "num_attention_heads": NH, "num_key_value_heads": m.get("n_kv_head", 0) or NH,
-            "intermediate_size": ffn_hidden(s, m), "vocab_size": s["vocab_size"],
-            "max_position_embeddings": s["max_seq_len"], "rms_norm_eps": m.get("norm_eps", 1e-5),
-            "rope_theta": m.get("rope_theta", 500000.0), "rope_scaling": None,
-            "tie_word_embeddings": m.get("tie_embeddings", False), "hidden_act": "silu",
+            "num_attention_heads": s["n_head"], "num_key_value_heads": m["n_kv_head"],
+            "intermediate_size": m["d_ff"], "vocab_size": s["vocab_size"],
+            "max_position_embeddings": s["max_seq_len"], "rms_norm_eps": m["norm_eps"],
+            "rope_theta": m["rope_theta"], "rope_scaling": None,
+            "tie_word_embeddings": m["tie_embeddings"], "hidden_act": "silu",
             "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
             "use_cache": True, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
 
@@ -274,7 +280,7 @@ def main():
     args = p.parse_args()
     f, shape = open_checkpoint(args.checkpoint)
     m = llama_keys(f)
-    llama = m.get("arch", "gpt2") == "llama"
+    llama = bool(m)
     if llama and args.format == "llmc":
         sys.exit(f"error: {f.filename} is a Llama ([model] arch = \"llama\"): llm.c files hold "
                  "GPT-2 only; export it with `hf`")
