@@ -288,7 +288,13 @@ static void check_architecture(Checker& c) {
   if (m.is_llama() && m.n_head > 0 && m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
     c.problems.add(key("model.d_model") + " / " + key("model.n_head") + strf(" = head size %d, "
                    "odd: rotary embeddings rotate the two halves of each head", m.head_dim()));
-  if (m.is_llama()) return;  // (an llm.c file for a Llama: refused in resolve_model_shape)
+  if (m.is_llama()) {
+    if (!cfg.init.from.empty() && !is_hf_directory(cfg.init.from))
+      c.problems.add(key("init.from") + " is a file, read as an llm.c model (GPT-2), but " +
+                     key("model.arch") + ": a Llama starts from a Hugging Face directory "
+                     "(config.json + model.safetensors), a checkpoint or random init");
+    return;
+  }
   const ModelConfig defaults;
   if (m.rope_theta != defaults.rope_theta)
     c.problems.add(key("model.rope_theta") + ": GPT-2 has no rotary positions (arch = \"llama\")");
