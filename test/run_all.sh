@@ -60,6 +60,7 @@ run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
+run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
