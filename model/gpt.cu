@@ -6,8 +6,8 @@
 //   r2  = x + (atty Wo^T + b)      ln2 = LN(r2)                  fch  = ln2 Wfc^T + b
 //   r3  = r2 + (gelu(fch) Wp^T + b)                              r3 is the next block's x
 //
-// and on top: lnf = LN(x_L), logits = lnf wte^T (tied), loss = cross-entropy over the first V
-// columns. The backward walks the same graph in reverse with one residual-gradient buffer
+// and on top the head (model/gpt_head.cu): lnf = LN(x_L), logits = lnf wte^T (tied), loss =
+// cross-entropy over the first V columns. The backward walks the same graph in reverse with one residual-gradient buffer
 // `dresidual` that each LayerNorm backward accumulates into (d r3 -> d r2 -> d x).
 //
 // Weights come from the ParamStore one unit at a time (acquire before use, release after), and
@@ -30,6 +30,7 @@
 // axis.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/fp8.h"
@@ -90,7 +91,6 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), a = dtype_size(m.dt);
   ActivationSlot sl;
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
-  sl.grad = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
   for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
@@ -127,27 +127,25 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   void* shared_gelu =
       recompute == Recompute::Gelu ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
-  if (layout.root_unit >= 0) {  // first or last stage: the embedding's and the head's buffers
-    m.lnf = new_buffer<void*>(m, Nt * C * a);
-    m.lnf_mean = new_buffer<float*>(m, Nt * 4);
-    m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
-    m.logits = new_buffer<void*>(m, N * layout.Vp_local * a);
-    m.losses = new_buffer<float*>(m, N * 4);
-    m.targets = new_buffer<int*>(m, N * 4);
-  }
+  const int grads = m.grad_buffers > 0 ? m.grad_buffers : slots;
+  for (int i = 0; i < grads; i++) m.grads.push_back(new_buffer<void*>(m, Nt * C * a));
+  for (int i = 0; i < slots; i++) m.slots[i].grad = m.grads[i % grads];  // the pipeline re-lends
+  head_create(m);  // model/gpt_head.cu
   m.loss_sum = new_buffer<float*>(m, 4);
   if (tp.active()) {
-    m.vocab_row = new_buffer<void*>(m, layout.Vp * a);
-    m.ce_stats = new_buffer<float*>(m, N * 3 * 4);
-    m.ce_parts = new_buffer<float*>(m, tp.size() * N * 3 * 4);
     m.partial = new_buffer<void*>(m, N * C * a);
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
   m.dln = new_buffer<void*>(m, Nt * C * a);
-  m.dln_all = tp.active() ? new_buffer<void*>(m, N * C * a) : m.dln;
-  m.datty = new_buffer<void*>(m, N * Cl * a);
-  m.dqkv = new_buffer<void*>(m, N * 3 * Cl * a);
-  m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
+  m.dln_all = tp.active() ? m.partial : m.dln;
+  // the backward's scratch (gpt.h): dfch, then datty and dqkv side by side; the head's logits
+  const size_t dqkv_at = (N * Cl * a + 255) / 256 * 256;  // aligned for vector loads
+  void* scratch = new_buffer<void*>(
+      m, std::max({N * 4 * Cl * a, dqkv_at + N * 3 * Cl * a, head_scratch_bytes(m)}));
+  m.dfch = scratch;
+  m.datty = scratch;
+  m.dqkv = (char*)scratch + dqkv_at;
+  if (gpt_runs_head(layout)) m.logits = scratch;
   if (m.split_backward)  // the LayerNorms' gradients between B and W (model/gpt_backward.cu)
     m.ln_grads = new_buffer<float*>(m, (size_t)layout.L * 4 * C * sizeof(float));
   if (fp8) {
@@ -189,6 +187,7 @@ void gpt_destroy(GPT& m) {
   m.cp = nullptr;
   allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
+  m.grads.clear();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -326,39 +325,6 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
   }
 }
 
-// Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output: a
-// column-parallel GEMM over the vocabulary, in the compute dtype. Its gathered input stays in the
-// model's tp buffer for head_backward, which follows before any other gather.
-static void head_forward(GPT& m, const void* x, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, x,
-                         root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
-                         s);
-  column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
-                          root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, s);
-}
-
-// The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
-static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  tp_cross_entropy(g.tp, m.logits, m.losses, m.ce_stats, m.ce_parts, m.targets, dloss, N, g.V,
-                   g.Vp_local, g.vocab_first, m.dt, s);
-}
-
-// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
-// Leaves d(x_L) in sl.grad; x is x_L.
-static void head_backward(GPT& m, ActivationSlot& sl, const void* x, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const int Nt = g.tp.tokens(N);
-  const void* dlnf =
-      column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), root_grad(m, kWte),
-                               nullptr, m.logits, m.lnf, true, root_weight(m, kWte), N, g.C,
-                               g.Vp_local, s);
-  ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
-  ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
-                          root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, g.C, m.dt, s);
-}
-
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
 TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
@@ -368,21 +334,14 @@ TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   ActivationSlot& sl = m.slots[c.slot];
-  const int N = c.B * c.T;
   ops::range_push("forward");
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
                          root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
                          g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
-  if (g.last_stage(c.chunk)) {
-    const void* x = gpt_stage_output(m, c.slot, c.chunk);
-    head_forward(m, x, N, s);
-    if (c.with_loss) cross_entropy(m, c.dloss, N, s);
-    if (c.loss_scale_for_log != 0)
-      ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
-    if (c.dloss != 0) head_backward(m, sl, x, N, s);
-  }
+  if (g.last_stage(c.chunk))  // model/gpt_head.cu
+    gpt_head(m, sl, gpt_stage_output(m, c.slot, c.chunk), c, s);
   ops::range_pop();
 }
 
@@ -410,20 +369,6 @@ void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, 
   if (tokens)
     ops::copy_to_device_async(m.slots[slot].tokens, tokens, (size_t)B * T * sizeof(int), s);
   if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
-}
-
-std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const size_t e = dtype_size(m.dt);
-  const void* src = tp_vocabulary_row(g.tp, m.vocab_row,
-                                      (const char*)m.logits + (size_t)n * g.Vp_local * e,
-                                      g.Vp_local, m.dt, s);
-  std::vector<unsigned char> raw(g.Vp * e);
-  ops::stream_sync(s);
-  ops::copy_to_host(raw.data(), src, g.Vp * e);
-  std::vector<float> row(g.V);
-  for (int j = 0; j < g.V; j++) row[j] = element_as_float(raw.data(), j, m.dt);
-  return row;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-// model/gpt_parts.h - the pieces the GPT's two files share: model/gpt.cu (activations, the
-// forward, the stages) defines them, model/gpt_backward.cu (the backward, whole or split into
-// its input-gradient and weight-gradient passes) uses them too. Nothing outside model/gpt*.cu
-// includes this; the interface is model/gpt.h.
+// model/gpt_parts.h - the pieces the GPT's files share: model/gpt.cu (activations, the forward,
+// the stages) defines most of them, model/gpt_backward.cu (the backward, whole or split into
+// its input-gradient and weight-gradient passes) and model/gpt_head.cu (the head) use them.
+// Nothing outside model/gpt*.cu includes this; the interface is model/gpt.h.
 #pragma once
 #include "model/gpt.h"
 #include "model/moe.h"
@@ -38,3 +38,11 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
 void prefetch(ParamStore& store, int current, int next);
 // Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp).
 TokenPositions token_positions(const GPTLayout& g, const StageCall& c);
+
+// The head (model/gpt_head.cu): its buffers but the logits (in gpt_create, which sets
+// model.head_chunk), the bytes of its logits (in the backward's scratch), and on the last stage after its
+// blocks the final norm, logits and loss of the micro-batch whose last block output is x and,
+// when training (c.dloss != 0), their backward, leaving d(x) in sl.grad.
+void head_create(GPT& m);
+size_t head_scratch_bytes(const GPT& m);
+void gpt_head(GPT& m, ActivationSlot& sl, const void* x, const StageCall& c, ops::Stream s);

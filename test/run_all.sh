@@ -59,6 +59,7 @@ run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
 run plan        $PY test/test_plan.py
+run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
