@@ -273,6 +273,19 @@ static void check_experts(Checker& c) {
                    "a model with " + key("model.n_experts"));
 }
 
+// [kernels] attention = "cudnn" runs cuDNN's SDPA graph, which this trainer builds for as many
+// key/value heads as query heads: grouped-query attention takes the hand-written kernels ("auto"
+// chooses them by itself).
+static void check_attention_kernels(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.kernels.attention == "cudnn" && cfg.model.n_head > 0 &&
+      cfg.model.kv_heads() != cfg.model.n_head)
+    c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
+                   "does not run grouped-query attention (" +
+                   mention(cfg, c.origins, "model.n_kv_head") + " < n_head); use \"flash\" or "
+                   "\"auto\"");
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -358,6 +371,7 @@ void check_values(Checker& c) {
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_architecture(c);
+  check_attention_kernels(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);

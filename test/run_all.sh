@@ -41,6 +41,7 @@ run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run parallel-identity "$BUILD/test_parallel_identity"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
+run ring-gqa    bash -c 'mpirun -np 2 "$BUILD/test_ring_gqa" && mpirun -np 3 "$BUILD/test_ring_gqa"'
 run moe-router  $PY test/test_moe_router.py
 run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
