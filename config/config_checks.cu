@@ -285,14 +285,10 @@ static void check_architecture(Checker& c) {
   if (m.n_head > 0 && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
     c.problems.add(key("model.n_kv_head") + " does not divide " + key("model.n_head") +
                    " (each key/value head serves n_head / n_kv_head query heads)");
-  if (m.is_llama()) {
-    struct stat st;
-    if (!cfg.init.from.empty() &&
-        !(stat(cfg.init.from.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
-      c.problems.add(key("init.from") + " names an llm.c model file, which holds a GPT-2; it "
-                     "cannot start " + key("model.arch") + " (random init, or a checkpoint)");
-    return;
-  }
+  if (m.is_llama() && m.n_head > 0 && m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
+    c.problems.add(key("model.d_model") + " / " + key("model.n_head") + strf(" = head size %d, "
+                   "odd: rotary embeddings rotate the two halves of each head", m.head_dim()));
+  if (m.is_llama()) return;  // (an llm.c file for a Llama: refused in resolve_model_shape)
   const ModelConfig defaults;
   if (m.rope_theta != defaults.rope_theta)
     c.problems.add(key("model.rope_theta") + ": GPT-2 has no rotary positions (arch = \"llama\")");

@@ -8,7 +8,8 @@
 // A rank holds the units of its pipeline stages (one stage: all of them, the root first, then
 // the blocks in order; layout.root_unit and layout.block_unit say where each one is). An MoE
 // block's experts are a unit of their own, right after it (layout.expert_unit). gpt_layout is
-// in model/gpt_layout.cu, the rest here in model/gpt.cu.
+// in model/gpt_layout.cu, the head in model/gpt_head.cu, the backward in model/gpt_backward.cu,
+// the rest in model/gpt.cu.
 //
 // The model runs as stages (parallel/pipeline.cu drives them with a schedule): a chunk of
 // consecutive blocks, preceded by the embedding on the first stage and followed by the head and
