@@ -2,14 +2,15 @@
 
 A tiny Llama from the trainer's random init (the counter-based RNG: every layout starts from the
 same weights): L = 2, NH = 4, C = 40 (head size 10), d_ff = 44, T = 16, V = 101 (padded 128),
-global batch 4 sequences, 12 AdamW steps at lr 1e-2 (constant, no clipping, no weight decay
-unless said). Sizes are not multiples of 8 where the code allows it.
+global batch 4 sequences, 12 AdamW steps at lr 3e-3 (constant, no clipping, no weight decay
+unless said; at 1e-2 a reduction-order difference of 1e-8 in one step grew to 1e-5 over the
+steps in the tp layouts of some seeds, from step 4 on, where steps 1-3 agreed to 6e-8). Sizes are not multiples of 8 where the code allows it.
 1. Against the float64 PyTorch Llama of test/llama_reference.py (Hugging Face conventions, no
    code shared with the trainer), from the trainer's own initial weights (an lr = 0 step saved
    and read back with h5py, mapped to Hugging Face names: qkv's three row sections to q, k, v;
-   fc's two to gate, up): per-step losses within 2e-5 relative for GQA (n_kv_head 2) untied,
+   fc's two to gate, up): per-step losses within 1e-6 relative for GQA (n_kv_head 2) untied,
    no GQA (n_kv_head 4) tied, one kv head untied with weight decay 0.1 and clipping 0.5
-   (measured <= 2.0e-6 over 3 seeds). bf16 at lr 3e-3 within 3e-3 (measured <= 2.2e-4).
+   (measured <= 7.5e-8 over 3 seeds). bf16 within 3e-3 (measured <= 2.2e-4).
 2. Every layout equals the one-rank run (losses and gradient norms per step, within LAYOUT_TOL,
    measured values there):
    dp2 FSDP, dp2 DDP with grad_accum 2, tp2 with SP (tp divides n_kv_head), tp2 without SP,
@@ -18,8 +19,8 @@ unless said). Sizes are not multiples of 8 where the code allows it.
    "block" and "gelu"; pp2 tied = one rank, and only the tied model sums wte's gradient over
    the embedding group (one all-reduce per step, none untied); MoE blocks with SwiGLU experts
    (Mixtral's: router softmax, top-2, gates renormalised; router losses off) against a float64
-   PyTorch Mixtral written here within MOE_TOL, and dp2 x ep2 = one rank. fp8 (C = 64):
-   tp2 = one rank within 2e-3 (test_pipeline's fp8 layout tolerance), and the loss falls.
+   PyTorch Mixtral written here within MOE_TOL, and dp2 x ep2 = one rank. fp8 (C = 64, lr 1e-3):
+   tp2 = one rank within 5e-3 (measured <= 5.9e-4), and the loss falls.
 3. Checkpoints: saved in dp2 x tp2 FSDP at step 6, resumed on one rank and at pp2 x cp2:
    steps 7-12 within LAYOUT_TOL of the uninterrupted one-rank run; the checkpoint holds the
    logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe);
@@ -46,12 +47,12 @@ checks = Checks("test_llama")
 L, NH, C, FF, T, V = 2, 4, 40, 44, 16, 101
 HS = C // NH
 GLOBAL_ROWS, STEPS = 4, 12
-# Layouts vs one rank, fp32, about 10x the worst of 3 seeds: losses 7.0e-7, gradient norms 1.25e-5
-# (lr 1e-2 over 12 steps amplifies reduction-order differences; the norm most). MoE routing
-# turns them into other choices now and then: 4.4e-6 and 6.3e-5 measured, MOE_TOL.
-LAYOUT_TOL = (1e-5, 1.5e-4)
-MOE_TOL = (5e-5, 6e-4)
-REF_TOL = 2e-5  # vs float64 PyTorch: measured <= 2.0e-6 over 3 seeds
+# Layouts vs one rank, fp32, about 10x the worst of 3 seeds at lr 3e-3: losses 1.1e-7, gradient
+# norms 4.0e-7. MoE as measured (5.6e-8, 1.5e-7) but looser: a near tie in the router may go the
+# other way in another reduction order, and the run then follows another route.
+LAYOUT_TOL = (1.5e-6, 5e-6)
+MOE_TOL = (1e-5, 1e-4)
+REF_TOL = 1e-6  # vs float64 PyTorch: measured <= 7.5e-8 over 3 seeds
 
 
 def model_keys(nkv=2, tied=False, **more):
@@ -73,7 +74,7 @@ def sections(tmp, name, model, steps=STEPS, rows=GLOBAL_ROWS, parallel=None, acc
     dp = (parallel or {}).get("dp", 1)
     # Adam eps 1e-6 (test_pipeline's reason): a rare token's tiny embedding gradient differs
     # between layouts by its reduction order, and eps 1e-8 would turn that noise into lr steps
-    sec = base_sections(tmp, steps, lr=1e-2, micro_batch=rows // dp // accum, grad_accum=accum,
+    sec = base_sections(tmp, steps, lr=3e-3, micro_batch=rows // dp // accum, grad_accum=accum,
                         eps=1e-6)
     del sec["init"]
     sec["model"] = dict(model)
@@ -161,7 +162,7 @@ def test_reference(tmp, tokens):
         ours = [s["loss"] for s in train(tmp, f"ref{nkv}", model, **extra)]
         cfg = lref.llama_config(L, NH, nkv, C, FF, V, max_pos=T, tied=tied)
         theirs = lref.train_losses(to_hf(w, nkv, tied), cfg, tokens, STEPS, GLOBAL_ROWS, T,
-                                   lr=1e-2, eps=1e-6, **extra)
+                                   lr=3e-3, eps=1e-6, **extra)
         r = max_rel(ours, theirs)
         checks.check(f"vs float64 PyTorch: {what}", len(ours) == STEPS and r < REF_TOL,
                      f"max rel err {r:.2e} over {STEPS} steps, loss {ours[0]:.4f} -> "
@@ -255,7 +256,7 @@ def test_moe(tmp, tokens):
     w = initial_weights(tmp, "moe_init", model)
     one = train(tmp, "moe_one", model, overrides=router_losses_off)
     P = {k: torch.tensor(v) for k, v in w.items()}
-    theirs = ref.train_losses(P, {}, tokens, STEPS, GLOBAL_ROWS, T, lr=1e-2, eps=1e-6,
+    theirs = ref.train_losses(P, {}, tokens, STEPS, GLOBAL_ROWS, T, lr=3e-3, eps=1e-6,
                               loss_fn=lambda P_, x, y: mixtral_loss(P_, x, y, 2, E, top_k))
     r = max_rel([s["loss"] for s in one], theirs)
     checks.check("MoE (Mixtral's SwiGLU experts) vs float64 PyTorch", r < MOE_TOL[0],
@@ -272,9 +273,9 @@ def test_fp8(tmp):
     tp = train(tmp, "fp8_tp2", m, {"tp": 2}, overrides=["--precision.compute=fp8"], lr=1e-3)
     loss = max_rel([s["loss"] for s in tp], [s["loss"] for s in fp8])
     falls = fp8[-1]["loss"] < fp8[0]["loss"] - 0.1
-    checks.check("fp8: tp2 = one rank, and it learns", loss < 2e-3 and falls,
-                 f"max rel err loss {loss:.2e} (tolerance 2e-3, test_pipeline's for fp8 "
-                 f"layouts); loss {fp8[0]['loss']:.3f} -> {fp8[-1]['loss']:.3f}")
+    checks.check("fp8: tp2 = one rank, and it learns", loss < 5e-3 and falls,
+                 f"max rel err loss {loss:.2e} (tolerance 5e-3: measured <= 5.9e-4 over 5 "
+                 f"seeds); loss {fp8[0]['loss']:.3f} -> {fp8[-1]['loss']:.3f}")
 
 
 # ---------------------------------------------------------------------------------------------
