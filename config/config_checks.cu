@@ -279,6 +279,19 @@ static void check_experts(Checker& c) {
                    "a model with " + key("model.n_experts"));
 }
 
+// [kernels] attention = "cudnn" runs cuDNN's SDPA graph, which this trainer builds for as many
+// key/value heads as query heads: grouped-query attention takes the hand-written kernels ("auto"
+// chooses them by itself).
+static void check_attention_kernels(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.kernels.attention == "cudnn" && cfg.model.n_head > 0 &&
+      cfg.model.kv_heads() != cfg.model.n_head)
+    c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
+                   "does not run grouped-query attention (" +
+                   mention(cfg, c.origins, "model.n_kv_head") + " < n_head); use \"flash\" or "
+                   "\"auto\"");
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -294,7 +307,13 @@ static void check_architecture(Checker& c) {
   if (m.is_llama() && m.n_head > 0 && m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
     c.problems.add(key("model.d_model") + " / " + key("model.n_head") + strf(" = head size %d, "
                    "odd: rotary embeddings rotate the two halves of each head", m.head_dim()));
-  if (m.is_llama()) return;  // (an llm.c file for a Llama: refused in resolve_model_shape)
+  if (m.is_llama()) {
+    if (!cfg.init.from.empty() && !is_hf_directory(cfg.init.from))
+      c.problems.add(key("init.from") + " is a file, read as an llm.c model (GPT-2), but " +
+                     key("model.arch") + ": a Llama starts from a Hugging Face directory "
+                     "(config.json + model.safetensors), a checkpoint or random init");
+    return;
+  }
   const ModelConfig defaults;
   if (m.rope_theta != defaults.rope_theta)
     c.problems.add(key("model.rope_theta") + ": GPT-2 has no rotary positions (arch = \"llama\")");
@@ -358,6 +377,7 @@ void check_values(Checker& c) {
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_architecture(c);
+  check_attention_kernels(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);
