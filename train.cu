@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_llama.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "config/config.h"
@@ -133,6 +134,11 @@ static void setup(Run& r, int world_rank, int local_rank) {
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));
+  } else if (cfg.model.is_llama()) {  // a Hugging Face directory (config/config_hf.cu)
+    HfLlamaModel f = hf_llama_open(cfg.init.from, cfg.model);
+    param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
+                     hf_llama_fill(f));
+    hf_llama_close(f);
   } else {
     LlmcModelFile f = llmc_open(cfg.init.from, r.layout);
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
@@ -193,7 +199,11 @@ static void print_banner(const Run& r) {
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
-  std::printf("model    GPT-2 L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n",
+  char arch[96] = "GPT-2";  // Llama: its kv heads, MLP width and head
+  if (r.layout.llama)
+    std::snprintf(arch, sizeof(arch), "Llama (kv heads %d, d_ff %d, %s head)", r.layout.NKV,
+                  r.layout.F, r.layout.tied ? "tied" : "untied");
+  std::printf("model    %s L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n", arch,
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",

@@ -76,6 +76,16 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     if (!given("max_seq_len")) cfg.model.max_seq_len = cfg.model.seq_len;
     return;
   }
+  if (is_hf_directory(cfg.init.from)) {  // a Hugging Face directory: config/config_hf.cu
+    resolve_hf_model(cfg, origins, problems);
+    return;
+  }
+  if (cfg.model.is_llama()) {
+    problems.add(mention(cfg, origins, "init.from") + " is a file, read as an llm.c model (GPT-2), "
+                 "but " + mention(cfg, origins, "model.arch") + ": a Llama starts from a Hugging "
+                 "Face directory (config.json + model.safetensors)");
+    return;
+  }
   if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
@@ -230,6 +240,14 @@ static void check_fp8_shapes(Checker& c) {
                    "multiple of 16 (FP8 GEMM dimensions), got " +
                    mention(cfg, c.origins, "model.d_model") + " / " +
                    mention(cfg, c.origins, "parallel.tp"));
+  const ModelConfig& m = cfg.model;
+  const int kv_width = m.kv_heads() * m.head_dim();  // llama: the k and v sections of qkv
+  if (m.is_llama() && m.n_head > 0 &&
+      (m.ffn_hidden() % tp != 0 || (m.ffn_hidden() / tp) % 16 || kv_width % tp != 0 ||
+       (kv_width / tp) % 16))
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + strf(" needs d_ff/tp and "
+                   "n_kv_head*head_dim/tp to be multiples of 16 (FP8 GEMM dimensions), got d_ff "
+                   "= %d, n_kv_head*head_dim = %d, tp = %d", m.ffn_hidden(), kv_width, tp));
   const long tokens = (long)cfg.train.micro_batch * cfg.model.seq_len;
   if (tokens > 0 && tokens % 16 != 0)
     c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs micro_batch * seq_len "
@@ -264,6 +282,19 @@ static void check_experts(Checker& c) {
                    "a model with " + key("model.n_experts"));
 }
 
+// [kernels] attention = "cudnn" runs cuDNN's SDPA graph, which this trainer builds for as many
+// key/value heads as query heads: grouped-query attention takes the hand-written kernels ("auto"
+// chooses them by itself).
+static void check_attention_kernels(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.kernels.attention == "cudnn" && cfg.model.n_head > 0 &&
+      cfg.model.kv_heads() != cfg.model.n_head)
+    c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
+                   "does not run grouped-query attention (" +
+                   mention(cfg, c.origins, "model.n_kv_head") + " < n_head); use \"flash\" or "
+                   "\"auto\"");
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -276,8 +307,14 @@ static void check_architecture(Checker& c) {
   if (m.n_head > 0 && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
     c.problems.add(key("model.n_kv_head") + " does not divide " + key("model.n_head") +
                    " (each key/value head serves n_head / n_kv_head query heads)");
+  if (m.is_llama() && m.n_head > 0 && m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
+    c.problems.add(key("model.d_model") + " / " + key("model.n_head") + strf(" = head size %d, "
+                   "odd: rotary embeddings rotate the two halves of each head", m.head_dim()));
   if (m.is_llama()) {
-    c.problems.add(key("model.arch") + ": the llama architecture is not built yet");
+    if (!cfg.init.from.empty() && !is_hf_directory(cfg.init.from))
+      c.problems.add(key("init.from") + " is a file, read as an llm.c model (GPT-2), but " +
+                     key("model.arch") + ": a Llama starts from a Hugging Face directory "
+                     "(config.json + model.safetensors), a checkpoint or random init");
     return;
   }
   const ModelConfig defaults;
@@ -343,6 +380,7 @@ void check_values(Checker& c) {
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_architecture(c);
+  check_attention_kernels(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);

@@ -19,9 +19,9 @@
 // names the row it wants before the forward (model.logits_row); the head copies that row's
 // logits aside as its chunk passes.
 //
-// The output weight comes in as a pointer (with its gradient): GPT-2 ties it to wte; a model
-// with an untied output layer passes its own. The final norm is called through one pair of
-// functions (final_norm_forward/backward), the only place that says which norm it is.
+// The output weight comes in as a pointer (with its gradient): GPT-2 ties it to wte; an untied
+// Llama passes lm_head (its head unit's, model/gpt_layout.cu). The final norm is called through
+// one pair of functions (final_norm_forward/backward): LayerNorm, or Llama's RMSNorm.
 #include "model/gpt_parts.h"
 
 #include <algorithm>
@@ -55,7 +55,7 @@ void head_create(GPT& m) {
   if (!gpt_runs_head(g)) return;
   const size_t chunk = m.head_chunk;
   m.lnf = new_buffer<void*>(m, Nt * C * a);
-  m.lnf_mean = new_buffer<float*>(m, Nt * 4);
+  m.lnf_mean = g.llama ? nullptr : new_buffer<float*>(m, Nt * 4);  // RMSNorm: no mean
   m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
   m.losses = new_buffer<float*>(m, N * 4);
   m.targets = new_buffer<int*>(m, N * 4);
@@ -74,15 +74,14 @@ size_t head_scratch_bytes(const GPT& m) {
 
 // The final norm over this rank's tokens (Nt of the N), and its backward, which writes d(x).
 static void final_norm_forward(GPT& m, const void* x, int Nt, ops::Stream s) {
-  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, x, root_weight(m, kLnfW),
-                         root_weight(m, kLnfB), Nt, m.layout.C, m.dt, s);
+  norm_forward(m, m.lnf, m.lnf_mean, m.lnf_rstd, x, root_weight(m, kLnfW), root_weight(m, kLnfB),
+               Nt, s);
 }
 static void final_norm_backward(GPT& m, void* dx, const void* dlnf, const void* x, int Nt,
                                 ops::Stream s) {
-  const size_t C = m.layout.C;
-  ops::fill_zero(dx, (size_t)Nt * C * dtype_size(m.dt), s);
-  ops::layernorm_backward(dx, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
-                          root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, (int)C, m.dt, s);
+  ops::fill_zero(dx, (size_t)Nt * m.layout.C * dtype_size(m.dt), s);
+  norm_backward(m, dx, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x, root_weight(m, kLnfW),
+                m.lnf_mean, m.lnf_rstd, Nt, s);
 }
 
 // Tokens [n0, n0 + n) of the head: their logits (this rank's Vp_local vocabulary columns) from
@@ -119,11 +118,12 @@ void gpt_head(GPT& m, ActivationSlot& sl, const void* x, const StageCall& c, ops
   const int N = c.B * c.T, Nt = g.tp.tokens(N);
   const bool training = c.dloss != 0;
   const TpBuffers buf = tp_buffers(m);
+  const int head = g.tied ? kWte : kLmHead;  // the output layer's weight
   final_norm_forward(m, x, Nt, s);
   HeadChunk h;
   h.in = column_parallel_gather(g.tp, buf, m.lnf, N, g.C, m.dt, s);  // f forward
-  h.head_w = root_weight(m, kWte);                                   // tied
-  h.head_grad = training ? root_grad(m, kWte) : nullptr;
+  h.head_w = root_weight(m, head);
+  h.head_grad = training ? root_grad(m, head) : nullptr;
   for (h.n0 = 0; h.n0 < N; h.n0 += m.head_chunk) {
     h.n = std::min(m.head_chunk, N - h.n0);
     head_chunk(m, h, c, s);

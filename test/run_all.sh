@@ -30,6 +30,7 @@ SUITE_GROUPS="$*"  # `test/run_all.sh plan model`: only those groups (after the 
 source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
+run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
 run model       $PY test/test_model.py
 run moe-grads   $PY test/test_moe_grads.py
 run train       $PY test/test_train.py
@@ -42,6 +43,7 @@ run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run parallel-identity "$BUILD/test_parallel_identity"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
+run ring-gqa    bash -c 'mpirun -np 2 "$BUILD/test_ring_gqa" && mpirun -np 3 "$BUILD/test_ring_gqa"'
 run moe-router  $PY test/test_moe_router.py
 run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
@@ -59,6 +61,7 @@ run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
+run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
 run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
 run matrix      $PY test/test_matrix.py
@@ -67,6 +70,7 @@ run fp8-linear  "$BUILD/test_fp8_linear"
 run checkpoint-writers "$BUILD/test_checkpoint_writers"
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
+run llama-hf    $PY test/test_llama_hf.py
 run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
