@@ -80,12 +80,6 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     resolve_hf_model(cfg, origins, problems);
     return;
   }
-  if (cfg.model.is_llama()) {
-    problems.add(mention(cfg, origins, "init.from") + " is a file, read as an llm.c model (GPT-2), "
-                 "but " + mention(cfg, origins, "model.arch") + ": a Llama starts from a Hugging "
-                 "Face directory (config.json + model.safetensors)");
-    return;
-  }
   if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
