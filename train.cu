@@ -126,9 +126,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, cfg.train.grad_accum,
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
-  CommsByAxis comms = mesh_comms(r.mesh);
-  if (diloco_enabled(cfg))  // an island is its own world (dp-only): the gradient norm is its own
-    comms.axis[(int)Axis::World] = &r.mesh[Axis::DP];
+  CommsByAxis comms = diloco_store_comms(r.mesh, cfg);  // an island's gradient norm is its own
   if (cfg.log.grad_noise_scale)  // counted with the store's working buffers
     r.store.small_batch_squares =
         (float*)allocate_zeroed(r.store.work_memory, sizeof(float), r.compute);
@@ -389,6 +387,22 @@ static void print_bubble(Run& r) {
   std::fflush(stdout);
 }
 
+// Every rank's device memory peak from the backend's allocator (ops::memory_peak counts every
+// ops::alloc: the Allocators' buffers and, on the GPU, the streams' cuBLASLt workspaces and
+// scratch), printed with the largest and written to the metrics' end record. Collective.
+static void report_memory_peak(Run& r) {
+  const size_t mine = ops::memory_peak();
+  std::vector<size_t> peaks(r.mesh.shape.world());
+  all_gather_host(r.mesh[Axis::World], &mine, sizeof(mine), peaks.data());
+  metrics_end(r.metrics, peaks);
+  if (!r.rank0) return;
+  const size_t most = *std::max_element(peaks.begin(), peaks.end());
+  const int at = (int)(std::max_element(peaks.begin(), peaks.end()) - peaks.begin());
+  std::printf("memory   device peak %.2f MiB on rank 0, at most %.2f MiB (rank %d), through the "
+              "backend's allocator\n", peaks[0] / 1048576.0, most / 1048576.0, at);
+  std::fflush(stdout);
+}
+
 // The steps, from the one after the resumed checkpoint to the last, or until a signal stops
 // them (training/preemption.h). Returns that signal (0: the run is done).
 static int train_steps(Run& r) {
@@ -468,6 +482,7 @@ int main(int argc, char** argv) {
   if (!stopped_by) {
     if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - first, stdout);
     if (r.mesh.shape.pp > 1 && first < r.cfg.train.steps) print_bubble(r);
+    report_memory_peak(r);
   }
 
   metrics_close(r.metrics);

@@ -40,7 +40,10 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
 8. The planner on the CUDA binary: `./train --plan-json` equals `./train_cpu --plan-json` byte
    for byte (the plan runs the step dry on either backend and holds no backend-dependent figure)
    for three layouts, and a tp=2 CUDA run measures rank 0's state and activation bytes and
-   communication exactly as planned.
+   communication exactly as planned. Every rank's device memory peak, as the CUDA backend's
+   allocator counts it (ops::memory_peak: every cudaMalloc through ops::alloc), equals the plan's
+   peak plus the two GPU-only terms an allocator sees (training/device_memory.h: the streams'
+   cuBLASLt workspaces and the compute stream's scratch) in the tp=2 run and every layout of 4.
 
 Environment: TRAIN (./train), TRAIN_CPU (./train_cpu), BUILD (build), CUDA_MODEL_GRADS, MPIRUN
 (mpirun), GPU_TEST_EMULATED (1: the emulator's sizes), SEED. Fresh random weights and data every
@@ -58,7 +61,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 from trainer import (MPIRUN, Checks, base_sections, learnable_tokens, make_experiment,  # noqa: E402
-                     max_rel, read_metrics, read_run_info, write_config)
+                     max_rel, read_memory_peaks, read_metrics, read_run_info, write_config)
 from trainer import seeded_rng  # noqa: E402
 
 TRAIN = os.environ.get("TRAIN", "./train")
@@ -333,6 +336,7 @@ def test_layouts(rng):
             checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < FP32_TOL,
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
                          f"(tol {FP32_TOL:.0e})")
+            check_allocator_peaks(label, tmp, label.replace(" ", "_").replace("=", ""), sec)
             if "cp" in parallel:  # the log names the kernels that ran, not the unused choice
                 named = "| attention ring blocks (hand-written)" in log[0]
                 notes = [ln for ln in log[0].splitlines() if "| attention" in ln]
@@ -439,6 +443,21 @@ def test_checkpoint_crossing(rng):
 
 # --- 8. the planner on the CUDA binary -----------------------------------------------------------
 
+def check_allocator_peaks(label, tmp, name, sec):
+    """The CUDA run `name` (just trained with sec) peaked, on every rank, at the plan's peak plus
+    the GPU-only terms its allocator sees (training/device_memory.h): two streams' 32 MiB cuBLASLt
+    workspaces and the compute stream's scratch (here the largest request, well under 1 MiB,
+    rounded up to 1 MiB). The plan's NCCL and CUDA-context terms are not cudaMalloc'd through
+    ops::alloc (nor exist on the emulator), so they are not in the measured peak."""
+    measured = read_memory_peaks(sec["log"]["metrics"])
+    plan = json.loads(plan_json(TRAIN_CPU, write_config(tmp, f"{name}.toml", sec), tmp,
+                                f"{name}_plan"))
+    want = [r["peak_bytes"] + r["gpu"]["cublas_workspace"] + r["gpu"]["scratch"]
+            for r in sorted(plan["ranks"], key=lambda r: r["rank"])]
+    checks.check(f"{label}: every rank's allocator peak = the plan's + workspaces + scratch",
+                 measured == want, f"measured {measured}, planned {want}")
+
+
 def plan_json(binary, config, tmp, name, overrides=()):
     path = os.path.join(tmp, f"{name}.json")
     run_trainer(binary, config, ["--plan-json", path, *overrides])
@@ -476,6 +495,7 @@ def test_plan(rng):
         want = (r0["state_bytes"], r0["activation_bytes"], r0["comm"])
         checks.check("./train tp=2: state, activation bytes and communication as planned",
                      got == want, f"measured {got}, planned {want}")
+        check_allocator_peaks("./train tp=2", tmp, "tp2", sec)
 
 
 def main():

@@ -83,9 +83,21 @@ def read_metrics(path):
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            if "run" not in rec:
+            if "run" not in rec and "end" not in rec:
                 (vals if "val_loss" in rec else steps).append(rec)
     return steps, vals
+
+
+def read_memory_peaks(path):
+    """Every rank's device memory peak (the backend's allocator, ops::memory_peak), from the
+    {"end": ...} record a run that trained to its end writes last; None without one."""
+    peaks = None
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "end" in rec:
+                peaks = rec["end"]["mem_peak_bytes"]
+    return peaks
 
 
 def read_run_info(path):

@@ -110,6 +110,15 @@ void metrics_run(MetricsLog& log, const RunInfo& i) {
   flush_checked(log);
 }
 
+void metrics_end(MetricsLog& log, const std::vector<size_t>& mem_peak_bytes) {
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl, "{\"end\":{\"mem_peak_bytes\":[");
+  for (size_t i = 0; i < mem_peak_bytes.size(); i++)
+    std::fprintf(log.jsonl, "%s%zu", i ? "," : "", mem_peak_bytes[i]);
+  std::fprintf(log.jsonl, "]}}\n");
+  flush_checked(log);
+}
+
 static void print_fraction(FILE* f, const char* key, double x) {
   if (x < 0) std::fprintf(f, ",\"%s\":null", key);
   else std::fprintf(f, ",\"%s\":%.6f", key, x);

@@ -40,7 +40,7 @@ struct DryRank {
   ParamStore store;
   Pipeline pipeline;
   GPT model;
-  Diloco diloco;  // [parallel] diloco_islands: its device buffer is counted
+  Diloco diloco;  // [parallel] diloco_islands: its outer state and device buffer are counted
 };
 
 void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
@@ -49,8 +49,8 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   d.layout = gpt_layout(c.model, d.mesh);
   d.store.count_only = true;
   const ShardingMode mode = store_options(d.store, c);
-  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
-                   dry, dry, ParamFill{});
+  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision),
+                   diloco_store_comms(d.mesh, c), dry, dry, ParamFill{});
   if (diloco_enabled(c)) diloco_init(d.diloco, c, d.store, d.mesh[Axis::Island]);
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
@@ -83,6 +83,8 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   r.state_bytes = d.store.state_memory.bytes;
   r.activation_bytes = d.model.memory.bytes;
   r.peak_bytes = r.state_bytes + r.activation_bytes + d.store.work_memory.bytes;
+  r.gpu = gpu_memory_terms(c, d.mesh);
+  r.device_peak_bytes = r.peak_bytes + r.gpu.total();
   r.host_bytes = d.store.offload.memory.bytes;
   r.disk_bytes = d.store.offload.disk_bytes;
   r.comm = d.mesh.stats;
@@ -169,11 +171,11 @@ Plan plan_layout(const Config& c, PlanScope scope) {
   estimate_time(plan, c, schedule);
   const double limit = c.plan.memory_gib * (1ull << 30);
   for (const RankPlan& r : plan.ranks)
-    if (r.peak_bytes > limit && plan.does_not_fit.empty()) {
+    if (r.device_peak_bytes > limit && plan.does_not_fit.empty()) {
       char msg[200];
       std::snprintf(msg, sizeof(msg), "rank %d needs %.4g GiB, %.4g GiB more than [plan] "
-                    "memory_gib = %g", r.rank, r.peak_bytes / 1073741824.0,
-                    (r.peak_bytes - limit) / 1073741824.0, c.plan.memory_gib);
+                    "memory_gib = %g", r.rank, r.device_peak_bytes / 1073741824.0,
+                    (r.device_peak_bytes - limit) / 1073741824.0, c.plan.memory_gib);
       plan.does_not_fit = msg;
     }
   return plan;
@@ -222,6 +224,19 @@ int plan_run(const Config& cfg, const PlanFlags& f) {
 // ---------------------------------------------------------------------------------------------
 static double mib(size_t b) { return b / 1048576.0; }
 
+// Rank 0's GPU-only memory, a line per term (training/device_memory.h): peak + these = device.
+static void plan_print_gpu_terms(const GpuMemoryTerms& g, FILE* out) {
+  std::fprintf(out, "  GPU-only memory on rank 0 (device MiB = peak MiB + these; "
+               "training/device_memory.h):\n");
+  std::fprintf(out, "    cuBLASLt workspace    %8.1f MiB  (%d streams x %.0f MiB)\n",
+               mib(g.cublas_workspace), kStreamsPerRank, mib(kCublasWorkspaceBytes));
+  std::fprintf(out, "    stream scratch        %8.1f MiB  (largest request %.3f MiB: %s)\n",
+               mib(g.scratch), mib(g.scratch_request), g.scratch_what.c_str());
+  std::fprintf(out, "    NCCL buffers          %8.1f MiB  (%d communicators x %.0f MiB, estimate)\n",
+               mib(g.nccl), g.nccl_communicators, mib(kNcclCommunicatorBytes));
+  std::fprintf(out, "    CUDA context          %8.1f MiB  (estimate)\n", mib(g.context));
+}
+
 void plan_print(const Plan& plan, const Config& c, FILE* out) {
   const ParallelConfig& p = c.parallel;
   const bool offload = c.train.optimizer_offload != "none";
@@ -230,16 +245,17 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
                offload ? (", optimizer offload " + c.train.optimizer_offload).c_str() : "", p.pp,
                p.pp_schedule.c_str(), p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "",
                p.ep, plan.ranks.size(), plan.tokens_per_step);
-  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB%s\n",
+  std::fprintf(out, "  rank  dp pp cp tp    state MiB  activ. MiB   peak MiB  device MiB%s\n",
                offload ? "   host MiB   disk MiB" : "");
   for (const RankPlan& r : plan.ranks) {
     if (r.dp_rank > 0 || r.cp_rank > 0) continue;  // the same as their dp x cp rank 0
-    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f", r.rank, r.dp_rank,
+    std::fprintf(out, "  %4d %3d %2d %2d %2d %12.1f %11.1f %10.1f %11.1f", r.rank, r.dp_rank,
                  r.pp_rank, r.cp_rank, r.tp_rank, mib(r.state_bytes), mib(r.activation_bytes),
-                 mib(r.peak_bytes));
+                 mib(r.peak_bytes), mib(r.device_peak_bytes));
     if (offload) std::fprintf(out, " %10.1f %10.1f", mib(r.host_bytes), mib(r.disk_bytes));
     std::fprintf(out, "\n");
   }
+  plan_print_gpu_terms(plan.ranks[0].gpu, out);
   std::fprintf(out, "  communication per step on rank 0:\n");
   CommStats st = plan.ranks[0].comm;
   comm_stats_print(st, 1, out);
@@ -279,6 +295,11 @@ std::string plan_write_json(const Plan& plan, const Config& c, const std::string
                  "\"host_bytes\":%zu,\"disk_bytes\":%zu", i ? "," : "", r.rank, r.dp_rank,
                  r.pp_rank, r.cp_rank, r.tp_rank, r.state_bytes, r.activation_bytes, r.peak_bytes,
                  r.host_bytes, r.disk_bytes);
+    std::fprintf(f, ",\"device_peak_bytes\":%zu,\"gpu\":{\"cublas_workspace\":%zu,"
+                 "\"scratch\":%zu,\"scratch_request\":%zu,\"nccl\":%zu,"
+                 "\"nccl_communicators\":%d,\"context\":%zu}", r.device_peak_bytes,
+                 r.gpu.cublas_workspace, r.gpu.scratch, r.gpu.scratch_request, r.gpu.nccl,
+                 r.gpu.nccl_communicators, r.gpu.context);
     print_comm_json(f, r.comm);
     print_offload_json(f, r.offload);
     if (c.parallel.diloco_islands >= 1)
@@ -350,15 +371,15 @@ bool plan_search(const Config& cfg, int n, FILE* out) {
   });
   std::fprintf(out, "layouts of %d GPUs for %ld sequences of %d tokens per step (micro_batch %d), "
                "fastest estimated step first:\n"
-               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  peak GiB  zero  "
+               "    dp   pp   cp   tp   ep  accum    step ms    MFU   bubble  device GiB  zero  "
                "offload\n", n, global,
                cfg.model.seq_len, cfg.train.micro_batch);
   bool any_fits = false;
   for (const Row& r : rows) {
     size_t peak = 0;
-    for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.peak_bytes);
+    for (const RankPlan& rp : r.plan.ranks) peak = std::max(peak, rp.device_peak_bytes);
     any_fits = any_fits || r.plan.does_not_fit.empty();
-    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %9.2f %5d  %-4s%s\n",
+    std::fprintf(out, "  %4d %4d %4d %4d %4d %6d %10.3f %5.1f%% %6.1f%% %11.2f %5d  %-4s%s\n",
                  r.dp, r.pp, r.cp, r.tp, r.ep, r.accum, r.plan.step_ms, 100 * r.plan.mfu,
                  100 * r.plan.bubble, peak / 1073741824.0, r.zero, r.offload.c_str(),
                  r.plan.does_not_fit.empty() ? "" : "  does not fit");

@@ -10,7 +10,11 @@
 // FLOPs and bytes into a step time and an MFU.
 //
 // FSDP's full-unit buffers and the store's other working buffers are in `peak_bytes`, not in
-// `state_bytes` (as the trainer counts them).
+// `state_bytes` (as the trainer counts them). `peak_bytes` is every buffer above the seam, which
+// test/test_plan.py requires to equal the CPU backend's allocator peak (ops::memory_peak) on every
+// rank; a GPU rank needs more, the GPU-only terms of training/device_memory.h (cuBLASLt
+// workspaces, stream scratch, NCCL buffers, the CUDA context): `device_peak_bytes`, what the
+// memory_gib check and the search use.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,13 +22,17 @@
 #include "config/config.h"
 #include "parallel/comm.h"
 #include "parallel/offload.h"
+#include "training/device_memory.h"
 
 struct RankPlan {
   int rank = 0;
   int dp_rank = 0, pp_rank = 0, cp_rank = 0, tp_rank = 0;
   size_t state_bytes = 0;       // weights, gradients, Adam moments, working copy (as measured)
   size_t activation_bytes = 0;  // the model's activation buffers (as measured)
-  size_t peak_bytes = 0;        // both, plus the store's working buffers (FSDP's full units)
+  size_t peak_bytes = 0;        // both, plus the store's working buffers (FSDP's full units):
+                                // what the backend's allocator peaks at on the CPU backend
+  GpuMemoryTerms gpu;           // what a GPU rank holds besides (training/device_memory.h)
+  size_t device_peak_bytes = 0; // peak_bytes + gpu.total(): the GPU's memory the rank needs
   size_t host_bytes = 0;        // optimizer offload: pinned host memory (as measured)
   size_t disk_bytes = 0;        // optimizer offload to nvme: the rank's file
   CommStats comm{};             // per step, as the metrics count them
@@ -50,7 +58,9 @@ Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
 // The plan as JSON, with the metrics file's names: {"layout": {"dp", "pp", "cp", "tp", "ep",
 // "zero", "fsdp", "optimizer_offload", "sp", "pp_schedule", "pp_virtual", "micro_batch",
-// "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "comm"}...], "bubble",
+// "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "peak_bytes",
+// "device_peak_bytes", "gpu": {"cublas_workspace", "scratch", "scratch_request", "nccl",
+// "nccl_communicators", "context"}, "comm"}...], "bubble",
 // "step_ms", "mfu", ...}. Returns "" or the problem.
 std::string plan_write_json(const Plan& plan, const Config& cfg, const std::string& path);
 // Every valid layout of n GPUs for cfg's model and batch (dp, pp, cp, tp; the config's

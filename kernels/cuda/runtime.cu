@@ -10,7 +10,7 @@
 //   copy may still be in flight when it returns). Both therefore synchronise the device before and
 //   after the copy. They are meant for set-up, checkpoints and tests, not for the inner loop.
 // - A stream owns a cudaStream_t (non-blocking), a cuBLASLt handle with a 32 MiB workspace, a
-//   scratch buffer for reductions that grows on demand, and the cuDNN handle that attention
+//   scratch buffer for reductions that grows on demand to the largest request in whole MiB, and the cuDNN handle that attention
 //   creates on first use (destroyed here, with the stream).
 // - Pinned host memory (alloc_host_pinned: cudaMallocHost) makes copy_to_host_async and
 //   copy_to_device_async real DMA transfers that overlap kernels (optimizer offload).
@@ -30,7 +30,7 @@ namespace ops {
 namespace {
 
 constexpr size_t kMiB = size_t(1) << 20;
-constexpr size_t kCublasWorkspaceBytes = 32 * kMiB;
+constexpr size_t kCublasWorkspaceBytes = 32 * kMiB;  // training/device_memory.h plans it
 
 // Every live allocation made through alloc(), with the running and peak totals.
 struct MemoryLedger {
@@ -203,13 +203,15 @@ void stream_sync(Stream s) {
   CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
-// Grows geometrically (at least doubling, in whole MiB) so that a sequence of slightly larger
-// requests does not reallocate each time. The old buffer may still be read by queued kernels:
-// wait for the stream before freeing it.
+// Grows to the request rounded up to a whole MiB. A training step asks for the same sizes every
+// step, so it grows only during the first one, and its final size is a function of the largest
+// request alone (not of their order, as doubling would make it): the step's largest request
+// rounded up to a MiB, which is what the planner counts (training/device_memory.h). The old
+// buffer may still be read by queued kernels: wait for the stream before freeing it.
 void* stream_scratch(Stream s, size_t bytes) {
   CHECK(s != nullptr, "stream_scratch needs a stream");
   if (bytes <= s->scratch_bytes) return s->scratch;
-  size_t grown = round_up(bytes > 2 * s->scratch_bytes ? bytes : 2 * s->scratch_bytes, kMiB);
+  const size_t grown = round_up(bytes, kMiB);
   if (s->scratch) {
     stream_sync(s);
     release(s->scratch);

@@ -118,11 +118,21 @@ GPU_TEST(runtime_pinned_copies) {
 GPU_TEST(runtime_stream_scratch) {
   ops::Stream s = ops::stream_create(StreamOptions{});
   void* small = ops::stream_scratch(s, 1000);
-  expect(ctx, small != nullptr && s->scratch_bytes >= 1000, "scratch of 1000 bytes");
+  expect(ctx, small != nullptr && s->scratch_bytes == (size_t(1) << 20),
+         "scratch of 1000 bytes: one whole MiB");
   expect(ctx, ops::stream_scratch(s, 10) == small, "a smaller request reuses the buffer");
   const size_t big = 40 * (size_t(1) << 20) + 1;
   void* grown = ops::stream_scratch(s, big);
-  expect(ctx, s->scratch_bytes >= big && s->scratch == grown, "grows to 40 MiB + 1");
+  expect(ctx, s->scratch_bytes == 41 * (size_t(1) << 20) && s->scratch == grown,
+         "40 MiB + 1 grows it to 41 MiB: the request in whole MiB (what the planner counts)");
+  const size_t in_use = ops::memory_in_use();
+  ops::stream_scratch(s, 41 * (size_t(1) << 20));
+  expect(ctx, ops::memory_in_use() == in_use, "a request of exactly its size reuses it");
+  void* again = ops::stream_scratch(s, 50 * (size_t(1) << 20));
+  expect(ctx, s->scratch_bytes == 50 * (size_t(1) << 20) && s->scratch == again &&
+         ops::memory_in_use() == in_use + 9 * (size_t(1) << 20),
+         "then 50 MiB: 50 MiB, the old buffer freed (not doubled to 82 MiB: the final size "
+         "depends on the largest request only)");
   // The grown buffer is usable over its whole length.
   ops::fill_zero(grown, big, s);
   std::vector<unsigned char> tail(1, 0xAB);
