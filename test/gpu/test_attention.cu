@@ -15,11 +15,11 @@
 // and "cudnn" may fall back (the emulator has no cuDNN engine), which exercises the fallback path
 // instead.
 // Grouped-query attention (NKV kv heads < NH query heads, qkv rows [q | k | v] with NH, NKV, NKV
-// heads): NH/NKV = 2 and NH with one kv head, through the generic kernels (fp32, HS = 20) and the
-// flash kernels (bf16, HS 64 and 128, ragged tiles, several key blocks), dq, dk and dv each
-// against the CPU backend (itself checked against float64 by test_ops.py), the backward
-// deterministic, and "cudnn" / "auto" must resolve to the hand-written kernels (cuDNN's graph here
-// is built for NKV = NH).
+// heads): NH/NKV = 2 and NH with one kv head; the generic kernels (fp32, and bf16 at HS = 20), the
+// flash kernels (bf16 at HS 64 and 128: one token, ragged tiles, several key blocks); dq, dk and
+// dv each against the CPU backend (itself checked against float64 by test_ops.py), the backward
+// deterministic, and "cudnn" / "auto" must resolve to the hand-written kernels (cuDNN's graph
+// here is built for NKV = NH).
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -209,11 +209,13 @@ GPU_TEST(attention_ragged_tiles) {  // T not a multiple of any tile size, severa
 }
 GPU_TEST(attention_gqa) {  // grouped-query: 2 query heads per kv head, and one kv head for all
   for (DType dt : {DType::F32, DType::BF16}) {
-    run_case(ctx, {2, 37, 6, 3, 20}, dt);   // generic kernels (HS 20), 2 per kv head
-    run_case(ctx, {3, 1, 4, 1, 64}, dt);    // one token, one kv head
-    run_case(ctx, {2, 130, 4, 2, 64}, dt);  // flash (bf16): 3 key blocks, ragged query tiles
-    run_case(ctx, {1, 97, 4, 1, 128}, dt, /*extras=*/dt == DType::BF16);  // flash D = 128
+    run_case(ctx, {2, 37, 6, 3, 20}, dt);  // generic kernels (HS 20), 2 per kv head
+    run_case(ctx, {3, 1, 4, 1, 64}, dt);   // one token, one kv head
   }
+  // The flash kernels (bf16 only: fp32 takes the generic kernels above): 3 key blocks and ragged
+  // query tiles at D = 64, then D = 128 with one kv head.
+  run_case(ctx, {2, 130, 4, 2, 64}, DType::BF16);
+  run_case(ctx, {1, 97, 4, 1, 128}, DType::BF16, /*extras=*/true);
 }
 GPU_TEST(attention_gpt2) {  // emulated: fewer sequences, heads and positions (still 4 query tiles)
   const Shape sh = ctx.emulated ? Shape{1, 256, 2, 2, 64} : Shape{4, 1024, 12, 12, 64};

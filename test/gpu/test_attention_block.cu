@@ -223,25 +223,21 @@ void check_copy(TestContext& ctx, const CopyCase& c, DType dst_dt, DType src_dt)
   ops::release(d_dst);
 }
 
+// Every shape, causal and full, fp32 and bf16.
+template <size_t N>
+void check_shapes(TestContext& ctx, const Shape (&shapes)[N]) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape& sh : shapes)
+      for (bool causal : {true, false}) {
+        DeviceBuffers d = check_case(ctx, sh, causal, dt, cpu_reference(ctx, sh, causal, dt));
+        release(d);
+      }
+}
+
 }  // namespace
 
-GPU_TEST(attention_block) {
-  for (DType dt : {DType::F32, DType::BF16})
-    for (const Shape& sh : kShapes)
-      for (bool causal : {true, false}) {
-        DeviceBuffers d = check_case(ctx, sh, causal, dt, cpu_reference(ctx, sh, causal, dt));
-        release(d);
-      }
-}
-
-GPU_TEST(attention_block_gqa) {
-  for (DType dt : {DType::F32, DType::BF16})
-    for (const Shape& sh : kGqaShapes)
-      for (bool causal : {true, false}) {
-        DeviceBuffers d = check_case(ctx, sh, causal, dt, cpu_reference(ctx, sh, causal, dt));
-        release(d);
-      }
-}
+GPU_TEST(attention_block) { check_shapes(ctx, kShapes); }
+GPU_TEST(attention_block_gqa) { check_shapes(ctx, kGqaShapes); }
 
 GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 over cp = 4
   if (ctx.emulated) {
