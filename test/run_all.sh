@@ -47,6 +47,7 @@ run tokenizer-json $PY test/test_tokenizer_json.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
+run mfu         $PY test/test_mfu.py
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
 run diloco      $PY test/test_diloco.py

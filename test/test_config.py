@@ -50,7 +50,7 @@ DEFAULTS = {
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
             "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25,
             "grad_noise_scale": False},
-    "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
+    "plan": {"device": "H100 SXM", "peak_tflops": 0.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
              "memory_gib": 80.0, "pcie_gbs": 50.0, "nvme_gbs": 6.0},
 }
