@@ -195,7 +195,11 @@ static void print_banner(const Run& r) {
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
-  std::printf("model    GPT-2 L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n",
+  char arch[96] = "GPT-2";  // Llama: its kv heads, MLP width and head
+  if (r.layout.llama)
+    std::snprintf(arch, sizeof(arch), "Llama (kv heads %d, d_ff %d, %s head)", r.layout.NKV,
+                  r.layout.F, r.layout.tied ? "tied" : "untied");
+  std::printf("model    %s L=%d H=%d C=%d T=%d%s V=%d (padded %d): %zu parameters, %s\n", arch,
               r.layout.L, r.layout.NH, r.layout.C, r.layout.T, maxT, r.layout.V, r.layout.Vp,
               r.layout.parameters, c.precision.compute.c_str());
   std::printf("layout   dp=%d %s, tp=%d%s, micro-batch %d x grad-accum %d = %d tokens per step\n",

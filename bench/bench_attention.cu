@@ -55,10 +55,10 @@ Times bench_impl(Bench& b, const Impl& impl, int B, int T, int NH, int HS, const
   std::snprintf(shape, sizeof(shape), "B=%d NH=%d T=%d HS=%d causal", B, NH, T, HS);
   const double fwd_flops = 4.0 * B * NH * (double)T * T * HS / 2;
   const double fwd_ms = time_op(b, [&](int) {
-    ops::attention_forward(out + pad, lse, qkv + pad, B, T, NH, HS, impl.dt, b.stream);
+    ops::attention_forward(out + pad, lse, qkv + pad, B, T, NH, NH, HS, impl.dt, b.stream);
   });
   const double bwd_ms = time_op(b, [&](int) {
-    ops::attention_backward(dqkv + pad, dout + pad, qkv + pad, out + pad, lse, B, T, NH, HS,
+    ops::attention_backward(dqkv + pad, dout + pad, qkv + pad, out + pad, lse, B, T, NH, NH, HS,
                             impl.dt, b.stream);
   });
   // What really ran: a forced "cudnn" that could not run cuDNN says so in its note.

@@ -82,6 +82,7 @@ static void fail_save_together(Comm& world, const std::string& problem, const st
 // The model's shape as the index records it, and the format version it needs (hdf5_format.h).
 static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTLayout& g) {
   m.L = g.L, m.NH = g.NH, m.C = g.C, m.T = g.T, m.V = g.V, m.Vp = g.Vp, m.maxT = g.maxT;
+  m.llama = g.llama, m.NKV = g.NKV, m.F = g.F, m.tied = g.tied;
   if (g.E == 0) return;
   m.format_version = kCheckpointFormatMoe;
   m.E = g.E, m.d_expert = g.d_expert, m.moe_every = model.moe_every;
@@ -332,9 +333,12 @@ static void prepare_dir(const CheckpointConfig& c, Comm& world) {
 }
 
 static std::string shape_text(const CheckpointMeta& m) {
-  char s[240];
+  char s[320];
   int n = std::snprintf(s, sizeof(s), "(n_layer %d, n_head %d, d_model %d, max_seq_len %d, "
                         "vocab_size %d", m.L, m.NH, m.C, m.maxT, m.V);
+  if (m.llama)
+    n += std::snprintf(s + n, sizeof(s) - n, ", arch llama, n_kv_head %d, d_ff %d, "
+                       "tie_embeddings %s", m.NKV, m.F, m.tied ? "true" : "false");
   if (m.E > 0)
     n += std::snprintf(s + n, sizeof(s) - n, ", n_experts %d, d_expert %d, moe_every %d", m.E,
                        m.d_expert, m.moe_every);
@@ -350,8 +354,10 @@ static std::string check_index(const CheckpointMeta& m, const ModelConfig& model
                                const std::string& ckpt) {
   CheckpointMeta want;
   record_shape(want, model, g);
-  if (std::tie(m.L, m.NH, m.C, m.maxT, m.V, m.E, m.d_expert, m.moe_every) !=
-      std::tie(want.L, want.NH, want.C, want.maxT, want.V, want.E, want.d_expert, want.moe_every))
+  if (std::tie(m.L, m.NH, m.C, m.maxT, m.V, m.E, m.d_expert, m.moe_every, m.llama, m.NKV, m.F,
+               m.tied) != std::tie(want.L, want.NH, want.C, want.maxT, want.V, want.E,
+                                   want.d_expert, want.moe_every, want.llama, want.NKV, want.F,
+                                   want.tied))
     return ckpt + " holds a model of shape " + shape_text(m) + " but the config asks for " +
            shape_text(want);
   for (int w = 0; w < m.writers; w++) {

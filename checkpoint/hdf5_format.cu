@@ -346,6 +346,11 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
                                                {"d_expert", m.d_expert},
                                                {"moe_every", m.moe_every}};
   for (const auto& kv : shape) write_attr_i64(file, kv.first, kv.second);
+  if (m.llama) {
+    const std::pair<const char*, int> arch[] = {{"llama", 1}, {"n_kv_head", m.NKV},
+                                                {"d_ff", m.F}, {"tie_embeddings", m.tied}};
+    for (const auto& kv : arch) write_attr_i64(file, kv.first, kv.second);
+  }
   write_string(file, "config", m.config_toml);
   H5Id rng(create_group(file, "rng"));
   {  // the seed is a uint64: stored as such

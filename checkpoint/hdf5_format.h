@@ -23,7 +23,7 @@
 //                writer_ep, n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab,
 //                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense),
 //                writer_pp_order (0: loop, 1: V), writer_pp_layers (each stage's blocks, only
-//                when not equal). Absent in older checkpoints: max_seq_len = seq_len,
+//                when not equal); a Llama's llama = 1, n_kv_head, d_ff, tie_embeddings. Absent in older checkpoints: max_seq_len = seq_len,
 //                writer_ep = 1, dense, loop order, equal stages.
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
@@ -97,6 +97,9 @@ struct CheckpointMeta {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
+  // The architecture: llama 1 (attributes llama, n_kv_head, d_ff, tie_embeddings, written only
+  // for a Llama), or GPT-2 (absent: llama 0, n_kv_head = n_head, d_ff = 4 d_model, tied).
+  int llama = 0, NKV = 0, F = 0, tied = 1;
 };
 
 // What a writer saves: its range of the master, m and v of every unit (writer_range), the

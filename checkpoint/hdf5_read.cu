@@ -51,6 +51,10 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
                            "padded_vocab"};
     for (int i = 0; i < 6; i++) *shape[i] = (int)read_attr_i64(file, names[i]);
     m->maxT = (int)read_attr_or(file, "max_seq_len", m->T);
+    m->llama = (int)read_attr_or(file, "llama", 0);  // GPT-2's when absent
+    m->NKV = (int)read_attr_or(file, "n_kv_head", m->NH);
+    m->F = (int)read_attr_or(file, "d_ff", 4 * m->C);
+    m->tied = (int)read_attr_or(file, "tie_embeddings", 1);
     H5Id rng(ok(H5Gopen2(file, "rng", H5P_DEFAULT), "no group rng"));
     H5Id seed(ok(H5Aopen(rng, "seed", H5P_DEFAULT), "no attribute rng/seed"));
     ok(H5Aread(seed, H5T_NATIVE_UINT64, &m->seed), "cannot read rng/seed");

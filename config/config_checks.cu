@@ -228,6 +228,14 @@ static void check_fp8_shapes(Checker& c) {
                    "multiple of 16 (FP8 GEMM dimensions), got " +
                    mention(cfg, c.origins, "model.d_model") + " / " +
                    mention(cfg, c.origins, "parallel.tp"));
+  const ModelConfig& m = cfg.model;
+  const int kv_width = m.kv_heads() * m.head_dim();  // llama: the k and v sections of qkv
+  if (m.is_llama() && m.n_head > 0 &&
+      (m.ffn_hidden() % tp != 0 || (m.ffn_hidden() / tp) % 16 || kv_width % tp != 0 ||
+       (kv_width / tp) % 16))
+    c.problems.add(mention(cfg, c.origins, "precision.compute") + strf(" needs d_ff/tp and "
+                   "n_kv_head*head_dim/tp to be multiples of 16 (FP8 GEMM dimensions), got d_ff "
+                   "= %d, n_kv_head*head_dim = %d, tp = %d", m.ffn_hidden(), kv_width, tp));
   const long tokens = (long)cfg.train.micro_batch * cfg.model.seq_len;
   if (tokens > 0 && tokens % 16 != 0)
     c.problems.add(mention(cfg, c.origins, "precision.compute") + " needs micro_batch * seq_len "
@@ -275,7 +283,11 @@ static void check_architecture(Checker& c) {
     c.problems.add(key("model.n_kv_head") + " does not divide " + key("model.n_head") +
                    " (each key/value head serves n_head / n_kv_head query heads)");
   if (m.is_llama()) {
-    c.problems.add(key("model.arch") + ": the llama architecture is not built yet");
+    struct stat st;
+    if (!cfg.init.from.empty() &&
+        !(stat(cfg.init.from.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+      c.problems.add(key("init.from") + " names an llm.c model file, which holds a GPT-2; it "
+                     "cannot start " + key("model.arch") + " (random init, or a checkpoint)");
     return;
   }
   const ModelConfig defaults;

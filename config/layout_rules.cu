@@ -8,6 +8,8 @@
 //   dp*pp*cp*tp = world size    every rank has one place in the mesh (ep lives inside dp*cp)
 //   tp | n_head, 4*d_model, Vp  each tensor-parallel rank holds n_head/tp heads, 4C/tp MLP
 //                               columns and Vp/tp rows of the vocabulary
+//   llama: tp | n_kv_head, d_ff instead of 4*d_model: n_kv_head/tp key/value heads and d_ff/tp
+//                               columns of gate, up and down per rank
 //   tp | seq_len (with sp)      sequence parallelism gives each tp rank seq_len/tp positions
 //   2*cp | seq_len              zigzag context parallelism cuts a sequence into 2*cp chunks
 //   tp | seq_len/cp (with sp)   ... and sequence parallelism splits each cp rank's positions
@@ -43,6 +45,7 @@ std::string plain_name(const Config& cfg, const std::string& id) {
       {"parallel.cp", p.cp},       {"parallel.ep", p.ep},          {"parallel.pp_virtual", p.pp_virtual},
       {"model.n_head", m.n_head},  {"model.seq_len", m.seq_len},   {"model.n_layer", m.n_layer},
       {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum},
+      {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff},
       {"parallel.diloco_islands", p.diloco_islands}};
   for (const auto& v : ints)
     if (id == v.id) return format("[%s] %s = %d", section.c_str(), key.c_str(), v.value);
@@ -143,9 +146,16 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
   if (m.n_head % p.tp != 0)
     fail(tp + " does not divide " + name("model.n_head") +
          " (each tensor-parallel rank holds n_head/tp heads)");
-  if ((4L * m.d_model) % p.tp != 0)
+  if (!m.is_llama() && (4L * m.d_model) % p.tp != 0)
     fail(tp + format(" does not divide 4*d_model = %d (", 4 * m.d_model) + name("model.d_model") +
          "; each tensor-parallel rank holds 4*d_model/tp columns of the MLP)");
+  if (m.is_llama() && m.kv_heads() % p.tp != 0)
+    fail(tp + " does not divide " + name("model.n_kv_head") + format(" = %d key/value heads (each "
+         "tensor-parallel rank holds n_kv_head/tp of them with their n_head/tp query heads)",
+         m.kv_heads()));
+  if (m.is_llama() && m.ffn_hidden() % p.tp != 0)
+    fail(tp + " does not divide " + name("model.d_ff") + format(" = %d (each tensor-parallel rank "
+         "holds d_ff/tp columns of the gate, up and down projections)", m.ffn_hidden()));
   if (m.padded_vocab() % p.tp != 0)
     fail(tp + format(" does not divide the padded vocabulary %d (vocab_size %d rounded up to a "
                      "multiple of 128; each tensor-parallel rank holds padded/tp rows of wte)",

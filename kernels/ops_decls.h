@@ -153,15 +153,20 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s);
 // dinp = dout * gelu'(inp); dinp may alias dout.
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dt, Stream s);
 
-// Causal self-attention over packed qkv (B,T,3C): q, k, v of head h at columns h*HS, C + h*HS,
-// 2C + h*HS. out (B,T,C) with head h at columns h*HS; lse (B,NH,T) fp32 is each query row's
-// log-sum-exp of the scaled scores (natural log), which ring attention needs to merge blocks.
-// Scores are scaled by 1/sqrt(HS). No (T,T) matrix is ever stored.
-void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
-                       DType dt, Stream s);
-// dqkv (B,T,3C) is written (not accumulated).
+// Causal self-attention, grouped-query (GQA): NH query heads share NKV key/value heads (NKV
+// divides NH; NKV = NH is plain multi-head attention, GPT-2's). Packed qkv (B,T,(NH+2NKV)HS) is
+// [q heads | k heads | v heads]: q of head h at columns h*HS, k of kv head g at NH*HS + g*HS, v at
+// (NH+NKV)*HS + g*HS. Query head h attends with kv head h / (NH/NKV) (kv heads are read, never
+// copied). out (B,T,C), C = NH*HS, with head h at columns h*HS; lse (B,NH,T) fp32 is each query
+// row's log-sum-exp of the scaled scores (natural log), which ring attention needs to merge
+// blocks. Scores are scaled by 1/sqrt(HS). No (T,T) matrix is ever stored.
+void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
+                       int HS, DType dt, Stream s);
+// dqkv (B,T,(NH+2NKV)HS) is written (not accumulated); dk, dv of a kv head are the sums over its
+// NH/NKV query heads.
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, int B, int T, int NH, int HS, DType dt, Stream s);
+                        const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
+                        Stream s);
 // Ring attention's merge (parallel/context_parallel_plan.h): folds a partial attention result
 // over one block of keys, out_b (B,T,C) with its log-sum-exp lse_b (B,NH,T), into the result
 // accumulated over other, disjoint keys, out (B,T,C) and lse (B,NH,T), in place. For every
@@ -178,19 +183,21 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
 void attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B, int T,
                      int NH, int HS, DType dt, Stream s);
 // Ring attention's block (parallel/context_parallel.cu): the T queries of each of B sequences,
-// from the packed qkv (B,T,3C) (q of head h at columns h*HS), against T keys and values of
-// another block, from a packed kv (B,T,2C) (k of head h at columns h*HS, v at C + h*HS).
+// from the packed qkv (B,T,(NH+2NKV)HS) (q of head h at columns h*HS, as attention_forward's),
+// against T keys and values of another block, from a packed kv (B,T,2 NKV HS) (k of kv head g at
+// columns g*HS, v at (NKV+g)*HS). Query head h uses kv head h / (NH/NKV).
 // causal: the two blocks are one chunk (key j visible to query i iff j <= i); else every key is
 // visible. Writes this block's own output out (B,T,C) and log-sum-exp lse (B,NH,T) (natural log
 // of the scaled scores), which attention_merge folds into the running ones. C = NH*HS.
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
-                             int NH, int HS, bool causal, DType dt, Stream s);
+                             int NH, int NKV, int HS, bool causal, DType dt, Stream s);
 // Its backward, given the final output out (B,T,C) and log-sum-exp lse (B,NH,T) of these queries
 // over every block (after all merges) and dout (B,T,C): accumulates (+=, fp32) the block's
-// contribution to dq (B,T,C) and to dkv (B,T,2C) (dk at columns h*HS, dv at C + h*HS).
+// contribution to dq (B,T,C) and to dkv (B,T,2 NKV HS) (dk of kv head g at columns g*HS, dv at
+// (NKV+g)*HS; each the sum over the kv head's NH/NKV query heads).
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
-                              int NH, int HS, bool causal, DType dt, Stream s);
+                              int NH, int NKV, int HS, bool causal, DType dt, Stream s);
 // Strided column copy with a cast: for r < rows, j < width:
 //   dst[r * dst_cols + j] = src[r * src_cols + j]   (src_dt -> dst_dt, rounded to nearest even)
 // The caller offsets dst and src to the first column (ring attention: k,v out of qkv; dq, dk, dv

@@ -7,7 +7,16 @@
 //   r3  = r2 + (gelu(fch) Wp^T + b)                              r3 is the next block's x
 //
 // and on top: lnf = LN(x_L), logits = lnf wte^T (tied), loss = cross-entropy over the first V
-// columns. The backward walks the same graph in reverse with one residual-gradient buffer
+// columns.
+//
+// Llama (layout.llama) is the same graph with four substitutions and no biases:
+//
+//   ln1 = RMSNorm(x)               qkv = ln1 Wqkv^T, then RoPE on its q and k heads at each token's
+//   global position                atty = causal_attention(qkv) with NKV <= NH key/value heads
+//   fch = ln2 Wfc^T = [gate | up]  swiglu = silu(gate) * up       r3 = r2 + swiglu Wp^T
+//
+// and on top RMSNorm and the untied head lm_head (or wte when tied). The RoPE tables are made
+// once on the host in double (model/rope.h) and uploaded into the model's memory. The backward walks the same graph in reverse with one residual-gradient buffer
 // `dresidual` that each LayerNorm backward accumulates into (d r3 -> d r2 -> d x).
 //
 // Weights come from the ParamStore one unit at a time (acquire before use, release after), and
@@ -34,6 +43,7 @@
 
 #include "model/fp8.h"
 #include "model/gpt_parts.h"
+#include "model/rope.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
 
@@ -56,15 +66,15 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   const size_t Cl = C / g.tp.size(), a = dtype_size(m.dt);
   LayerActs x{};
   x.ln1 = new_buffer<void*>(m, Nt * C * a);
-  x.qkv = new_buffer<void*>(m, N * 3 * Cl * a);
+  x.qkv = new_buffer<void*>(m, N * g.qkv_local() * a);
   x.atty = new_buffer<void*>(m, N * Cl * a);
   x.r2 = new_buffer<void*>(m, Nt * C * a);
   x.ln2 = new_buffer<void*>(m, Nt * C * a);
-  x.fch = with_mlp ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
-  x.fch_gelu = with_gelu && with_mlp ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
-  x.ln1_mean = new_buffer<float*>(m, Nt * 4);
+  x.fch = with_mlp ? new_buffer<void*>(m, N * g.fc_local() * a) : nullptr;
+  x.fch_gelu = with_gelu && with_mlp ? new_buffer<void*>(m, N * g.F_local * a) : nullptr;
+  x.ln1_mean = g.llama ? nullptr : new_buffer<float*>(m, Nt * 4);  // RMSNorm: no mean
   x.ln1_rstd = new_buffer<float*>(m, Nt * 4);
-  x.ln2_mean = new_buffer<float*>(m, Nt * 4);
+  x.ln2_mean = g.llama ? nullptr : new_buffer<float*>(m, Nt * 4);
   x.ln2_rstd = new_buffer<float*>(m, Nt * 4);
   x.lse = new_buffer<float*>(m, N * g.NH_local * 4);
   return x;
@@ -77,9 +87,10 @@ static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N,
   for (int l = 0; l < g.L; l++)
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
-  const int Cl = g.C / g.tp.size();
+  // the widest input and output of a block linear: C, the qkv row, the fc output and proj input
+  const int widest = std::max({g.C, g.qkv_local(), g.fc_local(), g.F_local});
   Fp8Context* f = new Fp8Context;
-  fp8_create(*f, recipe, names, N, std::max(g.C, 4 * Cl), std::max(g.C, 4 * Cl), memory, s);
+  fp8_create(*f, recipe, names, N, widest, widest, memory, s);
   return f;
 }
 
@@ -108,6 +119,28 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   return sl;
 }
 
+// Llama: the RoPE tables (model/rope.h) and, under context parallelism, this rank's global
+// positions (its two zigzag chunks of T/(2cp)), into the model's memory. Uploaded on s: a dry
+// stream (the planner's) copies nothing, but the bytes are counted.
+static void upload_rope(GPT& m, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  std::vector<float> cos_table, sin_table;
+  rope_tables(cos_table, sin_table, g.maxT, g.HS, g.rope_theta);
+  const size_t bytes = cos_table.size() * sizeof(float);
+  m.rope_cos = new_buffer<float*>(m, bytes);
+  m.rope_sin = new_buffer<float*>(m, bytes);
+  ops::copy_to_device_async(m.rope_cos, cos_table.data(), bytes, s);
+  ops::copy_to_device_async(m.rope_sin, sin_table.data(), bytes, s);
+  if (g.cp->size == 1) return;  // positions are 0 .. T-1: the kernels need no array
+  const TokenPositions pos = cp_positions_of(g.cp->size, g.cp->rank, 1, m.T * g.cp->size);
+  std::vector<int> positions;
+  for (int k = 0; k < pos.chunks; k++)
+    for (int t = 0; t < pos.len; t++) positions.push_back(pos.first[k] + t);
+  m.positions = new_buffer<int*>(m, positions.size() * sizeof(int));
+  ops::copy_to_device_async(m.positions, positions.data(), positions.size() * sizeof(int), s);
+  ops::stream_sync(s);  // the host vectors go out of scope
+}
+
 void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, int B, int T,
                 ops::Stream s, const Fp8Recipe* fp8, int slots, ops::Stream ring) {
   m.stream = s;
@@ -125,11 +158,11 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   LayerActs shared{};
   if (recompute == Recompute::Block) shared = new_layer_acts(m, true);
   void* shared_gelu =
-      recompute == Recompute::Gelu ? new_buffer<void*>(m, N * 4 * Cl * a) : nullptr;
+      recompute == Recompute::Gelu ? new_buffer<void*>(m, N * layout.F_local * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
-  if (layout.root_unit >= 0) {  // first or last stage: the embedding's and the head's buffers
+  if (layout.head_unit >= 0) {  // the head's buffers (last stage; and first stage when tied)
     m.lnf = new_buffer<void*>(m, Nt * C * a);
-    m.lnf_mean = new_buffer<float*>(m, Nt * 4);
+    m.lnf_mean = layout.llama ? nullptr : new_buffer<float*>(m, Nt * 4);
     m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
     m.logits = new_buffer<void*>(m, N * layout.Vp_local * a);
     m.losses = new_buffer<float*>(m, N * 4);
@@ -146,8 +179,12 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.dln = new_buffer<void*>(m, Nt * C * a);
   m.dln_all = tp.active() ? new_buffer<void*>(m, N * C * a) : m.dln;
   m.datty = new_buffer<void*>(m, N * Cl * a);
-  m.dqkv = new_buffer<void*>(m, N * 3 * Cl * a);
-  m.dfch = new_buffer<void*>(m, N * 4 * Cl * a);
+  m.dqkv = new_buffer<void*>(m, N * layout.qkv_local() * a);
+  m.dfch = new_buffer<void*>(m, N * layout.fc_local() * a);
+  if (layout.llama) {
+    m.dswiglu = new_buffer<void*>(m, N * layout.F_local * a);
+    upload_rope(m, s);
+  }
   if (m.split_backward)  // the LayerNorms' gradients between B and W (model/gpt_backward.cu)
     m.ln_grads = new_buffer<float*>(m, (size_t)layout.L * 4 * C * sizeof(float));
   if (fp8) {
@@ -155,8 +192,8 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     m.fp8 = new_fp8(layout, *fp8, (int)N, m.memory, s);
   }
   m.cp = new ContextParallel;  // with one cp rank it allocates nothing
-  cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.C / layout.NH, dt,
-            m.memory, ring);  // the plan is over whole sequences
+  cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.NKV_local,
+            layout.HS, dt, m.memory, ring);  // the plan is over whole sequences
   ops::stream_sync(s);
 }
 
@@ -206,6 +243,7 @@ static BlockWeights block_weights(const GPT& m, int l, void* base) {
   for (size_t i = 0; i < order.size(); i++) {
     bw.w[order[i]] = tensor_at(base, u, (int)i, dtype_size(m.dt));
     bw.offset[order[i]] = u.tensors[i].offset;
+    bw.has[order[i]] = true;
   }
   return bw;
 }
@@ -213,6 +251,9 @@ static BlockWeights block_weights(const GPT& m, int l, void* base) {
 // dtype size; gradients: 4).
 static ExpertWeights expert_tensors(const GPT& m, int l, void* base, size_t elem) {
   const ParamUnit& u = m.layout.units[m.layout.expert_unit[l]];
+  if (m.layout.llama)  // SwiGLU experts: no biases
+    return {tensor_at(base, u, kExpertFcW, elem), tensor_at(base, u, kExpertProjW, elem), nullptr,
+            nullptr};
   return {tensor_at(base, u, kExpertFcW, elem), tensor_at(base, u, kExpertProjW, elem),
           tensor_at(base, u, kExpertFcB, elem), tensor_at(base, u, kExpertProjB, elem)};
 }
@@ -236,10 +277,57 @@ void release_block(GPT& m, ParamStore& store, int l, bool weights, bool grads,
   }
 }
 void* root_weight(const GPT& m, int i) {
-  return tensor_at(m.root, m.layout.units[m.layout.root_unit], i, dtype_size(m.dt));
+  const RootSlot at = m.layout.root_at[i];
+  if (at.unit < 0) return nullptr;  // a tensor this architecture lacks (Llama's wpe, ln_f/bias)
+  void* base = at.unit == m.layout.root_unit ? m.root : m.head;
+  return tensor_at(base, m.layout.units[at.unit], at.index, dtype_size(m.dt));
 }
 float* root_grad(const GPT& m, int i) {
-  return m.root_grad + m.layout.units[m.layout.root_unit].tensors[i].offset;
+  const RootSlot at = m.layout.root_at[i];
+  if (at.unit < 0) return nullptr;
+  float* base = at.unit == m.layout.root_unit ? m.root_grad : m.head_grad;
+  return base + m.layout.units[at.unit].tensors[at.index].offset;
+}
+// The output layer's weight: lm_head when untied, else wte.
+static int head_weight(const GPTLayout& g) { return g.tied ? kWte : kLmHead; }
+
+// The block's normalisations: LayerNorm (GPT-2; mean and rstd saved) or RMSNorm (Llama; rstd).
+static void norm_forward(const GPT& m, void* out, float* mean, float* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, ops::Stream s) {
+  if (m.layout.llama)
+    ops::rmsnorm_forward(out, rstd, inp, weight, N, m.layout.C, m.layout.norm_eps, m.dt, s);
+  else
+    ops::layernorm_forward(out, mean, rstd, inp, weight, bias, N, m.layout.C, m.dt, s);
+}
+void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const void* dout,
+                   const void* inp, const void* weight, const float* mean, const float* rstd,
+                   int N, ops::Stream s) {
+  if (m.layout.llama)
+    ops::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, m.layout.C, m.dt, s);
+  else
+    ops::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, m.layout.C,
+                            m.dt, s);
+}
+
+// Llama's rotary embedding on the q and k heads of a packed qkv (N tokens of this rank's heads),
+// or its backward on their gradients, chunk by chunk: each zigzag chunk (B, T/(2cp)) under
+// context parallelism at its global positions, else one chunk (B, T) at positions 0 .. T-1.
+void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const int chunks = g.cp->size > 1 ? 2 : 1, len = T / chunks;
+  CHECK(chunks == 1 || T == m.T, "context parallelism: a micro-batch of %d positions per rank, "
+        "the model's positions are for %d", T, m.T);
+  const size_t row = (size_t)g.qkv_local() * dtype_size(m.dt);
+  for (int k = 0; k < chunks; k++) {
+    char* x = (char*)qkv + (size_t)k * B * len * row;
+    const int* positions = m.positions ? m.positions + k * len : nullptr;
+    if (backward)
+      ops::rope_backward(x, m.rope_cos, m.rope_sin, positions, B, len, g.NH_local, g.NKV_local,
+                         g.HS, m.dt, s);
+    else
+      ops::rope_forward(x, m.rope_cos, m.rope_sin, positions, B, len, g.NH_local, g.NKV_local,
+                        g.HS, m.dt, s);
+  }
 }
 
 // The block GEMMs, as the parallel linears take them (parallel/tensor_parallel.h): in the compute
@@ -286,13 +374,14 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
   const void* x = block_input(sl, j);
   LayerActs& a = sl.layers[j];
   void* const* w = bw.w;
-  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, C, m.dt, s);
+  norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, s);
   column_parallel_forward(tp, gemm(kQkvLinear), buf, a.qkv, nullptr, a.ln1, w[kQkvW], w[kQkvB],
-                          N, C, 3 * Cl, s);
+                          N, C, g.qkv_local(), s);
+  if (g.llama) rope_apply(m, a.qkv, B, T, false, s);
   cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
   row_parallel_forward(tp, gemm(kAttnProjLinear), buf, a.r2, a.atty, w[kAttnProjW],
                        w[kAttnProjB], x, N, Cl, C, s);
-  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, C, m.dt, s);
+  norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, s);
   if (g.moe[l]) {  // the experts run on this rank's tokens: no tensor-parallel collective
     if (write_output)
       moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
@@ -300,11 +389,17 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
       moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
     return;
   }
-  column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch_gelu, a.fch, a.ln2, w[kFcW], w[kFcB], N,
-                          C, 4 * Cl, s);
+  if (g.llama) {  // fch = [gate | up], then silu(gate) * up
+    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch, nullptr, a.ln2, w[kFcW], nullptr, N,
+                            C, g.fc_local(), s);
+    ops::swiglu_forward(a.fch_gelu, a.fch, N, g.F_local, m.dt, s);
+  } else {  // fch, and gelu(fch) from the GEMM's epilogue
+    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch_gelu, a.fch, a.ln2, w[kFcW], w[kFcB],
+                            N, C, g.F_local, s);
+  }
   if (write_output)
     row_parallel_forward(tp, gemm(kFcProjLinear), buf, a.r3, a.fch_gelu, w[kFcProjW],
-                         w[kFcProjB], a.r2, N, 4 * Cl, C, s);
+                         w[kFcProjB], a.r2, N, g.F_local, C, s);
 }
 
 // The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself
@@ -331,11 +426,10 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
 // model's tp buffer for head_backward, which follows before any other gather.
 static void head_forward(GPT& m, const void* x, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  ops::layernorm_forward(m.lnf, m.lnf_mean, m.lnf_rstd, x,
-                         root_weight(m, kLnfW), root_weight(m, kLnfB), g.tp.tokens(N), g.C, m.dt,
-                         s);
+  norm_forward(m, m.lnf, m.lnf_mean, m.lnf_rstd, x, root_weight(m, kLnfW), root_weight(m, kLnfB),
+               g.tp.tokens(N), s);
   column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
-                          root_weight(m, kWte), nullptr, N, g.C, g.Vp_local, s);
+                          root_weight(m, head_weight(g)), nullptr, N, g.C, g.Vp_local, s);
 }
 
 // The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
@@ -345,18 +439,19 @@ static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
                    g.Vp_local, g.vocab_first, m.dt, s);
 }
 
-// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens), lnf = LN(x_L).
+// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens; lm_head when untied),
+// lnf = LN(x_L).
 // Leaves d(x_L) in sl.grad; x is x_L.
 static void head_backward(GPT& m, ActivationSlot& sl, const void* x, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const int Nt = g.tp.tokens(N);
   const void* dlnf =
-      column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), root_grad(m, kWte),
-                               nullptr, m.logits, m.lnf, true, root_weight(m, kWte), N, g.C,
-                               g.Vp_local, s);
+      column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m),
+                               root_grad(m, head_weight(g)), nullptr, m.logits, m.lnf, true,
+                               root_weight(m, head_weight(g)), N, g.C, g.Vp_local, s);
   ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
-  ops::layernorm_backward(sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
-                          root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, g.C, m.dt, s);
+  norm_backward(m, sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
+                root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, s);
 }
 
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
@@ -391,17 +486,29 @@ void* gpt_stage_output(GPT& m, int slot, int chunk) {
 }
 
 void gpt_step_begin(GPT& m, ParamStore& store, bool training) {
-  if (m.layout.root_unit < 0) return;
-  m.root = params_acquire(store, m.layout.root_unit);
-  if (training) m.root_grad = grads_acquire(store, m.layout.root_unit);
+  const GPTLayout& g = m.layout;
+  if (g.root_unit >= 0) {
+    m.root = params_acquire(store, g.root_unit);
+    if (training) m.root_grad = grads_acquire(store, g.root_unit);
+  }
+  if (g.head_unit >= 0 && g.head_unit != g.root_unit) {  // an untied Llama's head
+    m.head = params_acquire(store, g.head_unit);
+    if (training) m.head_grad = grads_acquire(store, g.head_unit);
+  }
 }
 
 void gpt_step_end(GPT& m, ParamStore& store, bool training) {
-  if (m.layout.root_unit < 0) return;
-  if (training) grads_release(store, m.layout.root_unit, true);
-  params_release(store, m.layout.root_unit);
-  m.root = nullptr;
-  m.root_grad = nullptr;
+  const GPTLayout& g = m.layout;
+  if (g.root_unit >= 0) {
+    if (training) grads_release(store, g.root_unit, true);
+    params_release(store, g.root_unit);
+  }
+  if (g.head_unit >= 0 && g.head_unit != g.root_unit) {
+    if (training) grads_release(store, g.head_unit, true);
+    params_release(store, g.head_unit);
+  }
+  m.root = m.head = nullptr;
+  m.root_grad = m.head_grad = nullptr;
 }
 
 void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, int T,

@@ -53,7 +53,13 @@ enum BlockTensor {
 };
 // The tensors of an MoE block's expert unit, in unit order (replicated over tp).
 enum ExpertTensor { kExpertFcW = 0, kExpertProjW, kExpertFcB, kExpertProjB, kExpertTensors };
-enum RootTensor { kWte = 0, kWpe, kLnfW, kLnfB, kRootTensors };
+// The root tensors: GPT-2's wte, wpe, ln_f; Llama's wte, ln_f/weight and, untied, lm_head. Where
+// each one lives is layout.root_at (a Llama lacks wpe and ln_f/bias).
+enum RootTensor { kWte = 0, kWpe, kLnfW, kLnfB, kLmHead, kRootTensors };
+// Where a root tensor is: its unit (an index in layout.units) and its index in that unit.
+struct RootSlot {
+  int unit = -1, index = -1;
+};
 // The linear layers of a block; layer l's are numbered kBlockLinears * l + these (FP8 scales).
 enum BlockLinear { kQkvLinear = 0, kAttnProjLinear, kFcLinear, kFcProjLinear, kBlockLinears };
 
@@ -73,6 +79,14 @@ struct MoeState;
 
 struct GPTLayout {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the global model
+  // The architecture ([model] arch). Llama: RMSNorm, rotary positions, grouped-query attention
+  // with NKV key/value heads, a SwiGLU MLP of hidden size F, no biases, the head untied unless
+  // tied. GPT-2: NKV = NH, F = 4C, tied.
+  bool llama = false;
+  bool tied = true;      // the head's weight is wte
+  int NKV = 0, HS = 0, F = 0;
+  float norm_eps = 1e-5f;
+  double rope_theta = 0;
   // This rank's groups (the mesh's, parallel/mesh.h): tensor-parallel, pipeline, context-
   // parallel (it holds T/cp positions of every sequence) and expert-parallel (it holds experts
   // [rank*E/size, (rank+1)*E/size) of every MoE block).
@@ -83,17 +97,26 @@ struct GPTLayout {
   int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
   std::vector<int> stage_first;  // per stage (model order): its first block; [p*v] = L
   int max_blocks = 0;            // the most blocks of one of this rank's chunks
-  int root_unit = -1;            // the root's index in units; -1 on a middle pipeline stage
+  int root_unit = -1;            // the unit holding wte (the embedding; GPT-2's whole root), -1
+                                 // where none: a middle stage (and the last, untied)
+  int head_unit = -1;            // the unit holding ln_f and the head weight: root_unit when
+                                 // tied, Llama's own head unit when untied (last stage), or -1
+  RootSlot root_at[kRootTensors];  // per RootTensor on this rank; unit -1: absent or elsewhere
   std::vector<int> block_unit;   // per global layer: its index in units, -1 on another stage
   std::vector<int> expert_unit;  // per global layer: its experts' unit; -1: dense or elsewhere
   std::vector<bool> moe;         // per global layer: an MoE block
   size_t parameters = 0;         // global, llm.c's N: wte counted with Vp rows
   size_t active_parameters = 0;  // those one token uses: the dense ones, routers, top_k experts
   int NH_local = 0;              // heads on this rank (NH / tp)
+  int NKV_local = 0;             // key/value heads on this rank (NKV / tp)
+  int F_local = 0;               // MLP hidden columns on this rank (F / tp)
+  int qkv_local() const { return (NH_local + 2 * NKV_local) * HS; }  // packed qkv row width
+  int fc_local() const { return llama ? 2 * F_local : F_local; }  // fc GEMM output: [gate | up]
   int Vp_local = 0;              // vocabulary rows of wte on this rank, from vocab_first
   int vocab_first = 0;
   int maxT = 0;  // rows of wpe ([model] max_seq_len); a run uses the first T (seq_len) of them
-  std::vector<ParamUnit> units;  // this rank's: [root] + its blocks in layer order
+                 // (Llama: rows of the RoPE tables)
+  std::vector<ParamUnit> units;  // this rank's: [root] [head] + its blocks in layer order
 
   int stage(int chunk) const { return pipeline_stage(pp.order, pp.p(), pp.rank(), chunk); }
   int first_block(int chunk) const { return stage_first[stage(chunk)]; }
@@ -121,6 +144,8 @@ Recompute parse_recompute(const std::string& s);
 // Under tensor parallelism, the LayerNorm/residual tensors (ln1, r2, ln2, r3) hold the tokens of
 // this rank (all N = B*T, or N/tp with sequence parallelism) and the others (qkv, atty, fch,
 // fch_gelu) hold all N tokens but only this rank's heads / hidden columns.
+// Llama: fch is the fc GEMM's [gate | up] (N, 2F/tp), fch_gelu the SwiGLU output (N, F/tp), and
+// the norms are RMSNorms (no mean: ln*_mean are null).
 struct LayerActs {
   void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fch_gelu, *r3;  // r3 = block output = next input
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
@@ -162,15 +187,23 @@ struct GPT {
   float* loss_sum = nullptr;      // one float: sum over a step of the mean-scaled losses
   // backward scratch
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
+  void* dswiglu = nullptr;        // Llama: (N, F/tp) the SwiGLU output's gradient
+  // Llama's rotary positions: cos and sin tables (maxT, HS/2) fp32 (model/rope.h), and under
+  // context parallelism this rank's global positions (2 chunks x T/(2cp), int32); else null.
+  float *rope_cos = nullptr, *rope_sin = nullptr;
+  int* positions = nullptr;
   void* dln_all = nullptr;        // (N,C) a column-parallel GEMM's input gradient, before the sum
   float* ln_grads = nullptr;      // split backward: per layer the LayerNorms' weight gradients
                                   // between B and W, (L, 4, C) fp32 (model/gpt_backward.cu)
   Fp8Context* fp8 = nullptr;      // FP8 block GEMMs ([precision] compute = "fp8"), else null
   ContextParallel* cp = nullptr;  // attention's context-parallel state (one cp rank: empty)
   MoeState* moe = nullptr;        // the MoE layers' state (n_experts > 0), else null
-  // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end.
+  // The root's weights and gradient buffer, between gpt_step_begin and gpt_step_end; an untied
+  // Llama's head unit's likewise (head, head_grad).
   void* root = nullptr;
   float* root_grad = nullptr;
+  void* head = nullptr;
+  float* head_grad = nullptr;
   // Every buffer above and the FP8, ring-attention and MoE state's: the activation memory
   // (memory.bytes is what the banner and the planner report), freed by gpt_destroy.
   Allocator memory;

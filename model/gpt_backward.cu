@@ -21,7 +21,8 @@
 // costs no memory but the scratch:
 //
 //   d(r3)  (tokens mine, C)   -> r3   (the block's output: read by the next block's B already)
-//   d(fch) (N, 4C/tp)         -> fch  (read by GELU' in this B)
+//   d(fch) (N, 4C/tp)         -> fch  (read by GELU' in this B; Llama's (N, 2F/tp) by SwiGLU's
+//                                      backward)
 //   d(r2)  (tokens mine, C)   -> r2   (read by LN2's backward in this B)
 //   d(qkv) (N, 3C/tp)         -> qkv  (read by the attention backward in this B)
 //   MoE: d(expert output) rows -> dy (one more buffer per MoE layer and slot), d(h) -> h,
@@ -47,19 +48,26 @@ static void keep(void* dst, const void* src, size_t elems, DType dt, ops::Stream
 static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights& bw,
                                 const void* dres, float* g, int N, GradPart part,
                                 ops::Stream s) {
-  const TensorParallel& tp = m.layout.tp;
+  const GPTLayout& lay = m.layout;
+  const TensorParallel& tp = lay.tp;
   const TpBuffers buf = tp_buffers(m);
-  const int C = m.layout.C, Cl = C / tp.size(), site = kBlockLinears * l;
-  auto grad = [&](int i) { return g ? g + bw.offset[i] : nullptr; };
+  const int C = lay.C, F = lay.F_local, site = kBlockLinears * l;
+  auto grad = [&](int i) { return g && bw.has[i] ? g + bw.offset[i] : nullptr; };
   void* const* w = bw.w;
-  // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
-  row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dfch, grad(kFcProjW),
-                        grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, 4 * Cl, C, s,
-                        part);
-  if (part == GradPart::Input) keep(a.fch, m.dfch, (size_t)N * 4 * Cl, m.dt, s);
+  if (lay.llama) {  // r3 = r2 + swiglu(fch) Wp^T: d swiglu = dres @ Wp, then d fch = [d gate | d up]
+    row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dswiglu,
+                          grad(kFcProjW), nullptr, dres, a.fch_gelu, w[kFcProjW], nullptr, N, F,
+                          C, s, part);
+    ops::swiglu_backward(m.dfch, m.dswiglu, a.fch, N, F, m.dt, s);
+  } else {  // r3 = r2 + fcproj(gelu(fch)): d fch = (dres @ Wp) * gelu'(fch), fused in the GEMM
+    row_parallel_backward(tp, block_gemm(m, site + kFcProjLinear), buf, m.dfch, grad(kFcProjW),
+                          grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, F, C, s,
+                          part);
+  }
+  if (part == GradPart::Input) keep(a.fch, m.dfch, (size_t)N * lay.fc_local(), m.dt, s);
   return column_parallel_backward(tp, block_gemm(m, site + kFcLinear), buf, grad(kFcW),
-                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, 4 * Cl, s,
-                                  part);
+                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, lay.fc_local(),
+                                  s, part);
 }
 
 // Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Part
@@ -76,7 +84,7 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   const int C = lay.C, Cl = C / tp.size(), N = B * T, Nt = tp.tokens(N), site = kBlockLinears * l;
   const bool split = part == GradPart::Input;
   auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
-  auto grad = [&](int i) { return g ? g + bw.offset[i] : nullptr; };
+  auto grad = [&](int i) { return g && bw.has[i] ? g + bw.offset[i] : nullptr; };
   // The LayerNorms' weight gradients: the unit's, or the scratch (ln1 w, b, ln2 w, b).
   auto ln_grad = [&](int i) {
     return split ? m.ln_grads + ((size_t)l * 4 + (i - kLn1W)) * C : grad(i);
@@ -92,18 +100,19 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
                  bw.expert_grads, B, T, dloss, part, s);
   else
     dln2 = mlp_backward(m, a, l, bw, dres, g, N, part, s);
-  ops::layernorm_backward(dres, ln_grad(kLn2W), ln_grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
-                          a.ln2_rstd, Nt, C, m.dt, s);  // dres is now d(r2)
+  norm_backward(m, dres, ln_grad(kLn2W), ln_grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
+                a.ln2_rstd, Nt, s);  // dres is now d(r2)
   if (split) keep(a.r2, dres, (size_t)Nt * C, m.dt, s);
   row_parallel_backward(tp, gemm(kAttnProjLinear), buf, m.datty, grad(kAttnProjW),
                         grad(kAttnProjB), dres, a.atty, w[kAttnProjW], nullptr, N, Cl, C, s, part);
   cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
-  if (split) keep(a.qkv, m.dqkv, (size_t)N * 3 * Cl, m.dt, s);
+  if (lay.llama) rope_apply(m, m.dqkv, B, T, true, s);  // d(qkv before its rotation)
+  if (split) keep(a.qkv, m.dqkv, (size_t)N * lay.qkv_local(), m.dt, s);
   const void* dln1 = column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB),
-                                              m.dqkv, a.ln1, false, w[kQkvW], N, C, 3 * Cl, s,
-                                              part);
-  ops::layernorm_backward(dres, ln_grad(kLn1W), ln_grad(kLn1B), dln1, x, w[kLn1W], a.ln1_mean,
-                          a.ln1_rstd, Nt, C, m.dt, s);  // dres is now d(x)
+                                              m.dqkv, a.ln1, false, w[kQkvW], N, C,
+                                              lay.qkv_local(), s, part);
+  norm_backward(m, dres, ln_grad(kLn1W), ln_grad(kLn1B), dln1, x, w[kLn1W], a.ln1_mean,
+                a.ln1_rstd, Nt, s);  // dres is now d(x)
 }
 
 // Block l's weight pass (W): every linear's weight and bias gradient from the input and the
@@ -116,22 +125,23 @@ static void block_weight_pass(GPT& m, ActivationSlot& sl, int j, int l, const Bl
   const int C = lay.C, Cl = C / tp.size(), N = B * T, site = kBlockLinears * l;
   const GradPart W = GradPart::Weight;
   auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
-  auto grad = [&](int i) { return bw.grads + bw.offset[i]; };
+  auto grad = [&](int i) { return bw.has[i] ? bw.grads + bw.offset[i] : nullptr; };
   const LayerActs& a = sl.layers[j];
   if (lay.moe[l]) {
     moe_weight_pass(m, *a.moe, a.ln2, grad(kRouterW), bw.expert_grads, B, T, s);
   } else {
     row_parallel_backward(tp, gemm(kFcProjLinear), buf, nullptr, grad(kFcProjW), grad(kFcProjB),
-                          a.r3, a.fch_gelu, nullptr, nullptr, N, 4 * Cl, C, s, W);
+                          a.r3, a.fch_gelu, nullptr, nullptr, N, lay.F_local, C, s, W);
     column_parallel_backward(tp, gemm(kFcLinear), buf, grad(kFcW), grad(kFcB), a.fch, a.ln2,
-                             false, nullptr, N, C, 4 * Cl, s, W);
+                             false, nullptr, N, C, lay.fc_local(), s, W);
   }
   row_parallel_backward(tp, gemm(kAttnProjLinear), buf, nullptr, grad(kAttnProjW),
                         grad(kAttnProjB), a.r2, a.atty, nullptr, nullptr, N, Cl, C, s, W);
   column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB), a.qkv, a.ln1,
-                           false, nullptr, N, C, 3 * Cl, s, W);
+                           false, nullptr, N, C, lay.qkv_local(), s, W);
   float* ln = m.ln_grads + (size_t)l * 4 * C;
-  for (int i = kLn1W; i <= kLn2B; i++) ops::add_inplace(grad(i), ln + (i - kLn1W) * C, C, s);
+  for (int i = kLn1W; i <= kLn2B; i++)  // (a Llama's RMSNorms have no bias)
+    if (bw.has[i]) ops::add_inplace(grad(i), ln + (i - kLn1W) * C, C, s);
   ops::fill_zero(ln, (size_t)4 * C * sizeof(float), s);
 }
 
@@ -143,6 +153,16 @@ static void embedding_backward(GPT& m, const StageCall& c, ops::Stream s) {
   tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
                         sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
                         m.dt, s);
+}
+
+// recompute = "gelu": the MLP's activation output again, from the kept fc output (GPT-2's
+// gelu(fch), Llama's silu(gate) * up).
+static void recompute_gelu(GPT& m, LayerActs& a, int N, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  if (g.llama)
+    ops::swiglu_forward(a.fch_gelu, a.fch, N, g.F_local, m.dt, s);
+  else
+    ops::gelu_forward(a.fch_gelu, a.fch, (size_t)N * g.F_local, m.dt, s);
 }
 
 void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -157,9 +177,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     prefetch(store, g.block_unit[l], j > 0 ? g.block_unit[l - 1] : c.next_unit);
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
-    if (m.recompute == Recompute::Gelu && !g.moe[l])
-      ops::gelu_forward(sl.layers[j].fch_gelu, sl.layers[j].fch, (size_t)N * 4 * g.C / g.tp.size(),
-                        m.dt, s);
+    if (m.recompute == Recompute::Gelu && !g.moe[l]) recompute_gelu(m, sl.layers[j], N, s);
     block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, c.part, s);
     release_block(m, store, l, true, whole, c.last_micro_step);
   }

@@ -5,6 +5,15 @@
 // router, and its experts, whose gradients are summed over the ranks holding the same experts
 // (Axis::EPDP). The root (embeddings, final LayerNorm) is held by the first and the last
 // pipeline stage. Every tensor's name keys its random init and its checkpoint dataset.
+//
+// Llama (layout.llama): no biases, no wpe, RMSNorm weights only, the qkv weight in three unequal
+// row sections [q: NH*HS | k: NKV*HS | v: NKV*HS] (grouped-query attention: fewer k and v heads),
+// the MLP's fc weight (2F, C) in two sections [gate | up] and its proj (C, F) (Hugging Face's
+// down_proj). Each column-parallel section splits over tp alike, so rank r's GEMM output row is
+// [its q heads | its k heads | its v heads], resp. [its gate columns | its up columns]: what the
+// RoPE, attention and SwiGLU kernels take. An untied head is a unit of its own (lm_head and
+// ln_f), held by the last stage only, while the first holds the embedding unit (wte): nothing
+// is held twice, nothing is summed over the pair of stages. A tied Llama has GPT-2's one root.
 #include <algorithm>
 #include <cmath>
 
@@ -39,9 +48,65 @@ static ParamUnit root_unit(const GPTLayout& g) {
   return root;
 }
 
+// Llama's root units. Tied: one root {wte, ln_f/weight}, held by the first and the last stage
+// as GPT-2's. Untied: the embedding {wte} (first stage) and the head {lm_head, ln_f/weight}
+// (last stage).
+static ParamUnit llama_embedding_unit(const GPTLayout& g) {
+  ParamUnit u;
+  add_tensor(u, init_normal(tp_vocabulary_parallel("wte", g.Vp, g.C, g.tp), 0.02f, g.V));
+  if (g.tied)
+    add_tensor(u, init_const(tp_sequence_parallel_replica("ln_f/weight", g.C, 1, g.tp), 1));
+  finish_unit(u);
+  u.whole_step = true;
+  if (g.cp->size > 1) u.grad_axis = Axis::DPCP;
+  return u;
+}
+static ParamUnit llama_head_unit(const GPTLayout& g) {
+  ParamUnit u;
+  add_tensor(u, init_normal(tp_vocabulary_parallel("lm_head", g.Vp, g.C, g.tp), 0.02f, g.V));
+  add_tensor(u, init_const(tp_sequence_parallel_replica("ln_f/weight", g.C, 1, g.tp), 1));
+  finish_unit(u);
+  u.whole_step = true;
+  if (g.cp->size > 1) u.grad_axis = Axis::DPCP;
+  return u;
+}
+
+// Llama's block l (the order of block_tensor_order).
+static ParamUnit llama_block_unit(const GPTLayout& g, int l) {
+  const TensorParallel& tp = g.tp;
+  const int64_t C = g.C, HS = g.HS, F = g.F;
+  const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
+  const bool moe = g.moe[l];
+  ParamUnit u;
+  const std::string h = "h." + std::to_string(l) + "/";
+  const std::vector<int64_t> qkv = {g.NH * HS, g.NKV * HS, g.NKV * HS};
+  add_tensor(u, init_normal(tp_column_parallel_sections(h + "attn/qkv/weight", qkv, C, tp), std,
+                            (g.NH + 2 * g.NKV) * HS));
+  add_tensor(u, init_normal(tp_row_parallel_weight(h + "attn/proj/weight", C, g.NH * HS, tp),
+                            proj_std, C));
+  if (!moe) {
+    add_tensor(u, init_normal(tp_column_parallel(h + "mlp/fc/weight", 2 * F, C, 2, tp), std,
+                              2 * F));
+    add_tensor(u, init_normal(tp_row_parallel_weight(h + "mlp/proj/weight", C, F, tp), proj_std,
+                              C));
+  }
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/weight", C, 1, tp), 1));
+  add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_2/weight", C, 1, tp), 1));
+  if (moe) {
+    TensorPlacement router =
+        init_normal(tp_sequence_parallel_replica(h + "mlp/router/weight", g.E, C, tp), std, g.E);
+    router.decay = false;
+    add_tensor(u, router);
+  }
+  finish_unit(u);
+  if (g.cp->size > 1) u.grad_axis = Axis::DPCP;
+  return u;
+}
+
 // Block l: its tensors in unit order, as BlockTensor indices (block_tensor_order says which).
 // A dense block has the MLP; an MoE block has the router instead (its experts: expert_unit).
 static ParamUnit block_unit(const GPTLayout& g, int l) {
+  if (g.llama) return llama_block_unit(g, l);
   const TensorParallel& tp = g.tp;
   const int64_t C = g.C;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
@@ -82,13 +147,17 @@ const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
                                          kAttnProjB, kFcProjB, kLn1W, kLn1B, kLn2W, kLn2B};
   static const std::vector<int> moe = {kQkvW, kAttnProjW, kQkvB, kAttnProjB, kLn1W,
                                        kLn1B, kLn2W,      kLn2B, kRouterW};
+  static const std::vector<int> llama_dense = {kQkvW, kAttnProjW, kFcW, kFcProjW, kLn1W, kLn2W};
+  static const std::vector<int> llama_moe = {kQkvW, kAttnProjW, kLn1W, kLn2W, kRouterW};
+  if (g.llama) return g.moe[l] ? llama_moe : llama_dense;
   return g.moe[l] ? moe : dense;
 }
 
 // The experts of MoE block l held by this expert-parallel rank: E/ep consecutive experts, each
 // a whole MLP (replicated over tp: every tp rank runs its own tokens through them). Logically
 // the tensors are 3-D, (E, d_expert, C) and so on; a placement stacks the experts' rows, so
-// expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them.
+// expert e's rows are [e*rows, (e+1)*rows) and this rank holds one range of them. Llama's
+// experts are SwiGLU MLPs without biases: fc (E, 2 d_expert, C) holds [gate; up] per expert.
 static ParamUnit expert_unit(const GPTLayout& g, int l) {
   const int64_t C = g.C, D = g.d_expert, per = g.E / g.ep->size, first = g.ep->rank * per;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * g.L);
@@ -101,10 +170,13 @@ static ParamUnit expert_unit(const GPTLayout& g, int l) {
     return t;
   };
   ParamUnit u;
-  add_tensor(u, init_normal(experts("fc/weight", D, C), std, g.E * D));
+  const int64_t fc_rows = g.llama ? 2 * D : D;
+  add_tensor(u, init_normal(experts("fc/weight", fc_rows, C), std, g.E * fc_rows));
   add_tensor(u, init_normal(experts("proj/weight", C, D), proj_std, g.E * C));
-  add_tensor(u, init_const(experts("fc/bias", D, 1), 0));
-  add_tensor(u, init_const(experts("proj/bias", C, 1), 0));
+  if (!g.llama) {
+    add_tensor(u, init_const(experts("fc/bias", D, 1), 0));
+    add_tensor(u, init_const(experts("proj/bias", C, 1), 0));
+  }
   finish_unit(u);
   u.grad_axis = Axis::EPDP;  // summed over the ranks that hold the same experts
   return u;
@@ -116,6 +188,42 @@ static size_t unit_parameters(const ParamUnit& u) {
   return n;
 }
 
+// Records where the root tensors of unit `u` (at index `at` in g.units) are, by name.
+static void note_root_tensors(GPTLayout& g, const ParamUnit& u, int at) {
+  static const char* names[kRootTensors] = {"wte", "wpe", "ln_f/weight", "ln_f/bias", "lm_head"};
+  for (int r = 0; r < kRootTensors; r++)
+    for (size_t i = 0; i < u.tensors.size(); i++)
+      if (u.tensors[i].name == names[r]) g.root_at[r] = {at, (int)i};
+}
+
+// The root units of this rank, first in g.units, and the global parameter count they start.
+// A tied root (GPT-2's, a tied Llama's) is held by the first and the last stage, summed over the
+// two (parallel/placement.h: tied). An untied Llama's embedding is the first stage's, its head
+// the last stage's. The first stage is pp rank 0's; the last is rank p-1's in the Loop order,
+// rank 0's in the V (S stages).
+static void add_root_units(GPTLayout& g, int S) {
+  const PipelinePlace& pp = g.pp;
+  const int last_owner = pipeline_stage_owner(pp.order, pp.p(), S - 1);
+  const bool first = pp.rank() == 0, last = pp.rank() == last_owner;
+  ParamUnit root = g.llama ? llama_embedding_unit(g) : root_unit(g);
+  g.parameters = unit_parameters(root);
+  if (g.tied ? first || last : first) {
+    root.tied = g.tied && last_owner != 0;
+    root.tied_copy = root.tied && !first;
+    g.root_unit = (int)g.units.size();
+    if (g.tied) g.head_unit = g.root_unit;
+    note_root_tensors(g, root, g.root_unit);
+    g.units.push_back(root);
+  }
+  if (g.tied) return;
+  ParamUnit head = llama_head_unit(g);
+  g.parameters += unit_parameters(head);
+  if (!last) return;
+  g.head_unit = (int)g.units.size();
+  note_root_tensors(g, head, g.head_unit);
+  g.units.push_back(head);
+}
+
 GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   GPTLayout g;
   g.L = m.n_layer;
@@ -125,6 +233,13 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.maxT = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
   g.V = m.vocab_size;
   g.Vp = m.padded_vocab();
+  g.llama = m.is_llama();
+  g.tied = !g.llama || m.tie_embeddings;
+  g.NKV = m.kv_heads();
+  g.HS = m.head_dim();
+  g.F = m.ffn_hidden();
+  g.norm_eps = (float)m.norm_eps;
+  g.rope_theta = m.rope_theta;
   g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
   g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual, mesh.shape.pp_order};
   g.cp = &mesh[Axis::CP];
@@ -137,6 +252,8 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.moe.resize(g.L);
   for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
   g.NH_local = g.NH / tp.size();
+  g.NKV_local = g.NKV / tp.size();
+  g.F_local = g.F / tp.size();
   g.Vp_local = g.Vp / tp.size();
   g.vocab_first = tp.rank() * g.Vp_local;
   const int S = pp.p() * pp.v;  // the stages' first blocks: pp_layers, or equal stages
@@ -148,18 +265,7 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
         g.stage_first[S], g.L);
   for (int c = 0; c < pp.v; c++) g.max_blocks = std::max(g.max_blocks, g.blocks(c));
 
-  // The first and the last stage each hold the root (parallel/placement.h: tied).
-  ParamUnit root = root_unit(g);
-  g.parameters = unit_parameters(root);
-  // The first stage is pp rank 0's; the last is rank p-1's in the Loop order, rank 0's in the V.
-  const int last_owner = pipeline_stage_owner(pp.order, pp.p(), S - 1);
-  const bool first = pp.rank() == 0, last = pp.rank() == last_owner;
-  if (first || last) {
-    root.tied = last_owner != 0;
-    root.tied_copy = root.tied && !first;
-    g.root_unit = 0;
-    g.units.push_back(root);
-  }
+  add_root_units(g, S);
   g.active_parameters = g.parameters;
   g.block_unit.assign(g.L, -1);
   g.expert_unit.assign(g.L, -1);

@@ -12,6 +12,7 @@
 struct BlockWeights {
   void* w[kBlockTensors] = {};
   size_t offset[kBlockTensors] = {};
+  bool has[kBlockTensors] = {};             // the block has this tensor (Llama: no biases)
   float* grads = nullptr;                   // the unit's fp32 gradient buffer (backward)
   ExpertWeights experts{}, expert_grads{};  // an MoE block's (from its expert unit)
 };
@@ -24,6 +25,14 @@ void release_block(GPT& m, ParamStore& store, int l, bool weights, bool grads,
 // A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
 void* root_weight(const GPT& m, int i);
 float* root_grad(const GPT& m, int i);
+// The block's and the head's normalisation backward: LayerNorm's (GPT-2) or RMSNorm's (Llama,
+// which has no mean and no bias: those are ignored).
+void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const void* dout,
+                   const void* inp, const void* weight, const float* mean, const float* rstd,
+                   int N, ops::Stream s);
+// Llama's rotary embedding on a packed qkv of B sequences of T local positions (backward: on its
+// gradient, the rotation's transpose), at this rank's global positions.
+void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s);
 // The GEMM of linear layer `site` (BlockLinear numbering): compute dtype, or FP8 (model/fp8.h).
 LinearGemm block_gemm(const GPT& m, int site);
 // The model's scratch that the tensor-parallel layers work in (null where tp or SP is off).

@@ -8,6 +8,9 @@
 //   g_e = p_e / sum_{chosen} p       the gates (top_k = 1: the raw p_e)
 //   out = sum_{e chosen} g_e * (gelu(x W_fc,e^T + b_fc,e) W_proj,e^T + b_proj,e)
 //
+// Llama's experts are Mixtral's SwiGLU MLPs without biases: h = x W_fc,e^T = [gate | up] (2D),
+// out_e = (silu(gate) * up) W_proj,e^T; h then holds 2D columns, hg (the SwiGLU output) D.
+//
 // Dropless: every token reaches all its experts (no capacity factor, no token ever dropped).
 // The router's choice has no gradient; the gates do, through p, to W_r.
 //
@@ -49,11 +52,15 @@
 // ---------------------------------------------------------------------------------------------
 // Buffers
 // ---------------------------------------------------------------------------------------------
+// Columns of an expert's fc output h: D, or Llama's [gate | up] 2D.
+static size_t fc_cols(const GPTLayout& g) { return (size_t)g.d_expert * (g.llama ? 2 : 1); }
+
 MoeActs* moe_new_acts(GPT& m) {
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const size_t Nt = g.tp.tokens(m.B * m.T);
-  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
+  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, H = fc_cols(g);
+  const size_t a = dtype_size(m.dt);
   const size_t rows = st.max_rows;
   MoeActs* acts = new MoeActs;
   st.owned_acts.push_back(acts);
@@ -65,7 +72,7 @@ MoeActs* moe_new_acts(GPT& m) {
   x.expert = (int*)gpt_new_buffer(m, Nt * k * 4);
   const bool block = m.recompute == Recompute::Block;
   x.x = block ? st.shared.x : gpt_new_buffer(m, rows * C * a);
-  x.h = block ? st.shared.h : gpt_new_buffer(m, rows * D * a);
+  x.h = block ? st.shared.h : gpt_new_buffer(m, rows * H * a);
   x.hg = m.recompute != Recompute::None ? st.shared.hg : gpt_new_buffer(m, rows * D * a);
   x.y = block ? st.shared.y : gpt_new_buffer(m, Nt * k * C * a);
   x.dy = m.split_backward ? gpt_new_buffer(m, rows * C * a) : nullptr;
@@ -82,14 +89,16 @@ void moe_create(GPT& m) {
   st->aux_coef = m.moe_aux_loss;
   st->z_coef = m.moe_z_loss;
   const int Nt = g.tp.tokens(m.B * m.T);
-  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, a = dtype_size(m.dt);
+  const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, H = fc_cols(g);
+  const size_t a = dtype_size(m.dt);
   const size_t rows = st->max_rows = st->ep.max_expert_rows(Nt), trip = st->ep.trip_rows(Nt);
   st->send = gpt_new_buffer(m, trip * C * a);  // the trips' scratch: none with ep = 1
   st->recv = gpt_new_buffer(m, trip * C * a);
   st->expert_out = gpt_new_buffer(m, trip * C * a);
   st->d_expert = gpt_new_buffer(m, trip * C * a);
   st->d_rows = gpt_new_buffer(m, Nt * k * C * a);
-  st->dh = gpt_new_buffer(m, rows * D * a);
+  st->dh = gpt_new_buffer(m, rows * H * a);
+  if (g.llama) st->dhg = gpt_new_buffer(m, rows * D * a);
   st->dgate = (float*)gpt_new_buffer(m, Nt * k * 4);
   st->dprobs = (float*)gpt_new_buffer(m, Nt * E * 4);
   st->dlogits = (float*)gpt_new_buffer(m, Nt * E * 4);
@@ -98,7 +107,7 @@ void moe_create(GPT& m) {
   if (m.recompute != Recompute::None) st->shared.hg = gpt_new_buffer(m, rows * D * a);
   if (m.recompute == Recompute::Block) {
     st->shared.x = gpt_new_buffer(m, rows * C * a);
-    st->shared.h = gpt_new_buffer(m, rows * D * a);
+    st->shared.h = gpt_new_buffer(m, rows * H * a);
     st->shared.y = gpt_new_buffer(m, Nt * k * C * a);
   }
   st->stats.tokens.assign(g.L, {});
@@ -157,9 +166,11 @@ static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
 // ---------------------------------------------------------------------------------------------
 // Expert j's (of this rank) weights inside the unit: each tensor stacks the experts' blocks.
 static ExpertWeights expert_at(const GPTLayout& g, const ExpertWeights& w, int j, size_t elem) {
-  const size_t C = g.C, D = g.d_expert;
-  auto at = [&](void* base, size_t per) { return (void*)((char*)base + j * per * elem); };
-  return {at(w.fc_w, D * C), at(w.proj_w, C * D), at(w.fc_b, D), at(w.proj_b, C)};
+  const size_t C = g.C, D = g.d_expert, H = fc_cols(g);
+  auto at = [&](void* base, size_t per) {
+    return base ? (void*)((char*)base + j * per * elem) : nullptr;  // Llama: no biases
+  };
+  return {at(w.fc_w, H * C), at(w.proj_w, C * D), at(w.fc_b, H), at(w.proj_b, C)};
 }
 
 // A device buffer's contents on the host. A count-only model (the planner) has no device
@@ -203,17 +214,23 @@ static void record_stats(GPT& m, MoeActs& a, int layer, const std::vector<float>
 // Each local expert's rows through fc + GELU and proj: x (M,C) -> y (M,C), expert-major.
 static void experts_forward(GPT& m, MoeActs& a, const ExpertWeights& w, void* y, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  const size_t C = g.C, D = g.d_expert, H = fc_cols(g), e = dtype_size(m.dt);
   const ExpertRoute& r = a.route;
   for (int j = 0; j < m.moe->ep.experts_per_rank(); j++) {
     const int n = r.expert_rows[j];
     if (n == 0) continue;
     const size_t row = r.expert_first[j];
     const ExpertWeights ew = expert_at(g, w, j, e);
-    void* h = (char*)a.h + row * D * e;
+    void* h = (char*)a.h + row * H * e;
     void* hg = (char*)a.hg + row * D * e;
-    ops::matmul_forward(hg, h, (char*)a.x + row * C * e, ew.fc_w, ew.fc_b, nullptr, n, C, D,
-                        m.dt, s);
+    if (g.llama) {  // h = [gate | up], hg = silu(gate) * up
+      ops::matmul_forward(h, nullptr, (char*)a.x + row * C * e, ew.fc_w, nullptr, nullptr, n, C,
+                          (int)H, m.dt, s);
+      ops::swiglu_forward(hg, h, n, (int)D, m.dt, s);
+    } else {
+      ops::matmul_forward(hg, h, (char*)a.x + row * C * e, ew.fc_w, ew.fc_b, nullptr, n, C, D,
+                          m.dt, s);
+    }
     ops::matmul_forward((char*)y + row * C * e, nullptr, hg, ew.proj_w, ew.proj_b, nullptr, n, D,
                         C, m.dt, s);
   }
@@ -270,12 +287,14 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
 static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const ExpertWeights& dw,
                              void* dy, GradPart part, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  const size_t C = g.C, D = g.d_expert, H = fc_cols(g), e = dtype_size(m.dt);
   MoeState& st = *m.moe;
   const ExpertRoute& r = a.route;
   const bool split = part == GradPart::Input;
-  if (m.recompute == Recompute::Gelu && r.M > 0)  // ("block" recomputed it with the rest)
-    ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
+  if (m.recompute == Recompute::Gelu && r.M > 0) {  // ("block" recomputed it with the rest)
+    if (g.llama) ops::swiglu_forward(a.hg, a.h, r.M, (int)D, m.dt, s);
+    else ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
+  }
   if (split) ops::copy_on_device(a.dy, dy, (size_t)r.M * C * e, s);
   for (int j = 0; j < st.ep.experts_per_rank(); j++) {
     const int n = r.expert_rows[j];
@@ -284,13 +303,21 @@ static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const E
     const ExpertWeights ew = expert_at(g, w, j, e);
     const ExpertWeights gw = split ? ExpertWeights{} : expert_at(g, dw, j, 4);
     void* dy_j = (char*)dy + row * C * e;
-    void* dh = (char*)st.dh + row * D * e;
-    ops::matmul_backward(dh, (float*)gw.proj_w, (float*)gw.proj_b, dy_j, (char*)a.hg + row * D * e,
-                         ew.proj_w, (char*)a.h + row * D * e, n, D, C, m.dt, s);
+    void* dh = (char*)st.dh + row * H * e;
+    void* h = (char*)a.h + row * H * e;
+    if (g.llama) {  // d hg = dy Wp, then d h = [d gate | d up]
+      void* dhg = (char*)st.dhg + row * D * e;
+      ops::matmul_backward(dhg, (float*)gw.proj_w, nullptr, dy_j, (char*)a.hg + row * D * e,
+                           ew.proj_w, nullptr, n, D, C, m.dt, s);
+      ops::swiglu_backward(dh, dhg, h, n, (int)D, m.dt, s);
+    } else {
+      ops::matmul_backward(dh, (float*)gw.proj_w, (float*)gw.proj_b, dy_j,
+                           (char*)a.hg + row * D * e, ew.proj_w, h, n, D, C, m.dt, s);
+    }
     ops::matmul_backward(dy_j, (float*)gw.fc_w, (float*)gw.fc_b, dh, (char*)a.x + row * C * e,
-                         ew.fc_w, nullptr, n, C, D, m.dt, s);
+                         ew.fc_w, nullptr, n, C, (int)H, m.dt, s);
   }
-  if (split) ops::copy_on_device(a.h, st.dh, (size_t)r.M * D * e, s);
+  if (split) ops::copy_on_device(a.h, st.dh, (size_t)r.M * H * e, s);
 }
 
 // The router's backward: the gates' gradient, the balance gradient and the z-loss through the
@@ -338,7 +365,7 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T);
-  const size_t C = g.C, D = g.d_expert, e = dtype_size(m.dt);
+  const size_t C = g.C, D = g.d_expert, H = fc_cols(g), e = dtype_size(m.dt);
   const ExpertRoute& r = a.route;
   for (int j = 0; j < st.ep.experts_per_rank(); j++) {  // d(output) in dy, d(h) in h
     const int n = r.expert_rows[j];
@@ -347,8 +374,8 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
     const ExpertWeights gw = expert_at(g, dw, j, 4);
     ops::matmul_backward(nullptr, (float*)gw.proj_w, (float*)gw.proj_b, (char*)a.dy + row * C * e,
                          (char*)a.hg + row * D * e, nullptr, nullptr, n, D, C, m.dt, s);
-    ops::matmul_backward(nullptr, (float*)gw.fc_w, (float*)gw.fc_b, (char*)a.h + row * D * e,
-                         (char*)a.x + row * C * e, nullptr, nullptr, n, C, D, m.dt, s);
+    ops::matmul_backward(nullptr, (float*)gw.fc_w, (float*)gw.fc_b, (char*)a.h + row * H * e,
+                         (char*)a.x + row * C * e, nullptr, nullptr, n, C, (int)H, m.dt, s);
   }
   const void* dz = a.logits;  // d(router logits), fp32
   if (m.dt != DType::F32) {

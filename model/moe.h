@@ -18,7 +18,7 @@ struct MoeActs {
   float* gate = nullptr;    // (Nt,top_k) the chosen experts' gates
   int* expert = nullptr;    // (Nt,top_k) the chosen experts
   void* x = nullptr;        // (max rows,C) the rows this rank's experts run, expert-major
-  void* h = nullptr;        // (max rows,D) their fc outputs, before the GELU
+  void* h = nullptr;        // (max rows,D) their fc outputs, before the GELU (Llama: 2D)
   void* hg = nullptr;       // (max rows,D) after it (shared by all layers under recompute)
   void* y = nullptr;        // (Nt*top_k,C) the experts' outputs, back home, dispatch order
   void* dy = nullptr;       // (max rows,C) split backward: d(experts' outputs), expert-major,
@@ -56,7 +56,8 @@ struct MoeState {
   void* expert_out = nullptr;      // (max rows,C) the experts' outputs, expert-major (ep > 1)
   void* d_rows = nullptr;          // (Nt*top_k,C) gradients of the pairs' rows, dispatch order
   void* d_expert = nullptr;        // (max rows,C) the same at the experts (ep > 1)
-  void* dh = nullptr;              // (max rows,D)
+  void* dh = nullptr;              // (max rows,D) (Llama: 2D, d [gate | up])
+  void* dhg = nullptr;             // Llama: (max rows,D) the SwiGLU output's gradient
   float* dgate = nullptr;          // (Nt,top_k)
   float* dprobs = nullptr;         // (Nt,E) the load-balancing gradient, uploaded
   float* dlogits = nullptr;        // (Nt,E)

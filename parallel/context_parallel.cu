@@ -29,11 +29,14 @@
 // passes them on; after the last step they take one more hop, home. dQ stays local. The final
 // output and lse of the forward are all a block's backward needs (P = exp(S - lse)).
 //
-// Who talks to whom, bytes, per layer and micro-batch (B sequences, C = this tp rank's
-// channels, b bytes per element): rank r sends to r+1 and receives from r-1 on the cp group.
-//   forward:  cp-1 transfers of K, V of two chunks: 2 * 2 * (T/2cp) * C * B * b = 2TCB/cp * b
-//   backward: the same cp-1 K, V transfers, and cp transfers of dK, dV in fp32 (2TCB/cp * 4)
-// against the T*T/cp attention FLOPs per rank each step hides.
+// Who talks to whom, bytes, per layer and micro-batch (B sequences, Ckv = NKV*HS = this tp
+// rank's key (or value) channels, b bytes per element): rank r sends to r+1 and receives from r-1
+// on the cp group.
+//   forward:  cp-1 transfers of K, V of two chunks: 2 * 2 * (T/2cp) * Ckv * B * b = 2TCkvB/cp * b
+//   backward: the same cp-1 K, V transfers, and cp transfers of dK, dV in fp32 (2TCkvB/cp * 4)
+// against the T*T/cp attention FLOPs per rank each step hides. Only the kv heads travel: with
+// grouped-query attention (NKV kv heads for NH query heads) Ckv = C * NKV/NH, so the ring's bytes
+// shrink by NH/NKV against multi-head attention (Ckv = C, GPT-2).
 //
 //   compute  | blocks with KV(r)   | blocks with KV(r-1) | ... | blocks with KV(r-cp+1)
 //   ring     |--send KV(r), recv KV(r-1)--|--send, recv--| ...
@@ -86,19 +89,20 @@ int cp_local_index(int cp, int rank, int B, int T, int b, int t) {
 // ---------------------------------------------------------------------------------------------
 // Buffers
 // ---------------------------------------------------------------------------------------------
-void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int NKV, int HS, DType dt,
                Allocator& memory, ops::Stream ring) {
   cp.group = group;
-  cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.HS = HS, cp.dt = dt;
+  cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.NKV = NKV, cp.HS = HS, cp.dt = dt;
   cp.ring = ring;
   if (!cp.active()) return;  // one rank: attention is the plain kernel, nothing to hold
   cp.plan = cp_plan_build(cp.size(), T);
   cp.ready = allocate_event(memory);
   cp.arrived = allocate_event(memory);
-  const size_t rows = (size_t)B * cp.Tc, C = (size_t)NH * HS, e = dtype_size(dt);
+  const size_t rows = (size_t)B * cp.Tc, C = (size_t)NH * HS, Ckv = (size_t)NKV * HS;
+  const size_t e = dtype_size(dt);
   for (int i = 0; i < 2; i++) {
-    cp.kv[i] = allocate(memory, 2 * rows * 2 * C * e);
-    cp.dkv[i] = (float*)allocate(memory, 2 * rows * 2 * C * sizeof(float));
+    cp.kv[i] = allocate(memory, 2 * rows * 2 * Ckv * e);
+    cp.dkv[i] = (float*)allocate(memory, 2 * rows * 2 * Ckv * sizeof(float));
   }
   cp.block_out = allocate(memory, rows * C * e);
   cp.block_lse = (float*)allocate(memory, rows * NH * sizeof(float));
@@ -137,12 +141,13 @@ std::vector<P2POp> pass_on(const ContextParallel& cp, void* out, void* in, size_
   return {{true, out, count, next}, {false, in, count, prev}};
 }
 
-// K and V of both local chunks, out of the packed qkv (columns C..3C of every token).
+// K and V of both local chunks, out of the packed qkv [q | k | v] (columns C..C+2Ckv of every
+// token).
 void local_kv(ContextParallel& cp, void* kv, const void* qkv, int B, ops::Stream s) {
-  const int C = cp.NH * cp.HS;
+  const int C = cp.NH * cp.HS, Ckv = cp.NKV * cp.HS;
   const size_t e = dtype_size(cp.dt);
-  ops::copy_columns(kv, 2 * C, cp.dt, (const char*)qkv + C * e, 3 * C, cp.dt, 2 * B * cp.Tc,
-                    2 * C, s);
+  ops::copy_columns(kv, 2 * Ckv, cp.dt, (const char*)qkv + C * e, C + 2 * Ckv, cp.dt,
+                    2 * B * cp.Tc, 2 * Ckv, s);
 }
 
 }  // namespace
@@ -158,12 +163,12 @@ static void check_shape(const ContextParallel& cp, int B, int T) {
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
                           int T_local, ops::Stream s) {
   if (!cp.active()) {  // every position is here: causal attention over the whole sequence
-    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s);
     return;
   }
   check_shape(cp, B, T_local);
-  const int C = cp.NH * cp.HS, T = cp.Tc;
-  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
+  const int C = cp.NH * cp.HS, Ckv = cp.NKV * cp.HS, T = cp.Tc;
+  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * Ckv;
   local_kv(cp, cp.kv[0], qkv, B, s);
   bool written[2] = {false, false};  // the first block of a query chunk writes, later ones merge
   for (int step = 0; step < cp.size(); step++) {
@@ -176,16 +181,16 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       void* o = chunk(out, qi, B, cp, C, e);
       float* l = chunk(lse, qi, B, cp, cp.NH, sizeof(float));
-      const void* q = chunk(qkv, qi, B, cp, 3 * C, e);
-      const void* kv = chunk((const void*)held, ki, B, cp, 2 * C, e);
+      const void* q = chunk(qkv, qi, B, cp, C + 2 * Ckv, e);
+      const void* kv = chunk((const void*)held, ki, B, cp, 2 * Ckv, e);
       const bool causal = blk.mask == CpMask::Causal;
       if (!written[qi]) {
-        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.HS, causal, cp.dt, s);
+        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.NKV, cp.HS, causal, cp.dt, s);
         written[qi] = true;
         continue;
       }
-      ops::attention_block_forward(cp.block_out, cp.block_lse, q, kv, B, T, cp.NH, cp.HS, causal,
-                                   cp.dt, s);
+      ops::attention_block_forward(cp.block_out, cp.block_lse, q, kv, B, T, cp.NH, cp.NKV, cp.HS,
+                                   causal, cp.dt, s);
       ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
     }
     if (step + 1 < cp.size()) ops::stream_wait_event(s, cp.arrived);
@@ -196,15 +201,16 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
                            const void* out, const float* lse, int B, int T_local,
                            ops::Stream s) {
   if (!cp.active()) {
-    ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.HS, cp.dt, s);
+    ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt,
+                            s);
     return;
   }
   check_shape(cp, B, T_local);
-  const int C = cp.NH * cp.HS, T = cp.Tc;
-  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * C;
+  const int C = cp.NH * cp.HS, Ckv = cp.NKV * cp.HS, T = cp.Tc;
+  const size_t e = dtype_size(cp.dt), kv_count = 2 * (size_t)B * T * 2 * Ckv;
   const size_t rows = 2 * (size_t)B * T;
   ops::fill_zero(cp.dq, rows * C * sizeof(float), s);
-  ops::fill_zero(cp.dkv[0], rows * 2 * C * sizeof(float), s);
+  ops::fill_zero(cp.dkv[0], rows * 2 * Ckv * sizeof(float), s);
   local_kv(cp, cp.kv[0], qkv, B, s);
   for (int step = 0; step < cp.size(); step++) {
     const int cur = step % 2, next = (step + 1) % 2;
@@ -216,10 +222,11 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
       const int ki = local_of(cp, st.kv_rank, blk.kv_chunk);
       ops::attention_block_backward(
           chunk(cp.dq, qi, B, cp, C, sizeof(float)),
-          chunk(cp.dkv[cur], ki, B, cp, 2 * C, sizeof(float)), chunk(dout, qi, B, cp, C, e),
+          chunk(cp.dkv[cur], ki, B, cp, 2 * Ckv, sizeof(float)), chunk(dout, qi, B, cp, C, e),
           chunk(out, qi, B, cp, C, e), chunk(lse, qi, B, cp, cp.NH, sizeof(float)),
-          chunk(qkv, qi, B, cp, 3 * C, e), chunk((const void*)cp.kv[cur], ki, B, cp, 2 * C, e),
-          B, T, cp.NH, cp.HS, blk.mask == CpMask::Causal, cp.dt, s);
+          chunk(qkv, qi, B, cp, C + 2 * Ckv, e),
+          chunk((const void*)cp.kv[cur], ki, B, cp, 2 * Ckv, e), B, T, cp.NH, cp.NKV, cp.HS,
+          blk.mask == CpMask::Causal, cp.dt, s);
     }
     if (more) ops::stream_wait_event(s, cp.arrived);
     // dK, dV of the chunks in hand, this rank's blocks added, go on (the last hop: home)
@@ -227,7 +234,7 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
     ops::stream_wait_event(s, cp.arrived);
   }
   // After cp hops the dK, dV of this rank's own chunks are back, in dkv[cp % 2].
-  ops::copy_columns(dqkv, 3 * C, cp.dt, cp.dq, C, DType::F32, (int)rows, C, s);
-  ops::copy_columns((char*)dqkv + C * e, 3 * C, cp.dt, cp.dkv[cp.size() % 2], 2 * C, DType::F32,
-                    (int)rows, 2 * C, s);
+  ops::copy_columns(dqkv, C + 2 * Ckv, cp.dt, cp.dq, C, DType::F32, (int)rows, C, s);
+  ops::copy_columns((char*)dqkv + C * e, C + 2 * Ckv, cp.dt, cp.dkv[cp.size() % 2], 2 * Ckv,
+                    DType::F32, (int)rows, 2 * Ckv, s);
 }

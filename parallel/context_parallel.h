@@ -25,13 +25,16 @@ struct ContextParallel {
   int rank() const { return group->rank; }
   bool active() const { return size() > 1; }
   ContextParallelPlan plan;
-  int B = 0, Tc = 0, NH = 0, HS = 0;  // largest micro-batch, chunk length, local heads, head size
+  // largest micro-batch, chunk length, local query heads, local kv heads (grouped-query
+  // attention: NKV < NH), head size
+  int B = 0, Tc = 0, NH = 0, NKV = 0, HS = 0;
   DType dt = DType::F32;
   ops::Stream ring = nullptr;         // the K, V transfers run here, overlapping compute
   ops::Event ready = nullptr, arrived = nullptr;
-  // Buffers: K, V of two chunks (2,B,Tc,2C) twice (the block in hand and the one arriving),
+  // Buffers: K, V of two chunks (2,B,Tc,2Ckv) twice (the block in hand and the one arriving),
   // their fp32 gradients (the same, twice), a block's own output (B,Tc,C) and lse (B,NH,Tc), and
-  // the fp32 dq of the local chunks (2,B,Tc,C). C = NH*HS (this tp rank's heads).
+  // the fp32 dq of the local chunks (2,B,Tc,C). C = NH*HS (this tp rank's query heads), Ckv =
+  // NKV*HS (its kv heads).
   void* kv[2] = {nullptr, nullptr};
   float* dkv[2] = {nullptr, nullptr};
   void* block_out = nullptr;
@@ -49,12 +52,12 @@ int cp_local_index(int cp, int rank, int B, int T, int b, int t);
 // B sequences of T positions (all cp ranks' together) over the group; the buffers and events
 // come from `memory`, which owns them (a count-only allocator, the planner's, only counts them).
 // With one rank nothing is taken.
-void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int HS, DType dt,
+void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int NKV, int HS, DType dt,
                Allocator& memory, ops::Stream ring);
 
 // Causal attention of B sequences of T_local positions on this rank (2*Tc under cp > 1: its two
-// chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,3C), against the keys and
-// values of every position before them. cp > 1: the ring over the group, out (2,B,Tc,C) and lse
+// chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,C+2Ckv), against the
+// keys and values of every position before them. cp > 1: the ring over the group, out (2,B,Tc,C) and lse
 // (2,B,NH,Tc) chunk-major. One rank: ops::attention_forward, out (B,T,C), lse (B,NH,T).
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
                           int T_local, ops::Stream s);

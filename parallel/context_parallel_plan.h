@@ -77,7 +77,9 @@ std::vector<int> cp_positions(int cp, int T, int r);
 double cp_step_work(const CpStep& step);
 
 // Bytes each rank sends (and receives) for one attention layer and B sequences, with K and V in
-// elements of kv_bytes and the gradients dK, dV in elements of grad_bytes:
+// elements of kv_bytes and the gradients dK, dV in elements of grad_bytes. C is the key (or value)
+// channels that travel: kv heads * head size, which grouped-query attention makes n_head/n_kv_head
+// times smaller than the query channels.
 //   step:     K and V of one rank's 2 chunks: 2 (K, V) * 2 chunks * (T/(2cp)) * C * kv_bytes * B
 //   forward:  (cp - 1) * step   (step 0 uses the rank's own K, V; each later step one transfer)
 //   backward: the same (cp - 1) K, V transfers again, plus dK, dV travelling with them: every

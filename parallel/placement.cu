@@ -26,10 +26,24 @@ TensorPlacement split_rows(const std::string& name, int64_t rows, int64_t cols, 
                            int tp_rank, int tp) {
   CHECK(rows % ((int64_t)parts * tp) == 0, "%s: %lld rows do not split into %d x tp=%d parts",
         name.c_str(), (long long)rows, parts, tp);
+  return split_row_sections(name, std::vector<int64_t>(parts, rows / parts), cols, tp_rank, tp);
+}
+
+TensorPlacement split_row_sections(const std::string& name, const std::vector<int64_t>& sections,
+                                   int64_t cols, int tp_rank, int tp) {
+  int64_t rows = 0;
+  for (int64_t n : sections) {
+    CHECK(n % tp == 0, "%s: a section of %lld rows does not split over tp=%d", name.c_str(),
+          (long long)n, tp);
+    rows += n;
+  }
   TensorPlacement t = replicated(name, rows, cols);
-  const int64_t part = rows / parts, mine = part / tp;
   t.row_ranges.clear();
-  for (int p = 0; p < parts; p++) t.row_ranges.push_back({p * part + tp_rank * mine, mine});
+  int64_t first = 0;
+  for (int64_t n : sections) {
+    t.row_ranges.push_back({first + tp_rank * (n / tp), n / tp});
+    first += n;
+  }
   t.tp_split = tp > 1;
   return t;
 }

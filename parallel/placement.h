@@ -15,7 +15,8 @@
 //                     experts, the ranks that hold the same experts)
 //
 // Examples, tensor parallel degree t, rank r (parallel/tensor_parallel.cu has the why):
-//   qkv weight (3C, C)    three row ranges: rows r*C/t .. of q, of k and of v  (column-parallel)
+//   qkv weight (3C, C)    three row ranges: rows r*C/t .. of q, of k and of v  (column-parallel;
+//                         Llama's ((NH+2NKV)HS, C): three unequal sections, each split alike)
 //   fc weight (4C, C)     one row range r*4C/t ..                              (column-parallel)
 //   proj weight (C, 4C)   all rows, columns r*4C/t ..                          (row-parallel)
 //   wte (Vp, C)           one row range r*Vp/t ..                          (vocabulary-parallel)
@@ -102,6 +103,10 @@ TensorPlacement replicated(const std::string& name, int64_t rows, int64_t cols);
 // the r-th 1/tp of each.
 TensorPlacement split_rows(const std::string& name, int64_t rows, int64_t cols, int parts,
                            int tp_rank, int tp);
+// The same with unequal consecutive sections (Llama's qkv: [q: NH*HS | k: NKV*HS | v: NKV*HS]
+// rows); each section splits over tp, and rank r holds the r-th 1/tp of each, in order.
+TensorPlacement split_row_sections(const std::string& name, const std::vector<int64_t>& sections,
+                                   int64_t cols, int tp_rank, int tp);
 // Columns split over tp: rank r holds columns [r*cols/tp, (r+1)*cols/tp) of every row.
 TensorPlacement split_cols(const std::string& name, int64_t rows, int64_t cols, int tp_rank,
                            int tp);

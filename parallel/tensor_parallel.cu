@@ -215,7 +215,8 @@ void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, co
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
   for (int k = 0; k < pos.chunks; k++) {
-    const void* wpe_k = tp.rank() == 0 ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
+    const void* wpe_k =  // (no wpe: Llama's positions are rotary, in the attention)
+        tp.rank() == 0 && wpe ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
     ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
                          wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows, V);
   }
@@ -230,7 +231,7 @@ void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, v
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
   for (int k = 0; k < pos.chunks; k++)
-    ops::encoder_backward(dwte, dwpe + (size_t)pos.first[k] * C,
+    ops::encoder_backward(dwte, dwpe ? dwpe + (size_t)pos.first[k] * C : nullptr,
                           (const char*)dout + chunk_token(pos, k) * C * e,
                           tokens + chunk_token(pos, k), pos.B, pos.len, C, dt, s, vocab_first,
                           vocab_rows, V);
@@ -263,6 +264,12 @@ const void* tp_vocabulary_row(const TensorParallel& tp, void* all, const void* m
 TensorPlacement tp_column_parallel(const std::string& name, int64_t rows, int64_t cols,
                                    int parts, const TensorParallel& tp) {
   return split_rows(name, rows, cols, parts, tp.rank(), tp.size());
+}
+
+TensorPlacement tp_column_parallel_sections(const std::string& name,
+                                            const std::vector<int64_t>& sections, int64_t cols,
+                                            const TensorParallel& tp) {
+  return split_row_sections(name, sections, cols, tp.rank(), tp.size());
 }
 
 TensorPlacement tp_row_parallel_weight(const std::string& name, int64_t rows, int64_t cols,

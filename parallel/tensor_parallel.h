@@ -13,6 +13,7 @@
 // sequence parallelism); "all" is every token.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "parallel/comm.h"
@@ -133,14 +134,16 @@ struct TokenPositions {
 };
 
 // The vocabulary-parallel embedding: wte holds rows [vocab_first, vocab_first + vocab_rows).
-// Forward: out (tokens(N) x C) = wte[tokens] + wpe[position]; each rank looks up its own rows
+// Forward: out (tokens(N) x C) = wte[tokens] + wpe[position] (no wpe, null: Llama, whose
+// positions are rotary); each rank looks up its own rows
 // (zeros for the others' tokens), tp rank 0 adds the positions, and the partial embeddings are
 // summed (g forward). `partial` is N x C scratch. V: the vocabulary, which every token is below.
 void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, const int* tokens,
                           const void* wte, const void* wpe, const TokenPositions& pos, int C,
                           int vocab_first, int vocab_rows, int V, DType dt, ops::Stream s);
 // Backward: dout_mine (tokens(N) x C) is gathered to every token (into `all`, N x C); each rank
-// adds into its own wte rows, and every rank computes the whole of dwpe (the same on all).
+// adds into its own wte rows, and every rank computes the whole of dwpe (the same on all; null:
+// none).
 void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, void* all,
                            const void* dout_mine, const int* tokens, const TokenPositions& pos,
                            int C, int vocab_first, int vocab_rows, int V, DType dt,
@@ -166,6 +169,11 @@ const void* tp_vocabulary_row(const TensorParallel& tp, void* all, const void* m
 // `parts` equal consecutive parts (qkv: 3, for q, k, v) and this rank holds the r-th 1/tp of each.
 TensorPlacement tp_column_parallel(const std::string& name, int64_t rows, int64_t cols,
                                    int parts, const TensorParallel& tp);
+// The same with unequal sections (Llama's qkv with grouped-query attention: NH*HS rows of q, then
+// NKV*HS of k and of v): this rank holds the r-th 1/tp of each section, [q_r; k_r; v_r].
+TensorPlacement tp_column_parallel_sections(const std::string& name,
+                                            const std::vector<int64_t>& sections, int64_t cols,
+                                            const TensorParallel& tp);
 // A row-parallel weight (rows = outputs, cols = inputs): this rank's 1/tp of the columns.
 TensorPlacement tp_row_parallel_weight(const std::string& name, int64_t rows, int64_t cols,
                                        const TensorParallel& tp);

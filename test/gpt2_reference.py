@@ -156,10 +156,13 @@ def gpt2_loss(P, idx, targets, L, NH, V, mlp=dense_mlp):
 
 
 def train_losses(params, cfg, tokens, steps, B, T, grad_accum=1, lr=1e-3, weight_decay=0.0,
-                 grad_clip=0.0, betas=(0.9, 0.95), eps=1e-8, schedule=None, skip=()):
+                 grad_clip=0.0, betas=(0.9, 0.95), eps=1e-8, schedule=None, skip=(), loss_fn=None):
     """Per-step losses of AdamW training in float64, llm.c unshuffled order, one process.
     Weight decay applies to 2-D tensors only. schedule(step) -> lr for 1-based steps. The
-    updates of the steps in `skip` are not applied (torch's AdamW then counts one step fewer)."""
+    updates of the steps in `skip` are not applied (torch's AdamW then counts one step fewer).
+    loss_fn(P, x, y) replaces GPT-2's loss (test/llama_reference.py passes Llama's)."""
+    if loss_fn is None:
+        loss_fn = lambda P_, x, y: gpt2_loss(P_, x, y, cfg["L"], cfg["NH"], cfg["V"])  # noqa
     P = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     decay = [p for p in P.values() if p.dim() >= 2]
     no_decay = [p for p in P.values() if p.dim() < 2]
@@ -173,7 +176,7 @@ def train_losses(params, cfg, tokens, steps, B, T, grad_accum=1, lr=1e-3, weight
         total = 0.0
         for _ in range(grad_accum):
             x, y = next(batches)
-            loss = gpt2_loss(P, x, y, cfg["L"], cfg["NH"], cfg["V"]) / grad_accum
+            loss = loss_fn(P, x, y) / grad_accum
             loss.backward()
             total += loss.item()
         if grad_clip > 0:

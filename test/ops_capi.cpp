@@ -68,6 +68,31 @@ void op_layernorm_backward(void* dinp, float* dweight, float* dbias, const void*
                           test_stream());
 }
 
+void op_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
+                        float eps, int dt) {
+  ops::rmsnorm_forward(out, rstd, inp, weight, N, C, eps, dtype_of(dt), test_stream());
+}
+void op_rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* inp,
+                         const void* weight, const float* rstd, int N, int C, int dt) {
+  ops::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, dtype_of(dt), test_stream());
+}
+void op_rope_forward(void* qkv, const float* cos_table, const float* sin_table,
+                     const int* positions, int B, int T, int NH, int NKV, int HS, int dt) {
+  ops::rope_forward(qkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dtype_of(dt),
+                    test_stream());
+}
+void op_rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
+                      const int* positions, int B, int T, int NH, int NKV, int HS, int dt) {
+  ops::rope_backward(dqkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dtype_of(dt),
+                     test_stream());
+}
+void op_swiglu_forward(void* out, const void* inp, int N, int F, int dt) {
+  ops::swiglu_forward(out, inp, N, F, dtype_of(dt), test_stream());
+}
+void op_swiglu_backward(void* dinp, const void* dout, const void* inp, int N, int F, int dt) {
+  ops::swiglu_backward(dinp, dout, inp, N, F, dtype_of(dt), test_stream());
+}
+
 void op_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
                        const void* bias, const void* residual, int N, int C, int OC, int dt) {
   ops::matmul_forward(out, pre_gelu, inp, weight, bias, residual, N, C, OC, dtype_of(dt),
@@ -86,27 +111,28 @@ void op_gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, i
   ops::gelu_backward(dinp, inp, dout, n, dtype_of(dt), test_stream());
 }
 
-void op_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
-                          int dt) {
-  ops::attention_forward(out, lse, qkv, B, T, NH, HS, dtype_of(dt), test_stream());
+void op_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
+                          int HS, int dt) {
+  ops::attention_forward(out, lse, qkv, B, T, NH, NKV, HS, dtype_of(dt), test_stream());
 }
 void op_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                           const float* lse, int B, int T, int NH, int HS, int dt) {
-  ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, dtype_of(dt), test_stream());
+                           const float* lse, int B, int T, int NH, int NKV, int HS, int dt) {
+  ops::attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, dtype_of(dt),
+                          test_stream());
 }
 void op_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B,
                         int T, int NH, int HS, int dt) {
   ops::attention_merge(out, lse, out_b, lse_b, B, T, NH, HS, dtype_of(dt), test_stream());
 }
 void op_attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B,
-                                int T, int NH, int HS, int causal, int dt) {
-  ops::attention_block_forward(out, lse, qkv, kv, B, T, NH, HS, causal != 0, dtype_of(dt),
+                                int T, int NH, int NKV, int HS, int causal, int dt) {
+  ops::attention_block_forward(out, lse, qkv, kv, B, T, NH, NKV, HS, causal != 0, dtype_of(dt),
                                test_stream());
 }
 void op_attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                                  const float* lse, const void* qkv, const void* kv, int B, int T,
-                                 int NH, int HS, int causal, int dt) {
-  ops::attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, NH, HS, causal != 0,
+                                 int NH, int NKV, int HS, int causal, int dt) {
+  ops::attention_block_backward(dq, dkv, dout, out, lse, qkv, kv, B, T, NH, NKV, HS, causal != 0,
                                 dtype_of(dt), test_stream());
 }
 

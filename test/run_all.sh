@@ -28,6 +28,7 @@ tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 
 source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
+run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
 run model       $PY test/test_model.py
 run moe-grads   $PY test/test_moe_grads.py
 run train       $PY test/test_train.py
@@ -59,6 +60,7 @@ run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
+run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py

@@ -3,9 +3,15 @@
 build/libops_cpu.so): attention_block_forward, attention_block_backward, copy_columns, against
 float64 (numpy, and torch autograd for gradients).
 
-Part 1, one block: q from a packed qkv (B,T,3C), k and v from a packed kv (B,T,2C), causal and
-full masks, T in {1, 3, 5, 17}, HS in {7, 16}, NH in {1, 2, 3}, B in {1, 2}, fp32 and bf16 (inputs
-rounded to bf16 first; the reference is computed from those values).
+Grouped-query attention: NH query heads share NKV kv heads (query head h uses kv head
+h // (NH/NKV)); qkv is (B,T,(NH+2NKV)HS) = [q heads | k heads | v heads] and kv (B,T,2 NKV HS).
+The float64 references repeat each kv head NH/NKV times (np.repeat, torch's repeat_interleave)
+and sum the repeated heads' dk, dv back per kv head: the ops never copy, only the references do.
+
+Part 1, one block: q from a packed qkv, k and v from a packed kv, causal and full masks, T in
+{1, 3, 5, 17}, HS in {7, 16}, (NH, NKV) in {(1,1), (2,2), (3,3), (4,2), (6,3), (6,1), (4,1)},
+B in {1, 2}, fp32 and bf16 (inputs rounded to bf16 first; the reference is computed from those
+values).
   forward: out and lse against the float64 block softmax. Tolerances (relative error
     ||got - ref|| / ||ref||): fp32 2e-6 for out (measured <= 2.0e-7 over 4 seeds), 1e-5 for lse
     (7.5e-7); bf16: out 1e-2 (stored in bf16: one rounding, about 2e-3), lse 1e-5 (fp32 math on
@@ -20,7 +26,8 @@ rounded to bf16 first; the reference is computed from those values).
     got - start. The qkv's k and v columns hold other values (the op must read k, v from kv).
     The results must be bitwise the same on 1 and 2 OpenMP threads.
 Part 2, the whole ring: for cp = 2, 3 and chunk sizes c in {1, 3, 4} (T = 2*cp*c), B = 2, NH = 3,
-HS = 7, the zigzag plan from `build/test_context_parallel_plan --dump cp T` (as
+HS = 7 (and GQA rings: cp = 2, c = 3, NH 4 with NKV 2; cp = 3, c = 2, NH 4 with NKV 1), the zigzag
+plan from `build/test_context_parallel_plan --dump cp T` (as
 test_ring_attention.py reads it). Each rank computes its blocks with attention_block_forward on
 the chunks' packed qkv / kv and folds them, in ring-step order, into one accumulator per local
 query chunk with attention_merge (starting from lse = -inf, out = NaN). Every rank's result must
@@ -65,8 +72,8 @@ report = Tally()
 
 def load_library(path):
     return load(path, {
-        "op_attention_block_forward": [P, P, P, P, I, I, I, I, I, I],
-        "op_attention_block_backward": [P, P, P, P, P, P, P, I, I, I, I, I, I],
+        "op_attention_block_forward": [P, P, P, P, I, I, I, I, I, I, I],
+        "op_attention_block_backward": [P, P, P, P, P, P, P, I, I, I, I, I, I, I],
         "op_attention_merge": [P, P, P, P, I, I, I, I, I],
         "op_copy_columns": [P, I, I, P, I, I, I, I],
         "op_set_num_threads": [I],
@@ -118,8 +125,19 @@ def heads(x, NH):
 
 
 def packed(*parts):
-    """(B,NH,n,HS) tensors side by side in rows: qkv (B,n,3C) or kv (B,n,2C)."""
+    """(B,heads,n,HS) tensors side by side in rows: qkv (B,n,(NH+2NKV)HS) or kv (B,n,2 NKV HS)."""
     return np.concatenate([rows(p) for p in parts], 2)
+
+
+def repeat_kv(x, NH):
+    """(B,NKV,n,HS) -> (B,NH,n,HS): kv head g serves query heads g*G..g*G+G-1 (G = NH/NKV)."""
+    return np.repeat(x, NH // x.shape[1], axis=1)
+
+
+def sum_groups(x, NKV):
+    """(B,NH,n,HS) gradients of the repeated kv heads -> (B,NKV,n,HS), summed per kv head."""
+    B, NH, n, HS = x.shape
+    return x.reshape(B, NKV, NH // NKV, n, HS).sum(2)
 
 
 # --- float64 references --------------------------------------------------------------------------
@@ -159,45 +177,53 @@ def autograd_attention(q, k, v, dout, causal):
 
 
 # --- the ops -------------------------------------------------------------------------------------
-def block_forward(lib, qkv, kv, NH, causal, dt):
-    B, n, C3 = qkv.shape
-    C = C3 // 3
-    out, lse = poisoned((B, n, C), dt), poisoned((B, NH, n))
-    lib.op_attention_block_forward(ptr(out), ptr(lse), ptr(qkv), ptr(kv), B, n, NH, C // NH,
+def block_forward(lib, qkv, kv, NH, NKV, causal, dt):
+    B, n, width = qkv.shape
+    HS = width // (NH + 2 * NKV)
+    out, lse = poisoned((B, n, NH * HS), dt), poisoned((B, NH, n))
+    lib.op_attention_block_forward(ptr(out), ptr(lse), ptr(qkv), ptr(kv), B, n, NH, NKV, HS,
                                    int(causal), dt)
     return out, lse
 
 
-def block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, causal, dt):
+def block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, NKV, causal, dt):
     B, n, C = dq.shape
     lib.op_attention_block_backward(ptr(dq), ptr(dkv), ptr(dout), ptr(out), ptr(lse), ptr(qkv),
-                                    ptr(kv), B, n, NH, C // NH, int(causal), dt)
+                                    ptr(kv), B, n, NH, NKV, C // NH, int(causal), dt)
+
+
+def grouped_grads(dq, dk, dv, NKV):
+    """Gradients against the repeated kv heads -> per kv head (dk, dv summed over the group)."""
+    return dq, sum_groups(dk, NKV), sum_groups(dv, NKV)
 
 
 # --- part 1: one block ---------------------------------------------------------------------------
-def check_block(lib, rng, B, T, NH, HS, causal, dt):
+def check_block(lib, rng, B, T, NH, NKV, HS, causal, dt):
     tag = (f"block {DT_NAME[dt]} {'causal' if causal else 'full  '} B={B} T={T:2d} NH={NH} "
-           f"HS={HS:2d}")
-    q, k, v, junk = (1.5 * rng.standard_normal((B, NH, T, HS)) for _ in range(4))
+           f"NKV={NKV} HS={HS:2d}")
+    q = 1.5 * rng.standard_normal((B, NH, T, HS))
+    k, v, junk = (1.5 * rng.standard_normal((B, NKV, T, HS)) for _ in range(3))
     # The qkv's k, v columns hold other values: the op must take k, v from kv only.
     qkv, kv = device(packed(q, junk, -junk), dt), device(packed(k, v), dt)
     q, k, v = (rounded(x, dt) for x in (q, k, v))
-    out, lse = block_forward(lib, qkv, kv, NH, causal, dt)
-    want, want_lse = block_attention(q, k, v, causal)
+    out, lse = block_forward(lib, qkv, kv, NH, NKV, causal, dt)
+    kr, vr = repeat_kv(k, NH), repeat_kv(v, NH)
+    want, want_lse = block_attention(q, kr, vr, causal)
     e_out, e_lse = rel_err(host(out, dt), rows(want)), rel_err(host(lse, F32), want_lse)
     report(e_out < (FWD_OUT_TOL if dt == F32 else 1e-2) and e_lse < 1e-5,
            f"{tag} forward: out {e_out:.1e}, lse {e_lse:.1e}")
 
     dout = device(rng.standard_normal((B, T, NH * HS)), dt)
     dq0 = rng.standard_normal((B, T, NH * HS)).astype(np.float32)
-    dkv0 = rng.standard_normal((B, T, 2 * NH * HS)).astype(np.float32)
+    dkv0 = rng.standard_normal((B, T, 2 * NKV * HS)).astype(np.float32)
     dq, dkv = dq0.copy(), dkv0.copy()
-    block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, causal, dt)
+    block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, NKV, causal, dt)
     got = [heads(dq - dq0.astype(np.float64), NH)] + \
-          [heads(x, NH) for x in np.split(dkv - dkv0.astype(np.float64), 2, axis=2)]
+          [heads(x, NKV) for x in np.split(dkv - dkv0.astype(np.float64), 2, axis=2)]
     d64, out64 = heads(host(dout, dt), NH), heads(host(out, dt), NH)
-    formula = block_backward_formula(q, k, v, out64, host(lse, F32), d64, causal)
-    grads = autograd_attention(q, k, v, d64, causal)[1:]
+    formula = grouped_grads(*block_backward_formula(q, kr, vr, out64, host(lse, F32), d64, causal),
+                            NKV)
+    grads = grouped_grads(*autograd_attention(q, kr, vr, d64, causal)[1:], NKV)
     whole = lambda parts: np.concatenate([x.reshape(-1) for x in parts])
     # dq and dk are analytically zero at T = 1 (one key: dP = D), so there the three are
     # measured together; otherwise each on its own against the formula.
@@ -211,29 +237,32 @@ def check_block(lib, rng, B, T, NH, HS, causal, dt):
     return qkv, kv, dout, out, lse
 
 
-def check_threads(lib, rng, dt):
+def check_threads(lib, rng, dt, NH=3, NKV=3):
     """Bitwise the same results on 1 and 2 threads (one task per (batch, head), sequential)."""
-    B, T, NH, HS = 2, 37, 3, 16
-    q, k, v = (rng.standard_normal((B, NH, T, HS)) for _ in range(3))
+    B, T, HS = 2, 37, 16
+    q = rng.standard_normal((B, NH, T, HS))
+    k, v = (rng.standard_normal((B, NKV, T, HS)) for _ in range(2))
     qkv, kv = device(packed(q, k, v), dt), device(packed(k, v), dt)
     dout = device(rng.standard_normal((B, T, NH * HS)), dt)
     results = []
     for threads in (1, 2):
         lib.op_set_num_threads(threads)
-        out, lse = block_forward(lib, qkv, kv, NH, False, dt)
-        dq, dkv = np.zeros((B, T, NH * HS), np.float32), np.zeros((B, T, 2 * NH * HS), np.float32)
-        block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, False, dt)
+        out, lse = block_forward(lib, qkv, kv, NH, NKV, False, dt)
+        dq = np.zeros((B, T, NH * HS), np.float32)
+        dkv = np.zeros((B, T, 2 * NKV * HS), np.float32)
+        block_backward(lib, dq, dkv, dout, out, lse, qkv, kv, NH, NKV, False, dt)
         results.append([out, lse, dq, dkv])
     lib.op_set_num_threads(2)
     same = all(np.array_equal(a, b) for a, b in zip(*results))
-    report(same, f"block {DT_NAME[dt]} forward and backward on 1 and 2 threads, bitwise")
+    report(same, f"block {DT_NAME[dt]} NH={NH} NKV={NKV} forward and backward on 1 and 2 threads, "
+           f"bitwise")
 
 
 # --- part 2: the ring ----------------------------------------------------------------------------
-def ring_forward(lib, blocks, cp, qkv, kv, NH, dt):
+def ring_forward(lib, blocks, cp, qkv, kv, NH, NKV, dt):
     """Every rank's blocks, merged per local query chunk: {chunk: (out, lse)}."""
-    B, c, C3 = qkv[0].shape
-    C = C3 // 3
+    B, c, width = qkv[0].shape
+    C = width // (NH + 2 * NKV) * NH
     result = {}
     for r in range(cp):
         acc = {qc: np.full((B, c, C), np.nan, np.float32) for qc in (r, 2 * cp - 1 - r)}
@@ -241,43 +270,46 @@ def ring_forward(lib, blocks, cp, qkv, kv, NH, dt):
             acc = {qc: poisoned((B, c, C), BF16) for qc in acc}  # NaN bits
         acc_lse = {qc: np.full((B, NH, c), -np.inf, np.float32) for qc in acc}
         for _, qc, kc, causal in sorted(blocks[r], key=lambda b: b[0]):  # ring order (stable)
-            out_b, lse_b = block_forward(lib, qkv[qc], kv[kc], NH, causal, dt)
+            out_b, lse_b = block_forward(lib, qkv[qc], kv[kc], NH, NKV, causal, dt)
             lib.op_attention_merge(ptr(acc[qc]), ptr(acc_lse[qc]), ptr(out_b), ptr(lse_b), B, c,
                                    NH, C // NH, dt)
         result.update({qc: (acc[qc], acc_lse[qc]) for qc in acc})
     return result
 
 
-def ring_backward(lib, blocks, cp, qkv, kv, dout, final, NH, dt):
+def ring_backward(lib, blocks, cp, qkv, kv, dout, final, NH, NKV, dt):
     """dq per query chunk and dkv per key chunk, each rank's dkv summed over the ranks."""
-    B, c, C3 = qkv[0].shape
-    C = C3 // 3
-    dq = {ch: np.zeros((B, c, C), np.float32) for ch in range(2 * cp)}
-    dkv = {ch: np.zeros((B, c, 2 * C), np.float64) for ch in range(2 * cp)}
+    B, c, width = qkv[0].shape
+    HS = width // (NH + 2 * NKV)
+    dq = {ch: np.zeros((B, c, NH * HS), np.float32) for ch in range(2 * cp)}
+    dkv = {ch: np.zeros((B, c, 2 * NKV * HS), np.float64) for ch in range(2 * cp)}
     for r in range(cp):
         mine = {}  # this rank's dK, dV of the chunks it was sent
         for _, qc, kc, causal in sorted(blocks[r], key=lambda b: b[0]):
-            part = mine.setdefault(kc, np.zeros((B, c, 2 * C), np.float32))
+            part = mine.setdefault(kc, np.zeros((B, c, 2 * NKV * HS), np.float32))
             out, lse = final[qc]
-            block_backward(lib, dq[qc], part, dout[qc], out, lse, qkv[qc], kv[kc], NH, causal, dt)
+            block_backward(lib, dq[qc], part, dout[qc], out, lse, qkv[qc], kv[kc], NH, NKV, causal,
+                           dt)
         for kc, part in mine.items():
             dkv[kc] += part
     return dq, dkv
 
 
-def check_ring(lib, rng, cp, c, dt, B=2, NH=3, HS=7):
+def check_ring(lib, rng, cp, c, dt, B=2, NH=3, NKV=3, HS=7):
     T = 2 * cp * c
     blocks, positions = read_plan(cp, T)
-    q, k, v = (rounded(rng.standard_normal((B, NH, T, HS)), dt) for _ in range(3))
+    q = rounded(rng.standard_normal((B, NH, T, HS)), dt)
+    k, v = (rounded(rng.standard_normal((B, NKV, T, HS)), dt) for _ in range(2))
     d_out = rounded(rng.standard_normal((B, NH, T, HS)), dt)
     chunk = lambda x, ch: x[:, :, ch * c:(ch + 1) * c]
     qkv = {ch: device(packed(*(chunk(x, ch) for x in (q, k, v))), dt) for ch in range(2 * cp)}
     kv = {ch: device(packed(chunk(k, ch), chunk(v, ch)), dt) for ch in range(2 * cp)}
     dout = {ch: device(rows(chunk(d_out, ch)), dt) for ch in range(2 * cp)}
-    ref_out, ref_lse = block_attention(q, k, v, True)
-    tag = f"ring {DT_NAME[dt]} cp={cp} T={T:2d}"
+    kr, vr = repeat_kv(k, NH), repeat_kv(v, NH)
+    ref_out, ref_lse = block_attention(q, kr, vr, True)
+    tag = f"ring {DT_NAME[dt]} cp={cp} T={T:2d} NH={NH} NKV={NKV}"
 
-    final = ring_forward(lib, blocks, cp, qkv, kv, NH, dt)
+    final = ring_forward(lib, blocks, cp, qkv, kv, NH, NKV, dt)
     e_out = e_lse = 0.0
     for r in range(cp):
         local = (r, 2 * cp - 1 - r)
@@ -290,18 +322,19 @@ def check_ring(lib, rng, cp, c, dt, B=2, NH=3, HS=7):
            f"{tag}: forward (blocks + merges) vs full causal float64 on every rank: "
            f"out {e_out:.1e}, lse {e_lse:.1e}")
 
-    dq, dkv = ring_backward(lib, blocks, cp, qkv, kv, dout, final, NH, dt)
+    dq, dkv = ring_backward(lib, blocks, cp, qkv, kv, dout, final, NH, NKV, dt)
     in_order = lambda parts: np.concatenate(parts, 2)  # chunks 0..2cp-1 = global order
     got = [in_order([heads(dq[ch].astype(np.float64), NH) for ch in range(2 * cp)])]
-    got += [in_order([heads(np.split(dkv[ch], 2, axis=2)[i], NH) for ch in range(2 * cp)])
+    got += [in_order([heads(np.split(dkv[ch], 2, axis=2)[i], NKV) for ch in range(2 * cp)])
             for i in (0, 1)]
     # The formula with the very out (rounded in bf16 by every merge) and lse the blocks were
     # given, and the true gradient.
     out = in_order([heads(host(final[ch][0], dt), NH) for ch in range(2 * cp)])
     lse = in_order([final[ch][1].astype(np.float64) for ch in range(2 * cp)])
-    formula = block_backward_formula(q, k, v, out, lse, d_out, True)
+    formula = grouped_grads(*block_backward_formula(q, kr, vr, out, lse, d_out, True), NKV)
     e_formula = max(rel_err(g, w) for g, w in zip(got, formula))
-    errs = [rel_err(g, w) for g, w in zip(got, autograd_attention(q, k, v, d_out, True)[1:])]
+    true_grads = grouped_grads(*autograd_attention(q, kr, vr, d_out, True)[1:], NKV)
+    errs = [rel_err(g, w) for g, w in zip(got, true_grads)]
     report(e_formula < RING_BWD_TOL and max(errs) < (RING_BWD_TOL if dt == F32 else 2e-2),
            f"{tag}: backward over the same blocks: dq, dk, dv vs the formula {e_formula:.1e}; "
            f"vs float64 autograd of full causal attention: dq {errs[0]:.1e}, dk {errs[1]:.1e}, "
@@ -355,16 +388,22 @@ def main():
     seed = int(os.environ.get("OPS_SEED", np.random.SeedSequence().entropy % (1 << 31)))
     print(f"seed {seed} (OPS_SEED={seed} repeats this run)")
     rng = np.random.default_rng(seed)
-    shapes = [(1, 1, 1, 7), (2, 3, 2, 16), (1, 5, 3, 7), (2, 17, 3, 16), (2, 17, 1, 7)]
+    shapes = [(1, 1, 1, 1, 7), (2, 3, 2, 2, 16), (1, 5, 3, 3, 7), (2, 17, 3, 3, 16),
+              (2, 17, 1, 1, 7), (2, 17, 4, 2, 7), (1, 5, 6, 3, 16), (2, 17, 6, 1, 7),
+              (1, 1, 4, 1, 7)]
     for dt in (F32, BF16):
-        for B, T, NH, HS in shapes:
+        for B, T, NH, NKV, HS in shapes:
             for causal in (True, False):
-                check_block(lib, rng, B, T, NH, HS, causal, dt)
+                check_block(lib, rng, B, T, NH, NKV, HS, causal, dt)
         check_threads(lib, rng, dt)
+        check_threads(lib, rng, dt, NH=4, NKV=2)
     for cp in (2, 3):
         for c in (1, 3, 4):
             check_ring(lib, rng, cp, c, F32)
+    check_ring(lib, rng, 2, 3, F32, NH=4, NKV=2)
+    check_ring(lib, rng, 3, 2, F32, NH=4, NKV=1)
     check_ring(lib, rng, 2, 3, BF16)
+    check_ring(lib, rng, 2, 3, BF16, NH=4, NKV=2)
     for dst_dt, src_dt in ((F32, F32), (BF16, BF16), (BF16, F32), (F32, BF16)):
         check_copy(lib, rng, dst_dt, src_dt)
     # dq, dk, dv (fp32, separate buffers) into the columns of a bf16 dqkv, as ring attention does

@@ -5,6 +5,9 @@ The CPU backend is the oracle the CUDA backend and every parallelism are tested 
 tested here against an independent reference: PyTorch float64, gradients by autograd. Fresh
 random inputs every run (the seed is printed; OPS_SEED=<n> repeats a run), awkward sizes (C = 37,
 T = 1, B = 3, NH = 3 with HS = 5, V = 1000 padded to 1024 with huge values in the padding).
+Attention also runs grouped-query (NKV kv heads < NH query heads: 6/3, 4/1, 4/2, 2/1); its
+reference repeats each kv head NH/NKV times (repeat_interleave, whose autograd sums the repeated
+heads' gradients back into dk, dv).
 
 Tolerances, relative error ||got - ref|| / ||ref||:
   fp32 runs                                            1e-5
@@ -55,8 +58,8 @@ def load_library(path):
         "op_matmul_backward": [P, P, P, P, P, P, P, I, I, I, I],
         "op_gelu_forward": [P, P, Z, I],
         "op_gelu_backward": [P, P, P, Z, I],
-        "op_attention_forward": [P, P, P, I, I, I, I, I],
-        "op_attention_backward": [P, P, P, P, P, I, I, I, I, I],
+        "op_attention_forward": [P, P, P, I, I, I, I, I, I],
+        "op_attention_backward": [P, P, P, P, P, I, I, I, I, I, I],
         "op_classifier_forward_backward": [P, P, P, Fl, I, I, I, I],
         "op_adamw_update": [P, P, P, P, P, Z, Fl, Fl, Fl, Fl, Fl, Fl, I, I],
         "op_sum_squares_accumulate": [P, P, Z],
@@ -329,9 +332,13 @@ def test_gelu(lib, r, dt):
     r.exact(f"gelu {DT_NAME[dt]} backward in place (dinp = dout), bitwise", np.array_equal(inplace, dinp))
 
 
-def attention_ref(qkv, B, T, NH, HS):
-    C = NH * HS
-    q, k, v = (qkv[..., i * C:(i + 1) * C].view(B, T, NH, HS).transpose(1, 2) for i in range(3))
+def attention_ref(qkv, B, T, NH, NKV, HS):
+    """Causal attention of packed qkv [q: NH heads | k: NKV | v: NKV]; query head h uses kv head
+    h // (NH/NKV), here by repeating the kv heads (the op under test reads them in place)."""
+    C, Ckv = NH * HS, NKV * HS
+    q = qkv[..., :C].reshape(B, T, NH, HS).transpose(1, 2)
+    k, v = (qkv[..., C + i * Ckv:C + (i + 1) * Ckv].reshape(B, T, NKV, HS).transpose(1, 2)
+            .repeat_interleave(NH // NKV, dim=1) for i in range(2))
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(HS)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     scores = scores.masked_fill(mask, float("-inf"))
@@ -341,21 +348,23 @@ def attention_ref(qkv, B, T, NH, HS):
 
 
 def test_attention(lib, r, dt):
-    for B, T, NH, HS in [(3, 1, 3, 5), (2, 9, 3, 5), (1, 33, 2, 16), (2, 20, 1, 64)]:
-        tag = f"attention {DT_NAME[dt]} B={B} T={T} NH={NH} HS={HS}"
-        C = NH * HS
-        qkv = randn(B, T, 3 * C, scale=1.5)
+    shapes = [(3, 1, 3, 3, 5), (2, 9, 3, 3, 5), (1, 33, 2, 2, 16), (2, 20, 1, 1, 64),
+              (2, 9, 6, 3, 5), (1, 33, 4, 1, 16), (3, 13, 4, 2, 7), (3, 1, 2, 1, 5)]
+    for B, T, NH, NKV, HS in shapes:
+        tag = f"attention {DT_NAME[dt]} B={B} T={T} NH={NH} NKV={NKV} HS={HS}"
+        C, width = NH * HS, (NH + 2 * NKV) * HS
+        qkv = randn(B, T, width, scale=1.5)
         qkv_d = device(qkv, dt)
         out, lse = poisoned(B * T * C, dt), poisoned(B * NH * T)
-        lib.op_attention_forward(out, lse, qkv_d, B, T, NH, HS, dt)
+        lib.op_attention_forward(out, lse, qkv_d, B, T, NH, NKV, HS, dt)
         qr = rounded(qkv, dt).requires_grad_()
-        out_ref, lse_ref = attention_ref(qr, B, T, NH, HS)
+        out_ref, lse_ref = attention_ref(qr, B, T, NH, NKV, HS)
         r.close(tag + " out", host(out, dt), out_ref, TOL[dt])
         r.close(tag + " lse", host(lse), lse_ref.detach(), TOL_FP32_OUT)
         dout = randn(B, T, C)
         out_ref.backward(rounded(dout, dt))
-        dqkv = poisoned(B * T * 3 * C, dt)
-        lib.op_attention_backward(dqkv, device(dout, dt), qkv_d, out, lse, B, T, NH, HS, dt)
+        dqkv = poisoned(B * T * width, dt)
+        lib.op_attention_backward(dqkv, device(dout, dt), qkv_d, out, lse, B, T, NH, NKV, HS, dt)
         r.close(tag + " dqkv", host(dqkv, dt), qr.grad, TOL[dt])
 
 
@@ -533,8 +542,8 @@ def test_split_invariance(lib, r):
         d = np.ascontiguousarray(dout[batches][:, :, heads])
         b, nh = q.shape[0], q.shape[3]
         out, lse, dq = poisoned(b * T * nh * HS), poisoned(b * nh * T), poisoned(q.size)
-        lib.op_attention_forward(out, lse, q, b, T, nh, HS, F32)
-        lib.op_attention_backward(dq, d, q, out, lse, b, T, nh, HS, F32)
+        lib.op_attention_forward(out, lse, q, b, T, nh, nh, HS, F32)
+        lib.op_attention_backward(dq, d, q, out, lse, b, T, nh, nh, HS, F32)
         return out.reshape(b, T, nh, HS), lse.reshape(b, nh, T), dq.reshape(b, T, 3, nh, HS)
 
     full = attention(every, every)
@@ -589,18 +598,22 @@ def test_threads(lib, r):
         lib.op_sum_squares_accumulate(out, xs, len(xs))
         return [out]
 
-    Ba, Ta, NH, HS = 2, 40, 3, 16
-    qkv, da = device(randn(Ba, Ta, 3 * NH * HS), F32), device(randn(Ba, Ta, NH * HS), F32)
+    Ba, Ta, NH, HS = 2, 40, 6, 16
 
-    def attention():
-        out, lse, dqkv = poisoned(Ba * Ta * NH * HS), poisoned(Ba * NH * Ta), poisoned(qkv.size)
-        lib.op_attention_forward(out, lse, qkv, Ba, Ta, NH, HS, F32)
-        lib.op_attention_backward(dqkv, da, qkv, out, lse, Ba, Ta, NH, HS, F32)
-        return [out, lse, dqkv]
+    def attention(NKV):
+        def run():
+            out, lse, dqkv = poisoned(Ba * Ta * NH * HS), poisoned(Ba * NH * Ta), poisoned(qkv.size)
+            lib.op_attention_forward(out, lse, qkv, Ba, Ta, NH, NKV, HS, F32)
+            lib.op_attention_backward(dqkv, da, qkv, out, lse, Ba, Ta, NH, NKV, HS, F32)
+            return [out, lse, dqkv]
+        qkv = device(randn(Ba, Ta, (NH + 2 * NKV) * HS), F32)
+        da = device(randn(Ba, Ta, NH * HS), F32)
+        return run
 
     for name, fn in [("matmul forward+backward (gelu)", matmul), ("layernorm backward bf16", layernorm),
                      ("encoder backward", encoder), ("sum_squares_accumulate", sum_squares),
-                     ("attention forward+backward", attention)]:
+                     ("attention forward+backward", attention(NH)),
+                     ("attention forward+backward, 6 query heads on 2 kv heads", attention(2))]:
         results = []
         for threads in (1, 2):
             lib.op_set_num_threads(threads)

@@ -142,7 +142,7 @@ void check_cp_attention(DType dt, int B, int T, int NH, int HS) {
   const size_t before = ops::memory_in_use();
   ContextParallel cp;
   Allocator memory;
-  cp_create(cp, &group, B, T, NH, HS, dt, memory, nullptr);
+  cp_create(cp, &group, B, T, NH, NH, HS, dt, memory, nullptr);
   results.check(memory.bytes == 0 && ops::memory_in_use() == before && !cp.kv[0] && !cp.dq &&
                     !cp.ready,
                 "%s cp_create with one rank: 0 bytes counted, nothing allocated", dtype_name(dt));
@@ -152,13 +152,13 @@ void check_cp_attention(DType dt, int B, int T, int NH, int HS) {
   void *out = ops::alloc(rows * C * e), *out_ref = ops::alloc(rows * C * e);
   float *lse = (float*)ops::alloc(rows * NH * 4), *lse_ref = (float*)ops::alloc(rows * NH * 4);
   cp_attention_forward(cp, out, lse, qkv, B, T, stream);
-  ops::attention_forward(out_ref, lse_ref, qkv, B, T, NH, HS, dt, stream);
+  ops::attention_forward(out_ref, lse_ref, qkv, B, T, NH, NH, HS, dt, stream);
   results.check(same_bytes(out, out_ref, rows * C * e) && same_bytes(lse, lse_ref, rows * NH * 4),
                 "%s cp_attention_forward B=%d T=%d NH=%d HS=%d: out and lse bitwise",
                 dtype_name(dt), B, T, NH, HS);
   void *dqkv = ops::alloc(rows * 3 * C * e), *dqkv_ref = ops::alloc(rows * 3 * C * e);
   cp_attention_backward(cp, dqkv, dout, qkv, out, lse, B, T, stream);
-  ops::attention_backward(dqkv_ref, dout, qkv, out, lse, B, T, NH, HS, dt, stream);
+  ops::attention_backward(dqkv_ref, dout, qkv, out, lse, B, T, NH, NH, HS, dt, stream);
   results.check(same_bytes(dqkv, dqkv_ref, rows * 3 * C * e),
                 "%s cp_attention_backward: dqkv bitwise", dtype_name(dt));
   allocator_free(memory);

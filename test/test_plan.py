@@ -5,7 +5,9 @@ one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-
 FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
 4 micro-batches and gpipe over 2; cp2, also with recompute "block"; dp2 x pp2 x cp2 x tp2 FSDP
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
-dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed,
+dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed; Llama (GQA, SwiGLU,
+RMSNorm, RoPE tables): dp2 x pp2 x tp2 FSDP untied (embedding and head units on two stages, no
+tied sum), tied cp2 x tp2 bf16 with recompute "gelu", MoE (SwiGLU experts) dp2 x ep2 x pp2 zb-h1;
 dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
 on the routing: calls exact, bytes within 25% of the plan's balanced estimate); the zero-bubble
 schedules, whose backward is split into B and W (the weight passes' buffers, the LayerNorm
@@ -42,6 +44,7 @@ checks = Checks("test_plan")
 L, NH, C, T, V = 4, 4, 32, 16, 101
 
 MOE = {"n_experts": 4, "top_k": 2, "d_expert": 48}  # with every block an MoE block unless said
+LLAMA = {"arch": "llama", "n_kv_head": 2, "d_ff": 48}  # untied unless said
 
 LAYOUTS = [
     ("one rank fp32", {}, {}),
@@ -93,6 +96,13 @@ LAYOUTS = [
      {"model": MOE, "train": {"grad_accum": 2}}),
     ("dp4 DDP in 2 DiLoCo islands, outer step every 2 steps",
      {"dp": 4, "diloco_islands": 2, "diloco_every": 2}, {}),
+    ("Llama dp2 x pp2 x tp2 FSDP untied (np=8)", {"dp": 2, "pp": 2, "tp": 2, "fsdp": True},
+     {"model": LLAMA, "train": {"grad_accum": 2}}),
+    ("Llama tied cp2 x tp2 bf16 recompute gelu", {"cp": 2, "tp": 2},
+     {"model": dict(LLAMA, tie_embeddings=True), "precision": {"compute": "bf16"},
+      "train": {"recompute": "gelu"}}),
+    ("Llama MoE dp2 x ep2 zb-h1 pp2", {"dp": 2, "ep": 2, "pp": 2, "pp_schedule": "zb-h1"},
+     {"model": dict(LLAMA, **MOE, moe_every=2), "train": {"grad_accum": 2}}),
 ]
 NO_OFFLOAD = {"to_host_bytes": 0, "to_device_bytes": 0, "disk_read_bytes": 0,
               "disk_write_bytes": 0}

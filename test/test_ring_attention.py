@@ -51,7 +51,7 @@ def rel_err(got, ref):
 
 def load_library(path):
     return load(path, {"op_attention_merge": [P, P, P, P, I, I, I, I, I],
-                       "op_attention_forward": [P, P, P, I, I, I, I, I]})
+                       "op_attention_forward": [P, P, P, I, I, I, I, I, I]})
 
 
 def ptr(a):
@@ -136,7 +136,7 @@ def check_step0(lib, q, k, v, blocks, positions, cp, c):
         qkv = np.concatenate([to_rows(x[:, :, pos]) for x in (q, k, v)], 2)
         out = np.empty((B, 2 * c, C), np.float32)
         lse = np.empty((B, NH, 2 * c), np.float32)
-        lib.op_attention_forward(ptr(out), ptr(lse), ptr(qkv), B, 2 * c, NH, HS, F32)
+        lib.op_attention_forward(ptr(out), ptr(lse), ptr(qkv), B, 2 * c, NH, NH, HS, F32)
         # float64 merge of the step-0 blocks, by chunk
         parts = {}
         for s, qc, kc, causal in blocks[r]:

@@ -21,6 +21,12 @@
 //   dv[j] += p[j] dout[t].   dk and dv are summed in fp32 over t in the head's arrays.
 // Every (batch, head) is one sequential task, so results are bitwise the same for any thread
 // count.
+//
+// Grouped-query attention: NH query heads share NKV kv heads, query head h using kv head
+// h / (NH/NKV). The forward is one task per (batch, query head) that gathers its kv head; the
+// backward one task per (batch, kv head) that gathers k, v once and walks the group's query
+// heads in order, summing their dk, dv in the same arrays (no races, no atomics, and with
+// NKV = NH exactly the multi-head arithmetic).
 #pragma once
 #include <omp.h>
 
@@ -45,17 +51,35 @@ struct HeadArrays {
   }
 };
 
-// Calls fn(b, h, arrays) for every (batch, head), in parallel, each thread with HeadArrays of
+// Column offsets inside the packed qkv rows [q heads | k heads | v heads] (ops_decls.h).
+struct QkvColumns {
+  int NH, NKV, HS;
+  size_t width() const { return (size_t)(NH + 2 * NKV) * HS; }
+  int group() const { return NH / NKV; }  // query heads per kv head
+  int q(int h) const { return h * HS; }
+  int k(int g) const { return (NH + g) * HS; }
+  int v(int g) const { return (NH + NKV + g) * HS; }
+};
+
+// The columns of a call's shape, checked: NKV must divide NH.
+inline QkvColumns qkv_columns(int NH, int NKV, int HS, const char* op) {
+  CHECK(NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0,
+        "%s: %d kv heads do not divide %d query heads (head size %d)", op, NKV, NH, HS);
+  return QkvColumns{NH, NKV, HS};
+}
+
+// Calls fn(b, h, arrays) for every (batch, head) of `heads` heads (query or kv heads), in
+// parallel, each thread with HeadArrays of
 // its own in the stream's scratch.
 template <typename Fn>
-inline void for_each_head(int B, int NH, int T, int HS, Stream s, Fn&& fn) {
+inline void for_each_head(int B, int heads, int T, int HS, Stream s, Fn&& fn) {
   const size_t per_thread = HeadArrays::floats(T, HS);
   Scratch scratch(s, per_thread * omp_get_max_threads());
-#pragma omp parallel if ((size_t)B * NH * T * T * HS > CPU_PARALLEL_MIN)
+#pragma omp parallel if ((size_t)B * heads * T * T * HS > CPU_PARALLEL_MIN)
   {
     HeadArrays arrays(scratch.data() + per_thread * omp_get_thread_num(), T, HS);
 #pragma omp for schedule(static)
-    for (int task = 0; task < B * NH; task++) fn(task / NH, task % NH, arrays);
+    for (int task = 0; task < B * heads; task++) fn(task / heads, task % heads, arrays);
   }
 }
 
@@ -141,11 +165,15 @@ inline void forward_rows(HeadArrays& a, float* lse, int T, int HS, bool causal) 
   for (int t = 0; t < T; t++) lse[t] = forward_row(a, t, causal ? t + 1 : T, T, HS, scale);
 }
 
-// Every query row of the head: a.dq written, a.dk and a.dv zeroed and then summed over the rows.
-inline void backward_rows(HeadArrays& a, const float* lse, int T, int HS, bool causal) {
-  const float scale = 1.0f / std::sqrt((float)HS);
+// Zeroes a.dk and a.dv, which backward_rows then sums into (over a kv head's query heads).
+inline void clear_kv_grads(HeadArrays& a, int T, int HS) {
   std::fill(a.dk, a.dk + (size_t)T * HS, 0.0f);
   std::fill(a.dv, a.dv + (size_t)T * HS, 0.0f);
+}
+
+// Every query row of the head: a.dq written, the rows' shares added to a.dk and a.dv.
+inline void backward_rows(HeadArrays& a, const float* lse, int T, int HS, bool causal) {
+  const float scale = 1.0f / std::sqrt((float)HS);
   for (int t = 0; t < T; t++) backward_row(a, t, causal ? t + 1 : T, lse[t], T, HS, scale);
 }
 

@@ -231,9 +231,10 @@ void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const 
 
 }  // namespace
 
-void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
-                       DType dt, Stream s) {
+void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
+                       int HS, DType dt, Stream s) {
   if (is_dry(s)) return;
+  CHECK(NKV == NH, "attention: grouped-query attention (%d kv heads) is not yet on the GPU", NKV);
   Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
@@ -250,8 +251,10 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 }
 
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, int B, int T, int NH, int HS, DType dt, Stream s) {
+                        const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
+                        Stream s) {
   if (is_dry(s)) return;
+  CHECK(NKV == NH, "attention: grouped-query attention (%d kv heads) is not yet on the GPU", NKV);
   Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);

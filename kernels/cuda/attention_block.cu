@@ -482,8 +482,9 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
 }  // namespace
 
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
-                             int NH, int HS, bool causal, DType dt, Stream s) {
+                             int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
   if (is_dry(s)) return;
+  CHECK(NKV == NH, "attention block: grouped-query attention is not yet on the GPU");
   const Shape sh{B, T, NH, HS};
   check_shape(sh);
   // What the trainer logs as the attention used (ops::attention_impl_name): with ring attention
@@ -502,8 +503,9 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
 
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
-                              int NH, int HS, bool causal, DType dt, Stream s) {
+                              int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
   if (is_dry(s)) return;
+  CHECK(NKV == NH, "attention block: grouped-query attention is not yet on the GPU");
   const Shape sh{B, T, NH, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);

@@ -40,10 +40,10 @@ Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt) {
   e.out.assign(sh.out(), 0.f);
   e.lse.assign(sh.lse(), 0.f);
   e.dqkv.assign(sh.qkv(), 0.f);
-  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.HS,
+  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NH, sh.HS,
                          DType::F32, ctx.ref_stream);
   ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
-                          sh.B, sh.T, sh.NH, sh.HS, DType::F32, ctx.ref_stream);
+                          sh.B, sh.T, sh.NH, sh.NH, sh.HS, DType::F32, ctx.ref_stream);
   return e;
 }
 
@@ -100,7 +100,7 @@ void release(DeviceBuffers& d) {
 }
 
 void run_backward(const DeviceBuffers& d, const Shape& sh, DType dt, ops::Stream s) {
-  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.HS, dt,
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt,
                           s);
 }
 
@@ -131,7 +131,7 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
   poison(d.lse, sh.lse() * sizeof(float));
   poison(d.dqkv, sh.qkv() * dtype_size(dt));
 
-  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.HS, dt, s);
+  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt, s);
   ops::stream_sync(s);
   const bool f32 = dt == DType::F32;
   std::string tag = std::string(impl_label(impl)) + "->" + ops::attention_impl_name(s);
@@ -160,7 +160,7 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
   if (extras && !ctx.emulated) {
     double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS / 2;
     report_time((tag + " forward").c_str(), fwd_flops, s, [&] {
-      ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.HS, dt, s);
+      ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt, s);
     });
     report_time((tag + " backward").c_str(), 2.5 * fwd_flops, s,
                 [&] { run_backward(d, sh, dt, s); });

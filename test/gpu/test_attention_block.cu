@@ -63,14 +63,14 @@ Expected cpu_reference(TestContext& ctx, const Shape& sh, bool causal, DType dt)
   e.out.assign(rows * C, 0.f);
   e.lse.assign(sh.lse(), 0.f);
   ref::attention_block_forward(e.out.data(), e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T,
-                               sh.NH, sh.HS, causal, DType::F32, ctx.ref_stream);
+                               sh.NH, sh.NH, sh.HS, causal, DType::F32, ctx.ref_stream);
   e.out = rounded(e.out, dt);
   e.dq0 = random_vector(ctx, rows * C, 0.5f);
   e.dkv0 = random_vector(ctx, rows * 2 * C, 0.5f);
   e.dq = e.dq0;
   e.dkv = e.dkv0;
   ref::attention_block_backward(e.dq.data(), e.dkv.data(), e.dout.data(), e.out.data(),
-                                e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T, sh.NH, sh.HS,
+                                e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T, sh.NH, sh.NH, sh.HS,
                                 causal, DType::F32, ctx.ref_stream);
   return e;
 }
@@ -105,7 +105,7 @@ void run_backward(const DeviceBuffers& d, const Expected& e, const Shape& sh, bo
   ops::copy_to_device(d.dq, e.dq0.data(), e.dq0.size() * sizeof(float));
   ops::copy_to_device(d.dkv, e.dkv0.data(), e.dkv0.size() * sizeof(float));
   ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse, d.qkv, d.kv, sh.B,
-                                sh.T, sh.NH, sh.HS, causal, dt, s);
+                                sh.T, sh.NH, sh.NH, sh.HS, causal, dt, s);
   ops::stream_sync(s);
 }
 
@@ -150,7 +150,7 @@ DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType d
   DeviceBuffers d = upload(sh, e, dt);
   poison(d.out, sh.rows() * sh.C() * dtype_size(dt));
   poison(d.lse, sh.lse() * sizeof(float));
-  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.HS, causal, dt,
+  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, causal, dt,
                                ctx.stream);
   ops::stream_sync(ctx.stream);
   const bool f32 = dt == DType::F32;
@@ -238,12 +238,12 @@ GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 
     report_time(causal ? "block forward (causal)" : "block forward (full)", flops, ctx.stream,
                 [&] {
                   ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH,
-                                               sh.HS, causal, dt, ctx.stream);
+                                               sh.NH, sh.HS, causal, dt, ctx.stream);
                 });
     report_time(causal ? "block backward (causal)" : "block backward (full)", 2.5 * flops,
                 ctx.stream, [&] {
                   ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse,
-                                                d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.HS, causal, dt,
+                                                d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, causal, dt,
                                                 ctx.stream);
                 });
   }
