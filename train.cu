@@ -180,7 +180,7 @@ static void setup_data_and_logs(Run& r) {
   info.disk_bytes = r.store.offload.disk_bytes;
   info.activation_bytes = r.model.memory.bytes;
   info.world_size = r.mesh.shape.world();
-  info.flops = flops_per_token(r.layout, cfg.model, r.model.recompute);
+  info.flops = flops_per_token(r.layout, r.model.recompute);
   info.peak_tflops = run_peak_tflops(r.device.name, cfg.precision.compute, cfg.log.peak_tflops,
                                      &info.peak_source);
   metrics_run(r.metrics, info);

@@ -12,16 +12,16 @@
 
 #include "config/device_peaks.h"
 
-FlopsPerToken flops_per_token(const GPTLayout& g, const ModelConfig& m, Recompute r) {
+FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r) {
   const double C = g.C, Vp = g.Vp, LTd = (double)g.L * g.T * g.C;
-  const bool tied = m.tie_embeddings;
+  const bool tied = g.tied;
   FlopsPerToken f;
   f.matmul_parameters = (double)g.active_parameters - (tied ? 0.0 : Vp * C);
   f.causal = 6.0 * f.matmul_parameters + 6.0 * LTd;
   f.full = 6.0 * f.matmul_parameters + 12.0 * LTd;
   f.hardware = f.causal;
   if (r == Recompute::Block) {  // the blocks' forward again: N but the root's parameters
-    const double root = m.is_llama() ? Vp * C + C : (Vp + g.maxT) * C + 2.0 * C;  // head, ln_f, wpe
+    const double root = g.llama ? Vp * C + C : (Vp + g.maxT) * C + 2.0 * C;  // head, ln_f, wpe
     f.hardware += 2.0 * (f.matmul_parameters - root) + 2.0 * LTd;
   }
   return f;

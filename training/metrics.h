@@ -36,7 +36,7 @@ struct FlopsPerToken {
   double hardware = 0;  // causal + recompute's second forward
   double matmul_parameters = 0;  // N
 };
-FlopsPerToken flops_per_token(const GPTLayout& g, const ModelConfig& m, Recompute r);
+FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r);
 // `,"comm":{axis:{collective:{"calls":n,"bytes":n}...}...}`: the counters of the axes used, as
 // a step record of the metrics file (and the planner's JSON) holds them.
 void print_comm_json(FILE* f, const CommStats& st);

@@ -142,7 +142,7 @@ void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
   const Recompute rc = parse_recompute(c.train.recompute);
   plan.tokens_per_step =
       (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum * c.parallel.dp;
-  plan.flops = flops_per_token(g, c.model, rc);
+  plan.flops = flops_per_token(g, rc);
   plan.peak_tflops = plan_peak_tflops(c);
   const double flops = plan.flops.hardware * plan.tokens_per_step / world;
   plan.compute_ms = flops / (plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
