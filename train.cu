@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_llama.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "config/config.h"
@@ -136,6 +137,11 @@ static void setup(Run& r, int world_rank, int local_rank) {
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));
+  } else if (cfg.model.is_llama()) {  // a Hugging Face directory (config/config_hf.cu)
+    HfLlamaModel f = hf_llama_open(cfg.init.from, cfg.model);
+    param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
+                     hf_llama_fill(f));
+    hf_llama_close(f);
   } else {
     LlmcModelFile f = llmc_open(cfg.init.from, r.layout);
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,

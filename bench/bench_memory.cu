@@ -1,4 +1,4 @@
-// bench/bench_memory.cu - the memory-bound kernels of a GPT-2 step, each as achieved GB/s and as a
+// bench/bench_memory.cu - the memory-bound kernels of a GPT-2 step (and Llama's own layers), each as achieved GB/s and as a
 // percentage of the copy bandwidth measured in the same run (target: >= 85%).
 //
 // Bytes per call (s = 2, bf16 activations; N = B*T rows; n elements; U distinct tokens) - the
@@ -11,6 +11,11 @@
 //       it missed, the traffic would be about 3NVps)
 //   adamw_update        28n + 2n (bf16 copy of the weights)    sum_squares 4n
 //   add_inplace         12n                   cast               n * (src + dst bytes)
+// Llama's layers (Llama-3 8B's shapes: C = 4096, NH = 32, NKV = 8, HS = 128, F = 14336):
+//   rmsnorm_forward     2NCs + Cs + 4N        rmsnorm_backward   4NCs + Cs + 4N
+//   rope_forward        2N(NH+NKV)HS s + 4T HS (q and k in place; cos and sin rows of T tokens)
+//   rope_backward       the same
+//   swiglu_forward      3NFs                  swiglu_backward    5NFs
 // Shapes: B=8, T=1024 rows of GPT-2 124M (C=768) and 1.5B (C=1600); the optimizer and reduction
 // ops over each model's parameter count. Ops whose working set is small rotate over buffer sets
 // (bench.h) so that L2 does not serve repeated launches.
@@ -154,6 +159,98 @@ void bench_gelu(Bench& b, const ModelShape& m) {
   report(b, "gelu_backward bf16", shape, 3.0 * n * 2, ms);
 }
 
+// Llama-3 8B's layer shapes (tiny stand-ins with --quick), B*T rows.
+struct LlamaShape {
+  int B, T, C, NH, NKV, HS, F;
+};
+LlamaShape llama_shape(const Bench& b) {
+  if (b.quick) return {2, 64, 96, 4, 2, 24, 160};
+  return {4, 2048, 4096, 32, 8, 128, 14336};
+}
+
+void bench_rmsnorm(Bench& b, const LlamaShape& m) {
+  const size_t N = (size_t)m.B * m.T, C = m.C;
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "B=%d T=%d C=%d", m.B, m.T, m.C);
+  Allocs a;
+  const double fwd_bytes = 2.0 * N * C * 2 + 1.0 * C * 2 + 4.0 * N;
+  const double bwd_bytes = 4.0 * N * C * 2 + 1.0 * C * 2 + 4.0 * N;
+  const int sets = buffer_sets(b, (size_t)bwd_bytes);
+  std::vector<void*> inp(sets), out(sets), weight(sets), dinp(sets), dout(sets);
+  std::vector<float*> rstd(sets), dweight(sets);
+  for (int i = 0; i < sets; i++) {
+    inp[i] = a.keep(random_device(b, N * C, kBF16, 110 + i));
+    out[i] = a.keep(ops::alloc(N * C * 2));
+    weight[i] = a.keep(random_device(b, C, kBF16, 111 + i));
+    dinp[i] = a.keep(random_device(b, N * C, kBF16, 112 + i));
+    dout[i] = a.keep(random_device(b, N * C, kBF16, 113 + i));
+    rstd[i] = a.keep((float*)ops::alloc(N * 4));
+    dweight[i] = a.keep((float*)random_device(b, C, DType::F32, 114 + i));
+  }
+  double ms = time_op(b, [&](int l) {
+    const int i = l % sets;
+    ops::rmsnorm_forward(out[i], rstd[i], inp[i], weight[i], (int)N, m.C, 1e-5f, kBF16,
+                         b.stream);
+  });
+  report(b, "rmsnorm_forward bf16", shape, fwd_bytes, ms);
+  ms = time_op(b, [&](int l) {  // rstd of every set was written by the forward launches
+    const int i = l % sets;
+    ops::rmsnorm_backward(dinp[i], dweight[i], dout[i], inp[i], weight[i], rstd[i], (int)N, m.C,
+                          kBF16, b.stream);
+  });
+  report(b, "rmsnorm_backward bf16", shape, bwd_bytes, ms);
+}
+
+void bench_rope(Bench& b, const LlamaShape& m) {
+  const size_t N = (size_t)m.B * m.T, row = (size_t)(m.NH + 2 * m.NKV) * m.HS;
+  char shape[96];
+  std::snprintf(shape, sizeof(shape), "B=%d T=%d NH=%d NKV=%d HS=%d", m.B, m.T, m.NH, m.NKV,
+                m.HS);
+  Allocs a;
+  const double bytes = 2.0 * N * (m.NH + m.NKV) * m.HS * 2 + 4.0 * m.T * m.HS;
+  const int sets = buffer_sets(b, (size_t)bytes);
+  std::vector<void*> qkv(sets);
+  // Values, not real angles: the kernel's speed does not depend on them.
+  float* cos_t = a.keep((float*)random_device(b, (size_t)m.T * m.HS / 2, DType::F32, 120));
+  float* sin_t = a.keep((float*)random_device(b, (size_t)m.T * m.HS / 2, DType::F32, 121));
+  for (int i = 0; i < sets; i++) qkv[i] = a.keep(random_device(b, N * row, kBF16, 122 + i));
+  double ms = time_op(b, [&](int l) {  // in place: later launches rotate rotated values
+    ops::rope_forward(qkv[l % sets], cos_t, sin_t, nullptr, m.B, m.T, m.NH, m.NKV, m.HS, kBF16,
+                      b.stream);
+  });
+  report(b, "rope_forward bf16", shape, bytes, ms);
+  ms = time_op(b, [&](int l) {
+    ops::rope_backward(qkv[l % sets], cos_t, sin_t, nullptr, m.B, m.T, m.NH, m.NKV, m.HS, kBF16,
+                       b.stream);
+  });
+  report(b, "rope_backward bf16", shape, bytes, ms);
+}
+
+void bench_swiglu(Bench& b, const LlamaShape& m) {
+  const size_t N = (size_t)m.B * m.T, F = m.F;
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "B=%d T=%d F=%d", m.B, m.T, m.F);
+  Allocs a;
+  const int sets = buffer_sets(b, 5 * N * F * 2);
+  std::vector<void*> inp(sets), out(sets), dout(sets), dinp(sets);
+  for (int i = 0; i < sets; i++) {
+    inp[i] = a.keep(random_device(b, N * 2 * F, kBF16, 130 + i, 2.0f));
+    out[i] = a.keep(ops::alloc(N * F * 2));
+    dout[i] = a.keep(random_device(b, N * F, kBF16, 131 + i));
+    dinp[i] = a.keep(ops::alloc(N * 2 * F * 2));
+  }
+  double ms = time_op(b, [&](int l) {
+    const int i = l % sets;
+    ops::swiglu_forward(out[i], inp[i], (int)N, m.F, kBF16, b.stream);
+  });
+  report(b, "swiglu_forward bf16", shape, 3.0 * N * F * 2, ms);
+  ms = time_op(b, [&](int l) {
+    const int i = l % sets;
+    ops::swiglu_backward(dinp[i], dout[i], inp[i], (int)N, m.F, kBF16, b.stream);
+  });
+  report(b, "swiglu_backward bf16", shape, 5.0 * N * F * 2, ms);
+}
+
 void bench_classifier(Bench& b, const ModelShape& m) {
   const size_t N = (size_t)m.B * m.T;
   char shape[64];
@@ -216,6 +313,10 @@ void bench_memory(Bench& b) {
     bench_classifier(b, m);
     bench_optimizer(b, m);
   }
+  const LlamaShape llama = llama_shape(b);
+  bench_rmsnorm(b, llama);
+  bench_rope(b, llama);
+  bench_swiglu(b, llama);
   b.notes.push_back(
       "memory: GB/s = the fewest bytes an op must move (bench/bench_memory.cu) / median time; "
       "%ceil = of the copy bandwidth measured above; target >= 85% (the issue)");

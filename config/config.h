@@ -49,7 +49,8 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
 };
 
 struct InitConfig {       // [init]
-  std::string from;       // llm.c model .bin (fp32 v3 or bf16 v5); "" = random init
+  std::string from;       // llm.c model .bin (fp32 v3 or bf16 v5), or a Hugging Face Llama
+                          // directory (config.json + safetensors); "" = random init
 };
 
 struct DataConfig {       // [data]

@@ -77,6 +77,10 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     if (!given("max_seq_len")) cfg.model.max_seq_len = cfg.model.seq_len;
     return;
   }
+  if (is_hf_directory(cfg.init.from)) {  // a Hugging Face directory: config/config_hf.cu
+    resolve_hf_model(cfg, origins, problems);
+    return;
+  }
   if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
@@ -282,12 +286,14 @@ static void check_architecture(Checker& c) {
   if (m.n_head > 0 && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
     c.problems.add(key("model.n_kv_head") + " does not divide " + key("model.n_head") +
                    " (each key/value head serves n_head / n_kv_head query heads)");
+  if (m.is_llama() && m.n_head > 0 && m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
+    c.problems.add(key("model.d_model") + " / " + key("model.n_head") + strf(" = head size %d, "
+                   "odd: rotary embeddings rotate the two halves of each head", m.head_dim()));
   if (m.is_llama()) {
-    struct stat st;
-    if (!cfg.init.from.empty() &&
-        !(stat(cfg.init.from.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
-      c.problems.add(key("init.from") + " names an llm.c model file, which holds a GPT-2; it "
-                     "cannot start " + key("model.arch") + " (random init, or a checkpoint)");
+    if (!cfg.init.from.empty() && !is_hf_directory(cfg.init.from))
+      c.problems.add(key("init.from") + " is a file, read as an llm.c model (GPT-2), but " +
+                     key("model.arch") + ": a Llama starts from a Hugging Face directory "
+                     "(config.json + model.safetensors), a checkpoint or random init");
     return;
   }
   const ModelConfig defaults;

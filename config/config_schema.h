@@ -2,6 +2,7 @@
 // outside config/config*.cu includes this; the interface is config/config.h):
 //   config/config_schema.cu   messages, the schema (one line per key), TOML values <-> fields
 //   config/config_checks.cu   the model file's shape, the value checks, the checks of this job
+//   config/config_hf.cu       the model's shape from a Hugging Face directory's config.json
 //   config/config.cu          the file and the overrides, and putting it together
 #pragma once
 #include <map>
@@ -74,6 +75,10 @@ std::string mention(const Config& cfg, const Origins& origins, const std::string
 // Fills missing [model] keys from the [init] from model file and checks that given ones agree
 // with it (check_files false: opens the file only when a key is missing).
 void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Problems& problems);
+// [init] from names a directory: a Hugging Face Llama (config.json; config/config_hf.cu). Fills
+// missing [model] keys from config.json and checks the given ones against it.
+bool is_hf_directory(const std::string& path);
+void resolve_hf_model(Config& cfg, Origins& origins, Problems& problems);
 
 // [parallel] zero and fsdp name one choice twice (fsdp = true is zero = 3): fills the one not
 // given from the other, or reports the pair when both are given and disagree.

@@ -6,8 +6,8 @@
 //   r2  = x + (atty Wo^T + b)      ln2 = LN(r2)                  fch  = ln2 Wfc^T + b
 //   r3  = r2 + (gelu(fch) Wp^T + b)                              r3 is the next block's x
 //
-// and on top: lnf = LN(x_L), logits = lnf wte^T (tied), loss = cross-entropy over the first V
-// columns.
+// and on top the head (model/gpt_head.cu): lnf = LN(x_L), logits = lnf wte^T (tied), loss =
+// cross-entropy over the first V columns.
 //
 // Llama (layout.llama) is the same graph with four substitutions and no biases:
 //
@@ -16,7 +16,9 @@
 //   fch = ln2 Wfc^T = [gate | up]  swiglu = silu(gate) * up       r3 = r2 + swiglu Wp^T
 //
 // and on top RMSNorm and the untied head lm_head (or wte when tied). The RoPE tables are made
-// once on the host in double (model/rope.h) and uploaded into the model's memory. The backward walks the same graph in reverse with one residual-gradient buffer
+// once on the host in double (model/rope.h) and uploaded into the model's memory.
+//
+// The backward walks the same graph in reverse with one residual-gradient buffer
 // `dresidual` that each LayerNorm backward accumulates into (d r3 -> d r2 -> d x).
 //
 // Weights come from the ParamStore one unit at a time (acquire before use, release after), and
@@ -160,19 +162,9 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   void* shared_gelu =
       recompute == Recompute::Gelu ? new_buffer<void*>(m, N * layout.F_local * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
-  if (layout.head_unit >= 0) {  // the head's buffers (last stage; and first stage when tied)
-    m.lnf = new_buffer<void*>(m, Nt * C * a);
-    m.lnf_mean = layout.llama ? nullptr : new_buffer<float*>(m, Nt * 4);
-    m.lnf_rstd = new_buffer<float*>(m, Nt * 4);
-    m.logits = new_buffer<void*>(m, N * layout.Vp_local * a);
-    m.losses = new_buffer<float*>(m, N * 4);
-    m.targets = new_buffer<int*>(m, N * 4);
-  }
+  head_create(m);  // model/gpt_head.cu
   m.loss_sum = new_buffer<float*>(m, 4);
   if (tp.active()) {
-    m.vocab_row = new_buffer<void*>(m, layout.Vp * a);
-    m.ce_stats = new_buffer<float*>(m, N * 3 * 4);
-    m.ce_parts = new_buffer<float*>(m, tp.size() * N * 3 * 4);
     m.partial = new_buffer<void*>(m, N * C * a);
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
@@ -288,12 +280,9 @@ float* root_grad(const GPT& m, int i) {
   float* base = at.unit == m.layout.root_unit ? m.root_grad : m.head_grad;
   return base + m.layout.units[at.unit].tensors[at.index].offset;
 }
-// The output layer's weight: lm_head when untied, else wte.
-static int head_weight(const GPTLayout& g) { return g.tied ? kWte : kLmHead; }
-
 // The block's normalisations: LayerNorm (GPT-2; mean and rstd saved) or RMSNorm (Llama; rstd).
-static void norm_forward(const GPT& m, void* out, float* mean, float* rstd, const void* inp,
-                         const void* weight, const void* bias, int N, ops::Stream s) {
+void norm_forward(const GPT& m, void* out, float* mean, float* rstd, const void* inp,
+                  const void* weight, const void* bias, int N, ops::Stream s) {
   if (m.layout.llama)
     ops::rmsnorm_forward(out, rstd, inp, weight, N, m.layout.C, m.layout.norm_eps, m.dt, s);
   else
@@ -421,39 +410,6 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
   }
 }
 
-// Final LayerNorm and the logits (this rank's vocabulary columns) of the chunk's output: a
-// column-parallel GEMM over the vocabulary, in the compute dtype. Its gathered input stays in the
-// model's tp buffer for head_backward, which follows before any other gather.
-static void head_forward(GPT& m, const void* x, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  norm_forward(m, m.lnf, m.lnf_mean, m.lnf_rstd, x, root_weight(m, kLnfW), root_weight(m, kLnfB),
-               g.tp.tokens(N), s);
-  column_parallel_forward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m), m.logits, nullptr, m.lnf,
-                          root_weight(m, head_weight(g)), nullptr, N, g.C, g.Vp_local, s);
-}
-
-// The loss (and with dloss != 0 its gradient, over the logits), vocabulary-parallel under tp.
-static void cross_entropy(GPT& m, float dloss, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  tp_cross_entropy(g.tp, m.logits, m.losses, m.ce_stats, m.ce_parts, m.targets, dloss, N, g.V,
-                   g.Vp_local, g.vocab_first, m.dt, s);
-}
-
-// The output layer's backward: logits = lnf @ wte^T (lnf over all tokens; lm_head when untied),
-// lnf = LN(x_L).
-// Leaves d(x_L) in sl.grad; x is x_L.
-static void head_backward(GPT& m, ActivationSlot& sl, const void* x, int N, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const int Nt = g.tp.tokens(N);
-  const void* dlnf =
-      column_parallel_backward(g.tp, compute_dtype_gemm(m.dt), tp_buffers(m),
-                               root_grad(m, head_weight(g)), nullptr, m.logits, m.lnf, true,
-                               root_weight(m, head_weight(g)), N, g.C, g.Vp_local, s);
-  ops::fill_zero(sl.grad, (size_t)Nt * g.C * dtype_size(m.dt), s);
-  norm_backward(m, sl.grad, root_grad(m, kLnfW), root_grad(m, kLnfB), dlnf, x,
-                root_weight(m, kLnfW), m.lnf_mean, m.lnf_rstd, Nt, s);
-}
-
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
 TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
@@ -463,21 +419,14 @@ TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   ActivationSlot& sl = m.slots[c.slot];
-  const int N = c.B * c.T;
   ops::range_push("forward");
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
                          root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
                          g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
-  if (g.last_stage(c.chunk)) {
-    const void* x = gpt_stage_output(m, c.slot, c.chunk);
-    head_forward(m, x, N, s);
-    if (c.with_loss) cross_entropy(m, c.dloss, N, s);
-    if (c.loss_scale_for_log != 0)
-      ops::sum_accumulate(m.loss_sum, m.losses, N, c.loss_scale_for_log, s);
-    if (c.dloss != 0) head_backward(m, sl, x, N, s);
-  }
+  if (g.last_stage(c.chunk))  // model/gpt_head.cu
+    gpt_head(m, sl, gpt_stage_output(m, c.slot, c.chunk), c, s);
   ops::range_pop();
 }
 
@@ -517,20 +466,6 @@ void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, 
   if (tokens)
     ops::copy_to_device_async(m.slots[slot].tokens, tokens, (size_t)B * T * sizeof(int), s);
   if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
-}
-
-std::vector<float> gpt_logits_row(GPT& m, int n, ops::Stream s) {
-  const GPTLayout& g = m.layout;
-  const size_t e = dtype_size(m.dt);
-  const void* src = tp_vocabulary_row(g.tp, m.vocab_row,
-                                      (const char*)m.logits + (size_t)n * g.Vp_local * e,
-                                      g.Vp_local, m.dt, s);
-  std::vector<unsigned char> raw(g.Vp * e);
-  ops::stream_sync(s);
-  ops::copy_to_host(raw.data(), src, g.Vp * e);
-  std::vector<float> row(g.V);
-  for (int j = 0; j < g.V; j++) row[j] = element_as_float(raw.data(), j, m.dt);
-  return row;
 }
 
 // ---------------------------------------------------------------------------------------------

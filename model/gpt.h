@@ -1,14 +1,19 @@
-// model/gpt.h - GPT-2: the parameter layout, the activations, forward and backward.
+// model/gpt.h - GPT-2 and Llama ([model] arch): the parameter layout, the activations, forward
+// and backward.
 //
 // Parameters are grouped into units, the granularity at which FSDP gathers and frees weights and
 // at which DDP reduces gradient buckets:
 //   the root      wte (Vp,C), wpe (maxT,C), ln_f/weight (C), ln_f/bias (C)
 //   block l       four weight matrices, two column-parallel biases, then the LayerNorm vectors
 //                 and the row-parallel biases
+// Llama: no biases, no wpe; the root is the embedding {wte} (first stage) and, untied, the head
+// {lm_head, ln_f/weight} is a unit of its own (last stage; layout.head_unit); tied, the root is
+// {wte, ln_f/weight}, held by both ends as GPT-2's. layout.root_at says where each root tensor is.
 // A rank holds the units of its pipeline stages (one stage: all of them, the root first, then
 // the blocks in order; layout.root_unit and layout.block_unit say where each one is). An MoE
 // block's experts are a unit of their own, right after it (layout.expert_unit). gpt_layout is
-// in model/gpt_layout.cu, the rest here in model/gpt.cu.
+// in model/gpt_layout.cu, the head in model/gpt_head.cu, the backward in model/gpt_backward.cu,
+// the rest in model/gpt.cu.
 //
 // The model runs as stages (parallel/pipeline.cu drives them with a schedule): a chunk of
 // consecutive blocks, preceded by the embedding on the first stage and followed by the head and

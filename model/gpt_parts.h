@@ -1,7 +1,7 @@
-// model/gpt_parts.h - the pieces the GPT's two files share: model/gpt.cu (activations, the
-// forward, the stages) defines them, model/gpt_backward.cu (the backward, whole or split into
-// its input-gradient and weight-gradient passes) uses them too. Nothing outside model/gpt*.cu
-// includes this; the interface is model/gpt.h.
+// model/gpt_parts.h - the pieces the GPT's files share: model/gpt.cu (activations, the forward,
+// the stages) defines most of them, model/gpt_backward.cu (the backward, whole or split into
+// its input-gradient and weight-gradient passes) and model/gpt_head.cu (the head) use them.
+// Nothing outside model/gpt*.cu includes this; the interface is model/gpt.h.
 #pragma once
 #include "model/gpt.h"
 #include "model/moe.h"
@@ -25,8 +25,10 @@ void release_block(GPT& m, ParamStore& store, int l, bool weights, bool grads,
 // A root tensor's weights and its gradient, between gpt_step_begin and gpt_step_end.
 void* root_weight(const GPT& m, int i);
 float* root_grad(const GPT& m, int i);
-// The block's and the head's normalisation backward: LayerNorm's (GPT-2) or RMSNorm's (Llama,
-// which has no mean and no bias: those are ignored).
+// The block's and the head's normalisation, forward and backward: LayerNorm's (GPT-2) or
+// RMSNorm's (Llama, which has no mean and no bias: those are ignored).
+void norm_forward(const GPT& m, void* out, float* mean, float* rstd, const void* inp,
+                  const void* weight, const void* bias, int N, ops::Stream s);
 void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const void* dout,
                    const void* inp, const void* weight, const float* mean, const float* rstd,
                    int N, ops::Stream s);
@@ -47,3 +49,9 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
 void prefetch(ParamStore& store, int current, int next);
 // Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp).
 TokenPositions token_positions(const GPTLayout& g, const StageCall& c);
+
+// The head (model/gpt_head.cu): its buffers (in gpt_create), and on the last stage after its
+// blocks the final norm, logits and loss of the micro-batch whose last block output is x and,
+// when training (c.dloss != 0), their backward, leaving d(x) in sl.grad.
+void head_create(GPT& m);
+void gpt_head(GPT& m, ActivationSlot& sl, const void* x, const StageCall& c, ops::Stream s);

@@ -44,12 +44,18 @@ StageFlops pipeline_part_flops(const ModelConfig& m) {
   StageFlops f;
   f.embed = 6.0 * (maxT * C);         // wpe (llm.c counts it; the lookups do no GEMM)
   f.head = 6.0 * (Vp * C + 2 * C);  // the tied wte as the output layer, and ln_f
-  const double attention = 4 * C * C + 4 * C + 4 * C;  // qkv, proj with biases; two LayerNorms
+  double attention = 4 * C * C + 4 * C + 4 * C;  // qkv, proj with biases; two LayerNorms
+  if (m.is_llama()) {  // no wpe; qkv with n_kv_head k and v heads, no biases; two RMSNorms
+    f.embed = 0;
+    attention = C * (m.n_head + 2.0 * m.kv_heads()) * m.head_dim() + C * C + 2 * C;
+  }
   for (int l = 0; l < m.n_layer; l++) {
     double mlp = 8 * C * C + 5 * C;  // fc and proj with biases
-    if (m.is_moe(l)) {  // the router, and top_k of the experts
+    if (m.is_llama()) mlp = 3 * C * m.ffn_hidden();  // gate, up, down
+    if (m.is_moe(l)) {  // the router, and top_k of the experts (Llama's: gate, up, down)
       const double D = m.expert_hidden();
-      mlp = m.n_experts * C + m.top_k * (2 * C * D + D + C);
+      mlp = m.n_experts * C +
+            m.top_k * (m.is_llama() ? 3 * C * D : 2 * C * D + D + C);
     }
     f.block.push_back(6.0 * (attention + mlp) + 6.0 * C * T);
   }

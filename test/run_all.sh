@@ -68,6 +68,7 @@ run fp8-linear  "$BUILD/test_fp8_linear"
 run checkpoint-writers "$BUILD/test_checkpoint_writers"
 run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
+run llama-hf    $PY test/test_llama_hf.py
 run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py

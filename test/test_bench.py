@@ -7,7 +7,8 @@ docs/PERF.md rests on is: each row's work, rate x time, must equal the work an i
 formula gives from the row's shape, within the TSV's 9 significant digits (relative 1e-6):
   ceilings   copy: 2 x its bytes (read + write); GEMM: 2 n^3 FLOPs
   memory     the fewest bytes each op must move (bench/bench_memory.cu's table, written out
-             again here per op: encoder, layernorm, gelu, classifier, adamw, sums, casts)
+             again here per op: encoder, layernorm, gelu, classifier, adamw, sums, casts,
+             rmsnorm, rope, swiglu)
   gemm       forward 2 N C OC FLOPs, backward 4 N C OC, FP8 rows 2 N C OC, MoE rows 4 rows C D
   attention  causal forward 2 B NH T^2 HS, backward 2.5x, forward + backward 3.5x over the sum
              of both times
@@ -54,6 +55,12 @@ def memory_bytes(name, shape):
         "sum_squares_accumulate": lambda: 4 * n,
         "add_inplace": lambda: 12 * n,
         "cast": lambda: 6 * n,  # fp32 <-> bf16: 4 + 2 bytes per element
+        "rmsnorm_forward": lambda: 2 * N * C * s + C * s + 4 * N,
+        "rmsnorm_backward": lambda: 4 * N * C * s + C * s + 4 * N,
+        "rope_": lambda: 2 * N * (d.get("NH", 0) + d.get("NKV", 0)) * d.get("HS", 0) * s
+        + 4 * d.get("T", 0) * d.get("HS", 0),
+        "swiglu_forward": lambda: 3 * N * d.get("F", 0) * s,
+        "swiglu_backward": lambda: 5 * N * d.get("F", 0) * s,
     }
     for key, f in table.items():
         if name.startswith(key):
@@ -119,7 +126,7 @@ def main():
     times = {row["name"]: row["ms"] for row in rows}
     counts = {sec: sum(1 for row in rows if row["section"] == sec)
               for sec in ("ceiling", "memory", "gemm", "attention")}
-    check("sections and rows", counts == {"ceiling": 2, "memory": 23, "gemm": 40, "attention": 12},
+    check("sections and rows", counts == {"ceiling": 2, "memory": 29, "gemm": 40, "attention": 12},
           f"{counts}")
     check("times positive and finite",
           all(row["ms"] > 0 and math.isfinite(row["ms"]) for row in rows), f"{len(rows)} rows")

@@ -41,6 +41,8 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    for byte (the plan runs the step dry on either backend and holds no backend-dependent figure)
    for three layouts, and a tp=2 CUDA run measures rank 0's state and activation bytes and
    communication exactly as planned.
+9. Llama (RMSNorm, RoPE, SwiGLU, untied head; n_kv_head = n_head): ./train fp32 and bf16 against
+   ./train_cpu, and cp2, tp2 within FP32_TOL of the one-rank CPU run.
 
 Environment: TRAIN (./train), TRAIN_CPU (./train_cpu), BUILD (build), CUDA_MODEL_GRADS, MPIRUN
 (mpirun), GPU_TEST_EMULATED (1: the emulator's sizes), SEED. Fresh random weights and data every
@@ -405,6 +407,45 @@ def test_moe(rng):
                      f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
 
 
+# --- 9. Llama -----------------------------------------------------------------------------------
+
+def test_llama(rng):
+    """Llama ([model] arch = "llama": RMSNorm, RoPE, SwiGLU, untied head, no biases) on the CUDA
+    backend against the CPU one, from the same random init: fp32 within FP32_TOL, bf16 within
+    PRECISION_TOL; cp2 (RoPE at the zigzag chunks' global positions, on the device) and tp2
+    within FP32_TOL of the one-rank CPU run (skipped without mpirun). n_kv_head = n_head: the
+    CUDA attention kernels take grouped-query attention only once they read kv heads."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, steps = SIZES["rows"], STEPS["layouts"]
+        sec = small_experiment(tmp, rng, steps, model=False)
+        del sec["init"]
+        sec["model"] = model_section(arch="llama", n_kv_head=SIZES["NH"], d_ff=176,
+                                     rope_theta=10000.0)
+        cpu = train_records(TRAIN_CPU, tmp, "llama_cpu", sec)
+        gpu = train_records(TRAIN, tmp, "llama_gpu", sec)
+        r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
+        checks.check(f"Llama {steps} steps ./train fp32 vs ./train_cpu", max(r, rn) < FP32_TOL,
+                     f"max rel err loss {r:.1e}, norm {rn:.1e} (tol {FP32_TOL:.0e}); loss "
+                     f"{cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
+        sec["precision"] = {"compute": "bf16"}
+        cpu16 = train_records(TRAIN_CPU, tmp, "llama_cpu_bf16", sec)
+        gpu16 = train_records(TRAIN, tmp, "llama_gpu_bf16", sec)
+        r = steps_rel(gpu16, cpu16)
+        tol = PRECISION_TOL["bf16"]
+        checks.check("Llama bf16 ./train vs ./train_cpu", r < tol, f"max rel err {r:.1e} (tol "
+                     f"{tol:.0e})")
+        if no_mpirun("Llama cp=2 and tp=2"):
+            return
+        sec["precision"] = {"compute": "fp32"}
+        backend = collective_backend("Llama")
+        for what, par in [("cp2", {"cp": 2}), ("tp2 with SP", {"tp": 2})]:
+            sec["parallel"] = dict(par, backend=backend)
+            got = train_records(TRAIN, tmp, "llama_" + what.split()[0], sec, np_ranks=2)
+            r = steps_rel(got, cpu)
+            checks.check(f"Llama {what} over {backend} vs one-rank CPU", r < FP32_TOL,
+                         f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
+
+
 # --- 7. checkpoints across backends --------------------------------------------------------------
 
 def resume_from(sec, tmp, name, ckpt):
@@ -482,7 +523,7 @@ def main():
     rng = seeded_rng("test_gpu_train", f"; TRAIN={TRAIN} TRAIN_CPU={TRAIN_CPU} BUILD={BUILD}"
                      f"{' (emulated sizes)' if EMULATED else ''}")
     tests = [test_model_grads, test_precisions_vs_cpu, test_bf16_follows_fp32, test_layouts,
-             test_recompute_train, test_moe, test_checkpoint_crossing, test_plan]
+             test_recompute_train, test_moe, test_checkpoint_crossing, test_plan, test_llama]
     only = sys.argv[1:]  # test names (or parts of them) to run; all by default
     for test in tests:
         if only and not any(o in test.__name__ for o in only):

@@ -25,7 +25,8 @@ unless said). Sizes are not multiples of 8 where the code allows it.
    logical tensors with their global shapes (lm_head, the (NH + 2 NKV) HS x C qkv, no wpe);
    resuming it with another n_kv_head is refused, naming both shapes.
 4. Refused before any work, naming the keys: tp not dividing n_kv_head; d_ff not divisible by
-   tp; a token id past the vocabulary (nothing written); arch = "llama" from an llm.c file.
+   tp; an odd head size; a token id past the vocabulary (nothing written); arch = "llama" from
+   an llm.c file.
 """
 import os
 import sys
@@ -313,6 +314,9 @@ def test_refusals(tmp):
     check_refused(checks, tmp, "tp not dividing n_kv_head", sec, 2, ["n_kv_head", "tp"])
     sec = sections(tmp, "bad", dict(model, d_ff=45), parallel={"tp": 2, "sp": False})
     check_refused(checks, tmp, "tp not dividing d_ff", sec, 2, ["d_ff", "tp"])
+    sec = sections(tmp, "bad", dict(model, d_model=36))
+    check_refused(checks, tmp, "an odd head size (RoPE rotates halves)", sec, 0,
+                  ["head size 9", "d_model", "n_head"])
     sec = sections(tmp, "bad", model)
     sec["init"] = {"from": os.path.join(tmp, "model.bin")}
     check_refused(checks, tmp, "llama from an llm.c file", sec, 0, ["init", "llama"])

@@ -7,6 +7,11 @@ how many ranks wrote it.
                                                          + config.json (GPT2LMHeadModel)
     /usr/bin/python3 tools/export.py llmc CKPT OUT.bin   llm.c model file, fp32 (version 3);
                                                          ./train_cpu reads it with [init] from
+    /usr/bin/python3 tools/export.py hf CKPT OUT_DIR [--dtype bf16]
+                                                         a Llama checkpoint ([model] arch =
+                                                         "llama"): Hugging Face LlamaForCausalLM,
+                                                         F32 or BF16; [init] from = OUT_DIR
+                                                         reads it back
 
 Both keep the whole position table: all max_seq_len rows of wpe, also when the run trained at a
 shorter seq_len, so the export loads at any seq_len up to max_seq_len.
@@ -16,6 +21,15 @@ which case the checkpoint that dir/latest names is taken. Every file is checked 
 manifest (size and CRC32) first: a missing source file of a virtual dataset would otherwise
 read as NaN. A mixture-of-experts checkpoint (attribute n_experts > 0) is refused: neither
 format has experts or a router.
+
+Llama (the index's attribute llama = 1, with n_kv_head, d_ff and tie_embeddings; rope_theta and
+norm_eps come from the [model] section of the config text the checkpoint stores):
+our packed tensors are cut into Hugging Face's (checkpoint/hf_llama.h has the mapping, the
+inverse of what [init] from reads): qkv's rows into q_proj (n_head*head_dim rows), k_proj and
+v_proj (n_kv_head*head_dim each); fc's into gate_proj and up_proj (d_ff each); wte and lm_head cut
+to vocab_size rows; lm_head left out when tied. Linear weights are (out, in) in both, so nothing
+is transposed. config.json gets max_position_embeddings = max_seq_len, rope_scaling null. BF16
+rounds to nearest even.
 
 Conversions. llm.c keeps our layout: linear weights (out, in), wte with the padded vocabulary,
 tensors of one kind stacked over the layers. Hugging Face's GPT-2 uses Conv1D, whose weights are
@@ -29,6 +43,7 @@ import json
 import os
 import struct
 import sys
+import tomllib
 import zlib
 
 import h5py
@@ -143,12 +158,20 @@ def hf_tensors(f, s):
     return out
 
 
-def write_safetensors(path, tensors, metadata):
+def bf16_bits(a):
+    """fp32 -> bf16 bit patterns, rounded to nearest even (NaN stays NaN)."""
+    bits = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    nan = np.isnan(np.asarray(a, dtype=np.float32))
+    return np.where(nan, ((bits >> 16) | 0x40).astype("<u2"), rounded)
+
+
+def write_safetensors(path, tensors, metadata, dtype="F32"):
     header, offset = {"__metadata__": metadata}, 0
     blobs = []
     for name, a in sorted(tensors, key=lambda kv: kv[0]):
-        blob = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape),
+        blob = (bf16_bits(a) if dtype == "BF16" else np.ascontiguousarray(a, dtype="<f4")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         offset += len(blob)
         blobs.append(blob)
@@ -173,6 +196,71 @@ def hf_config(s):
             "torch_dtype": "float32"}
 
 
+def llama_keys(f):
+    """A Llama's own keys: the index's attributes (llama, n_kv_head, d_ff, tie_embeddings, as
+    resolved) and rope_theta, norm_eps from the [model] section of the config text it stores.
+    {} for a GPT-2."""
+    if not int(f.attrs.get("llama", 0)):
+        return {}
+    m = {"arch": "llama", "n_kv_head": int(f.attrs["n_kv_head"]), "d_ff": int(f.attrs["d_ff"]),
+         "tie_embeddings": bool(int(f.attrs["tie_embeddings"]))}
+    text = f["config"][()] if "config" in f else b""
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    try:
+        model = tomllib.loads(text).get("model", {})
+    except tomllib.TOMLDecodeError as e:
+        sys.exit(f"error: {f.filename}: the config it stores does not parse: {e}")
+    for key in ("rope_theta", "norm_eps"):
+        if key not in model:
+            sys.exit(f"error: {f.filename}: the config it stores has no [model] {key}")
+        m[key] = float(model[key])
+    return m
+
+
+def llama_tensors(f, s, m):
+    """(name, array) in Hugging Face LlamaForCausalLM naming; all (out, in) as ours."""
+    V, L, C, NH = s["vocab_size"], s["n_layer"], s["d_model"], s["n_head"]
+    HS, NKV, F = C // NH, m["n_kv_head"], m["d_ff"]
+    out = [("model.embed_tokens.weight", model_tensor(f, "wte")[:V]),
+           ("model.norm.weight", model_tensor(f, "ln_f/weight"))]
+    if not m["tie_embeddings"]:
+        out.append(("lm_head.weight", model_tensor(f, "lm_head")[:V]))
+    for l in range(L):
+        h, p = f"h.{l}/", f"model.layers.{l}."
+        qkv = model_tensor(f, h + "attn/qkv/weight")
+        fc = model_tensor(f, h + "mlp/fc/weight")
+        out += [(p + "input_layernorm.weight", model_tensor(f, h + "ln_1/weight")),
+                (p + "post_attention_layernorm.weight", model_tensor(f, h + "ln_2/weight")),
+                (p + "self_attn.q_proj.weight", qkv[:NH * HS]),
+                (p + "self_attn.k_proj.weight", qkv[NH * HS:(NH + NKV) * HS]),
+                (p + "self_attn.v_proj.weight", qkv[(NH + NKV) * HS:]),
+                (p + "self_attn.o_proj.weight", model_tensor(f, h + "attn/proj/weight")),
+                (p + "mlp.gate_proj.weight", fc[:F]), (p + "mlp.up_proj.weight", fc[F:]),
+                (p + "mlp.down_proj.weight", model_tensor(f, h + "mlp/proj/weight"))]
+    return out
+
+
+def llama_config(s, m, dtype):
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": s["d_model"], "num_hidden_layers": s["n_layer"],
+            "num_attention_heads": s["n_head"], "num_key_value_heads": m["n_kv_head"],
+            "intermediate_size": m["d_ff"], "vocab_size": s["vocab_size"],
+            "max_position_embeddings": s["max_seq_len"], "rms_norm_eps": m["norm_eps"],
+            "rope_theta": m["rope_theta"], "rope_scaling": None,
+            "tie_word_embeddings": m["tie_embeddings"], "hidden_act": "silu",
+            "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
+            "use_cache": True, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
+
+
+def export_llama(f, s, m, out_dir, dtype):
+    os.makedirs(out_dir, exist_ok=True)
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), llama_tensors(f, s, m),
+                      {"format": "pt", "step": str(int(f.attrs["step"]))}, dtype)
+    with open(os.path.join(out_dir, "config.json"), "w") as o:
+        json.dump(llama_config(s, m, dtype), o, indent=2)
+        o.write("\n")
+
+
 def export_hf(f, s, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, "model.safetensors"), hf_tensors(f, s),
@@ -187,10 +275,21 @@ def main():
     p.add_argument("format", choices=["hf", "llmc"])
     p.add_argument("checkpoint")
     p.add_argument("out")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="hf of a Llama: the tensors' dtype (GPT-2 exports are fp32)")
     args = p.parse_args()
     f, shape = open_checkpoint(args.checkpoint)
+    m = llama_keys(f)
+    llama = bool(m)
+    if llama and args.format == "llmc":
+        sys.exit(f"error: {f.filename} is a Llama ([model] arch = \"llama\"): llm.c files hold "
+                 "GPT-2 only; export it with `hf`")
+    if args.dtype == "bf16" and not llama:
+        sys.exit("error: --dtype bf16 is for Llama exports; GPT-2 exports are fp32")
     if args.format == "llmc":
         export_llmc(f, shape, args.out)
+    elif llama:
+        export_llama(f, shape, m, args.out, "BF16" if args.dtype == "bf16" else "F32")
     else:
         export_hf(f, shape, args.out)
     print(f"exported step {int(f.attrs['step'])} of {f.filename} to {args.out}")

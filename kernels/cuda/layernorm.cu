@@ -15,36 +15,19 @@
 // at the end a block adds its warps in warp order and writes one partial row per block into the
 // stream's scratch. A second kernel adds the per-block partials in a fixed order into dweight and
 // dbias. The number of blocks depends only on N and C, so the result is bitwise reproducible.
+// (That machinery is shared with rmsnorm.cu: kernels/cuda/norm_backward.cuh.)
 //
 // Rows whose width C is not a multiple of the 16-byte pack (4 floats, 8 bf16), or unaligned
 // pointers, take the same kernels with a pack of one element.
 #include <algorithm>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_backward.cuh"
 
 namespace ops {
 namespace {
 
 constexpr float kEps = 1e-5f;
 constexpr int kForwardWarps = 8;                      // rows per forward block
-constexpr int kBackwardMaxWarps = 8;                  // rows in flight per backward block
-constexpr int kBackwardMaxBlocks = 256;               // partial rows of dweight/dbias
-constexpr size_t kBackwardSmemBudget = 96 * 1024;     // per block, to keep 2+ blocks per SM
-constexpr size_t kBackwardSmemLimit = 200 * 1024;     // under the 227 KiB opt-in of Hopper
-constexpr int kReduceLanes = 8;                       // partial reduction: 32 channels x 8 lanes
-
-template <int W, typename T>
-__device__ __forceinline__ void load_floats_streaming(float (&f)[W], const T* p) {
-  if constexpr (W == 1) {
-    f[0] = to_float(__ldcs(p));
-  } else {
-    Pack128<T> x = load128cs(p);
-#pragma unroll
-    for (int k = 0; k < W; k++) f[k] = to_float(x[k]);
-  }
-}
-
-
 // ---------------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------------
@@ -79,7 +62,7 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
   T* o = out + (size_t)row * C;
   for (int c = lane * W; c < C; c += 32 * W) {
     float f[W], w[W], b[W];
-    load_floats_streaming<W>(f, x + c);
+    norm::load_floats_streaming<W>(f, x + c);
     load_floats<W>(w, weight + c);
     load_floats<W>(b, bias + c);
 #pragma unroll
@@ -95,26 +78,6 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
-// acc[0..W) += f in shared memory (16-byte accesses when W is a multiple of 4: then acc is
-// 16-byte aligned because C is a multiple of W).
-template <int W>
-__device__ __forceinline__ void add_to_shared(float* acc, const float (&f)[W]) {
-  if constexpr (W % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < W; k += 4) {
-      float4 a = *reinterpret_cast<float4*>(acc + k);
-      a.x += f[k];
-      a.y += f[k + 1];
-      a.z += f[k + 2];
-      a.w += f[k + 3];
-      *reinterpret_cast<float4*>(acc + k) = a;
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < W; k++) acc[k] += f[k];
-  }
-}
-
 // Shared memory: per warp, dweight[C] then dbias[C]. Output: partials[g*C + c] (dweight) and
 // partials[(gridDim.x + g)*C + c] (dbias) for block g.
 template <typename T, int W>
@@ -157,8 +120,8 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partials,
 
     for (int c = lane * W; c < C; c += 32 * W) {
       float d[W], x[W], w[W], g[W], dw[W];
-      load_floats_streaming<W>(d, dout + offset + c);
-      load_floats_streaming<W>(x, inp + offset + c);
+      norm::load_floats_streaming<W>(d, dout + offset + c);
+      norm::load_floats_streaming<W>(x, inp + offset + c);
       load_floats<W>(w, weight + c);
       load_floats<W>(g, dinp + offset + c);
 #pragma unroll
@@ -169,70 +132,21 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partials,
         dw[k] = d[k] * xhat;
       }
       store_floats<W>(dinp + offset + c, g);
-      add_to_shared<W>(acc_dweight + c, dw);
-      add_to_shared<W>(acc_dbias + c, d);
+      norm::add_to_shared<W>(acc_dweight + c, dw);
+      norm::add_to_shared<W>(acc_dbias + c, d);
     }
   }
 
-  __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float dw = 0.0f, db = 0.0f;
-    for (int w = 0; w < warps; w++) {
-      dw += smem[(size_t)w * 2 * C + c];
-      db += smem[(size_t)w * 2 * C + C + c];
-    }
-    partials[(size_t)blockIdx.x * C + c] = dw;
-    partials[(size_t)(gridDim.x + blockIdx.x) * C + c] = db;
-  }
-}
-
-// dweight[c] += sum_g partials[g][c], dbias likewise, g in a fixed order: lane y of a 32x8 block
-// sums g = y, y+8, ..., then lane 0 adds the 8 lane sums in lane order.
-__global__ void layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
-                                            const float* __restrict__ partials, int G, int C) {
-  __shared__ float lane_dw[kReduceLanes][32];
-  __shared__ float lane_db[kReduceLanes][32];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (int g = threadIdx.y; g < G; g += kReduceLanes) {
-      dw += partials[(size_t)g * C + c];
-      db += partials[(size_t)(G + g) * C + c];
-    }
-  }
-  lane_dw[threadIdx.y][threadIdx.x] = dw;
-  lane_db[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float sw = 0.0f, sb = 0.0f;
-    for (int y = 0; y < kReduceLanes; y++) {
-      sw += lane_dw[y][threadIdx.x];
-      sb += lane_db[y][threadIdx.x];
-    }
-    dweight[c] += sw;
-    dbias[c] += sb;
-  }
-}
-
-// Warps per backward block: as many as the shared-memory budget allows (2*C floats each).
-int backward_warps(int C) {
-  const size_t per_warp = 2 * (size_t)C * sizeof(float);
-  CHECK(per_warp <= kBackwardSmemLimit,
-        "layernorm_backward: C=%d needs %zu bytes of shared memory per warp, more than %zu", C,
-        per_warp, kBackwardSmemLimit);
-  size_t warps = kBackwardSmemBudget / per_warp;
-  if (warps < 1) warps = 1;
-  if (warps > kBackwardMaxWarps) warps = kBackwardMaxWarps;
-  return (int)warps;
+  norm::write_block_partials(partials, smem, 2, C);
 }
 
 template <typename T, int W>
 void layernorm_backward_typed(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                               const T* weight, const float* mean, const float* rstd, int N, int C,
                               Stream s) {
-  const int warps = backward_warps(C);
+  const int warps = norm::backward_warps("layernorm_backward", C, 2);
   const size_t smem = (size_t)warps * 2 * C * sizeof(float);
-  const int blocks = (int)std::min<size_t>(ceil_div(N, warps), kBackwardMaxBlocks);
+  const int blocks = (int)std::min<size_t>(ceil_div(N, warps), norm::kBackwardMaxBlocks);
   float* partials = static_cast<float*>(stream_scratch(s, 2 * (size_t)blocks * C * sizeof(float)));
   auto kernel = layernorm_backward_kernel<T, W>;
   if (smem > 48 * 1024)
@@ -241,10 +155,7 @@ void layernorm_backward_typed(T* dinp, float* dweight, float* dbias, const T* do
   kernel<<<blocks, warps * 32, smem, s->stream>>>(dinp, partials, dout, inp, weight, mean, rstd,
                                                   N, C);
   LAUNCH_CHECK();
-  dim3 block(32, kReduceLanes);
-  layernorm_param_grad_kernel<<<(int)ceil_div(C, 32), block, 0, s->stream>>>(dweight, dbias,
-                                                                              partials, blocks, C);
-  LAUNCH_CHECK();
+  norm::sum_partials(dweight, dbias, partials, blocks, C, s);
 }
 
 }  // namespace

@@ -13,9 +13,10 @@ FUZZ_SECONDS ?= 60
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS   := -std=c++17 -g -O1 -MMD -MP -fno-omit-frame-pointer $(FUZZ_SAN) -I. $(MPI_CFLAGS) \
                 $(HDF5_CFLAGS) $(TOML_CFLAGS)
-FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume schedule_file
+FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume schedule_file \
+                safetensors hf_config
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/fuzz_%,config llmc_model token_shard tokenizer \
-                  manifest checkpoint_resume checkpoint_index schedule_file)
+                  manifest checkpoint_resume checkpoint_index schedule_file safetensors hf_config)
 
 # The readers, compiled with the sanitizers and fuzzer coverage.
 $(BUILD)/fuzz/obj/%.o: %
@@ -23,7 +24,7 @@ $(BUILD)/fuzz/obj/%.o: %
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -x c++ -c $< -o $@
 fuzz_obj = $(patsubst %,$(BUILD)/fuzz/obj/%.o,$(1) kernels/common.cpp)
 CONFIG_READER := config/config.cu config/config_schema.cu config/config_checks.cu \
-                 config/layout_rules.cu
+                 config/layout_rules.cu config/config_hf.cu config/json.cu
 # The schedule file reader, with the builder, message placement and simulator it runs (and
 # pipeline_rules, which the builder calls).
 SCHEDULE_READER := parallel/pipeline_file.cu parallel/pipeline_schedule.cu \
@@ -33,6 +34,9 @@ SCHEDULE_READER := parallel/pipeline_file.cu parallel/pipeline_schedule.cu \
 $(BUILD)/fuzz/fuzz_config: $(call fuzz_obj,test/fuzz/fuzz_config.cpp $(CONFIG_READER))
 $(BUILD)/fuzz/fuzz_llmc_model: $(call fuzz_obj,test/fuzz/fuzz_llmc_model.cpp $(CONFIG_READER))
 $(BUILD)/fuzz/fuzz_token_shard: $(call fuzz_obj,test/fuzz/fuzz_token_shard.cpp data/dataloader.cpp)
+$(BUILD)/fuzz/fuzz_hf_config: $(call fuzz_obj,test/fuzz/fuzz_hf_config.cpp $(CONFIG_READER))
+$(BUILD)/fuzz/fuzz_safetensors: \
+    $(call fuzz_obj,test/fuzz/fuzz_safetensors.cpp checkpoint/safetensors.cu config/json.cu)
 $(BUILD)/fuzz/fuzz_tokenizer: $(call fuzz_obj,test/fuzz/fuzz_tokenizer.cpp data/tokenizer.cpp)
 $(BUILD)/fuzz/fuzz_manifest: $(call fuzz_obj,test/fuzz/fuzz_manifest.cpp checkpoint/files.cu)
 $(BUILD)/fuzz/fuzz_checkpoint_resume: $(call fuzz_obj,test/fuzz/fuzz_checkpoint_resume.cpp \
