@@ -97,7 +97,7 @@ $(BUILD)/libops_cpu.so: $(call obj,pic,$(LIBOPS_SRC))
 TOOLS := $(BUILD)/tokenize
 tools: $(TOOLS)
 $(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp tools/gpt2_bpe.cpp tools/hf_tokenizer.cpp tools/bpe.cpp \
-                               tools/pretokenize.cpp tools/json.cpp kernels/common.cpp)
+                               tools/pretokenize.cpp config/json.cu kernels/common.cpp)
 	$(CXX) -o $@ $^ -fopenmp
 
 # C++ test programs: test/<name>.cpp linked with everything above the seam and the CPU backend.

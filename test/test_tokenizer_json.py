@@ -311,7 +311,7 @@ def bad_cases(spec):
          ["not special"]),
         ("no document token", edited(lambda s: [t.update(content="<|t%d|>" % i) for i, t in enumerate(s["added_tokens"])]),
          ["--doc-token"]),
-        ("truncated JSON", json.dumps(spec)[:-40], ["at byte"]),
+        ("truncated JSON", json.dumps(spec)[:-40], ["byte"]),
         ("a character outside the byte alphabet", edited(lambda s: s["model"]["vocab"].update({"\u4e00": 999999})),
          ["byte-to-unicode"]),
         ("merges as a string", edited(lambda s: s["model"].update(merges=" ".join(first_merge))), ["merges"]),

@@ -39,6 +39,18 @@ uint64_t bpe_pair_key(int left, int right) {
   return ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
 }
 
+JsonValue json_parse_or_die(const std::string& text, const std::string& name) {
+  JsonValue root;
+  const std::string error = json_parse(text, &root);
+  CHECK(error.empty(), "'%s': %s", name.c_str(), error.c_str());
+  return root;
+}
+
+long long json_id(const JsonValue& v, long long max) {
+  return v.kind == JsonValue::Number && v.is_integer && v.integer >= 0 && v.integer <= max
+             ? v.integer : -1;
+}
+
 void bpe_set_byte_tokens(ByteLevelBpe& bpe, const char* where) {
   for (int b = 0; b < 256; b++) {
     auto it = bpe.ids.find(std::string(1, (char)b));

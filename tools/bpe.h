@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "config/json.h"
 #include "tools/pretokenize.h"
 
 struct BpeMerge {
@@ -34,6 +35,10 @@ std::vector<int> unicode_to_byte_table();
 // outside the alphabet.
 std::string unicode_to_bytes(const std::string& s, const std::vector<int>& table, const char* where);
 uint64_t bpe_pair_key(int left, int right);
+// The vocabulary files' JSON (config/json.h); a malformed file stops with an error naming it.
+JsonValue json_parse_or_die(const std::string& text, const std::string& name);
+// The token id a JSON value holds, 0..max, or -1 when it holds none.
+long long json_id(const JsonValue& v, long long max);
 // Fills byte_token from `ids`, failing (naming `where`) when a byte has no token.
 void bpe_set_byte_tokens(ByteLevelBpe& bpe, const char* where);
 // Appends the tokens of `text` (any bytes; invalid UTF-8 is encoded byte by byte) to `out`.

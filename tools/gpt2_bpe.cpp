@@ -7,7 +7,7 @@
 #include "tools/gpt2_bpe.h"
 
 #include "kernels/common.h"
-#include "tools/json.h"
+#include "config/json.h"
 
 namespace {
 
@@ -23,15 +23,15 @@ int lookup(const std::unordered_map<std::string, int>& ids, const std::string& b
 // Fills pieces, special, doc_token, ids and byte_token from encoder.json.
 void load_encoder(ByteLevelBpe& v, const std::string& text, const char* name,
                   const std::vector<int>& table) {
-  JsonValue root = json_parse(text, name);
-  CHECK(root.type == JsonValue::Object, "'%s': expected an object of token strings to ids", name);
-  size_t n = root.keys.size();
+  JsonValue root = json_parse_or_die(text, name);
+  CHECK(root.kind == JsonValue::Object, "'%s': expected an object of token strings to ids", name);
+  size_t n = root.members.size();
   v.pieces.resize(n);
   v.special.assign(n, false);
   std::vector<bool> seen(n, false);
   for (size_t i = 0; i < n; i++) {
-    const std::string& key = root.keys[i];
-    int id = (int)json_integer(root.items[i], 0, (long long)n - 1);
+    const std::string& key = root.members[i].first;
+    int id = (int)json_id(root.members[i].second, (long long)n - 1);
     CHECK(id >= 0 && !seen[id],
           "'%s': token ids must be 0..%zu, each once (token '%s')", name, n - 1, key.c_str());
     seen[id] = true;

@@ -19,7 +19,7 @@
 #include <climits>
 
 #include "kernels/common.h"
-#include "tools/json.h"
+#include "config/json.h"
 
 namespace {
 
@@ -27,41 +27,41 @@ struct Source {
   const std::string& name;
 };
 
-const JsonValue& member(const JsonValue& v, const char* key, JsonValue::Type type,
+const JsonValue& member(const JsonValue& v, const char* key, JsonValue::Kind kind,
                         const char* where, const Source& src) {
-  const JsonValue* m = v.get(key);
-  CHECK(m && m->type == type, "'%s': %s has no \"%s\" of the expected type", src.name.c_str(),
+  const JsonValue* m = v.find(key);
+  CHECK(m && m->kind == kind, "'%s': %s has no \"%s\" of the expected type", src.name.c_str(),
         where, key);
   return *m;
 }
 
 // True when `key` is absent, null, false or "" in v.
 bool unset(const JsonValue& v, const char* key) {
-  const JsonValue* m = v.get(key);
-  return !m || m->is_null() || (m->type == JsonValue::Bool && !m->boolean) ||
-         (m->type == JsonValue::String && m->text.empty());
+  const JsonValue* m = v.find(key);
+  return !m || m->kind == JsonValue::Null || (m->kind == JsonValue::Bool && !m->boolean) ||
+         (m->kind == JsonValue::String && m->text.empty());
 }
 
 std::string type_of(const JsonValue& v) {
-  const JsonValue* t = v.get("type");
-  return t && t->type == JsonValue::String ? t->text : "?";
+  const JsonValue* t = v.find("type");
+  return t && t->kind == JsonValue::String ? t->text : "?";
 }
 
 void check_byte_level(const JsonValue& b, bool with_regex, const Source& src) {
   CHECK(unset(b, "add_prefix_space"),
         "'%s': pre_tokenizer ByteLevel with add_prefix_space is not supported", src.name.c_str());
-  const JsonValue* r = b.get("use_regex");
-  bool regex = !r || r->is_null() || (r->type == JsonValue::Bool && r->boolean);  // default true
+  const JsonValue* r = b.find("use_regex");
+  bool regex = !r || r->kind == JsonValue::Null || (r->kind == JsonValue::Bool && r->boolean);  // default true
   CHECK(regex == with_regex, "'%s': pre_tokenizer ByteLevel with use_regex = %s is not supported "
         "here", src.name.c_str(), regex ? "true" : "false");
 }
 
 SplitPattern split_pattern(const JsonValue& split, const Source& src) {
-  const JsonValue* p = split.get("pattern");
-  const JsonValue* regex = p ? p->get("Regex") : nullptr;
-  CHECK(regex && regex->type == JsonValue::String,
+  const JsonValue* p = split.find("pattern");
+  const JsonValue* regex = p ? p->find("Regex") : nullptr;
+  CHECK(regex && regex->kind == JsonValue::String,
         "'%s': the Split pre-tokenizer has no {\"Regex\": ...} pattern", src.name.c_str());
-  const JsonValue* behavior = split.get("behavior");
+  const JsonValue* behavior = split.find("behavior");
   CHECK(behavior && behavior->text == "Isolated" && unset(split, "invert"),
         "'%s': only a Split with behavior \"Isolated\", not inverted, is supported",
         src.name.c_str());
@@ -72,8 +72,8 @@ SplitPattern split_pattern(const JsonValue& split, const Source& src) {
 }
 
 SplitPattern read_pre_tokenizer(const JsonValue& root, const Source& src) {
-  const JsonValue* pre = root.get("pre_tokenizer");
-  CHECK(pre && pre->type == JsonValue::Object, "'%s': no pre_tokenizer", src.name.c_str());
+  const JsonValue* pre = root.find("pre_tokenizer");
+  CHECK(pre && pre->kind == JsonValue::Object, "'%s': no pre_tokenizer", src.name.c_str());
   std::string type = type_of(*pre);
   if (type == "ByteLevel") {
     check_byte_level(*pre, true, src);
@@ -111,9 +111,9 @@ void place(ByteLevelBpe& v, long long id, const std::string& piece, bool special
 
 void read_vocab(ByteLevelBpe& v, const JsonValue& vocab, const Source& src) {
   std::vector<int> table = unicode_to_byte_table();
-  for (size_t i = 0; i < vocab.keys.size(); i++) {
-    std::string bytes = unicode_to_bytes(vocab.keys[i], table, src.name.c_str());
-    long long id = json_integer(vocab.items[i], 0, INT_MAX - 1);
+  for (const auto& [key, value] : vocab.members) {
+    std::string bytes = unicode_to_bytes(key, table, src.name.c_str());
+    long long id = json_id(value, INT_MAX - 1);
     place(v, id, bytes, false, src);
     CHECK(!bytes.empty(), "'%s': empty vocabulary entry", src.name.c_str());
     v.ids[bytes] = (int)id;
@@ -121,18 +121,18 @@ void read_vocab(ByteLevelBpe& v, const JsonValue& vocab, const Source& src) {
 }
 
 void read_added_tokens(ByteLevelBpe& v, const JsonValue& root, const Source& src) {
-  const JsonValue* added = root.get("added_tokens");
-  if (!added || added->is_null()) return;
-  CHECK(added->type == JsonValue::Array, "'%s': added_tokens is not a list", src.name.c_str());
+  const JsonValue* added = root.find("added_tokens");
+  if (!added || added->kind == JsonValue::Null) return;
+  CHECK(added->kind == JsonValue::Array, "'%s': added_tokens is not a list", src.name.c_str());
   for (const JsonValue& t : added->items) {
     const JsonValue& content = member(t, "content", JsonValue::String, "an added token", src);
-    const JsonValue* special = t.get("special");
-    CHECK(special && special->type == JsonValue::Bool && special->boolean,
+    const JsonValue* special = t.find("special");
+    CHECK(special && special->kind == JsonValue::Bool && special->boolean,
           "'%s': added token '%s' is not special: Hugging Face matches such tokens inside the "
           "text, which this tool does not", src.name.c_str(), content.text.c_str());
     CHECK(!content.text.empty(), "'%s': an added token is empty", src.name.c_str());
-    place(v, json_integer(member(t, "id", JsonValue::Number, "an added token", src), 0,
-                          INT_MAX - 1), content.text, true, src);
+    place(v, json_id(member(t, "id", JsonValue::Number, "an added token", src), INT_MAX - 1),
+          content.text, true, src);
     auto in_vocab = v.ids.find(content.text);
     if (in_vocab != v.ids.end() && v.special[in_vocab->second]) v.ids.erase(in_vocab);
   }
@@ -144,14 +144,14 @@ void read_merges(ByteLevelBpe& v, const JsonValue& merges, const Source& src) {
   for (size_t rank = 0; rank < merges.items.size(); rank++) {
     const JsonValue& m = merges.items[rank];
     std::string left, right;
-    if (m.type == JsonValue::String) {
+    if (m.kind == JsonValue::String) {
       size_t space = m.text.find(' ');
       CHECK(space != std::string::npos && m.text.find(' ', space + 1) == std::string::npos,
             "'%s': merge %zu '%s' is not \"left right\"", n, rank, m.text.c_str());
       left = m.text.substr(0, space), right = m.text.substr(space + 1);
     } else {
-      CHECK(m.type == JsonValue::Array && m.items.size() == 2 &&
-                m.items[0].type == JsonValue::String && m.items[1].type == JsonValue::String,
+      CHECK(m.kind == JsonValue::Array && m.items.size() == 2 &&
+                m.items[0].kind == JsonValue::String && m.items[1].kind == JsonValue::String,
             "'%s': merge %zu is neither \"left right\" nor [left, right]", n, rank);
       left = m.items[0].text, right = m.items[1].text;
     }
@@ -183,10 +183,10 @@ int find_doc_token(const ByteLevelBpe& v, const std::string& wanted, const Sourc
 ByteLevelBpe hf_tokenizer_load(const std::string& text, const std::string& name,
                                const std::string& doc_token) {
   Source src{name};
-  JsonValue root = json_parse(text, name);
-  CHECK(root.type == JsonValue::Object, "'%s': not a tokenizer.json object", name.c_str());
-  const JsonValue* normalizer = root.get("normalizer");
-  CHECK(!normalizer || normalizer->is_null(),
+  JsonValue root = json_parse_or_die(text, name);
+  CHECK(root.kind == JsonValue::Object, "'%s': not a tokenizer.json object", name.c_str());
+  const JsonValue* normalizer = root.find("normalizer");
+  CHECK(!normalizer || normalizer->kind == JsonValue::Null,
         "'%s': a normalizer (%s) is not supported", name.c_str(), type_of(*normalizer).c_str());
   const JsonValue& model = member(root, "model", JsonValue::Object, "the file", src);
   check_model(model, src);
