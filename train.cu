@@ -150,6 +150,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   }
   if (diloco_enabled(cfg)) diloco_init(r.diloco, cfg, r.store, r.mesh[Axis::Island]);
   r.model.split_backward = r.pipeline.schedule.split;
+  r.model.grad_buffers = r.pipeline.grads;
   gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
                          r.compute, r.comm);
   setup_data_and_logs(r);

@@ -1,8 +1,11 @@
 // bench/bench_attention.cu - causal attention forward and backward at B=8, NH=12, T=1024, HS=64
-// (GPT-2 124M's shape) for each implementation the CUDA backend has, in TFLOP/s.
+// (GPT-2 124M's shape) for each implementation the CUDA backend has, in TFLOP/s; and grouped-query
+// attention at Llama-3 8B's shape (NH=32 query heads on NKV=8 kv heads, HS=128, B=1, T=8192)
+// through the hand-written flash kernels (cuDNN's graph here is built for NKV = NH only).
 //
 // FLOPs (causal): forward 4*B*NH*T*T*HS / 2 (QK^T and PV over the lower triangle); backward 2.5x
-// the forward. The backward call includes the Delta = rowsum(dO*O) pre-pass.
+// the forward. The backward call includes the Delta = rowsum(dO*O) pre-pass. With GQA the FLOPs
+// are the same per query head (NH counts query heads); only the kv bytes shrink by NH/NKV.
 // Implementations reachable through ops::attention_* (kernels/cuda/attention.cu), each on its own
 // stream whose StreamOptions::attention forces the choice:
 //   flash bf16     the hand-written tensor-core kernels (bf16, HS 64/128, 16-byte aligned rows)
@@ -37,13 +40,15 @@ std::string versus_cudnn(double ms, double cudnn_ms) {
   return line;
 }
 
-Times bench_impl(Bench& b, const Impl& impl, int B, int T, int NH, int HS, const Times& cudnn) {
-  const size_t C = (size_t)NH * HS, rows = (size_t)B * T, es = dtype_size(impl.dt);
-  const size_t pad = impl.offset * es;
-  char* qkv = (char*)random_device(b, rows * 3 * C + impl.offset, impl.dt, 400);
+// One implementation at one shape: NKV kv heads for NH query heads (NKV = NH: multi-head).
+Times bench_impl(Bench& b, const Impl& impl, int B, int T, int NH, int NKV, int HS,
+                 const Times& cudnn) {
+  const size_t C = (size_t)NH * HS, width = (size_t)(NH + 2 * NKV) * HS, rows = (size_t)B * T;
+  const size_t es = dtype_size(impl.dt), pad = impl.offset * es;
+  char* qkv = (char*)random_device(b, rows * width + impl.offset, impl.dt, 400);
   char* dout = (char*)random_device(b, rows * C + impl.offset, impl.dt, 401);
   char* out = (char*)ops::alloc(rows * C * es + pad);
-  char* dqkv = (char*)ops::alloc(rows * 3 * C * es + pad);
+  char* dqkv = (char*)ops::alloc(rows * width * es + pad);
   float* lse = (float*)ops::alloc((size_t)B * NH * T * 4);
 
   StreamOptions options;
@@ -52,13 +57,16 @@ Times bench_impl(Bench& b, const Impl& impl, int B, int T, int NH, int HS, const
   b.stream = ops::stream_create(options);
 
   char shape[96];
-  std::snprintf(shape, sizeof(shape), "B=%d NH=%d T=%d HS=%d causal", B, NH, T, HS);
+  if (NKV == NH)
+    std::snprintf(shape, sizeof(shape), "B=%d NH=%d T=%d HS=%d causal", B, NH, T, HS);
+  else
+    std::snprintf(shape, sizeof(shape), "B=%d NH=%d NKV=%d T=%d HS=%d causal", B, NH, NKV, T, HS);
   const double fwd_flops = 4.0 * B * NH * (double)T * T * HS / 2;
   const double fwd_ms = time_op(b, [&](int) {
-    ops::attention_forward(out + pad, lse, qkv + pad, B, T, NH, NH, HS, impl.dt, b.stream);
+    ops::attention_forward(out + pad, lse, qkv + pad, B, T, NH, NKV, HS, impl.dt, b.stream);
   });
   const double bwd_ms = time_op(b, [&](int) {
-    ops::attention_backward(dqkv + pad, dout + pad, qkv + pad, out + pad, lse, B, T, NH, NH, HS,
+    ops::attention_backward(dqkv + pad, dout + pad, qkv + pad, out + pad, lse, B, T, NH, NKV, HS,
                             impl.dt, b.stream);
   });
   // What really ran: a forced "cudnn" that could not run cuDNN says so in its note.
@@ -67,7 +75,7 @@ Times bench_impl(Bench& b, const Impl& impl, int B, int T, int NH, int HS, const
   b.stream = saved;
 
   const bool is_flash = impl.choice == AttentionImpl::Flash && impl.dt == DType::BF16 &&
-                        impl.offset == 0;
+                        impl.offset == 0 && NKV == NH;  // GQA: no cuDNN row to compare with
   const std::string target = is_flash ? "<= cuDNN SDPA" : "";
   auto verdict = [&](double ms, double cudnn_ms) {
     return is_flash ? versus_cudnn(ms, cudnn_ms) : std::string("ran: ") + ran;
@@ -97,8 +105,11 @@ void bench_attention(Bench& b) {
   const Impl others[] = {{"flash bf16", DType::BF16, 0, AttentionImpl::Flash},
                          {"generic bf16", DType::BF16, 1, AttentionImpl::Flash},
                          {"generic fp32", DType::F32, 0, AttentionImpl::Flash}};
-  const Times cudnn = bench_impl(b, cudnn_impl, B, T, NH, HS, Times{});
-  for (const Impl& impl : others) bench_impl(b, impl, B, T, NH, HS, cudnn);
+  const Times cudnn = bench_impl(b, cudnn_impl, B, T, NH, NH, HS, Times{});
+  for (const Impl& impl : others) bench_impl(b, impl, B, T, NH, NH, HS, cudnn);
+  // Llama-3 8B: 32 query heads on 8 kv heads, HS 128, one sequence of 8192 (quick: 4 on 1, 64).
+  const Impl gqa{"flash bf16 gqa", DType::BF16, 0, AttentionImpl::Flash};
+  bench_impl(b, gqa, 1, b.quick ? 64 : 8192, b.quick ? 4 : 32, b.quick ? 1 : 8, 128, Times{});
   b.notes.push_back(
       "attention: the flash rows' verdict compares the hand-written kernels with the cudnn rows; "
       "where cuDNN wins, [kernels] attention = \"auto\" (the default) runs cuDNN for that "

@@ -190,16 +190,22 @@ std::string safetensors_read(const SafetensorsSet& set, const std::string& name,
   if (first + count > t.numel()) BUG("read past the end of %s", name.c_str());
   const size_t elem = t.dtype == "F32" ? 4 : t.dtype == "BF16" ? 2 : 0;
   if (elem == 0) return f.path + ": tensor \"" + name + "\" is " + t.dtype + ", not F32 or BF16";
-  std::vector<uint16_t> half(elem == 2 ? count : 0);
-  char* buf = elem == 4 ? (char*)dst : (char*)half.data();
+  // BF16 is read into the upper half of dst's bytes and widened forward in place: float i ends
+  // at byte 4i + 4 <= 2 count + 2i + 2, where bf16 value i + 1 starts, so nothing unread is
+  // overwritten, and no second buffer is needed however large the tensor.
+  char* buf = (char*)dst + (elem == 2 ? 2 * count : 0);
   const size_t bytes = count * elem;
   for (size_t done = 0; done < bytes;) {  // pread may return less than asked for
     const ssize_t got = pread(f.fd, buf + done, bytes - done, (off_t)(t.begin + first * elem + done));
     if (got <= 0) return f.path + ": short read of tensor \"" + name + "\"";
     done += (size_t)got;
   }
-  if (elem == 2)
-    for (size_t i = 0; i < count; i++) dst[i] = bf16_to_f32(half[i]);
+  for (size_t i = 0; elem == 2 && i < count; i++) {
+    uint16_t h;
+    std::memcpy(&h, buf + 2 * i, 2);
+    const float v = bf16_to_f32(h);
+    std::memcpy((char*)dst + 4 * i, &v, 4);
+  }
   return "";
 }
 

@@ -81,6 +81,12 @@ void resolve_model_shape(Config& cfg, Origins& origins, bool check_files, Proble
     resolve_hf_model(cfg, origins, problems);
     return;
   }
+  if (cfg.model.is_llama()) {
+    problems.add(mention(cfg, origins, "init.from") + " is a file, read as an llm.c model (GPT-2), "
+                 "but " + mention(cfg, origins, "model.arch") + ": a Llama starts from a Hugging "
+                 "Face directory (config.json + model.safetensors)");
+    return;
+  }
   if (all_given && given("max_seq_len") && !check_files) return;
   ModelFileShape s;
   std::string err = read_model_header(cfg.init.from, &s);
@@ -274,6 +280,19 @@ static void check_experts(Checker& c) {
                    "a model with " + key("model.n_experts"));
 }
 
+// [kernels] attention = "cudnn" runs cuDNN's SDPA graph, which this trainer builds for as many
+// key/value heads as query heads: grouped-query attention takes the hand-written kernels ("auto"
+// chooses them by itself).
+static void check_attention_kernels(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.kernels.attention == "cudnn" && cfg.model.n_head > 0 &&
+      cfg.model.kv_heads() != cfg.model.n_head)
+    c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
+                   "does not run grouped-query attention (" +
+                   mention(cfg, c.origins, "model.n_kv_head") + " < n_head); use \"flash\" or "
+                   "\"auto\"");
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -361,6 +380,7 @@ void check_values(Checker& c) {
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
   check_architecture(c);
+  check_attention_kernels(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);

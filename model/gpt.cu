@@ -41,6 +41,7 @@
 // axis.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/fp8.h"
@@ -103,7 +104,6 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), a = dtype_size(m.dt);
   ActivationSlot sl;
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
-  sl.grad = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
   for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
@@ -162,6 +162,9 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   void* shared_gelu =
       recompute == Recompute::Gelu ? new_buffer<void*>(m, N * layout.F_local * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
+  const int grads = m.grad_buffers > 0 ? m.grad_buffers : slots;
+  for (int i = 0; i < grads; i++) m.grads.push_back(new_buffer<void*>(m, Nt * C * a));
+  for (int i = 0; i < slots; i++) m.slots[i].grad = m.grads[i % grads];  // the pipeline re-lends
   head_create(m);  // model/gpt_head.cu
   m.loss_sum = new_buffer<float*>(m, 4);
   if (tp.active()) {
@@ -169,11 +172,17 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     if (tp.sp) m.gathered = new_buffer<void*>(m, N * C * a);
   }
   m.dln = new_buffer<void*>(m, Nt * C * a);
-  m.dln_all = tp.active() ? new_buffer<void*>(m, N * C * a) : m.dln;
-  m.datty = new_buffer<void*>(m, N * Cl * a);
-  m.dqkv = new_buffer<void*>(m, N * layout.qkv_local() * a);
-  m.dfch = new_buffer<void*>(m, N * layout.fc_local() * a);
-  if (layout.llama) {
+  m.dln_all = tp.active() ? m.partial : m.dln;
+  // the backward's scratch (gpt.h): dfch, then datty and dqkv side by side; the head's logits
+  const size_t dqkv_at = (N * Cl * a + 255) / 256 * 256;  // aligned for vector loads
+  void* scratch = new_buffer<void*>(
+      m, std::max({N * layout.fc_local() * a, dqkv_at + N * layout.qkv_local() * a,
+                   head_scratch_bytes(m)}));
+  m.dfch = scratch;
+  m.datty = scratch;
+  m.dqkv = (char*)scratch + dqkv_at;
+  if (gpt_runs_head(layout)) m.logits = scratch;
+  if (layout.llama) {  // d(SwiGLU output) lives while dfch is written: a buffer of its own
     m.dswiglu = new_buffer<void*>(m, N * layout.F_local * a);
     upload_rope(m, s);
   }
@@ -218,6 +227,7 @@ void gpt_destroy(GPT& m) {
   m.cp = nullptr;
   allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
+  m.grads.clear();
 }
 
 // ---------------------------------------------------------------------------------------------

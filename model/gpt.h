@@ -162,7 +162,8 @@ struct ActivationSlot {
   void* input = nullptr;  // (Nt,C) the chunk's input: the embedding, or received from stage s-1
   void* grad = nullptr;   // (Nt,C) the residual-stream gradient: that of the chunk's output on
                           // entry to the backward (received from stage s+1, or the head's), that
-                          // of its input on exit (sent to stage s-1)
+                          // of its input on exit (sent to stage s-1). One of GPT::grads: the
+                          // pipeline lends them apart from the slots (parallel/pipeline.h)
   std::vector<LayerActs> layers;  // the chunk's blocks; the last one's r3 is the chunk's output
   int* tokens = nullptr;  // (B,T) on the device (the first stage's embedding backward reads them)
 };
@@ -174,23 +175,33 @@ struct GPT {
   int B = 0, T = 0;               // largest micro-batch the buffers hold
   ops::Stream stream = nullptr;   // the stream the buffers were zeroed on
   std::vector<ActivationSlot> slots;
+  std::vector<void*> grads;       // the slots' residual-gradient buffers, (Nt,C) each
+  int grad_buffers = 0;           // set before gpt_create: how many (pipeline_grad_buffers);
+                                  // 0: one per slot
   // Shapes say N = B*T tokens; the residual-stream buffers (slot input and grad, lnf, dln and
   // each layer's ln1, r2, ln2, r3) hold layout.tp.tokens(N) of them.
-  // The head (last stage only; its forward, loss and backward run in one go, so one set):
+  // The head (model/gpt_head.cu; on the last stage only): its forward, loss and backward run in
+  // one go over chunks of head_chunk tokens, so one set of buffers and no (N,Vp) logits.
+  int head_chunk = 0;             // set before gpt_create to force it (tests); 0: N/4
   void* lnf = nullptr;            // (N,C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;
-  void* logits = nullptr;         // (N,Vp_local), overwritten by dlogits
+  void* logits = nullptr;         // (head_chunk,Vp_local), overwritten by dlogits: in the
+                                  // backward's scratch (dead while the head runs)
   float* losses = nullptr;        // (B,T)
   int* targets = nullptr;         // (B,T) on the device
+  int logits_row = -1;            // set before a forward pass: the head keeps the logits of this
+  void* row_logits = nullptr;     // token row (this rank's Vp_local columns) for gpt_logits_row
+  float* ce_stats = nullptr;      // (head_chunk,3) merged (tp > 1)
+  float* ce_parts = nullptr;      // (tp,head_chunk,3) every rank's
+  void* vocab_row = nullptr;      // (Vp) a row of logits gathered over the vocabulary (sampling)
   // tensor parallelism (tp > 1): every token's LayerNorm output, gathered (N,C); the partial
-  // sums of a row-parallel GEMM or of the embedding (N,C); the classifier's row statistics
-  float* ce_stats = nullptr;      // (N,3) merged
-  float* ce_parts = nullptr;      // (tp,N,3) every rank's
+  // sums of a row-parallel GEMM or of the embedding (N,C)
   void* gathered = nullptr;
   void* partial = nullptr;
-  void* vocab_row = nullptr;      // (Vp) a row of logits gathered over the vocabulary (sampling)
   float* loss_sum = nullptr;      // one float: sum over a step of the mean-scaled losses
-  // backward scratch
+  // backward scratch. One buffer holds dfch (N,4C/tp), which is dead before datty (N,C/tp) and
+  // dqkv (N,3C/tp) are written, so those two share it, and the head's logits, which are dead
+  // before any block backward starts. dln_all is `partial` (never live together).
   void *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr;
   void* dswiglu = nullptr;        // Llama: (N, F/tp) the SwiGLU output's gradient
   // Llama's rotary positions: cos and sin tables (maxT, HS/2) fp32 (model/rope.h), and under
@@ -280,11 +291,17 @@ void gpt_stage_weight(GPT& model, ParamStore& store, const StageCall& c, ops::St
 void* gpt_stage_output(GPT& model, int slot, int chunk);
 
 // One-stage conveniences (pp = 1): a whole micro-batch forward + backward (tests), and a forward
-// (losses in model.losses when targets != nullptr; logits of all positions in model.logits).
+// (losses in model.losses when targets != nullptr; the logits of row model.logits_row kept).
 void gpt_forward_backward(GPT& model, ParamStore& store, const int* tokens, const int* targets,
                           int B, int T, float dloss, float loss_scale_for_log, ops::Stream s);
 void gpt_forward(GPT& model, ParamStore& store, const int* tokens, const int* targets, int B,
                  int T, ops::Stream s);
-// The logits of row n over the whole vocabulary (first V entries, fp32, on the host), gathered
-// from the tensor-parallel ranks. On the last stage, after its forward.
-std::vector<float> gpt_logits_row(GPT& model, int n, ops::Stream s);
+// The logits of the token row model.logits_row named before the forward, over the whole
+// vocabulary (first V entries, fp32, on the host), gathered from the tensor-parallel ranks. On
+// the last stage, after its forward.
+std::vector<float> gpt_logits_row(GPT& model, ops::Stream s);
+// Whether this rank runs the head: it holds the last pipeline stage.
+bool gpt_runs_head(const GPTLayout& layout);
+// The head's chunk in tokens for N tokens: `asked` (> 0, at most N), or N/4 (at least 1), so
+// that its logits are at most a quarter of a micro-batch's.
+int head_chunk_tokens(int N, int asked);

@@ -50,8 +50,10 @@ void prefetch(ParamStore& store, int current, int next);
 // Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp).
 TokenPositions token_positions(const GPTLayout& g, const StageCall& c);
 
-// The head (model/gpt_head.cu): its buffers (in gpt_create), and on the last stage after its
+// The head (model/gpt_head.cu): its buffers but the logits (in gpt_create, which sets
+// model.head_chunk), the bytes of its logits (in the backward's scratch), and on the last stage after its
 // blocks the final norm, logits and loss of the micro-batch whose last block output is x and,
 // when training (c.dloss != 0), their backward, leaving d(x) in sl.grad.
 void head_create(GPT& m);
+size_t head_scratch_bytes(const GPT& m);
 void gpt_head(GPT& m, ActivationSlot& sl, const void* x, const StageCall& c, ops::Stream s);

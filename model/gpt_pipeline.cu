@@ -20,7 +20,7 @@ static void local_input(GPT& m, const ComputeCall& call, size_t elems, ops::Stre
                       elems * dtype_size(m.dt), s);
 }
 static void local_gradient(GPT& m, const ComputeCall& call, size_t elems, ops::Stream s) {
-  ops::copy_on_device(m.slots[call.local_slot].grad, m.slots[call.slot].grad,
+  ops::copy_on_device(m.grads[call.local_grad], m.slots[call.slot].grad,
                       elems * dtype_size(m.dt), s);
 }
 
@@ -33,6 +33,7 @@ static PipelineStages stages_of(GPT& m, ParamStore& store, const MicroBatches& m
   st.compute = [&m, &store, mb, dloss, loss_scale, s, n, elems](const ComputeCall& call) {
     const GPTLayout& g = m.layout;
     const PipeAction& a = call.action;
+    if (call.grad >= 0) m.slots[call.slot].grad = m.grads[call.grad];  // lent for this action
     StageCall c;
     c.chunk = a.chunk, c.slot = call.slot, c.B = mb.B, c.T = mb.T;
     c.dloss = dloss, c.loss_scale_for_log = loss_scale, c.with_loss = mb.targets != nullptr;
@@ -54,10 +55,10 @@ static PipelineStages stages_of(GPT& m, ParamStore& store, const MicroBatches& m
     if (call.local_slot >= 0) local_input(m, call, elems, s);
     gpt_stage_forward(m, store, c, s);
   };
-  st.boundary = [&m](const PipeAction& a, int slot) -> void* {
-    if (a.op == PipeOp::SendForward) return gpt_stage_output(m, slot, a.chunk);
-    if (a.op == PipeOp::RecvForward) return m.slots[slot].input;
-    return m.slots[slot].grad;
+  st.boundary = [&m](const PipeAction& a, int at) -> void* {
+    if (a.op == PipeOp::SendForward) return gpt_stage_output(m, at, a.chunk);
+    if (a.op == PipeOp::RecvForward) return m.slots[at].input;
+    return m.grads[at];  // a gradient buffer
   };
   st.dt = m.dt;
   return st;
@@ -70,6 +71,8 @@ void gpt_train_step(GPT& m, ParamStore& store, Pipeline& pl, const MicroBatches&
   CHECK(m.split_backward == pl.schedule.split, "the model was made for %s backwards, the "
         "schedule runs %s ones", m.split_backward ? "split" : "whole",
         pl.schedule.split ? "split" : "whole");
+  CHECK((size_t)pl.grads <= m.grads.size(), "the pipeline lends %d gradient buffers, the model "
+        "has %zu", pl.grads, m.grads.size());
   grads_zero(store);
   ops::fill_zero(m.loss_sum, sizeof(float), s);
   gpt_step_begin(m, store, true);

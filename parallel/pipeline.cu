@@ -39,6 +39,14 @@
 // (pipeline_slots): the schedule's peak of chunk forwards in flight (1f1b: pp - rank at most,
 // whatever m is), plus what the message placement receives early or sends late.
 //
+// Gradient buffers. A slot's residual-stream gradient is live for a shorter time than its
+// activations: from the receive of its output gradient (or, on the last stage, the forward,
+// whose head writes it; or, in the V order, the next chunk's backward on this rank, which copies
+// it in) to the send of its input gradient (or its backward on stage 0, or its weight pass
+// there when split: the embedding's backward reads it). So the gradients are a pool of their
+// own, pipeline_grad_buffers of them, lent the same way; the buffer a send in a run of messages
+// frees is lent again only after the run (a receive in the same run must not write it).
+//
 // Point to point. Each run of consecutive sends and receives in the list is posted as one
 // p2p_batch (NCCL: one group; MPI: Isend + Irecv + Waitall), so two neighbours that send to
 // each other at the same moment do not wait for each other. Sends and receives between two ranks
@@ -117,6 +125,73 @@ static int peak_slots(const PipelineSchedule& s, int rank) {
   return peak;
 }
 
+// Which (micro-batch, chunk) gradients action i of a list uses (see the top of the file): its
+// own, and a Backward the previous chunk's when that stage is on this rank too (-1: none).
+static std::pair<int, int> grad_users(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  const int stage = s.stage(rank, a.chunk), own = a.chunk * s.m + a.micro;
+  const int other = local_neighbour(s, rank, a);
+  switch (a.op) {
+    case PipeOp::RecvBackward:
+    case PipeOp::SendBackward: return {own, -1};
+    case PipeOp::Forward: return {stage == s.p * s.v - 1 ? own : -1, -1};
+    case PipeOp::Backward: return {own, other >= 0 ? other * s.m + a.micro : -1};
+    case PipeOp::Weight: return {stage == 0 ? own : -1, -1};
+    default: return {-1, -1};
+  }
+}
+
+// Per action of the list, the gradients first used there (taken) and last used there (given).
+struct GradRule {
+  std::vector<std::vector<int>> take, give;  // keys chunk * m + micro
+};
+static GradRule grad_rule(const PipelineSchedule& s, int rank,
+                          const std::vector<PipeAction>& list) {
+  GradRule rule{std::vector<std::vector<int>>(list.size()),
+                std::vector<std::vector<int>>(list.size())};
+  std::map<int, int> first, last;
+  for (size_t i = 0; i < list.size(); i++) {
+    const auto [a, b] = grad_users(s, rank, list[i]);
+    for (int key : {a, b}) {
+      if (key < 0) continue;
+      if (!first.count(key)) first[key] = (int)i;
+      last[key] = (int)i;
+    }
+  }
+  for (const auto& [key, i] : first) rule.take[i].push_back(key);
+  for (const auto& [key, i] : last) rule.give[i].push_back(key);
+  return rule;
+}
+
+// Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
+// communication actions (pipeline_comm_runs: the one grouping rule, shared with the simulator).
+template <typename F>
+static void for_each_step(const std::vector<PipeAction>& list, F f) {
+  const std::vector<std::pair<size_t, size_t>> runs = pipeline_comm_runs(list);
+  size_t r = 0;
+  for (size_t i = 0; i < list.size();) {
+    if (r < runs.size() && runs[r].first == i) {
+      f(runs[r].first, runs[r].second);
+      i = runs[r++].second;
+    } else {
+      f(i, i + 1);
+      i++;
+    }
+  }
+}
+
+// The most gradients a list holds at once: a run of messages takes all it takes before it gives.
+static int peak_grads(const PipelineSchedule& s, int rank) {
+  const std::vector<PipeAction>& list = s.ranks[rank];
+  const GradRule rule = grad_rule(s, rank, list);
+  int live = 0, peak = 1;
+  for_each_step(list, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i++) live += (int)rule.take[i].size();
+    peak = std::max(peak, live);
+    for (size_t i = begin; i < end; i++) live -= (int)rule.give[i].size();
+  });
+  return peak;
+}
+
 void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
   const PipelineSchedule schedule = pipeline_build(kind, group->size, m, v);
   const PipelineSimulation sim = pipeline_simulate(schedule, PipeCosts{}, PipeComm::Rendezvous);
@@ -129,6 +204,7 @@ void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* gr
   pl.schedule = schedule;
   pl.comm = group;
   pl.slots = pipeline_slots(pl.schedule, group->rank);
+  pl.grads = pipeline_grad_buffers(pl.schedule, group->rank);
   comm_open_tags(*group, 2 * schedule.v);  // the message channels (pipeline_channel)
   if (pl.count_only) return;
   size_t computes = 0;
@@ -138,6 +214,7 @@ void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* gr
 }
 
 int pipeline_slots(const PipelineSchedule& s, int rank) { return peak_slots(s, rank); }
+int pipeline_grad_buffers(const PipelineSchedule& s, int rank) { return peak_grads(s, rank); }
 
 void pipeline_destroy(Pipeline& pl) {
   for (ops::Event e : pl.events) ops::event_destroy(e);
@@ -180,6 +257,8 @@ struct Executor {
   ops::Stream s;
   SlotRule rule;
   SlotPool pool;
+  GradRule grad_rule;  // empty: no gradients lent (a forward-only pass)
+  SlotPool grads;      // keyed the same way: which gradient buffer a (micro, chunk) holds
   std::vector<char> last_of_chunk;  // per action: no later action of its op on its chunk
 };
 
@@ -200,11 +279,31 @@ std::vector<char> last_of_chunk(const std::vector<PipeAction>& list) {
 
 Executor make_executor(const PipelineSchedule& sched, const std::vector<PipeAction>& list,
                        const PipelineStages& stages, Comm& comm, int slots, ops::Stream s) {
-  Executor ex{sched, list, stages, comm, comm.rank, s, slot_rule(sched, comm.rank, list), {}, {}};
+  Executor ex{sched, list, stages, comm, comm.rank, s, slot_rule(sched, comm.rank, list), {},
+              {}, {}, {}};
   ex.pool.m = sched.m;
   for (int i = slots - 1; i >= 0; i--) ex.pool.free.push_back(i);
+  ex.grads.m = sched.m;
   ex.last_of_chunk = last_of_chunk(list);
   return ex;
+}
+
+// The gradient buffers of a training step: `grads` of them, lent by the rule.
+void lend_grads(Executor& ex, int grads) {
+  ex.grad_rule = grad_rule(ex.sched, ex.rank, ex.list);
+  for (int i = grads - 1; i >= 0; i--) ex.grads.free.push_back(i);
+}
+// The buffer of gradient `key` (chunk * m + micro), taken from the pool at its first use.
+int grad_buffer(Executor& ex, size_t i, int key) {
+  const PipeAction k{PipeOp::Forward, key % ex.sched.m, key / ex.sched.m, -1};
+  const std::vector<int>& take = ex.grad_rule.take[i];
+  return std::find(take.begin(), take.end(), key) != take.end() ? ex.grads.take(k)
+                                                                 : ex.grads.at(k);
+}
+void give_grads(Executor& ex, size_t i) {
+  if (ex.grad_rule.give.empty()) return;
+  for (int key : ex.grad_rule.give[i])
+    ex.grads.give({PipeOp::Forward, key % ex.sched.m, key / ex.sched.m, -1});
 }
 
 // Posts the run of communication actions [begin, end) as one p2p_batch, each message on its
@@ -218,11 +317,14 @@ void communicate(Executor& ex, size_t begin, size_t end) {
       const PipeAction& a = ex.list[j];
       if (pipe_op_is_send(a.op) != (sends == 1)) continue;
       const int slot = ex.rule.take[j] ? ex.pool.take(a) : ex.pool.at(a);
-      ops.push_back({sends == 1, ex.stages.boundary(a, slot), ex.stages.boundary_count, a.peer,
+      const bool grad = a.op == PipeOp::RecvBackward || a.op == PipeOp::SendBackward;
+      const int at = grad ? grad_buffer(ex, j, a.chunk * ex.sched.m + a.micro) : slot;
+      ops.push_back({sends == 1, ex.stages.boundary(a, at), ex.stages.boundary_count, a.peer,
                      pipeline_channel(ex.sched, ex.rank, a)});
       if (ex.rule.give[j]) ex.pool.give(a);
     }
   p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
+  for (size_t j = begin; j < end; j++) give_grads(ex, j);  // after the run (top of the file)
 }
 
 // A compute action on its slot (slot_rule: taken here on stage 0, given back here when nothing
@@ -237,25 +339,14 @@ void compute(Executor& ex, size_t i) {
   call.last_of_chunk = ex.last_of_chunk[i];
   const int other = local_neighbour(ex.sched, ex.rank, a);
   if (other >= 0) call.local_slot = ex.pool.at({a.op, a.micro, other, -1});
+  if (!ex.grad_rule.take.empty()) {
+    const auto [own, prev] = grad_users(ex.sched, ex.rank, a);
+    if (own >= 0) call.grad = grad_buffer(ex, i, own);
+    if (prev >= 0) call.local_grad = grad_buffer(ex, i, prev);
+  }
   ex.stages.compute(call);
   if (ex.rule.give[i]) ex.pool.give(a);
-}
-
-// Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
-// communication actions (pipeline_comm_runs: the one grouping rule, shared with the simulator).
-template <typename F>
-void for_each_step(const std::vector<PipeAction>& list, F f) {
-  const std::vector<std::pair<size_t, size_t>> runs = pipeline_comm_runs(list);
-  size_t r = 0;
-  for (size_t i = 0; i < list.size();) {
-    if (r < runs.size() && runs[r].first == i) {
-      f(runs[r].first, runs[r].second);
-      i = runs[r++].second;
-    } else {
-      f(i, i + 1);
-      i++;
-    }
-  }
+  give_grads(ex, i);
 }
 
 }  // namespace
@@ -263,6 +354,7 @@ void for_each_step(const std::vector<PipeAction>& list, F f) {
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
   const std::vector<PipeAction>& list = pl.schedule.ranks[pl.comm->rank];
   Executor ex = make_executor(pl.schedule, list, stages, *pl.comm, pl.slots, s);
+  lend_grads(ex, pl.grads);
   const bool timed_run = !pl.count_only;
   if (timed_run) ops::event_record(pl.events[0], s);
   std::vector<PipeAction> timed;

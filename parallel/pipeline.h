@@ -21,6 +21,9 @@ struct ComputeCall {
   bool last_of_chunk = false;      // no later action of this op on this chunk in the step: the
                                    // chunk's gradients are complete after it (the last Backward,
                                    // or the last Weight when split)
+  int grad = -1;                   // the gradient buffer of (micro, chunk) (a pool apart from
+                                   // the slots, parallel/pipeline.cu); -1: the action uses none
+  int local_grad = -1;             // a Backward's: the previous stage's, when on this rank too
   int local_slot = -1;             // the slot of the previous stage when it is on this rank too
                                    // (V order: rank p-1): a Forward's input is that slot's chunk
                                    // output; a Backward's input gradient goes to that slot's
@@ -30,9 +33,10 @@ struct ComputeCall {
 // What the executor asks of the model (model/gpt_pipeline.cu wires these to model/gpt.h).
 struct PipelineStages {
   std::function<void(const ComputeCall& call)> compute;
-  // Where boundary message a (of a.chunk) lives in its slot: SendForward the chunk's output,
-  // RecvForward its input, RecvBackward / SendBackward its residual-stream gradient.
-  std::function<void*(const PipeAction& a, int slot)> boundary;
+  // Where boundary message a (of a.chunk) lives: SendForward the chunk's output and RecvForward
+  // its input in slot `at`, RecvBackward / SendBackward its residual-stream gradient in gradient
+  // buffer `at`.
+  std::function<void*(const PipeAction& a, int at)> boundary;
   size_t boundary_count = 0;  // elements per message (B*T*C, or B*T/tp*C under SP)
   DType dt = DType::F32;
 };
@@ -47,6 +51,7 @@ struct Pipeline {
   PipelineSchedule schedule;  // every rank's lists; this rank runs schedule.ranks[comm->rank]
   Comm* comm = nullptr;       // the pp group (the mesh's)
   int slots = 1;              // activation slots this rank needs: its peak live chunk forwards
+  int grads = 1;              // residual-gradient buffers it needs (pipeline_grad_buffers)
   std::vector<ActionTiming> timing;  // this rank's compute actions in the last training step
   std::vector<ops::Event> events;    // two per compute action, and one for the step's start
   bool count_only = false;  // set before pipeline_init: no events, no timing (the planner)
@@ -65,6 +70,9 @@ void pipeline_destroy(Pipeline& pl);
 // input, or its forward) to the last (the send of its input gradient, its backward, or its
 // weight pass when split).
 int pipeline_slots(const PipelineSchedule& sched, int rank);
+// The residual-stream gradient buffers it needs: the most (micro-batch, chunk) gradients live at
+// once, each from its first use to its last (the top of parallel/pipeline.cu).
+int pipeline_grad_buffers(const PipelineSchedule& sched, int rank);
 // One training step: every action of this rank's list, in order; compute actions timed.
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 // One micro-batch forward through every stage (validation, sampling): slot 0, no backward.

@@ -175,6 +175,16 @@ const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm&
   return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
 }
 
+const void* column_parallel_gather(const TensorParallel& tp, const TpBuffers& buf,
+                                   const void* inp_mine, int N, int K, DType dt, ops::Stream s) {
+  return all_tokens(tp, buf.gathered, inp_mine, N, K, dt, s);
+}
+
+const void* column_parallel_sum_input_grad(const TensorParallel& tp, const TpBuffers& buf, int N,
+                                           int K, DType dt, ops::Stream s) {
+  return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, dt, s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Row-parallel: the GEMM on this rank's input columns, then g
 // ---------------------------------------------------------------------------------------------

@@ -103,6 +103,14 @@ const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm&
                                      const void* dout, const void* inp_mine, bool gathered_kept,
                                      const void* weight, int N, int K, int OC, ops::Stream s,
                                      GradPart part = GradPart::Both);
+// A column-parallel linear taken apart, for a caller that runs its GEMMs over chunks of the
+// tokens itself (the head, model/gpt_head.cu): f forward alone (every token's input: under SP
+// gathered into buf.gathered, else inp_mine itself), and f backward alone (the sum over the ranks
+// of the input gradient's partial sums the caller left in buf.dinp_all, N x K; returns d(inp_mine)).
+const void* column_parallel_gather(const TensorParallel& tp, const TpBuffers& buf,
+                                   const void* inp_mine, int N, int K, DType dt, ops::Stream s);
+const void* column_parallel_sum_input_grad(const TensorParallel& tp, const TpBuffers& buf, int N,
+                                           int K, DType dt, ops::Stream s);
 // Row-parallel (attention projection, fc projection): out (tokens(N),OC) = g(inp W_i^T) + bias +
 // residual, inp (N,K) this rank's K columns (its heads or hidden columns), W_i the matching
 // columns of the weight. g forward sums the partial products over the ranks (SP: reduce-scatter

@@ -41,6 +41,7 @@ run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run parallel-identity "$BUILD/test_parallel_identity"
 run ring-attention $PY test/test_ring_attention.py
 run attention-block $PY test/test_attention_block.py
+run ring-gqa    bash -c 'mpirun -np 2 "$BUILD/test_ring_gqa" && mpirun -np 3 "$BUILD/test_ring_gqa"'
 run moe-router  $PY test/test_moe_router.py
 run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
@@ -62,6 +63,7 @@ run context-parallel $PY test/test_context_parallel.py
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
+run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"

@@ -382,6 +382,12 @@ def file_error_cases(tmp):
          "checkpoint.resume")
     case("resume path missing", {"checkpoint.resume": f'"{tmp}/no_such_ckpt"'},
          ["resume", "no_such_ckpt"], "checkpoint.resume")
+    # cuDNN's attention graph has as many kv heads as query heads: with GQA the choice is refused
+    # (besides gpt2's refusal of n_kv_head; the same check holds for llama).
+    case("cudnn with grouped-query attention",
+         {"model.n_kv_head": "1", "kernels.attention": '"cudnn"'},
+         ["attention = \"cudnn\"", "does not run grouped-query attention", "n_kv_head = 1"],
+         "kernels.attention")
     zero_and_offload_cases(c, secs, tmp, case)
 
 

@@ -41,8 +41,9 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    for byte (the plan runs the step dry on either backend and holds no backend-dependent figure)
    for three layouts, and a tp=2 CUDA run measures rank 0's state and activation bytes and
    communication exactly as planned.
-9. Llama (RMSNorm, RoPE, SwiGLU, untied head; n_kv_head = n_head): ./train fp32 and bf16 against
-   ./train_cpu, and cp2, tp2 within FP32_TOL of the one-rank CPU run.
+9. Llama (RMSNorm, RoPE, SwiGLU, untied head; grouped-query attention, 2 heads on 1 kv head):
+   ./train fp32 and bf16 against ./train_cpu, and cp2 (and tp2 with 2 kv heads) within FP32_TOL
+   of the one-rank CPU run.
 
 Environment: TRAIN (./train), TRAIN_CPU (./train_cpu), BUILD (build), CUDA_MODEL_GRADS, MPIRUN
 (mpirun), GPU_TEST_EMULATED (1: the emulator's sizes), SEED. Fresh random weights and data every
@@ -411,39 +412,45 @@ def test_moe(rng):
 
 def test_llama(rng):
     """Llama ([model] arch = "llama": RMSNorm, RoPE, SwiGLU, untied head, no biases) on the CUDA
-    backend against the CPU one, from the same random init: fp32 within FP32_TOL, bf16 within
-    PRECISION_TOL; cp2 (RoPE at the zigzag chunks' global positions, on the device) and tp2
-    within FP32_TOL of the one-rank CPU run (skipped without mpirun). n_kv_head = n_head: the
-    CUDA attention kernels take grouped-query attention only once they read kv heads."""
+    backend against the CPU one, from the same random init: grouped-query attention (2 query
+    heads on 1 kv head) fp32 within FP32_TOL, bf16 within PRECISION_TOL, cp2 (RoPE at the zigzag
+    chunks' global positions, on the device) within FP32_TOL of the one-rank CPU run; tp2 with
+    SP (2 kv heads: tp divides n_kv_head) likewise (skipped without mpirun)."""
     with tempfile.TemporaryDirectory() as tmp:
-        rows, steps = SIZES["rows"], STEPS["layouts"]
+        steps = STEPS["layouts"]
         sec = small_experiment(tmp, rng, steps, model=False)
         del sec["init"]
-        sec["model"] = model_section(arch="llama", n_kv_head=SIZES["NH"], d_ff=176,
-                                     rope_theta=10000.0)
+        sec["model"] = model_section(arch="llama", n_kv_head=1, d_ff=176, rope_theta=10000.0)
         cpu = train_records(TRAIN_CPU, tmp, "llama_cpu", sec)
         gpu = train_records(TRAIN, tmp, "llama_gpu", sec)
         r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
-        checks.check(f"Llama {steps} steps ./train fp32 vs ./train_cpu", max(r, rn) < FP32_TOL,
-                     f"max rel err loss {r:.1e}, norm {rn:.1e} (tol {FP32_TOL:.0e}); loss "
-                     f"{cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
+        checks.check(f"Llama GQA {steps} steps ./train fp32 vs ./train_cpu",
+                     max(r, rn) < FP32_TOL, f"max rel err loss {r:.1e}, norm {rn:.1e} (tol "
+                     f"{FP32_TOL:.0e}); loss {cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
         sec["precision"] = {"compute": "bf16"}
         cpu16 = train_records(TRAIN_CPU, tmp, "llama_cpu_bf16", sec)
         gpu16 = train_records(TRAIN, tmp, "llama_gpu_bf16", sec)
         r = steps_rel(gpu16, cpu16)
         tol = PRECISION_TOL["bf16"]
-        checks.check("Llama bf16 ./train vs ./train_cpu", r < tol, f"max rel err {r:.1e} (tol "
-                     f"{tol:.0e})")
+        checks.check("Llama GQA bf16 ./train vs ./train_cpu", r < tol, f"max rel err {r:.1e} "
+                     f"(tol {tol:.0e})")
         if no_mpirun("Llama cp=2 and tp=2"):
             return
         sec["precision"] = {"compute": "fp32"}
         backend = collective_backend("Llama")
-        for what, par in [("cp2", {"cp": 2}), ("tp2 with SP", {"tp": 2})]:
-            sec["parallel"] = dict(par, backend=backend)
-            got = train_records(TRAIN, tmp, "llama_" + what.split()[0], sec, np_ranks=2)
-            r = steps_rel(got, cpu)
-            checks.check(f"Llama {what} over {backend} vs one-rank CPU", r < FP32_TOL,
-                         f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
+        sec["parallel"] = {"cp": 2, "backend": backend}
+        got = train_records(TRAIN, tmp, "llama_cp2", sec, np_ranks=2)
+        r = steps_rel(got, cpu)
+        checks.check(f"Llama GQA cp2 over {backend} vs one-rank CPU", r < FP32_TOL,
+                     f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
+        sec["model"]["n_kv_head"] = 2
+        del sec["parallel"]
+        cpu2 = train_records(TRAIN_CPU, tmp, "llama_cpu_kv2", sec)
+        sec["parallel"] = {"tp": 2, "backend": backend}
+        got = train_records(TRAIN, tmp, "llama_tp2", sec, np_ranks=2)
+        r = steps_rel(got, cpu2)
+        checks.check(f"Llama tp2 with SP over {backend} vs one-rank CPU", r < FP32_TOL,
+                     f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
 
 
 # --- 7. checkpoints across backends --------------------------------------------------------------

@@ -4,6 +4,8 @@ One forward + backward of build/test_model_grads (the trainer's model code on th
 on a random llm.c model file and random tokens, compared with test/gpt2_reference.py:
   fp32:  loss within 1e-6 relative, every parameter's gradient ||g - g_ref|| / ||g_ref|| < 1e-5
   recompute "gelu" and "block": bitwise equal to no recompute
+  the head over token chunks (default: a quarter of the tokens; and 7, dividing no N here) equal
+  to one chunk of all tokens within fp32 rounding (1.5e-6 relative), fp32 and bf16
   bf16:  (emulated bf16 storage) loss within 7e-4 relative, each gradient within 5e-2
 Tolerances are about 10x the worst measured over 16 cases (8 seeds x the two shapes): fp32 loss
 1.1e-7, gradients 1.1e-6; bf16 loss 7.3e-5, gradients 1.6e-2 (bf16 keeps 8 bits: a LayerNorm
@@ -34,6 +36,18 @@ def check(name, ok, detail):
         failures.append(name)
 
 
+# The chunked head differs from one chunk of all tokens only in the order the output weight's
+# gradient sums its chunks' fp32 products: measured at most 1.3e-7 relative over all gradients
+# (8 seeds, both cases; the loss bitwise equal); the tolerance is 10x that.
+HEAD_CHUNK_TOL = 1.5e-6
+
+
+def head_chunk_default(N):
+    """model/gpt_head.cu's choice (head_chunk_tokens): N/4, down to a multiple of 8 from 8 up."""
+    q = N // 4
+    return q // 8 * 8 if q >= 8 else max(1, q)
+
+
 def run_case(tmp, L, NH, C, T, V, B, rng):
     Vp = ref.padded_vocab(V)
     params = ref.random_params(L, C, T, V, rng)
@@ -50,10 +64,11 @@ def run_case(tmp, L, NH, C, T, V, B, rng):
                          torch.tensor(targets, dtype=torch.long), L, NH, V)
     loss.backward()
 
-    def run(dtype, recompute):
+    def run(dtype, recompute, head_chunk=0):
         out = os.path.join(tmp, f"grads_{dtype}_{recompute}.bin")
-        r = subprocess.run([BIN, model_path, tok_path, str(B), str(T), dtype, recompute, out],
-                           capture_output=True, text=True)
+        chunk = [str(head_chunk)] if head_chunk else []
+        r = subprocess.run([BIN, model_path, tok_path, str(B), str(T), dtype, recompute, out]
+                           + chunk, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         names = [(ln.split()[0], int(ln.split()[1])) for ln in r.stdout.split("\n") if ln]
         raw = open(out, "rb").read()
@@ -81,6 +96,20 @@ def run_case(tmp, L, NH, C, T, V, B, rng):
         loss_r, _, flat_r = run("fp32", recompute)
         check(f"recompute {recompute}", loss_r == loss32 and np.array_equal(flat_r, flat32),
               "bitwise equal to recompute none")
+
+    # The head over token chunks (model/gpt_head.cu; the runs above use its default, a quarter of
+    # the tokens) against one chunk of all N tokens and a chunk of 7, which divides no N here.
+    N = B * T
+    for dtype in ("fp32", "bf16"):
+        loss_d, _, flat_d = run(dtype, "none")
+        loss_w, _, flat_w = run(dtype, "none", head_chunk=N)
+        loss_7, _, flat_7 = run(dtype, "none", head_chunk=7)
+        scale = np.linalg.norm(flat_w)
+        err = max(np.linalg.norm(flat_d - flat_w), np.linalg.norm(flat_7 - flat_w)) / scale
+        lerr = max(abs(loss_d - loss_w), abs(loss_7 - loss_w)) / abs(loss_w)
+        check(f"{dtype} head chunks", err < HEAD_CHUNK_TOL and lerr < HEAD_CHUNK_TOL,
+              f"chunk {head_chunk_default(N)}, 7 vs one chunk of {N}: gradients rel {err:.1e}, "
+              f"loss rel {lerr:.1e}")
 
     loss16, grads16, _ = run("bf16", "none")
     rel16 = abs(loss16 - loss.item()) / abs(loss.item())

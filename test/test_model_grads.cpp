@@ -2,10 +2,12 @@
 // dumped for test/test_model.py to compare against the float64 PyTorch reference.
 //
 //   test_model_grads MODEL.bin TOKENS.bin B T DTYPE(fp32|bf16) RECOMPUTE(none|gelu|block) OUT.bin
+//                    [HEAD_CHUNK]
 //
 // TOKENS.bin holds B*T inputs then B*T targets as int32. OUT.bin receives the loss (float64)
 // and then every parameter's gradient (fp32) in the order of the names printed on stdout, one
-// "name numel" line each.
+// "name numel" line each. HEAD_CHUNK: the head's chunk in tokens (model/gpt_head.cu; default
+// its own choice, a quarter of B*T).
 #include <cstdio>
 #include <fstream>
 #include <vector>
@@ -25,7 +27,8 @@ static ModelConfig read_shape(const char* path) {
 }
 
 int main(int argc, char** argv) {
-  CHECK(argc == 8, "usage: %s MODEL TOKENS B T DTYPE RECOMPUTE OUT", argv[0]);
+  CHECK(argc == 8 || argc == 9, "usage: %s MODEL TOKENS B T DTYPE RECOMPUTE OUT [HEAD_CHUNK]",
+        argv[0]);
   const int B = std::atoi(argv[3]), T = std::atoi(argv[4]);
   const DType dt = std::string(argv[5]) == "bf16" ? DType::BF16 : DType::F32;
   ops::device_init(0);
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
                    llmc_fill(mf, layout));
   llmc_close(mf);
   GPT model;
+  if (argc == 9) model.head_chunk = std::atoi(argv[8]);
   gpt_create(model, layout, dt, parse_recompute(argv[6]), B, T, s);
   grads_zero(store);
   const float scale = 1.0f / (B * T);

@@ -17,6 +17,8 @@
 //  - peak live activations of rank r (chunk forwards whose backward - weight pass when split - has
 //    not run) equal the schedule's formula (pipeline_peak_formula), and so do the executor's
 //    activation slots (pipeline_slots), which also count receives placed early;
+//  - the residual-gradient buffers (pipeline_grad_buffers) at most the slots + 1, at most 2 on
+//    1f1b and zb-h1, 1 on 1f1b's rank 0, m on gpipe's last rank (check_grad_buffers);
 //  - the bubble 1 - busy/makespan equals the formula (pipeline_schedule_bubble) exactly, and every
 //    rank is busy m*v*3;
 //  - zb-h1 at m >= p and other costs (F, B, W in {1,2,3}^3): makespan m(F+B+W) +
@@ -130,6 +132,26 @@ void check_messages(Results& res, const PipelineSchedule& s) {
             name(s).c_str(), n_fwd, n_bwd, want);
 }
 
+// The residual-gradient buffers (pipeline_grad_buffers, a pool apart from the slots): a
+// gradient lives from its receive (or the last stage's forward) to its send (or stage 0's
+// backward, or weight pass when split), so never more than the slots plus one (the receive of
+// a run of messages posted with the send that frees a buffer), and on a schedule that runs each
+// backward right after its gradient arrives (1f1b, interleaved, zb-h1: every rank but the last
+// stage's) at most 2; the last stage of gpipe holds all m (every forward's head writes one).
+void check_grad_buffers(Results& res, const PipelineSchedule& s) {
+  bool ok = true;
+  std::string got;
+  for (int r = 0; r < s.p; ++r) {
+    const int g = pipeline_grad_buffers(s, r), slots = pipeline_slots(s, r);
+    ok = ok && g >= 1 && g <= slots + 1;
+    if (s.kind == "1f1b" || s.kind == "zb-h1") ok = ok && g <= 2;
+    if (s.kind == "gpipe" && r == s.p - 1) ok = ok && g == s.m;
+    if (s.kind == "1f1b" && r == 0 && s.p > 1) ok = ok && g == 1;
+    got += (r ? "," : "") + std::to_string(g);
+  }
+  res.check(ok, "%s: gradient buffers %s per rank", name(s).c_str(), got.c_str());
+}
+
 void check_simulation(Results& res, const PipelineSchedule& s) {
   const PipelineSimulation sim = pipeline_simulate(s, kNominal);
   res.check(sim.error.empty(), "%s: simulation runs to the end%s%s", name(s).c_str(),
@@ -155,6 +177,7 @@ void check_simulation(Results& res, const PipelineSchedule& s) {
   res.check(live_ok && slots_ok, "%s: peak live activations %s per rank equal the formula, "
             "slots %s (formula + what the placement holds)", name(s).c_str(), live.c_str(),
             slots.c_str());
+  check_grad_buffers(res, s);
   const double want = pipeline_schedule_bubble(s.kind, s.p, s.m, s.v);
   res.check(std::fabs(sim.bubble() - want) < 1e-12 && busy_ok,
             "%s: makespan %g, bubble %.4f = the formula's %.4f", name(s).c_str(), sim.makespan,

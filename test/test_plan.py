@@ -29,6 +29,10 @@ and exits non-zero; --plan-search with no layout that fits says so and exits non
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
 fixed), fastest first; for configs/gpt_7b.toml its dp = 8 row fits at a ZeRO rung >= 1 with the
 peak --plan gives that rung, where dp = 8 replicated (118 GiB) does not fit.
+The lean head (model/gpt_head.cu), from plans that differ only in the vocabulary: on pp2 1f1b,
+pp2 x tp2, pp2 zb-v and pp2 interleaved with block recompute, the ranks without the last stage
+plan no byte more for a 32x larger vocabulary, the rank with it at most a quarter of one
+micro-batch's logits more plus two vocabulary rows.
 """
 import json
 import os
@@ -259,6 +263,57 @@ def test_bad_input(tmp):
                  f"{len(rows)} layouts, ep values {eps}")
 
 
+def plan_json(tmp, sec, name):
+    """The --plan-json of sec's layout (dry: no run)."""
+    path = os.path.join(tmp, f"{name}.json")
+    run(write_config(tmp, f"{name}.toml", sec), ["--plan-json", path])
+    with open(path) as f:
+        return json.load(f)
+
+
+HEAD_LAYOUTS = [  # (what, parallel, train): where the head runs differs
+    ("pp2 1f1b", {"pp": 2}, {"grad_accum": 4}),
+    ("pp2 x tp2 sp 1f1b", {"pp": 2, "tp": 2}, {"grad_accum": 2}),
+    ("pp2 zb-v (the last stage on rank 0)", {"pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2},
+     {"grad_accum": 3}),
+    ("pp2 interleaved v2, recompute block", {"pp": 2, "pp_schedule": "interleaved",
+                                             "pp_virtual": 2}, {"grad_accum": 2,
+                                                                "recompute": "block"}),
+]
+
+
+def test_head_placement(tmp):
+    """The head's buffers only on the rank that runs the last stage, and no (N, Vp) logits there.
+    Two plans of each layout that differ only in the vocabulary (V = 101, Vp = 128, and V = 4001,
+    Vp = 4096): a rank without the last stage must plan the same activation bytes for both (no
+    buffer of it depends on the vocabulary: pipeline rank 0 of a Loop order holds the embedding,
+    not the head); the rank with it at most a quarter of one micro-batch's logits more
+    (N x dVp/tp elements / 4, the head's chunk) plus its two vocabulary rows (sampling: this
+    rank's columns and, under tp, the gathered row), and more than nothing."""
+    for what, par, train in HEAD_LAYOUTS:
+        plans = []
+        for vocab in (V, 4001):
+            sec = sections(tmp, "head", par, {"train": train})
+            sec["model"]["vocab_size"] = vocab
+            plans.append(plan_json(tmp, sec, "head"))
+        lay = plans[0]["layout"]
+        p, tp, a = lay["pp"], lay["tp"], 4  # fp32
+        last_owner = 0 if lay["pp_schedule"] in ("zb-v",) else p - 1  # V order: rank 0
+        N = lay["micro_batch"] * T
+        d_local = (4096 - 128) // tp
+        allowed = N * d_local * a // 4 + d_local * a + (4096 - 128) * a * (tp > 1)
+        bad = []
+        for r0, r1 in zip(plans[0]["ranks"], plans[1]["ranks"]):
+            diff = r1["activation_bytes"] - r0["activation_bytes"]
+            if r0["pp_rank"] != last_owner and diff != 0:
+                bad.append(f"rank {r0['rank']} (pp {r0['pp_rank']}, no head): +{diff} B")
+            if r0["pp_rank"] == last_owner and not 0 < diff <= allowed:
+                bad.append(f"rank {r0['rank']} (pp {r0['pp_rank']}, head): +{diff} B > {allowed}")
+        checks.check(f"{what}: vocabulary-sized buffers only on the head's rank, a quarter of "
+                     "the logits at most", not bad and len(plans[0]["ranks"]) == p * tp,
+                     "; ".join(bad) or f"head rank +<= {allowed} B, others +0 B")
+
+
 def plan_peak(tmp, sec, zero, offload="none"):
     """Rank 0's peak bytes in the plan of sec's layout at one rung of the ladder."""
     path = os.path.join(tmp, "rung.json")
@@ -298,6 +353,7 @@ def main():
             check_layout(tmp, i, what, par, extra)
         test_bad_input(tmp)
         test_search_ladder(tmp)
+        test_head_placement(tmp)
     checks.report()
 
 

@@ -77,13 +77,14 @@ def expected_tp_comm(tp, sp, B, dp, fsdp, dtype_bytes=4):
         return {}
     N = B * T
     act = N * C * dtype_bytes
-    ce = {"calls": 1, "bytes": tp * N * 3 * 4}
+    chunk = N // 4 // 8 * 8 if N // 4 >= 8 else max(1, N // 4)  # the head's (model/gpt_head.cu)
+    ce = {"calls": -(-N // chunk), "bytes": tp * N * 3 * 4}  # one all-gather per head chunk
     if not sp:
         return {"all_reduce": {"calls": 4 * L + 2, "bytes": (4 * L + 2) * act},
                 "all_gather": ce}
     ag_calls = 6 * L + 2
     out = {"reduce_scatter": {"calls": 4 * L + 2, "bytes": (4 * L + 2) * act},
-           "all_gather": {"calls": ag_calls + 1, "bytes": ag_calls * act + ce["bytes"]}}
+           "all_gather": {"calls": ag_calls + ce["calls"], "bytes": ag_calls * act + ce["bytes"]}}
     calls = nbytes = 0
     for sizes, first_partial in local_units(tp, 128, sp):
         offsets, numel = unit_geometry(sizes)

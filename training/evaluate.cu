@@ -64,15 +64,18 @@ std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
     const int len = std::min((int)generated.size(), T);
     for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
     cp_select_tokens(local.data(), window.data(), cp.size, cp.rank, 1, T);
-    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size}, s);
-    // The last stage's cp rank holding position len-1 samples; control plane (one token id):
-    // to the other cp ranks of the last stage, then from the last stage to the others.
+    // The last stage's cp rank holding position len-1 samples (its head keeps that row's
+    // logits); control plane (one token id): to the other cp ranks of the last stage, then from
+    // the last stage to the others.
     int next = 0, owner = 0;
     for (int r = 0; r < cp.size; r++)
       if (cp_local_index(cp.size, r, 1, T, 0, len - 1) >= 0) owner = r;
     const int row = cp_local_index(cp.size, cp.rank, 1, T, 0, len - 1);
+    m.logits_row = row;
+    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size}, s);
+    m.logits_row = -1;
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, row, s), u01);
+    if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, s), u01);
     if (gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), owner);
     broadcast_host(pp, &next, sizeof(next), pl.schedule.owner(pl.schedule.p * pl.schedule.v - 1));
     generated.push_back(next);

@@ -57,6 +57,7 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
   d.model.count_only = true;
   d.model.split_backward = schedule.split;
+  d.model.grad_buffers = d.pipeline.grads;
   gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
 }
 

@@ -8,6 +8,12 @@
 // Backward runs three kernels on the stream: Delta = rowsum(dO * O) into stream scratch, then the
 // dQ pass and the dK/dV pass, each writing its own columns of dqkv (no atomics, deterministic).
 //
+// Grouped-query attention (NKV kv heads for NH query heads, qkv rows [q | k | v] with NH, NKV,
+// NKV heads): every kernel reads kv head h / (NH/NKV) for query head h in place; the dK/dV passes
+// run one block per kv head and sum its query heads inside the block. cuDNN's graph here is built
+// for NKV = NH only: with GQA "auto" takes the hand-written kernels (noted in the log), and
+// [kernels] attention = "cudnn" is refused when the config is read (config/config_checks.cu).
+//
 // Implementation choice (StreamOptions::attention, [kernels] attention in the config): "flash"
 // runs the kernels above, "cudnn" cuDNN's fused flash attention (attention_cudnn.cu) wherever it
 // can run, and "auto" times both at the stream's first forward and first backward call and keeps
@@ -31,12 +37,14 @@ namespace {
 using attention_tiles::bf16;
 
 struct Shape {
-  int B, T, NH, HS;
+  int B, T, NH, NKV, HS;
+  attention_generic::QkvLayout layout() const { return {NH, NKV, HS}; }
 };
 
 void check_shape(const Shape& sh) {
-  CHECK(sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.HS > 0,
-        "attention: bad shape B=%d T=%d NH=%d HS=%d", sh.B, sh.T, sh.NH, sh.HS);
+  CHECK(sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.NKV > 0 && sh.HS > 0 && sh.NH % sh.NKV == 0,
+        "attention: bad shape B=%d T=%d NH=%d NKV=%d HS=%d (the kv heads must divide the query "
+        "heads)", sh.B, sh.T, sh.NH, sh.NKV, sh.HS);
   CHECK(sh.HS <= attention_generic::kMaxHS, "attention: head size %d > %d is not supported", sh.HS,
         attention_generic::kMaxHS);
   CHECK((long)sh.B * sh.NH <= 65535, "attention: B*NH = %ld exceeds the grid limit 65535",
@@ -58,8 +66,9 @@ bool allow_dynamic_smem(Kernel kernel, int bytes) {
   return true;
 }
 
-dim3 generic_grid(const Shape& sh) {
-  return dim3((unsigned)ceil_div(sh.T, attention_generic::kRowsPerBlock), sh.B * sh.NH);
+// One warp per row of each of `heads` heads (query heads, or kv heads for the dK/dV pass).
+dim3 generic_grid(const Shape& sh, int heads) {
+  return dim3((unsigned)ceil_div(sh.T, attention_generic::kRowsPerBlock), sh.B * heads);
 }
 constexpr int kGenericThreads = 32 * attention_generic::kRowsPerBlock;
 
@@ -74,7 +83,7 @@ void flash_forward(bf16* out, float* lse, const bf16* qkv, const Shape& sh, floa
   (void)smem_ready;
   dim3 grid((unsigned)ceil_div(sh.T, Cfg::kBlockM), sh.B * sh.NH);
   attention_flash::flash_forward_kernel<D>
-      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(out, lse, qkv, sh.T, sh.NH, scale);
+      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(out, lse, qkv, sh.T, sh.NH, sh.NKV, scale);
   LAUNCH_CHECK();
 }
 
@@ -82,8 +91,9 @@ void generic_forward(void* out, float* lse, const void* qkv, const Shape& sh, fl
                      cudaStream_t st) {
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    attention_generic::generic_forward_kernel<T><<<generic_grid(sh), kGenericThreads, 0, st>>>(
-        (T*)out, lse, (const T*)qkv, sh.T, sh.NH, sh.HS, scale);
+    attention_generic::generic_forward_kernel<T>
+        <<<generic_grid(sh, sh.NH), kGenericThreads, 0, st>>>((T*)out, lse, (const T*)qkv, sh.T,
+                                                             sh.layout(), scale);
   });
   LAUNCH_CHECK();
 }
@@ -94,8 +104,9 @@ void backward_delta(float* delta, const void* dout, const void* out, const Shape
                     cudaStream_t st) {
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    attention_generic::backward_delta_kernel<T><<<generic_grid(sh), kGenericThreads, 0, st>>>(
-        delta, (const T*)dout, (const T*)out, sh.T, sh.NH, sh.HS);
+    attention_generic::backward_delta_kernel<T>
+        <<<generic_grid(sh, sh.NH), kGenericThreads, 0, st>>>(delta, (const T*)dout,
+                                                             (const T*)out, sh.T, sh.NH, sh.HS);
   });
   LAUNCH_CHECK();
 }
@@ -110,12 +121,12 @@ void flash_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* 
   (void)smem_ready;
   dim3 dq_grid((unsigned)ceil_div(sh.T, Cfg::kQueriesPerBlock), sh.B * sh.NH);
   attention_flash::flash_backward_dq_kernel<D><<<dq_grid, Cfg::kThreads, Cfg::kDqSmemBytes, st>>>(
-      dqkv, dout, qkv, lse, delta, sh.T, sh.NH, scale);
+      dqkv, dout, qkv, lse, delta, sh.T, sh.NH, sh.NKV, scale);
   LAUNCH_CHECK();
-  dim3 dkdv_grid((unsigned)ceil_div(sh.T, Cfg::kKeysPerBlock), sh.B * sh.NH);
+  dim3 dkdv_grid((unsigned)ceil_div(sh.T, Cfg::kKeysPerBlock), sh.B * sh.NKV);  // per kv head
   attention_flash::flash_backward_dkdv_kernel<D>
       <<<dkdv_grid, Cfg::kThreads, Cfg::kDkDvSmemBytes, st>>>(dqkv, dout, qkv, lse, delta, sh.T,
-                                                              sh.NH, scale);
+                                                              sh.NH, sh.NKV, scale);
   LAUNCH_CHECK();
 }
 
@@ -123,11 +134,12 @@ void generic_backward(void* dqkv, const void* dout, const void* qkv, const float
                       const float* delta, const Shape& sh, float scale, DType dt, cudaStream_t st) {
   dispatch_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    attention_generic::generic_backward_dq_kernel<T><<<generic_grid(sh), kGenericThreads, 0, st>>>(
-        (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.NH, sh.HS, scale);
+    attention_generic::generic_backward_dq_kernel<T>
+        <<<generic_grid(sh, sh.NH), kGenericThreads, 0, st>>>(
+            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale);
     attention_generic::generic_backward_dkdv_kernel<T>
-        <<<generic_grid(sh), kGenericThreads, 0, st>>>((T*)dqkv, (const T*)dout, (const T*)qkv, lse,
-                                                       delta, sh.T, sh.NH, sh.HS, scale);
+        <<<generic_grid(sh, sh.NKV), kGenericThreads, 0, st>>>(
+            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale);
   });
   LAUNCH_CHECK();
 }
@@ -170,11 +182,11 @@ void note_choice(Stream s, const char* direction, AttentionImpl impl, const std:
 //   auto:  whichever of the two was faster on this first call's shape.
 template <typename RunCudnn, typename RunFlash>
 AttentionImpl choose(Stream s, AttentionImpl* decided, const char* direction, bool cudnn_applies,
-                     RunCudnn&& run_cudnn, RunFlash&& run_flash) {
+                     const char* not_applicable, RunCudnn&& run_cudnn, RunFlash&& run_flash) {
   if (*decided != AttentionImpl::Auto) return *decided;
   const AttentionImpl wanted = s->options.attention;
   AttentionImpl impl = AttentionImpl::Flash;
-  std::string detail, why = "not bf16 with a head size that is a multiple of 8 up to 128";
+  std::string detail, why = not_applicable;
   if (wanted != AttentionImpl::Flash && cudnn_applies && run_cudnn(&why)) {
     impl = AttentionImpl::Cudnn;
     if (wanted == AttentionImpl::Auto) {
@@ -190,7 +202,7 @@ AttentionImpl choose(Stream s, AttentionImpl* decided, const char* direction, bo
     std::fprintf(stderr, "warning: attention = cudnn requested, but cuDNN cannot run the %s here "
                          "(%s); using the hand-written kernels\n", direction, why.c_str());
     detail = "(cudnn unavailable)";
-  } else if (wanted == AttentionImpl::Auto && cudnn_applies) {
+  } else if (wanted == AttentionImpl::Auto) {
     std::fprintf(stderr, "note: attention = auto: cuDNN cannot run the %s here (%s)\n", direction,
                  why.c_str());
     detail = "(auto: cudnn unavailable)";
@@ -229,22 +241,27 @@ void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const 
   }
 }
 
+// Why cuDNN cannot take a call (for the log), given whether its dtype, head size and pointers suit.
+const char* cudnn_refusal(const Shape& sh) {
+  return sh.NKV != sh.NH ? "grouped-query attention: the cuDNN graph is built for NKV = NH"
+                         : "not bf16 with a head size that is a multiple of 8 up to 128";
+}
+
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
                        int HS, DType dt, Stream s) {
   if (is_dry(s)) return;
-  CHECK(NKV == NH, "attention: grouped-query attention (%d kv heads) is not yet on the GPU", NKV);
-  Shape sh{B, T, NH, HS};
+  Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   auto run_flash = [&] { hand_written_forward(out, lse, qkv, sh, dt, scale, s->stream); };
   auto run_cudnn = [&](std::string* why) {
     return cudnn_sdpa::forward(s, out, lse, qkv, B, T, NH, HS, why);
   };
-  const bool cudnn_applies = cudnn_sdpa::applies(HS, dt, {out, qkv});
-  AttentionImpl impl = choose(s, &s->attention_forward_impl, "forward", cudnn_applies, run_cudnn,
-                              run_flash);
+  const bool cudnn_applies = NKV == NH && cudnn_sdpa::applies(HS, dt, {out, qkv});
+  AttentionImpl impl = choose(s, &s->attention_forward_impl, "forward", cudnn_applies,
+                              cudnn_refusal(sh), run_cudnn, run_flash);
   // A later shape cuDNN cannot run (or a dtype it does not take) falls back per call.
   if (impl == AttentionImpl::Cudnn && cudnn_applies && run_cudnn(nullptr)) return;
   run_flash();
@@ -254,17 +271,16 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
                         const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
                         Stream s) {
   if (is_dry(s)) return;
-  CHECK(NKV == NH, "attention: grouped-query attention (%d kv heads) is not yet on the GPU", NKV);
-  Shape sh{B, T, NH, HS};
+  Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   auto run_flash = [&] { hand_written_backward(dqkv, dout, qkv, out, lse, sh, dt, scale, s); };
   auto run_cudnn = [&](std::string* why) {
     return cudnn_sdpa::backward(s, dqkv, dout, qkv, out, lse, B, T, NH, HS, why);
   };
-  const bool cudnn_applies = cudnn_sdpa::applies(HS, dt, {dqkv, dout, qkv, out});
+  const bool cudnn_applies = NKV == NH && cudnn_sdpa::applies(HS, dt, {dqkv, dout, qkv, out});
   AttentionImpl impl = choose(s, &s->attention_backward_impl, "backward", cudnn_applies,
-                              run_cudnn, run_flash);
+                              cudnn_refusal(sh), run_cudnn, run_flash);
   if (impl == AttentionImpl::Cudnn && cudnn_applies && run_cudnn(nullptr)) return;
   run_flash();
 }

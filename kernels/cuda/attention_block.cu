@@ -1,10 +1,11 @@
 // kernels/cuda/attention_block.cu - ring attention's block on the GPU (the contracts are in
-// kernels/ops_decls.h): the T queries of a chunk, from packed qkv (B,T,3C), against the T keys and
-// values of another chunk, from packed kv (B,T,2C), with a causal mask (key j visible to query i
-// iff j <= i) or none.
+// kernels/ops_decls.h): the T queries of a chunk, from packed qkv (B,T,(NH+2NKV)HS), against the T
+// keys and values of another chunk, from packed kv (B,T,2Ckv) = [k heads | v heads] (Ckv =
+// NKV*HS), with a causal mask (key j visible to query i iff j <= i) or none. Grouped-query
+// attention: query head h reads kv head h / (NH/NKV) in place (NKV = NH: multi-head, GPT-2).
 //   attention_block_forward:  out (B,T,C) and lse (B,NH,T) of the block alone.
 //   attention_block_backward: given the final out and lse (over every block) and dout, adds the
-//     block's share to dq (B,T,C) and dkv (B,T,2C), fp32, with p = exp(s - lse) recomputed from
+//     block's share to dq (B,T,C) and dkv (B,T,2Ckv), fp32, with p = exp(s - lse) recomputed from
 //     the final lse and D = rowsum(dout * out):  dS = p (dP - D), dP = dout V^T,
 //     dq += scale dS K,  dk += scale dS^T Q,  dv += P^T dout.
 //
@@ -23,14 +24,16 @@
 // and sums are half-warp shuffles. Tiles live in shared memory as fp32 rows of kMaxD + 1 floats
 // (the odd stride puts the 16 rows a half-warp reads in 16 different banks), filled with 16-byte
 // loads when HS and the pointers allow it, zero past T and past HS.
-//   forward: one block per (64 queries, batch * head); walks the key tiles (causal: only up to
-//     the diagonal) with the online softmax (running max and sum per row), O += P V with P
+//   forward: one block per (64 queries, batch * query head); walks the key tiles (causal: only up
+//     to the diagonal) with the online softmax (running max and sum per row), O += P V with P
 //     through shared memory; out = O / l, lse = m + log l.
 //   backward: Delta = rowsum(dout * out) first (attention_generic's kernel), then two kernels,
 //     each the only writer of what it adds to, so no atomics and a deterministic result:
-//     dq: one block per (64 queries, batch * head), walking the key tiles: S, dP, dS, dq += dS K;
-//     dk, dv: one block per (64 keys, batch * head), walking the query tiles (causal: from the
-//     diagonal on): S^T, dP^T, dV += P^T dO, dK += dS^T Q.
+//     dq: one block per (64 queries, batch * query head), walking the key tiles: S, dP, dS,
+//     dq += dS K;
+//     dk, dv: one block per (64 keys, batch * kv head), walking, for each of the kv head's query
+//     heads in turn, the query tiles (causal: from the diagonal on): S^T, dP^T, dV += P^T dO,
+//     dK += dS^T Q; the query heads' shares are summed in registers (no atomics).
 //     Both recompute S and dP: the price of determinism without atomics.
 #include <cmath>
 #include <cstdio>
@@ -163,6 +166,16 @@ __device__ __forceinline__ bool visible(int query, int key, int T, bool causal) 
   return query < T && key < T && (!causal || key <= query);
 }
 
+// Where a head lies: q of query head h in the qkv rows [q | k | v] (NH, NKV, NKV heads), k and v
+// of kv head g in the kv rows [k | v] (NKV, NKV heads).
+struct BlockLayout {
+  int NH, NKV, HS;
+  __device__ size_t q_ld() const { return (size_t)(NH + 2 * NKV) * HS; }
+  __device__ size_t kv_ld() const { return 2 * (size_t)NKV * HS; }
+  __device__ int kv_head(int h) const { return h / (NH / NKV); }
+  __device__ int v_offset() const { return NKV * HS; }  // v of kv head g, from k of kv head g
+};
+
 // --- forward -------------------------------------------------------------------------------------
 
 // Online softmax of one score tile (already scaled and masked to -inf) for the thread's 4 rows:
@@ -202,8 +215,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[4][Tiles<kMaxD>::kJ],
 template <typename Elem, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     block_forward_kernel(Elem* __restrict__ out, float* __restrict__ lse,
-                         const Elem* __restrict__ qkv, const Elem* __restrict__ kv, int T, int NH,
-                         int HS, bool causal, float scale, bool vec) {
+                         const Elem* __restrict__ qkv, const Elem* __restrict__ kv, int T,
+                         BlockLayout lay, bool causal, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -213,10 +226,12 @@ __global__ void __launch_bounds__(kThreads)
   float* sP = sV + kInner * Cfg::kStride;   // kRows x kPStride
 
   const int m0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first when causal
+  const int NH = lay.NH, HS = lay.HS;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
-  const Elem* k_src = kv + (size_t)b * T * 2 * C + h * HS;
-  load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * 3 * C + h * HS, 3 * (size_t)C, m0, T, HS, vec);
+  const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + lay.kv_head(h) * HS;
+  load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * lay.q_ld() + h * HS, lay.q_ld(), m0, T, HS,
+                          vec);
   const int key_end = causal ? min(T, m0 + kRows) : T;  // no row of the block sees keys beyond
 
   const int row0 = m0 + row_group() * 4;
@@ -228,8 +243,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int n0 = 0; n0 < key_end; n0 += kInner) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
-    load_tile<kInner, kMaxD>(sK, k_src, 2 * (size_t)C, n0, T, HS, vec);
-    load_tile<kInner, kMaxD>(sV, k_src + C, 2 * (size_t)C, n0, T, HS, vec);
+    load_tile<kInner, kMaxD>(sK, k_src, lay.kv_ld(), n0, T, HS, vec);
+    load_tile<kInner, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), n0, T, HS, vec);
     __syncthreads();
     float s[4][kJ];
     score_tile<kMaxD, kJ>(s, sQ, sK, HS);
@@ -272,7 +287,7 @@ __global__ void __launch_bounds__(kThreads)
     block_backward_dq_kernel(float* __restrict__ dq, const Elem* __restrict__ dout,
                              const Elem* __restrict__ qkv, const Elem* __restrict__ kv,
                              const float* __restrict__ lse, const float* __restrict__ delta, int T,
-                             int NH, int HS, bool causal, float scale, bool vec) {
+                             BlockLayout lay, bool causal, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -283,10 +298,12 @@ __global__ void __launch_bounds__(kThreads)
   float* sdS = sV + kInner * Cfg::kStride;  // kRows x kPStride
 
   const int m0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first when causal
+  const int NH = lay.NH, HS = lay.HS;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
-  const Elem* k_src = kv + (size_t)b * T * 2 * C + h * HS;
-  load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * 3 * C + h * HS, 3 * (size_t)C, m0, T, HS, vec);
+  const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + lay.kv_head(h) * HS;
+  load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * lay.q_ld() + h * HS, lay.q_ld(), m0, T, HS,
+                          vec);
   load_tile<kRows, kMaxD>(sdO, dout + (size_t)b * T * C + h * HS, C, m0, T, HS, vec);
   const int key_end = causal ? min(T, m0 + kRows) : T;
 
@@ -301,8 +318,8 @@ __global__ void __launch_bounds__(kThreads)
   float acc[4][kCols] = {};
   for (int n0 = 0; n0 < key_end; n0 += kInner) {
     __syncthreads();
-    load_tile<kInner, kMaxD>(sK, k_src, 2 * (size_t)C, n0, T, HS, vec);
-    load_tile<kInner, kMaxD>(sV, k_src + C, 2 * (size_t)C, n0, T, HS, vec);
+    load_tile<kInner, kMaxD>(sK, k_src, lay.kv_ld(), n0, T, HS, vec);
+    load_tile<kInner, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), n0, T, HS, vec);
     __syncthreads();
     float s[4][kJ], dp[4][kJ];
     score_tile<kMaxD, kJ>(s, sQ, sK, HS);
@@ -332,14 +349,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (ceil(T / kRows), B * NH), kThreads, dynamic smem Tiles::kDkDvSmem. For 64 keys:
-// dv += P^T dO and dk += scale * dS^T Q over this block's queries.
+// grid (ceil(T / kRows), B * NKV), kThreads, dynamic smem Tiles::kDkDvSmem. For 64 keys of one
+// kv head: dv += P^T dO and dk += scale * dS^T Q over this block's queries of each of the kv
+// head's query heads, in order.
 template <typename Elem, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     block_backward_dkdv_kernel(float* __restrict__ dkv, const Elem* __restrict__ dout,
                                const Elem* __restrict__ qkv, const Elem* __restrict__ kv,
                                const float* __restrict__ lse, const float* __restrict__ delta,
-                               int T, int NH, int HS, bool causal, float scale, bool vec) {
+                               int T, BlockLayout lay, bool causal, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -353,47 +371,52 @@ __global__ void __launch_bounds__(kThreads)
   float* sdS = sP + kRows * Cfg::kPStride;     // kRows x kPStride (dS^T)
 
   const int key0 = blockIdx.x * kRows;  // causal: the first blocks see the most queries
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int NH = lay.NH, HS = lay.HS, group = NH / lay.NKV;
+  const int b = blockIdx.y / lay.NKV, kv_head = blockIdx.y % lay.NKV;
   const int C = NH * HS;
-  const Elem* k_src = kv + (size_t)b * T * 2 * C + h * HS;
-  const Elem* q_src = qkv + (size_t)b * T * 3 * C + h * HS;
-  const Elem* do_src = dout + (size_t)b * T * C + h * HS;
-  load_tile<kRows, kMaxD>(sK, k_src, 2 * (size_t)C, key0, T, HS, vec);
-  load_tile<kRows, kMaxD>(sV, k_src + C, 2 * (size_t)C, key0, T, HS, vec);
+  const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + kv_head * HS;
+  load_tile<kRows, kMaxD>(sK, k_src, lay.kv_ld(), key0, T, HS, vec);
+  load_tile<kRows, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), key0, T, HS, vec);
   // Causal: queries before key0 see none of these keys.
   const int query_begin = causal ? key0 / kInner * kInner : 0;
 
   const int my_key0 = key0 + row_group() * 4;
   float dk[4][kCols] = {}, dv[4][kCols] = {};
-  for (int q0 = query_begin; q0 < T; q0 += kInner) {
-    __syncthreads();
-    load_tile<kInner, kMaxD>(sQ, q_src, 3 * (size_t)C, q0, T, HS, vec);
-    load_tile<kInner, kMaxD>(sdO, do_src, C, q0, T, HS, vec);
-    load_vector(sLse, lse + (size_t)bh * T, q0, kInner, T);
-    load_vector(sDelta, delta + (size_t)bh * T, q0, kInner, T);
-    __syncthreads();
-    float s[4][kJ], dp[4][kJ];
-    score_tile<kMaxD, kJ>(s, sK, sQ, HS);    // S^T = K Q^T
-    score_tile<kMaxD, kJ>(dp, sV, sdO, HS);  // dP^T = V dO^T
+  for (int h = kv_head * group; h < (kv_head + 1) * group; h++) {
+    const size_t bh = (size_t)b * NH + h;
+    const Elem* q_src = qkv + (size_t)b * T * lay.q_ld() + h * HS;
+    const Elem* do_src = dout + (size_t)b * T * C + h * HS;
+    for (int q0 = query_begin; q0 < T; q0 += kInner) {
+      __syncthreads();
+      load_tile<kInner, kMaxD>(sQ, q_src, lay.q_ld(), q0, T, HS, vec);
+      load_tile<kInner, kMaxD>(sdO, do_src, C, q0, T, HS, vec);
+      load_vector(sLse, lse + bh * T, q0, kInner, T);
+      load_vector(sDelta, delta + bh * T, q0, kInner, T);
+      __syncthreads();
+      float s[4][kJ], dp[4][kJ];
+      score_tile<kMaxD, kJ>(s, sK, sQ, HS);    // S^T = K Q^T
+      score_tile<kMaxD, kJ>(dp, sV, sdO, HS);  // dP^T = V dO^T
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+      for (int i = 0; i < 4; i++)
 #pragma unroll
-      for (int j = 0; j < kJ; j++) {
-        const int qi = lane16() + j * kLanes;
-        const float p = visible(q0 + qi, my_key0 + i, T, causal)
-                            ? expf(s[i][j] * scale - sLse[qi]) : 0.f;
-        const int at = (row_group() * 4 + i) * Cfg::kPStride + qi;
-        sP[at] = p;
-        sdS[at] = p * (dp[i][j] - sDelta[qi]);
-      }
-    __syncthreads();
-    const int n = min(kInner, T - q0);
-    accumulate_tile<kMaxD, Cfg::kPStride>(dv, sP, sdO, n);
-    accumulate_tile<kMaxD, Cfg::kPStride>(dk, sdS, sQ, n);
+        for (int j = 0; j < kJ; j++) {
+          const int qi = lane16() + j * kLanes;
+          const float p = visible(q0 + qi, my_key0 + i, T, causal)
+                              ? expf(s[i][j] * scale - sLse[qi]) : 0.f;
+          const int at = (row_group() * 4 + i) * Cfg::kPStride + qi;
+          sP[at] = p;
+          sdS[at] = p * (dp[i][j] - sDelta[qi]);
+        }
+      __syncthreads();
+      const int n = min(kInner, T - q0);
+      accumulate_tile<kMaxD, Cfg::kPStride>(dv, sP, sdO, n);
+      accumulate_tile<kMaxD, Cfg::kPStride>(dk, sdS, sQ, n);
+    }
   }
 
-  float* dk_dst = dkv + (size_t)b * T * 2 * C + h * HS;
-  float* dv_dst = dk_dst + C;
+  const size_t kv_ld = lay.kv_ld();
+  float* dk_dst = dkv + (size_t)b * T * kv_ld + kv_head * HS;
+  float* dv_dst = dk_dst + lay.v_offset();
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     const int key = my_key0 + i;
@@ -402,8 +425,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kCols; k++) {
       const int d = lane16() + k * kLanes;
       if (d >= HS) continue;
-      dk_dst[(size_t)key * 2 * C + d] += scale * dk[i][k];
-      dv_dst[(size_t)key * 2 * C + d] += dv[i][k];
+      dk_dst[(size_t)key * kv_ld + d] += scale * dk[i][k];
+      dv_dst[(size_t)key * kv_ld + d] += dv[i][k];
     }
   }
 }
@@ -411,12 +434,14 @@ __global__ void __launch_bounds__(kThreads)
 // --- launchers -----------------------------------------------------------------------------------
 
 struct Shape {
-  int B, T, NH, HS;
+  int B, T, NH, NKV, HS;
+  BlockLayout layout() const { return {NH, NKV, HS}; }
 };
 
 void check_shape(const Shape& sh) {
-  CHECK(sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.HS > 0,
-        "attention block: bad shape B=%d T=%d NH=%d HS=%d", sh.B, sh.T, sh.NH, sh.HS);
+  CHECK(sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.NKV > 0 && sh.HS > 0 && sh.NH % sh.NKV == 0,
+        "attention block: bad shape B=%d T=%d NH=%d NKV=%d HS=%d (the kv heads must divide the "
+        "query heads)", sh.B, sh.T, sh.NH, sh.NKV, sh.HS);
   CHECK(sh.HS <= 128, "attention block: head size %d > 128 is not supported", sh.HS);
   CHECK((long)sh.B * sh.NH <= 65535, "attention block: B*NH = %ld exceeds the grid limit 65535",
         (long)sh.B * sh.NH);
@@ -435,7 +460,10 @@ void allow_smem(Kernel kernel, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-dim3 grid_of(const Shape& sh) { return dim3((unsigned)ceil_div(sh.T, kRows), sh.B * sh.NH); }
+// Blocks of kRows rows for each of `heads` heads (query heads, or kv heads for dk/dv).
+dim3 grid_of(const Shape& sh, int heads) {
+  return dim3((unsigned)ceil_div(sh.T, kRows), sh.B * heads);
+}
 
 // Calls fn.template operator()<kMaxD>() via a tag: fn(std::integral_constant<int, kMaxD>{}).
 template <typename Fn>
@@ -454,8 +482,8 @@ void launch_forward(void* out, float* lse, const void* qkv, const void* kv, cons
       (allow_smem(block_forward_kernel<Elem, kMaxD>, Cfg::kFwdSmem), true);
   (void)smem_ready;
   const bool vec = vector_loads<Elem>(sh, {qkv, kv});
-  block_forward_kernel<Elem, kMaxD><<<grid_of(sh), kThreads, Cfg::kFwdSmem, st>>>(
-      (Elem*)out, lse, (const Elem*)qkv, (const Elem*)kv, sh.T, sh.NH, sh.HS, causal, scale, vec);
+  block_forward_kernel<Elem, kMaxD><<<grid_of(sh, sh.NH), kThreads, Cfg::kFwdSmem, st>>>(
+      (Elem*)out, lse, (const Elem*)qkv, (const Elem*)kv, sh.T, sh.layout(), causal, scale, vec);
   LAUNCH_CHECK();
 }
 
@@ -469,12 +497,12 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
        allow_smem(block_backward_dkdv_kernel<Elem, kMaxD>, Cfg::kDkDvSmem), true);
   (void)smem_ready;
   const bool vec = vector_loads<Elem>(sh, {dout, qkv, kv});
-  block_backward_dq_kernel<Elem, kMaxD><<<grid_of(sh), kThreads, Cfg::kDqSmem, st>>>(
-      dq, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.NH, sh.HS,
+  block_backward_dq_kernel<Elem, kMaxD><<<grid_of(sh, sh.NH), kThreads, Cfg::kDqSmem, st>>>(
+      dq, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.layout(),
       causal, scale, vec);
   LAUNCH_CHECK();
-  block_backward_dkdv_kernel<Elem, kMaxD><<<grid_of(sh), kThreads, Cfg::kDkDvSmem, st>>>(
-      dkv, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.NH, sh.HS,
+  block_backward_dkdv_kernel<Elem, kMaxD><<<grid_of(sh, sh.NKV), kThreads, Cfg::kDkDvSmem, st>>>(
+      dkv, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.layout(),
       causal, scale, vec);
   LAUNCH_CHECK();
 }
@@ -484,8 +512,7 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
                              int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
   if (is_dry(s)) return;
-  CHECK(NKV == NH, "attention block: grouped-query attention is not yet on the GPU");
-  const Shape sh{B, T, NH, HS};
+  const Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);
   // What the trainer logs as the attention used (ops::attention_impl_name): with ring attention
   // these kernels, never the attention_forward choice between flash and cuDNN.
@@ -505,8 +532,7 @@ void attention_block_backward(float* dq, float* dkv, const void* dout, const voi
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
   if (is_dry(s)) return;
-  CHECK(NKV == NH, "attention block: grouped-query attention is not yet on the GPU");
-  const Shape sh{B, T, NH, HS};
+  const Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   float* delta = (float*)stream_scratch(s, (size_t)B * NH * T * sizeof(float));

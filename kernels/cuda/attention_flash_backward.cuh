@@ -7,13 +7,17 @@
 //   dV = P^T dO,   dK = scale * dS^T Q,   dQ = scale * dS K.
 // Two kernels, each owning what it writes, so nothing is accumulated across blocks and the result
 // is deterministic:
-//   flash_backward_dkdv_kernel: one block per (kKeysPerBlock keys, batch * head), each warp
-//     owning 16 keys. It walks the query tiles from the diagonal to the end (queries before the
-//     first key see none of them), double-buffering Q, dO, lse and Delta with cp.async, and
+//   flash_backward_dkdv_kernel: one block per (kKeysPerBlock keys, batch * kv head), each warp
+//     owning 16 keys. For each of the kv head's NH/NKV query heads in turn (grouped-query
+//     attention; one head when NKV = NH) it walks the query tiles from the diagonal to the end
+//     (queries before the first key see none of them), so dK, dV of a kv head are summed over
+//     its query heads in registers, without atomics; it double-buffers Q, dO, lse and Delta with
+//     cp.async across the (head, tile) sequence, and
 //     computes the transposed products directly: S^T = K Q^T, dP^T = V dO^T, so that P^T and
 //     dS^T sit in registers as the A operands of dV += P^T dO and dK += dS^T Q.
-//   flash_backward_dq_kernel: one block per (kQueriesPerBlock queries, batch * head), each warp
-//     owning 16 queries; walks the key tiles up to the diagonal: S = Q K^T, dP = dO V^T,
+//   flash_backward_dq_kernel: one block per (kQueriesPerBlock queries, batch * query head), each
+//     warp owning 16 queries; walks the key tiles (of the head's kv head) up to the diagonal:
+//     S = Q K^T, dP = dO V^T,
 //     dQ += dS K. It recomputes S and dP (7 tile products instead of 5 in total), the price of
 //     determinism.
 #pragma once
@@ -39,13 +43,14 @@ struct BackwardConfig {
   static constexpr int kDqSmemBytes = (2 * kQueriesPerBlock + 4 * kKeysPerStep) * D * 2;
 };
 
-// grid (ceil(T / kKeysPerBlock), B * NH), block kThreads, dynamic smem kDkDvSmemBytes.
+// grid (ceil(T / kKeysPerBlock), B * NKV), block kThreads, dynamic smem kDkDvSmemBytes.
 // dqkv: writes the dK and dV columns; delta (B, NH, T) = rowsum(dO * O).
 template <int D>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     flash_backward_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                               const float* __restrict__ delta, int T, int NH, float scale) {
+                               const float* __restrict__ delta, int T, int NH, int NKV,
+                               float scale) {
   using Cfg = BackwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kKeys = Cfg::kKeysPerBlock, kQueries = Cfg::kQueriesPerStep;
@@ -58,26 +63,29 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   float* sLse = reinterpret_cast<float*>(sdO + 2 * kQueries * D);  // two buffers of kQueries
   float* sDelta = sLse + 2 * kQueries;                             // two buffers of kQueries
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.y / NKV, kv_head = blockIdx.y % NKV, group = NH / NKV;
   const int C = NH * D;
-  const size_t ld = 3 * (size_t)C;
-  const bf16* q_src = qkv + (size_t)b * T * ld + h * D;
-  const bf16* do_src = dout + (size_t)b * T * C + h * D;
-  const float* lse_src = lse + (size_t)bh * T;
-  const float* delta_src = delta + (size_t)bh * T;
+  const size_t ld = (size_t)(NH + 2 * NKV) * D;
+  const bf16* rows = qkv + (size_t)b * T * ld;
   const int key0 = blockIdx.x * kKeys;
   const int m_first = key0 / kQueries;  // earlier query tiles see none of these keys
   const int m_end = (T + kQueries - 1) / kQueries;
+  const int h_end = (kv_head + 1) * group;  // query heads kv_head * group .. h_end - 1
 
-  load_tile_async<kKeys, D, kThreads>(sK, q_src + C, ld, key0, T);
-  load_tile_async<kKeys, D, kThreads>(sV, q_src + 2 * C, ld, key0, T);
-  auto load_query_tile = [&](int m, int buf) {
-    load_tile_async<kQueries, D, kThreads>(sQ + buf * kQueries * D, q_src, ld, m * kQueries, T);
-    load_tile_async<kQueries, D, kThreads>(sdO + buf * kQueries * D, do_src, C, m * kQueries, T);
-    load_rows_async<kQueries>(sLse + buf * kQueries, lse_src, m * kQueries, T);
-    load_rows_async<kQueries>(sDelta + buf * kQueries, delta_src, m * kQueries, T);
+  load_tile_async<kKeys, D, kThreads>(sK, rows + (NH + kv_head) * D, ld, key0, T);
+  load_tile_async<kKeys, D, kThreads>(sV, rows + (NH + NKV + kv_head) * D, ld, key0, T);
+  // The steps walk (query head h, query tile m) head-major: m from m_first to m_end - 1 for
+  // each h; the next step's tile is loaded while this one computes.
+  auto load_query_tile = [&](int h, int m, int buf) {
+    const size_t bh = (size_t)b * NH + h;
+    load_tile_async<kQueries, D, kThreads>(sQ + buf * kQueries * D, rows + h * D, ld,
+                                           m * kQueries, T);
+    load_tile_async<kQueries, D, kThreads>(sdO + buf * kQueries * D,
+                                           dout + (size_t)b * T * C + h * D, C, m * kQueries, T);
+    load_rows_async<kQueries>(sLse + buf * kQueries, lse + bh * T, m * kQueries, T);
+    load_rows_async<kQueries>(sDelta + buf * kQueries, delta + bh * T, m * kQueries, T);
   };
-  load_query_tile(m_first, 0);
+  load_query_tile(kv_head * group, m_first, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5;
@@ -85,10 +93,12 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   const float scale_log2 = scale * kLog2e;
   float dk[1][kDTiles][4] = {}, dv[1][kDTiles][4] = {};
 
-  for (int m = m_first; m < m_end; m++) {
-    const int buf = (m - m_first) & 1;
-    if (m + 1 < m_end) {
-      load_query_tile(m + 1, buf ^ 1);
+  int buf = 0;
+  for (int h = kv_head * group, m = m_first; h < h_end; buf ^= 1) {  // h, m advance at the end
+    const bool head_done = m + 1 == m_end;
+    const int next_h = head_done ? h + 1 : h, next_m = head_done ? m_first : m + 1;
+    if (next_h < h_end) {
+      load_query_tile(next_h, next_m, buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -125,11 +135,13 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
       gemm_pv<D, 1, kN>(dk, ds, tQ, 0);  // dK += dS^T Q
     }
     __syncthreads();
+    h = next_h;
+    m = next_m;
   }
 
   // Epilogue: rows key < T of dK (times scale) and dV.
-  bf16* dk_dst = dqkv + (size_t)b * T * ld + C + h * D;
-  bf16* dv_dst = dk_dst + C;
+  bf16* dk_dst = dqkv + (size_t)b * T * ld + (NH + kv_head) * D;
+  bf16* dv_dst = dk_dst + NKV * D;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int key = warp_key0 + frag_row(2 * r);
@@ -151,7 +163,8 @@ template <int D>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     flash_backward_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                              const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                             const float* __restrict__ delta, int T, int NH, float scale) {
+                             const float* __restrict__ delta, int T, int NH, int NKV,
+                             float scale) {
   using Cfg = BackwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kQueries = Cfg::kQueriesPerBlock, kKeys = Cfg::kKeysPerStep;
@@ -163,12 +176,12 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   bf16* sV = sK + 2 * kKeys * D;  // two buffers of kKeys * D
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv_head = h / (NH / NKV);
   const int C = NH * D;
-  const size_t ld = 3 * (size_t)C;
+  const size_t ld = (size_t)(NH + 2 * NKV) * D;
   const bf16* q_src = qkv + (size_t)b * T * ld + h * D;
-  const bf16* k_src = q_src + C;
-  const bf16* v_src = q_src + 2 * C;
+  const bf16* k_src = qkv + (size_t)b * T * ld + (NH + kv_head) * D;
+  const bf16* v_src = k_src + NKV * D;
   const int q0 = m_block * kQueries;
   const int n_tiles = min((T + kKeys - 1) / kKeys, (q0 + kQueries + kKeys - 1) / kKeys);
 

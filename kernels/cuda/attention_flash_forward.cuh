@@ -12,6 +12,8 @@
 // scale), then O += P V with P taken straight from the score registers. At the end
 // out = O / l and lse = m * scale + log(l) (natural log, of the scaled scores).
 // Query tiles are scheduled heaviest first (the last tile sees the most keys) to shorten the tail.
+// Grouped-query attention: qkv rows are [q: NH heads | k: NKV heads | v: NKV heads]; the block of
+// query head h reads the K, V tiles of kv head h / (NH/NKV) in place (no copies).
 #pragma once
 #include "kernels/cuda/attention_tiles.cuh"
 
@@ -74,7 +76,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
 template <int D>
 __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
-                         const bf16* __restrict__ qkv, int T, int NH, float scale) {
+                         const bf16* __restrict__ qkv, int T, int NH, int NKV, float scale) {
   using Cfg = ForwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
@@ -86,12 +88,12 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
   bf16* sV = sK + 2 * kBlockN * D;  // two buffers of kBlockN * D
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv_head = h / (NH / NKV);
   const int C = NH * D;
-  const size_t ld = 3 * (size_t)C;
+  const size_t ld = (size_t)(NH + 2 * NKV) * D;
   const bf16* q_src = qkv + (size_t)b * T * ld + h * D;
-  const bf16* k_src = q_src + C;
-  const bf16* v_src = q_src + 2 * C;
+  const bf16* k_src = qkv + (size_t)b * T * ld + (NH + kv_head) * D;
+  const bf16* v_src = k_src + NKV * D;
   const int m0 = m_block * kBlockM;
   const int n_tiles = min((T + kBlockN - 1) / kBlockN, (m0 + kBlockM + kBlockN - 1) / kBlockN);
 

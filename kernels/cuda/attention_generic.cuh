@@ -3,6 +3,11 @@
 // 1e-5, so no TF32 or bf16 arithmetic) and the fallback for shapes the flash kernels do not take.
 // Included by attention.cu only.
 //
+// Grouped-query attention: qkv rows are [q: NH heads | k: NKV heads | v: NKV heads] (QkvLayout);
+// query head h reads kv head h / (NH/NKV) in place. The dK/dV kernel runs per kv head and walks
+// the kv head's NH/NKV query heads in order inside the warp, so their sum needs no atomics and is
+// deterministic.
+//
 // Parallelisation: one warp per row (a query row, or a key row for dK/dV), 4 rows per block.
 // Lane l holds head dimensions l, l+32, l+64, l+96; a dot product is a per-lane partial sum and
 // a butterfly warp reduction (all lanes end with the same bits). The warp walks the other side of
@@ -44,40 +49,54 @@ __device__ __forceinline__ float dot(const float (&x)[kPerLane], const float (&y
   return warp_reduce_sum(partial);
 }
 
-// Row index of this warp, and (batch, head) of the block. grid (ceil(T / 4), B * NH).
+// Row index of this warp, and (batch, head) of the block. grid (ceil(T / 4), B * heads), heads
+// being query heads (NH) or, for the dK/dV kernel, kv heads (NKV).
 struct RowCoords {
   int row, b, h, bh;
 };
-__device__ __forceinline__ RowCoords row_coords(int NH) {
+__device__ __forceinline__ RowCoords row_coords(int heads) {
   RowCoords c;
   c.row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   c.bh = blockIdx.y;
-  c.b = c.bh / NH;
-  c.h = c.bh % NH;
+  c.b = c.bh / heads;
+  c.h = c.bh % heads;
   return c;
 }
 
+// Where the heads lie in a packed qkv row (B,T,(NH+2NKV)HS) = [q heads | k heads | v heads].
+struct QkvLayout {
+  int NH, NKV, HS;
+  __host__ __device__ size_t ld() const { return (size_t)(NH + 2 * NKV) * HS; }
+  __host__ __device__ int group() const { return NH / NKV; }  // query heads per kv head
+  __host__ __device__ int q(int h) const { return h * HS; }
+  __host__ __device__ int k(int g) const { return (NH + g) * HS; }
+  __host__ __device__ int v(int g) const { return (NH + NKV + g) * HS; }
+};
+
+// grid (ceil(T / 4), B * NH).
 template <typename T>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                           int seq_len, int NH, int HS, float scale) {
-  RowCoords c = row_coords(NH);
+                           int seq_len, QkvLayout lay, float scale) {
+  RowCoords c = row_coords(lay.NH);
   if (c.row >= seq_len) return;  // whole warp: no collective follows for it
-  const int C = NH * HS;
-  const size_t ld = 3 * (size_t)C;
-  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
+  const int HS = lay.HS, C = lay.NH * HS, g = c.h / lay.group();
+  const size_t ld = lay.ld();
+  const T* rows = qkv + (size_t)c.b * seq_len * ld;
+  const T* k_base = rows + lay.k(g);
+  const T* v_base = rows + lay.v(g);
   float q[kPerLane], acc[kPerLane] = {};
-  load_row(q, base + c.row * ld, HS);
+  load_row(q, rows + c.row * ld + lay.q(c.h), HS);
   float m = -INFINITY, l = 0.f;
   for (int j = 0; j <= c.row; j++) {
     float k[kPerLane], v[kPerLane];
-    load_row(k, base + j * ld + C, HS);
+    load_row(k, k_base + j * ld, HS);
     float s = dot(q, k) * scale;
     float m_new = fmaxf(m, s);
     float correction = expf(m - m_new);  // 0 for the first key
     float p = expf(s - m_new);
     l = l * correction + p;
-    load_row(v, base + j * ld + 2 * C, HS);
+    load_row(v, v_base + j * ld, HS);
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) acc[i] = acc[i] * correction + p * v[i];
     m = m_new;
@@ -101,68 +120,73 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   if ((threadIdx.x & 31) == 0) delta[(size_t)c.bh * seq_len + c.row] = d;
 }
 
-// dQ rows: dq_i = scale * sum_{j <= i} p_ij (dout_i . v_j - delta_i) k_j.
+// dQ rows: dq_i = scale * sum_{j <= i} p_ij (dout_i . v_j - delta_i) k_j. grid (ceil(T/4), B*NH).
 template <typename T>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
                                const T* __restrict__ qkv, const float* __restrict__ lse,
-                               const float* __restrict__ delta, int seq_len, int NH, int HS,
+                               const float* __restrict__ delta, int seq_len, QkvLayout lay,
                                float scale) {
-  RowCoords c = row_coords(NH);
+  RowCoords c = row_coords(lay.NH);
   const int i = c.row;
   if (i >= seq_len) return;
-  const int C = NH * HS;
-  const size_t ld = 3 * (size_t)C;
-  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
+  const int HS = lay.HS, C = lay.NH * HS, kv_head = c.h / lay.group();
+  const size_t ld = lay.ld();
+  const T* rows = qkv + (size_t)c.b * seq_len * ld;
   float q[kPerLane], g[kPerLane], dq[kPerLane] = {};
-  load_row(q, base + i * ld, HS);
+  load_row(q, rows + i * ld + lay.q(c.h), HS);
   load_row(g, dout + ((size_t)c.b * seq_len + i) * C + c.h * HS, HS);
   const float row_lse = lse[(size_t)c.bh * seq_len + i];
   const float row_delta = delta[(size_t)c.bh * seq_len + i];
   for (int j = 0; j <= i; j++) {
     float k[kPerLane], v[kPerLane];
-    load_row(k, base + j * ld + C, HS);
-    load_row(v, base + j * ld + 2 * C, HS);
+    load_row(k, rows + j * ld + lay.k(kv_head), HS);
+    load_row(v, rows + j * ld + lay.v(kv_head), HS);
     float p = expf(dot(q, k) * scale - row_lse);
     float ds = p * (dot(g, v) - row_delta);
 #pragma unroll
     for (int e = 0; e < kPerLane; e++) dq[e] += ds * k[e];
   }
-  store_row(dqkv + ((size_t)c.b * seq_len + i) * ld + c.h * HS, dq, scale, HS);
+  store_row(dqkv + ((size_t)c.b * seq_len + i) * ld + lay.q(c.h), dq, scale, HS);
 }
 
-// dK, dV rows: dv_j = sum_{i >= j} p_ij dout_i;  dk_j = scale * sum_{i >= j} ds_ij q_i.
+// dK, dV rows of kv head g: dv_j = sum_h sum_{i >= j} p_ij dout_i;
+// dk_j = scale * sum_h sum_{i >= j} ds_ij q_i, h over the kv head's query heads, in order.
+// grid (ceil(T / 4), B * NKV).
 template <typename T>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
                                  const T* __restrict__ qkv, const float* __restrict__ lse,
-                                 const float* __restrict__ delta, int seq_len, int NH, int HS,
+                                 const float* __restrict__ delta, int seq_len, QkvLayout lay,
                                  float scale) {
-  RowCoords c = row_coords(NH);
-  const int j = c.row;
+  RowCoords c = row_coords(lay.NKV);
+  const int j = c.row, kv_head = c.h;
   if (j >= seq_len) return;
-  const int C = NH * HS;
-  const size_t ld = 3 * (size_t)C;
-  const T* base = qkv + (size_t)c.b * seq_len * ld + c.h * HS;
-  const T* dout_base = dout + (size_t)c.b * seq_len * C + c.h * HS;
+  const int HS = lay.HS, C = lay.NH * HS;
+  const size_t ld = lay.ld();
+  const T* rows = qkv + (size_t)c.b * seq_len * ld;
   float k[kPerLane], v[kPerLane], dk[kPerLane] = {}, dv[kPerLane] = {};
-  load_row(k, base + j * ld + C, HS);
-  load_row(v, base + j * ld + 2 * C, HS);
-  for (int i = j; i < seq_len; i++) {
-    float q[kPerLane], g[kPerLane];
-    load_row(q, base + i * ld, HS);
-    load_row(g, dout_base + (size_t)i * C, HS);
-    float p = expf(dot(q, k) * scale - lse[(size_t)c.bh * seq_len + i]);
-    float ds = p * (dot(g, v) - delta[(size_t)c.bh * seq_len + i]);
+  load_row(k, rows + j * ld + lay.k(kv_head), HS);
+  load_row(v, rows + j * ld + lay.v(kv_head), HS);
+  for (int h = kv_head * lay.group(); h < (kv_head + 1) * lay.group(); h++) {
+    const T* dout_base = dout + (size_t)c.b * seq_len * C + h * HS;
+    const size_t stats = ((size_t)c.b * lay.NH + h) * seq_len;  // lse, delta of query head h
+    for (int i = j; i < seq_len; i++) {
+      float q[kPerLane], g[kPerLane];
+      load_row(q, rows + i * ld + lay.q(h), HS);
+      load_row(g, dout_base + (size_t)i * C, HS);
+      float p = expf(dot(q, k) * scale - lse[stats + i]);
+      float ds = p * (dot(g, v) - delta[stats + i]);
 #pragma unroll
-    for (int e = 0; e < kPerLane; e++) {
-      dv[e] += p * g[e];
-      dk[e] += ds * q[e];
+      for (int e = 0; e < kPerLane; e++) {
+        dv[e] += p * g[e];
+        dk[e] += ds * q[e];
+      }
     }
   }
-  T* row = dqkv + ((size_t)c.b * seq_len + j) * ld + c.h * HS;
-  store_row(row + C, dk, scale, HS);
-  store_row(row + 2 * C, dv, 1.f, HS);
+  T* row = dqkv + ((size_t)c.b * seq_len + j) * ld;
+  store_row(row + lay.k(kv_head), dk, scale, HS);
+  store_row(row + lay.v(kv_head), dv, 1.f, HS);
 }
 
 }  // namespace attention_generic

@@ -8,11 +8,18 @@
 // isolation: it gets the oracle's out (stored as dt) and lse, not the GPU forward's.
 // Tolerances (relative L2 error): fp32 1e-5 everywhere; bf16 1e-2 for out and dqkv, 1e-4 for lse
 // (fp32 math on exact bf16 inputs). lse errors are relative to at least 1 per value (harness.h,
-// check_close_floor): at T = 1 an lse is one dot product, which can cancel to nearly 0. dq and dk are analytically zero at T = 1, so dqkv is also
-// checked as a whole. The bf16 GPT-2 shape additionally checks that backward is bitwise
-// deterministic and prints kernel times. On the emulator (GPU_TEST_EMULATED) the GPT-2 and head
-// size 128 shapes shrink, there are no timings, and "cudnn" may fall back (the emulator has no
-// cuDNN engine), which exercises the fallback path instead.
+// check_close_floor): at T = 1 an lse is one dot product, which can cancel to nearly 0. dq and dk
+// are analytically zero at T = 1, so dqkv is also checked as a whole. The bf16 GPT-2 shape
+// additionally checks that backward is bitwise deterministic and prints kernel times. On the
+// emulator (GPU_TEST_EMULATED) the GPT-2 and head size 128 shapes shrink, there are no timings,
+// and "cudnn" may fall back (the emulator has no cuDNN engine), which exercises the fallback path
+// instead.
+// Grouped-query attention (NKV kv heads < NH query heads, qkv rows [q | k | v] with NH, NKV, NKV
+// heads): NH/NKV = 2 and NH with one kv head, through the generic kernels (fp32, HS = 20) and the
+// flash kernels (bf16, HS 64 and 128, ragged tiles, several key blocks), dq, dk and dv each
+// against the CPU backend (itself checked against float64 by test_ops.py), the backward
+// deterministic, and "cudnn" / "auto" must resolve to the hand-written kernels (cuDNN's graph here
+// is built for NKV = NH).
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -21,8 +28,8 @@
 namespace {
 
 struct Shape {
-  int B, T, NH, HS;
-  size_t qkv() const { return (size_t)B * T * 3 * NH * HS; }
+  int B, T, NH, NKV, HS;
+  size_t qkv() const { return (size_t)B * T * (NH + 2 * NKV) * HS; }
   size_t out() const { return (size_t)B * T * NH * HS; }
   size_t lse() const { return (size_t)B * NH * T; }
 };
@@ -40,19 +47,21 @@ Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt) {
   e.out.assign(sh.out(), 0.f);
   e.lse.assign(sh.lse(), 0.f);
   e.dqkv.assign(sh.qkv(), 0.f);
-  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NH, sh.HS,
-                         DType::F32, ctx.ref_stream);
+  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NKV,
+                         sh.HS, DType::F32, ctx.ref_stream);
   ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
-                          sh.B, sh.T, sh.NH, sh.NH, sh.HS, DType::F32, ctx.ref_stream);
+                          sh.B, sh.T, sh.NH, sh.NKV, sh.HS, DType::F32, ctx.ref_stream);
   return e;
 }
 
-// Elements of the q (part 0), k (1) or v (2) columns of a (B*T, 3C) matrix.
+// Elements of the q (part 0), k (1) or v (2) columns of a (B*T, (NH+2NKV)HS) matrix.
 std::vector<float> qkv_part(const std::vector<float>& x, const Shape& sh, int part) {
-  size_t C = (size_t)sh.NH * sh.HS, rows = (size_t)sh.B * sh.T;
-  std::vector<float> r(rows * C);
+  const size_t C = (size_t)sh.NH * sh.HS, Ckv = (size_t)sh.NKV * sh.HS;
+  const size_t rows = (size_t)sh.B * sh.T, ld = C + 2 * Ckv;
+  const size_t col0 = part == 0 ? 0 : C + (part - 1) * Ckv, width = part == 0 ? C : Ckv;
+  std::vector<float> r(rows * width);
   for (size_t i = 0; i < rows; i++)
-    std::memcpy(&r[i * C], &x[i * 3 * C + part * C], C * sizeof(float));
+    std::memcpy(&r[i * width], &x[i * ld + col0], width * sizeof(float));
   return r;
 }
 
@@ -61,14 +70,18 @@ const char* impl_label(AttentionImpl impl) {
 }
 
 // After a call the direction must have resolved, and an explicit "cudnn" on a shape cuDNN
-// supports (bf16, head size a multiple of 8) must really have run cuDNN, not the fallback:
-// otherwise these tests would pass without ever exercising the cuDNN graphs.
+// supports (bf16, head size a multiple of 8, no grouped-query attention) must really have run
+// cuDNN, not the fallback: otherwise these tests would pass without ever exercising the cuDNN
+// graphs. With GQA every choice must end on the hand-written kernels.
 void expect_resolved(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl wanted,
                      AttentionImpl got, const std::string& what) {
   ctx.checks++;
   const char* problem = nullptr;
-  const bool cudnn_supported = dt == DType::BF16 && sh.HS % 8 == 0 && sh.HS <= 128;
+  const bool cudnn_supported =
+      dt == DType::BF16 && sh.HS % 8 == 0 && sh.HS <= 128 && sh.NKV == sh.NH;
   if (got == AttentionImpl::Auto) problem = "still auto after a call";
+  if (sh.NKV != sh.NH && got != AttentionImpl::Flash)
+    problem = "grouped-query attention must take the hand-written kernels";
   if (wanted == AttentionImpl::Cudnn && cudnn_supported && got != AttentionImpl::Cudnn &&
       !ctx.emulated)
     problem = "cuDNN could not run a shape it supports (see the warning above)";
@@ -100,8 +113,8 @@ void release(DeviceBuffers& d) {
 }
 
 void run_backward(const DeviceBuffers& d, const Shape& sh, DType dt, ops::Stream s) {
-  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt,
-                          s);
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NKV,
+                          sh.HS, dt, s);
 }
 
 // Backward twice on poisoned outputs: the two results must agree bit for bit.
@@ -131,7 +144,7 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
   poison(d.lse, sh.lse() * sizeof(float));
   poison(d.dqkv, sh.qkv() * dtype_size(dt));
 
-  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt, s);
+  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, dt, s);
   ops::stream_sync(s);
   const bool f32 = dt == DType::F32;
   std::string tag = std::string(impl_label(impl)) + "->" + ops::attention_impl_name(s);
@@ -160,7 +173,7 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
   if (extras && !ctx.emulated) {
     double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS / 2;
     report_time((tag + " forward").c_str(), fwd_flops, s, [&] {
-      ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, dt, s);
+      ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, dt, s);
     });
     report_time((tag + " backward").c_str(), 2.5 * fwd_flops, s,
                 [&] { run_backward(d, sh, dt, s); });
@@ -170,7 +183,8 @@ void check_impl(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
 }
 
 void run_case(TestContext& ctx, const Shape& sh, DType dt, bool extras = false) {
-  std::printf("  B=%d T=%d NH=%d HS=%d %s\n", sh.B, sh.T, sh.NH, sh.HS, dtype_name(dt));
+  std::printf("  B=%d T=%d NH=%d NKV=%d HS=%d %s\n", sh.B, sh.T, sh.NH, sh.NKV, sh.HS,
+              dtype_name(dt));
   Expected e = cpu_reference(ctx, sh, dt);
   for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Cudnn, AttentionImpl::Auto})
     check_impl(ctx, sh, dt, impl, e, extras);
@@ -179,27 +193,39 @@ void run_case(TestContext& ctx, const Shape& sh, DType dt, bool extras = false) 
 }  // namespace
 
 GPU_TEST(attention_awkward) {
-  for (DType dt : {DType::F32, DType::BF16}) run_case(ctx, {2, 37, 3, 20}, dt);
+  for (DType dt : {DType::F32, DType::BF16}) run_case(ctx, {2, 37, 3, 3, 20}, dt);
 }
 GPU_TEST(attention_single_token) {
   for (DType dt : {DType::F32, DType::BF16}) {
-    run_case(ctx, {3, 1, 2, 64}, dt);
-    run_case(ctx, {1, 1, 1, 128}, dt);
+    run_case(ctx, {3, 1, 2, 2, 64}, dt);
+    run_case(ctx, {1, 1, 1, 1, 128}, dt);
   }
 }
 GPU_TEST(attention_ragged_tiles) {  // T not a multiple of any tile size, several query tiles
   for (DType dt : {DType::F32, DType::BF16}) {
-    run_case(ctx, {2, 200, 2, 64}, dt);
-    run_case(ctx, {1, 333, 3, 128}, dt);
+    run_case(ctx, {2, 200, 2, 2, 64}, dt);
+    run_case(ctx, {1, 333, 3, 3, 128}, dt);
+  }
+}
+GPU_TEST(attention_gqa) {  // grouped-query: 2 query heads per kv head, and one kv head for all
+  for (DType dt : {DType::F32, DType::BF16}) {
+    run_case(ctx, {2, 37, 6, 3, 20}, dt);   // generic kernels (HS 20), 2 per kv head
+    run_case(ctx, {3, 1, 4, 1, 64}, dt);    // one token, one kv head
+    run_case(ctx, {2, 130, 4, 2, 64}, dt);  // flash (bf16): 3 key blocks, ragged query tiles
+    run_case(ctx, {1, 97, 4, 1, 128}, dt, /*extras=*/dt == DType::BF16);  // flash D = 128
   }
 }
 GPU_TEST(attention_gpt2) {  // emulated: fewer sequences, heads and positions (still 4 query tiles)
-  const Shape sh = ctx.emulated ? Shape{1, 256, 2, 64} : Shape{4, 1024, 12, 64};
+  const Shape sh = ctx.emulated ? Shape{1, 256, 2, 2, 64} : Shape{4, 1024, 12, 12, 64};
   run_case(ctx, sh, DType::F32);
   run_case(ctx, sh, DType::BF16, /*extras=*/true);
 }
+GPU_TEST(attention_llama3_8b) {  // one tp = 4 rank of Llama-3 8B: 8 query heads on 2 kv heads
+  const Shape sh = ctx.emulated ? Shape{1, 160, 4, 1, 128} : Shape{2, 2048, 8, 2, 128};
+  run_case(ctx, sh, DType::BF16, /*extras=*/true);
+}
 GPU_TEST(attention_head_size_128) {
-  const Shape sh = ctx.emulated ? Shape{1, 192, 2, 128} : Shape{2, 512, 4, 128};
+  const Shape sh = ctx.emulated ? Shape{1, 192, 2, 2, 128} : Shape{2, 512, 4, 4, 128};
   run_case(ctx, sh, DType::F32);
   run_case(ctx, sh, DType::BF16, /*extras=*/true);
 }

@@ -11,10 +11,15 @@
 // ("+="): the increments are compared. Tolerances (relative L2 error): out fp32 1e-5, bf16 1e-2
 // (one rounding to bf16 on either side); lse, dq, dk, dv 1e-5 in fp32 and 1e-4 in bf16 (fp32
 // math on exact inputs on both sides: these kernels use no tensor cores; lse relative to at least
-// 1 per value, since at T = 1 it is one dot product that can cancel to nearly 0). dq and dk are zero at
-// T = 1, so the three increments are also checked as one vector. The backward must be bitwise
+// 1 per value, since at T = 1 it is one dot product that can cancel to nearly 0). dq and dk are
+// zero at T = 1, so the three increments are also checked as one vector. The backward must be bitwise
 // deterministic (no atomics). One larger bf16 shape prints kernel times (not on the emulator,
 // GPU_TEST_EMULATED).
+// Grouped-query attention: shapes with NKV < NH kv heads (qkv rows [q | k | v] with NH, NKV, NKV
+// heads, kv rows [k | v] with NKV heads each; 2 and 4 query heads per kv head), both head-size
+// configurations, causal and full, fp32 and bf16, the same checks; dk, dv are the sums over each
+// kv head's query heads (the CPU backend's, itself checked against float64 by
+// test_attention_block.py).
 // copy_columns: every pair of fp32/bf16, the vector path (widths and strides multiples of 8) and
 // the scalar one, bitwise against ref::copy_columns over the whole destination (columns outside
 // the range must keep their values).
@@ -25,8 +30,9 @@
 namespace {
 
 struct Shape {
-  int B, T, NH, HS;
+  int B, T, NH, NKV, HS;
   size_t C() const { return (size_t)NH * HS; }
+  size_t Ckv() const { return (size_t)NKV * HS; }
   size_t rows() const { return (size_t)B * T; }
   size_t lse() const { return (size_t)B * NH * T; }
 };
@@ -56,22 +62,22 @@ struct Expected {
 
 Expected cpu_reference(TestContext& ctx, const Shape& sh, bool causal, DType dt) {
   Expected e;
-  const size_t C = sh.C(), rows = sh.rows();
-  e.qkv = rounded(random_vector(ctx, rows * 3 * C, 1.5f), dt);
-  e.kv = rounded(random_vector(ctx, rows * 2 * C, 1.5f), dt);
+  const size_t C = sh.C(), Ckv = sh.Ckv(), rows = sh.rows();
+  e.qkv = rounded(random_vector(ctx, rows * (C + 2 * Ckv), 1.5f), dt);
+  e.kv = rounded(random_vector(ctx, rows * 2 * Ckv, 1.5f), dt);
   e.dout = rounded(random_vector(ctx, rows * C), dt);
   e.out.assign(rows * C, 0.f);
   e.lse.assign(sh.lse(), 0.f);
   ref::attention_block_forward(e.out.data(), e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T,
-                               sh.NH, sh.NH, sh.HS, causal, DType::F32, ctx.ref_stream);
+                               sh.NH, sh.NKV, sh.HS, causal, DType::F32, ctx.ref_stream);
   e.out = rounded(e.out, dt);
   e.dq0 = random_vector(ctx, rows * C, 0.5f);
-  e.dkv0 = random_vector(ctx, rows * 2 * C, 0.5f);
+  e.dkv0 = random_vector(ctx, rows * 2 * Ckv, 0.5f);
   e.dq = e.dq0;
   e.dkv = e.dkv0;
   ref::attention_block_backward(e.dq.data(), e.dkv.data(), e.dout.data(), e.out.data(),
-                                e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T, sh.NH, sh.NH, sh.HS,
-                                causal, DType::F32, ctx.ref_stream);
+                                e.lse.data(), e.qkv.data(), e.kv.data(), sh.B, sh.T, sh.NH,
+                                sh.NKV, sh.HS, causal, DType::F32, ctx.ref_stream);
   return e;
 }
 
@@ -105,16 +111,16 @@ void run_backward(const DeviceBuffers& d, const Expected& e, const Shape& sh, bo
   ops::copy_to_device(d.dq, e.dq0.data(), e.dq0.size() * sizeof(float));
   ops::copy_to_device(d.dkv, e.dkv0.data(), e.dkv0.size() * sizeof(float));
   ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse, d.qkv, d.kv, sh.B,
-                                sh.T, sh.NH, sh.NH, sh.HS, causal, dt, s);
+                                sh.T, sh.NH, sh.NKV, sh.HS, causal, dt, s);
   ops::stream_sync(s);
 }
 
 void check_backward(TestContext& ctx, const DeviceBuffers& d, const Expected& e, const Shape& sh,
                     bool causal, DType dt, const std::string& tag) {
-  const size_t C = sh.C(), rows = sh.rows();
+  const size_t C = sh.C(), Ckv = sh.Ckv(), rows = sh.rows();
   run_backward(d, e, sh, causal, dt, ctx.stream);
   const std::vector<float> dq = to_host(d.dq, rows * C, DType::F32);
-  const std::vector<float> dkv = to_host(d.dkv, rows * 2 * C, DType::F32);
+  const std::vector<float> dkv = to_host(d.dkv, rows * 2 * Ckv, DType::F32);
   const double tol = dt == DType::F32 ? 1e-5 : 1e-4;
   std::vector<float> got = minus(dq, e.dq0), want = minus(e.dq, e.dq0);
   const std::vector<float> got_kv = minus(dkv, e.dkv0), want_kv = minus(e.dkv, e.dkv0);
@@ -122,8 +128,8 @@ void check_backward(TestContext& ctx, const DeviceBuffers& d, const Expected& e,
     check_close(ctx, tag + " dq", got.data(), want.data(), got.size(), tol);
     const char* names[2] = {" dk", " dv"};
     for (int part = 0; part < 2; part++) {
-      std::vector<float> g = columns(got_kv, rows, 2 * C, part * C, C);
-      std::vector<float> w = columns(want_kv, rows, 2 * C, part * C, C);
+      std::vector<float> g = columns(got_kv, rows, 2 * Ckv, part * Ckv, Ckv);
+      std::vector<float> w = columns(want_kv, rows, 2 * Ckv, part * Ckv, Ckv);
       check_close(ctx, tag + names[part], g.data(), w.data(), g.size(), tol);
     }
   }
@@ -133,7 +139,7 @@ void check_backward(TestContext& ctx, const DeviceBuffers& d, const Expected& e,
 
   run_backward(d, e, sh, causal, dt, ctx.stream);  // again: the same bits
   const std::vector<float> dq2 = to_host(d.dq, rows * C, DType::F32);
-  const std::vector<float> dkv2 = to_host(d.dkv, rows * 2 * C, DType::F32);
+  const std::vector<float> dkv2 = to_host(d.dkv, rows * 2 * Ckv, DType::F32);
   expect(ctx,
          std::memcmp(dq.data(), dq2.data(), dq.size() * 4) == 0 &&
              std::memcmp(dkv.data(), dkv2.data(), dkv.size() * 4) == 0,
@@ -144,14 +150,14 @@ void check_backward(TestContext& ctx, const DeviceBuffers& d, const Expected& e,
 DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType dt,
                          const Expected& e) {
   char label[128];
-  std::snprintf(label, sizeof(label), "block %s %s B=%d T=%d NH=%d HS=%d", dtype_name(dt),
-                causal ? "causal" : "full", sh.B, sh.T, sh.NH, sh.HS);
+  std::snprintf(label, sizeof(label), "block %s %s B=%d T=%d NH=%d NKV=%d HS=%d", dtype_name(dt),
+                causal ? "causal" : "full", sh.B, sh.T, sh.NH, sh.NKV, sh.HS);
   const std::string tag = label;
   DeviceBuffers d = upload(sh, e, dt);
   poison(d.out, sh.rows() * sh.C() * dtype_size(dt));
   poison(d.lse, sh.lse() * sizeof(float));
-  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, causal, dt,
-                               ctx.stream);
+  ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, causal,
+                               dt, ctx.stream);
   ops::stream_sync(ctx.stream);
   const bool f32 = dt == DType::F32;
   check_close(ctx, tag + " out", to_host(d.out, sh.rows() * sh.C(), dt).data(), e.out.data(),
@@ -163,8 +169,12 @@ DeviceBuffers check_case(TestContext& ctx, const Shape& sh, bool causal, DType d
 }
 
 
-const Shape kShapes[] = {{3, 1, 2, 64},   {2, 37, 3, 20}, {1, 70, 2, 64},
-                         {2, 65, 2, 8},   {1, 100, 1, 96}, {2, 130, 3, 128}};
+const Shape kShapes[] = {{3, 1, 2, 2, 64},   {2, 37, 3, 3, 20}, {1, 70, 2, 2, 64},
+                         {2, 65, 2, 2, 8},   {1, 100, 1, 1, 96}, {2, 130, 3, 3, 128}};
+// Grouped-query attention: 2 and 4 query heads per kv head, vector and scalar loads, both head
+// size configurations, one token.
+const Shape kGqaShapes[] = {{2, 37, 6, 3, 20}, {1, 70, 4, 1, 64}, {2, 1, 4, 2, 64},
+                            {1, 67, 4, 2, 128}};
 
 // --- copy_columns ------------------------------------------------------------------------------
 
@@ -224,12 +234,21 @@ GPU_TEST(attention_block) {
       }
 }
 
+GPU_TEST(attention_block_gqa) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape& sh : kGqaShapes)
+      for (bool causal : {true, false}) {
+        DeviceBuffers d = check_case(ctx, sh, causal, dt, cpu_reference(ctx, sh, causal, dt));
+        release(d);
+      }
+}
+
 GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 over cp = 4
   if (ctx.emulated) {
     std::printf("  skipped: timings mean nothing on the emulator\n");
     return;
   }
-  const Shape sh{4, 512, 12, 64};
+  const Shape sh{4, 512, 12, 12, 64};
   const DType dt = DType::BF16;
   DeviceBuffers d = check_case(ctx, sh, false, dt, cpu_reference(ctx, sh, false, dt));
   const double fwd_flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HS;
@@ -238,13 +257,13 @@ GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 
     report_time(causal ? "block forward (causal)" : "block forward (full)", flops, ctx.stream,
                 [&] {
                   ops::attention_block_forward(d.out, d.lse, d.qkv, d.kv, sh.B, sh.T, sh.NH,
-                                               sh.NH, sh.HS, causal, dt, ctx.stream);
+                                               sh.NKV, sh.HS, causal, dt, ctx.stream);
                 });
     report_time(causal ? "block backward (causal)" : "block backward (full)", 2.5 * flops,
                 ctx.stream, [&] {
                   ops::attention_block_backward(d.dq, d.dkv, d.dout, d.given_out, d.given_lse,
-                                                d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NH, sh.HS, causal, dt,
-                                                ctx.stream);
+                                                d.qkv, d.kv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS,
+                                                causal, dt, ctx.stream);
                 });
   }
   release(d);
