@@ -128,9 +128,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   pipeline_init(r.pipeline, cfg.parallel.pp_schedule, cfg.train.grad_accum,
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
-  CommsByAxis comms = mesh_comms(r.mesh);
-  if (diloco_enabled(cfg))  // an island is its own world (dp-only): the gradient norm is its own
-    comms.axis[(int)Axis::World] = &r.mesh[Axis::DP];
+  CommsByAxis comms = diloco_store_comms(r.mesh, cfg);  // an island's gradient norm is its own
   if (cfg.log.grad_noise_scale)  // counted with the store's working buffers
     r.store.small_batch_squares =
         (float*)allocate_zeroed(r.store.work_memory, sizeof(float), r.compute);

@@ -165,6 +165,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
                          std::not_equal_to<int>()) == meta.writer_pp_layers.end())
     meta.writer_pp_layers.clear();
   meta.writer_ep = layout.ep->size;
+  meta.islands = cfg.parallel.diloco_islands;
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;
@@ -205,8 +206,12 @@ std::string save_rank_file(const SaveTarget& t, int rank) {
   return t.tmp + "/" + rank_file_name(rank);
 }
 
-WriterShards save_writer_shards(Mesh& mesh) {  // its slices of the ranks holding its units
-  return WriterShards{mesh[Axis::DPCP].rank, mesh[Axis::DPCP].size, mesh.shape.ep};
+// Its slices of the ranks holding its units: over dp x cp, or its island's with DiLoCo (the dp
+// group is the island's; dp x cp index = dp_rank * cp + cp_rank).
+WriterShards save_writer_shards(Mesh& mesh) {
+  const int cp = mesh.shape.cp, per = mesh.shape.dp / mesh.shape.islands;
+  return WriterShards{mesh[Axis::DP].rank * cp + mesh[Axis::CP].rank, mesh[Axis::DP].size * cp,
+                      mesh.shape.ep, mesh_coords(mesh.shape, mesh.world_rank).dp / per};
 }
 
 void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t, Comm& world,
@@ -398,6 +403,44 @@ static void resume_residuals(const std::string& ckpt, ParamStore& store, Mesh& m
   }
 }
 
+// DiLoCo: a checkpoint of K islands resumes with K islands, each from its own state (any layout
+// inside them); a checkpoint without islands starts islands from its state. Returns this rank's
+// island in the checkpoint (0: the only one).
+static int check_islands(const std::string& ckpt, const CheckpointMeta& meta, int islands,
+                         Mesh& mesh) {
+  Comm& world = mesh[Axis::World];
+  if (meta.islands > 0 && meta.islands != islands)
+    fail_together(world, ckpt + " was written by " + std::to_string(meta.islands) + " DiLoCo "
+                  "island(s) (their weights differ between outer steps), but [parallel] "
+                  "diloco_islands = " + std::to_string(islands) + ": resume it with "
+                  "diloco_islands = " + std::to_string(meta.islands), "cannot resume: ");
+  if (meta.islands == 0) {
+    if (islands > 0 && world.rank == 0)
+      std::printf("resume   %s has no DiLoCo islands: each of the %d islands starts from its "
+                  "weights, with them as the synchronised weights and zero outer momentum\n",
+                  ckpt.c_str(), islands);
+    return 0;
+  }
+  return mesh_coords(mesh.shape, mesh.world_rank).dp / (mesh.shape.dp / mesh.shape.islands);
+}
+
+// DiLoCo's synchronised weights and outer momentum: from the checkpoint when it has them, else
+// the loaded weights and zero (as diloco_init starts them).
+static void resume_outer_state(const CheckpointIndex& index, const CheckpointMeta& meta,
+                               ParamStore& store, const GPTLayout& layout) {
+  if (store.units.empty() || !store.units[0].outer_sync) return;  // no DiLoCo
+  if (meta.islands > 0) {
+    for (StateKind kind : {StateKind::OuterSync, StateKind::OuterMomentum})
+      param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
+    return;
+  }
+  for (UnitState& us : store.units) {
+    ops::copy_on_device(us.outer_sync, us.master, us.shard_numel * sizeof(float), store.compute);
+    ops::fill_zero(us.outer_m, us.shard_numel * sizeof(float), store.compute);
+  }
+  ops::stream_sync(store.compute);
+}
+
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
@@ -415,8 +458,10 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   CheckpointIndex index;
   CheckpointMeta meta;
   open_index(ckpt, cfg.model, layout, world, &index, &meta);
+  const int island = check_islands(ckpt, meta, cfg.parallel.diloco_islands, mesh);
   for (StateKind kind : kStates)
-    param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
+    param_store_load(store, layout.units, h5_index_fill(index, kind, island_prefix(island)), kind);
+  resume_outer_state(index, meta, store, layout);
   h5_close_index(index);
   if (store_compressed(store)) resume_residuals(ckpt, store, mesh);
 

@@ -30,6 +30,10 @@ std::string rank_file_name(int writer) {
   return name;
 }
 
+std::string island_prefix(int island) {
+  return island == 0 ? "" : "diloco/island_" + std::to_string(island) + "/";
+}
+
 FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank) {
   const bool experts = u.grad_axis == Axis::EPDP;  // held by the ranks of one ep rank only
   const int rank = experts ? s.index / s.ep : s.index, ranks = experts ? s.count / s.ep : s.count;
@@ -43,6 +47,7 @@ MeshShape writer_shape(const CheckpointMeta& m) {
   shape.pp_order = m.writer_pp_order == 1 ? StageOrder::V : StageOrder::Loop;
   shape.pp_layers = m.writer_pp_layers;
   shape.dp = m.writers / (shape.tp * shape.cp * shape.pp);
+  shape.islands = std::max(1, m.islands);
   return shape;
 }
 
@@ -51,6 +56,7 @@ MeshShape writer_shape(const CheckpointMeta& m) {
 WriterUnits writer_units(const ModelConfig& model, const MeshShape& writers) {
   MeshShape shape = writers;
   shape.dp = writers.ep;  // enough dp x cp positions for every ep rank; dp changes no layout
+  shape.islands = 1;      // (nor do DiLoCo islands)
   WriterUnits all;
   for (int p = 0; p < shape.pp; p++)
     for (int t = 0; t < shape.tp; t++)
@@ -104,11 +110,14 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
   RankFileContents c;
   c.shard_rank = shards.index, c.tp_rank = layout.tp.rank(), c.pp_rank = layout.pp.rank();
   c.ep_rank = layout.ep->rank;
-  for (StateKind kind : kAllKinds)
+  const bool outer = !store.units.empty() && store.units[0].outer_sync && shards.island == 0;
+  for (StateKind kind : kAllKinds) {
+    if (is_outer_state(kind) && !outer) continue;  // DiLoCo's, saved by island 0
     for (size_t u = 0; u < layout.units.size(); u++) {
       const FlatRange range = writer_range(layout.units[u], shards, (int)c.tp_rank);
       if (range.size() > 0) c.parts.push_back({kind, (int)u, range});
     }
+  }
   if (!store_compressed(store)) return c;
   c.residual_layout = residual_layout(store, shape);
   for (size_t u = 0; u < store.units.size(); u++)
@@ -262,7 +271,8 @@ struct WriterPlace {
 static WriterPlace writer_place(int w, const CheckpointMeta& m) {
   const MeshShape shape = writer_shape(m);
   const MeshCoords at = mesh_coords(shape, w);
-  return {{at.dp * shape.cp + at.cp, shape.dp * shape.cp, shape.ep}, at};
+  const int per = shape.dp / shape.islands;  // dp ranks per island (all of them without)
+  return {{at.dp % per * shape.cp + at.cp, per * shape.cp, shape.ep, at.dp / per}, at};
 }
 // The units it holds, among writer_units' (hdf5_format.h).
 static const std::vector<ParamUnit>& units_of(const WriterUnits& units, const WriterPlace& wp,
@@ -270,16 +280,18 @@ static const std::vector<ParamUnit>& units_of(const WriterUnits& units, const Wr
   return units[(wp.at.pp * m.writer_tp + wp.at.tp) * m.writer_ep + wp.at.ep];
 }
 
-// Where the writers hold a logical tensor: (writer, local unit, tensor index) for each writer
-// that saves part of it, keyed by name in the order the writers list them.
+// Where the writers of one island hold a logical tensor: (writer, local unit, tensor index) for
+// each writer that saves part of it, keyed by name in the order the writers list them.
 struct TensorSources {
   std::vector<std::string> names;
   std::map<std::string, std::vector<std::array<int, 3>>> parts;
 };
-static TensorSources tensor_sources(const WriterUnits& units, const CheckpointMeta& meta) {
+static TensorSources tensor_sources(const WriterUnits& units, const CheckpointMeta& meta,
+                                    int island) {
   TensorSources src;
   for (int w = 0; w < meta.writers; w++) {
     const WriterPlace wp = writer_place(w, meta);
+    if (wp.shards.island != island) continue;
     const std::vector<ParamUnit>& held = units_of(units, wp, meta);
     for (size_t u = 0; u < held.size(); u++) {
       const FlatRange wr = writer_range(held[u], wp.shards, wp.at.tp);
@@ -300,7 +312,7 @@ static TensorSources tensor_sources(const WriterUnits& units, const CheckpointMe
 static void write_virtual_tensor(hid_t file, const WriterUnits& units,
                                  const std::string& name,
                                  const std::vector<std::array<int, 3>>& parts, StateKind kind,
-                                 const CheckpointMeta& meta) {
+                                 const CheckpointMeta& meta, const std::string& prefix) {
   auto unit_of = [&](const std::array<int, 3>& p) -> const ParamUnit& {
     return units_of(units, writer_place(p[0], meta), meta)[p[1]];
   };
@@ -322,7 +334,7 @@ static void write_virtual_tensor(hid_t file, const WriterUnits& units,
     throw H5Failure(name + ": the writers hold " + std::to_string(mapped) + " elements of its " +
                     std::to_string(t.numel()) + ", not each one once");
   ok(H5Sselect_all(vspace), "select");
-  const std::string full = std::string(state_kind_name(kind)) + "/" + name;
+  const std::string full = prefix + state_kind_name(kind) + "/" + name;
   H5Id lcpl(link_props());
   H5Id ds(ok(H5Dcreate2(file, full.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
              "cannot create " + full));
@@ -337,6 +349,7 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "writer_pp", m.writer_pp);
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   write_attr_i64(file, "writer_ep", m.writer_ep);
+  if (m.islands > 0) write_attr_i64(file, "diloco_islands", m.islands);
   write_attr_i64(file, "writer_pp_order", m.writer_pp_order);
   if (!m.writer_pp_layers.empty()) write_attr_ints(file, "writer_pp_layers", m.writer_pp_layers);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},
@@ -377,14 +390,19 @@ std::string h5_write_index(const std::string& path, const WriterUnits& units,
   try {
     H5Id file(create_in_memory(path, (size_t)1 << 20));
     write_meta(file, meta);
-    const TensorSources src = tensor_sources(units, meta);
-    for (StateKind kind : kAllKinds)
-      for (const std::string& name : src.names) {
-        const auto it = src.parts.find(name);
-        if (it == src.parts.end() || it->second.empty())
-          throw H5Failure("no writer holds " + name);
-        write_virtual_tensor(file, units, name, it->second, kind, meta);
+    for (int island = 0; island < std::max(1, meta.islands); island++) {
+      const TensorSources src = tensor_sources(units, meta, island);
+      for (StateKind kind : kAllKinds) {
+        if (is_outer_state(kind) && (meta.islands == 0 || island > 0)) continue;
+        for (const std::string& name : src.names) {
+          const auto it = src.parts.find(name);
+          if (it == src.parts.end() || it->second.empty())
+            throw H5Failure("no writer holds " + name);
+          write_virtual_tensor(file, units, name, it->second, kind, meta,
+                               is_outer_state(kind) ? "" : island_prefix(island));
+        }
       }
+    }
     return write_image(file, path, digest);
   } catch (const H5Failure& e) {
     return path + ": " + e.what();

@@ -16,11 +16,18 @@
 // copy of the root (the first stage's is saved): every element of every logical tensor is
 // written exactly once (h5_write_index checks the count of each tensor).
 //
+// DiLoCo islands ([parallel] diloco_islands = K, parallel/diloco.h) hold K different states: dp x
+// cp above is then the writer's island's (dp/K dp ranks), each island writes its own master and
+// moments, and island 0 also writes the outer state (diloco/sync, diloco/m: the same in every
+// island), so that each element of each island's tensors is written exactly once.
+//
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
+//   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...)
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
-//                writer_ep, n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab,
+//                writer_ep, diloco_islands (only with DiLoCo: K), n_layer, n_head, d_model,
+//                seq_len, vocab_size, padded_vocab,
 //                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense),
 //                writer_pp_order (0: loop, 1: V), writer_pp_layers (each stage's blocks, only
 //                when not equal); a Llama's llama = 1, n_kv_head, d_ff, tie_embeddings. Absent in older checkpoints: max_seq_len = seq_len,
@@ -33,7 +40,11 @@
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
 //                virtual datasets of the logical shape: (rows, cols), or (rows,) for vectors;
 //                a stacked tensor (TensorPlacement::stacked = E, the experts of an MoE block)
-//                has a leading experts axis: (E, rows/E, cols), or (E, rows/E)
+//                has a leading experts axis: (E, rows/E, cols), or (E, rows/E). With DiLoCo
+//                these are island 0's, island k's (k >= 1) are /diloco/island_<k>/model/...,
+//                /diloco/island_<k>/optim/m/..., /diloco/island_<k>/optim/v/...
+//   /diloco/sync/<tensor>, /diloco/m/<tensor>   with DiLoCo: the weights of the last outer step
+//                and the outer momentum, of the same shapes
 // A writer's slice of a tensor is a flat range of its local block, which is not one hyperslab of
 // the logical tensor; it maps as the global blocks of parallel/placement.h (global_blocks): a
 // partial first row, whole rows cut where the tp row ranges or the experts break, a partial
@@ -62,11 +73,16 @@ constexpr int kCheckpointFormatMoe = 2;    // ... for a model with experts; the 
 extern const char* const kIndexFileName;  // "checkpoint.h5"
 std::string rank_file_name(int writer);   // "rank_00003.h5"
 
-// A writer's place in dp x cp: its index there (dp_rank * cp + cp_rank), their number (dp * cp),
-// and the expert-parallel degree that groups them (ep_rank = index % ep).
+// A writer's place in dp x cp (its DiLoCo island's, with islands): its index there
+// (dp_rank_in_island * cp + cp_rank), their number (dp/K * cp), and the expert-parallel degree
+// that groups them (ep_rank = index % ep); and its island (0 without DiLoCo).
 struct WriterShards {
   int index = 0, count = 1, ep = 1;
+  int island = 0;
 };
+// Where island k's master and moments are in the index: "" for island 0, else
+// "diloco/island_<k>/".
+std::string island_prefix(int island);
 // The range of unit `u` (this writer's local layout) that a writer saves: its slice over the
 // ranks holding the unit (the writer geometry above), clipped to what its tp rank owns.
 FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
@@ -94,6 +110,7 @@ struct CheckpointMeta {
   int writer_pp_order = 0;  // its stage order: 0 loop, 1 V (parallel/pipeline_schedule.h)
   std::vector<int> writer_pp_layers;  // its stages' block counts; empty: equal stages
   int writer_ep = 1;      // its expert-parallel degree
+  int islands = 0;        // its [parallel] diloco_islands (0: no DiLoCo)
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
@@ -102,8 +119,9 @@ struct CheckpointMeta {
   int llama = 0, NKV = 0, F = 0, tied = 1;
 };
 
-// What a writer saves: its range of the master, m and v of every unit (writer_range), the
-// parts of its rank file in order, and the attributes naming its place.
+// What a writer saves: its range of the master, m and v of every unit (writer_range), and with
+// DiLoCo in island 0 of the outer state too; the parts of its rank file in order, and the
+// attributes naming its place.
 struct RankFilePart {
   StateKind kind;
   int unit;
@@ -172,7 +190,7 @@ std::string h5_write_index(const std::string& path, const WriterUnits& units,
                            const CheckpointMeta& meta, FileDigest* digest);
 
 // Reading, any layout: the index opened read-only, and a ParamFill per state that reads the
-// requested block of a logical tensor as one hyperslab.
+// requested block of a logical tensor as one hyperslab (`prefix`: island_prefix).
 struct CheckpointIndex {
   int64_t file = -1;  // hid_t
   std::string path;
@@ -181,4 +199,5 @@ struct CheckpointIndex {
 std::string h5_open_index(const std::string& path, CheckpointIndex* index, CheckpointMeta* meta);
 void h5_close_index(CheckpointIndex& index);
 // Exits naming the file and tensor if a tensor is missing or has another shape.
-ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind);
+ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind,
+                        const std::string& prefix = "");

@@ -147,7 +147,9 @@ inline std::string unit_dataset(StateKind kind, size_t unit) {
   return std::string(state_kind_name(kind)) + "/unit_" + std::to_string(unit);
 }
 
-constexpr StateKind kAllKinds[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV};
+// Every state a rank file can hold, in file order (DiLoCo's outer state only with islands).
+constexpr StateKind kAllKinds[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV,
+                                   StateKind::OuterSync, StateKind::OuterMomentum};
 
 
 // The dataset shape of logical tensor t (hdf5_format.h): (rows, cols), (rows,) for a vector, and

@@ -41,6 +41,7 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->writer_cp = (int)read_attr_or(file, "writer_cp", 1);
     m->writer_pp_virtual = (int)read_attr_or(file, "writer_pp_virtual", 1);
     m->writer_ep = (int)read_attr_or(file, "writer_ep", 1);
+    m->islands = (int)read_attr_or(file, "diloco_islands", 0);
     m->writer_pp_order = (int)read_attr_or(file, "writer_pp_order", 0);
     m->writer_pp_layers = read_attr_ints_or_empty(file, "writer_pp_layers");
     m->E = (int)read_attr_or(file, "n_experts", 0);
@@ -91,11 +92,11 @@ static void read_block(hid_t ds, const TensorPlacement& t, const Block& b, float
   ok(H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst), "cannot read");
 }
 
-ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind) {
+ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind, const std::string& prefix) {
   const hid_t file = index.file;
   const std::string path = index.path;
-  return [file, path, kind](const TensorPlacement& t, const Block& b, float* dst) {
-    const std::string name = std::string(state_kind_name(kind)) + "/" + t.name;
+  return [file, path, kind, prefix](const TensorPlacement& t, const Block& b, float* dst) {
+    const std::string name = prefix + state_kind_name(kind) + "/" + t.name;
     try {
       H5Id ds(ok(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "no such dataset"));
       read_block(ds, t, b, dst);

@@ -181,9 +181,9 @@ static void check_grad_compression(Checker& c) {
               "must be in (0, 1]: the fraction of each gradient bucket a rank sends");
 }
 
-// DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks. Built for DDP on
-// dp-only layouts; the outer state is not checkpointed yet. (K | dp is a layout rule:
-// config/layout_rules.cu.)
+// DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks, with any ZeRO stage,
+// tp and pp inside. Not with cp, ep or experts: their gradient groups (dp x cp, ep-dp) span
+// the islands. (K | dp is a layout rule: config/layout_rules.cu.)
 static void check_diloco(Checker& c) {
   const Config& cfg = c.cfg;
   const ParallelConfig& p = cfg.parallel;
@@ -195,17 +195,20 @@ static void check_diloco(Checker& c) {
   c.require(p.diloco_outer_momentum >= 0 && p.diloco_outer_momentum < 1,
             "parallel.diloco_outer_momentum", "must be in [0, 1)");
   const std::string k = key("parallel.diloco_islands");
-  if (p.zero != 0)
-    c.problems.add(k + " works with DDP only so far: " + key("parallel.zero") + " must be 0");
-  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || p.ep > 1)
-    c.problems.add(k + " works on dp-only layouts so far (tp = pp = cp = ep = 1)");
+  std::string spanning;  // the keys whose gradient groups (dp x cp, ep-dp) span the islands
+  if (p.cp > 1) spanning += key("parallel.cp");
+  if (p.ep > 1) spanning += (spanning.empty() ? "" : ", ") + key("parallel.ep");
+  if (cfg.model.n_experts > 0) spanning += (spanning.empty() ? "" : ", ") + key("model.n_experts");
+  if (!spanning.empty())
+    c.problems.add(k + " is not supported with " + spanning + " (their gradient groups span the "
+                   "islands): use dp, zero, tp and pp inside islands (cp = ep = 1, no experts)");
+  if (cfg.train.optimizer_offload != "none")
+    c.problems.add(k + " with " + key("train.optimizer_offload") + " is not supported (the outer "
+                   "step runs on the device)");
   if (p.grad_compression != "none")
     c.problems.add(k + " with " + key("parallel.grad_compression") + " is not supported yet");
   if (cfg.log.grad_noise_scale)
     c.problems.add(k + " with " + key("log.grad_noise_scale") + " is not supported yet");
-  if (!cfg.checkpoint.dir.empty() || !cfg.checkpoint.resume.empty())
-    c.problems.add(k + " cannot be checkpointed yet (the outer weights and momentum are not "
-                   "saved): remove " + key("checkpoint.dir") + " and [checkpoint] resume");
 }
 
 // The gradient noise scale (training/noise_scale.h) reads each rank's whole first micro-batch

@@ -357,6 +357,16 @@ void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stre
 // dst = src converted (rounded to nearest even when narrowing).
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s);
 
+// DiLoCo's outer step (parallel/diloco.h), fp32, elementwise over n values, every product and sum
+// rounded once in this order (no FMA), so that both backends agree bit for bit:
+//   diloco_outer_delta: delta[i] = sync[i] - weights[i]
+//   diloco_outer_step:  g = delta_sum[i] * inv_islands; m[i] = mu * m[i] + g;
+//                       sync[i] = sync[i] - lr * (g + mu * m[i]); weights[i] = sync[i]
+void diloco_outer_delta(float* delta, const float* sync, const float* weights, size_t n,
+                        Stream s);
+void diloco_outer_step(float* sync, float* m, float* weights, const float* delta_sum, size_t n,
+                       float inv_islands, float lr, float mu, Stream s);
+
 // ---------------------------------------------------------------------------------------------
 // Compressed gradient reductions (parallel/grad_compression.cu), fp32 in and out
 // ---------------------------------------------------------------------------------------------

@@ -11,9 +11,13 @@
 //   Stage  the ranks of one pipeline stage: every axis but pp (FP8 amax agreement)
 //   Embed  the first and the last pipeline stage of one pipeline (the tied embedding)
 //   Island the ranks with the same place in each DiLoCo island (parallel/diloco.cu)
+//   IslandWorld  every rank of this rank's DiLoCo island (the world without islands): the
+//         gradient norm of the island's own training
 #pragma once
 
-enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island, Count };
+enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island,
+                        IslandWorld, Count };
 
-// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island"
+// "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island",
+// "island-world"
 const char* axis_name(Axis a);

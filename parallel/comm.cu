@@ -41,6 +41,7 @@ const char* axis_name(Axis a) {
     case Axis::Stage: return "stage";
     case Axis::Embed: return "embed";
     case Axis::Island: return "island";
+    case Axis::IslandWorld: return "island-world";
     default: return "?";
   }
 }

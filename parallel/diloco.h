@@ -2,10 +2,14 @@
 // steps and then meet for one outer optimizer step (Douillard et al., 2023).
 //
 // The idea. The dp ranks form K islands of dp/K consecutive dp ranks. Inside an island training
-// is plain DDP: the gradient all-reduce runs over the island's dp group (parallel/mesh.h: with
-// islands the dp group is the island's) and AdamW (the inner optimizer) updates the island's
-// weights. Every H steps the islands meet. Each keeps w_sync, the weights of the last meeting,
-// and the outer momentum m (both fp32, one value per weight, the same on every rank):
+// is what it is without islands - DDP, ZeRO-1/2, FSDP, tensor and pipeline parallelism - because
+// the island's groups are the mesh's groups (parallel/mesh.h: with islands the dp group is the
+// island's, and the gradient norm and FP8 agreement stay inside the island too), and AdamW (the
+// inner optimizer) updates the island's weights. Every H steps the islands meet. Each rank keeps,
+// for the shard of every unit that it updates (parallel/param_store.h: the whole unit under DDP,
+// 1/dp of it under ZeRO and FSDP, of its tp rank's and pipeline stage's units), w_sync, the
+// weights of the last meeting, and the outer momentum m (fp32, one value per weight of the
+// shard, on the device, the same in every island):
 //
 //     delta  = mean over islands of (w_sync - w_island)        one all-reduce, island group
 //     m      = mu * m + delta                                    (diloco_outer_momentum = mu)
@@ -14,36 +18,49 @@
 //
 // With one island, lr_outer = 1 and mu = 0 this is w = w_island: plain training.
 //
-// Bytes. Only the meeting crosses islands: one fp32 all-reduce of the N weights of a rank's
-// replica over the island group (K ranks), 4N bytes of payload every H steps, 4N/H per step
-// amortised (a ring puts 2(K-1)/K of it on the wire per rank). Inside an island: DDP's 4N per
-// step over dp/K ranks.
+// Who talks to whom. The island group of a rank (parallel/axis.h: Axis::Island) is the ranks at
+// the same place in every island: same dp index inside the island, same tp and pp coordinates.
+// They hold the same shards of the same units, so the outer step is elementwise on the shard and
+// no layout is special: the placement map already said which weights each rank updates. After the
+// step the working copies follow as after an AdamW step (update_begin/update_end/updates_done of
+// the parameter store: ZeRO-1/2 all-gather the new weights inside the island). Copies of a weight
+// held by several ranks of an island (tp-replicated tails, the tied embedding's two pipeline
+// stages) see the same deltas and stay equal.
 //
-// Where it lives. w_sync and m are host memory (2 x 4N bytes per rank, like the DiLoCo paper's
-// outer state on the CPU); the delta travels through one device buffer of the largest unit
-// (work memory) so that NCCL can reduce it. The arithmetic is on the host, in fp32, in the order
-// above; the new weights go back into the master weights of the parameter store and its
-// compute-dtype working copy.
+// Bytes. Only the meeting crosses islands: one fp32 all-reduce per unit of the shard over the
+// island group (K ranks): 4 S bytes of payload every H steps per rank, S the weights of its
+// shards (the whole model under DDP, 1/dp_island of the tp/pp-local model under ZeRO/FSDP);
+// 4 S / H per step amortised (a ring puts 2(K-1)/K of it on the wire per rank). Inside an island
+// the usual reductions over dp/K ranks.
+//
+// Where it lives. w_sync and m are the store's state (UnitState::outer_sync and outer_m, counted
+// in its state memory: 8 bytes per weight of the shard), checkpointed as the logical tensors
+// diloco/sync/<tensor> and diloco/m/<tensor> (checkpoint/hdf5_format.h); the outer arithmetic
+// runs on the device (ops::diloco_outer_delta, ops::diloco_outer_step), the delta in one work
+// buffer of the largest shard, reduced in place.
 #pragma once
-#include <vector>
 
 #include "config/config.h"
+#include "parallel/mesh.h"
 #include "parallel/param_store.h"
 
 struct Diloco {
   int islands = 0, every = 1;  // 0: off (diloco_init not called)
   float outer_lr = 0.7f, momentum = 0.9f;
-  Comm* island = nullptr;                  // same place in every island
-  std::vector<std::vector<float>> w_sync;  // per unit, the unit's numel
-  std::vector<std::vector<float>> outer_m;
-  float* delta = nullptr;                  // device, the largest unit
+  Comm* island = nullptr;  // same place in every island
+  float* delta = nullptr;  // device, the largest shard
 };
 
 bool diloco_enabled(const Config& cfg);  // [parallel] diloco_islands >= 1 (0 = off)
-// Keeps the store's weights as the first w_sync; zero momentum. After the store is filled. With
-// a count-only store (the planner) it only counts the device buffer.
+// The groups the parameter store uses (mesh_comms), its "world" (the gradient norm) the island's
+// when there are islands: an island trains alone.
+CommsByAxis diloco_store_comms(Mesh& mesh, const Config& cfg);
+// Allocates every unit's outer state in the store's state memory: w_sync = the store's master
+// weights, zero momentum. After the store is filled (a resumed checkpoint then overwrites both).
+// With a count-only store (the planner) it only counts.
 void diloco_init(Diloco& d, const Config& cfg, ParamStore& store, Comm& island);
-// The payload of one outer all-reduce on this rank (island axis): 4 bytes per weight it holds.
+// The payload of one outer all-reduce on this rank (island axis): 4 bytes per weight of its
+// shards.
 size_t diloco_outer_bytes(const ParamStore& store);
 // After the optimizer step of `step` (1-based): every H steps, the outer step above.
 void diloco_after_step(Diloco& d, ParamStore& store, int step);

@@ -44,6 +44,12 @@ static int at_dpcp(const MeshShape& m, MeshCoords c, int i) {
   return mesh_world_rank(m, c);
 }
 
+// Whether world rank r is in the DiLoCo island of coordinates c (islands: blocks of dp/K dp ranks).
+static bool same_island(const MeshShape& m, const MeshCoords& c, int r) {
+  const int per = m.dp / m.islands;
+  return mesh_coords(m, r).dp / per == c.dp / per;
+}
+
 std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
   const MeshCoords c = mesh_coords(m, w);
   const int dpcp = c.dp * m.cp + c.cp, blocks = m.dp * m.cp / m.ep;
@@ -85,9 +91,13 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
     case Axis::EPDP:
       for (int j = 0; j < blocks; j++) g.push_back(at_dpcp(m, c, j * m.ep + c.ep));
       break;
-    case Axis::Stage:
+    case Axis::Stage:  // (inside the island)
       for (int r = 0; r < m.world(); r++)
-        if (mesh_coords(m, r).pp == c.pp) g.push_back(r);
+        if (mesh_coords(m, r).pp == c.pp && same_island(m, c, r)) g.push_back(r);
+      break;
+    case Axis::IslandWorld:
+      for (int r = 0; r < m.world(); r++)
+        if (same_island(m, c, r)) g.push_back(r);
       break;
     case Axis::Embed: {  // the ranks of the first and the last stage; anyone else is alone
       const int last = pipeline_stage_owner(m.pp_order, m.pp, m.pp * m.pp_virtual - 1);

@@ -10,6 +10,7 @@
 //   dp    ranks that differ only in dp_rank           (gradient reduction, FSDP shards); with
 //         K DiLoCo islands only those of its island: dp/K consecutive dp ranks
 //   island ranks that differ only in their island, at the same place in it (DiLoCo's outer step)
+//   island-world  every rank of the island (the world without islands; by world rank)
 //   tp    ranks that differ only in tp_rank           (tensor/sequence parallel)
 //   pp    ranks that differ only in pp_rank           (pipeline send/recv)
 //   cp    ranks that differ only in cp_rank           (ring attention)
@@ -17,7 +18,8 @@
 //                                                     (dense gradients when cp > 1)
 //   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all); ep_rank = index % ep
 //   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
-//   stage ranks with the same pp_rank, by world rank  (FP8 amax agreement inside a stage)
+//   stage ranks with the same pp_rank, by world rank  (FP8 amax agreement inside a stage; with
+//         DiLoCo islands only those of its island)
 //   embed the pp ranks of the first and the last stage (the tied embedding's gradient; pp
 //         ranks 0 and pp-1, or rank 0 alone in the V order)
 //

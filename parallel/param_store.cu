@@ -87,7 +87,14 @@ static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill
 }
 
 static float* device_state(UnitState& us, StateKind k) {
-  return k == StateKind::Master ? us.master : k == StateKind::AdamM ? us.adam_m : us.adam_v;
+  switch (k) {
+    case StateKind::Master: return us.master;
+    case StateKind::AdamM: return us.adam_m;
+    case StateKind::AdamV: return us.adam_v;
+    case StateKind::OuterSync: return us.outer_sync;
+    case StateKind::OuterMomentum: return us.outer_m;
+  }
+  return nullptr;
 }
 
 void store_state_read(ParamStore& st, int unit, StateKind k, size_t first, size_t count,
@@ -96,7 +103,9 @@ void store_state_read(ParamStore& st, int unit, StateKind k, size_t first, size_
   CHECK(first >= us.shard_offset && first + count <= us.shard_offset + us.shard_numel,
         "unit %d range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", unit, first,
         first + count, us.shard_offset, us.shard_offset + us.shard_numel);
-  if (store_offloaded(st)) return offload_state_read(st, unit, k, first, count, host);
+  CHECK(!is_outer_state(k) || us.outer_sync, "unit %d: no DiLoCo state (diloco_islands = 0)", unit);
+  if (store_offloaded(st) && !is_outer_state(k))
+    return offload_state_read(st, unit, k, first, count, host);
   ops::copy_to_host(host, device_state(us, k) + (first - us.shard_offset), count * sizeof(float));
 }
 
@@ -123,8 +132,11 @@ void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
     UnitState& us = st.units[u];
     host.resize(us.shard_numel);
     fill_shard(units[u], us, fill, host.data());
-    if (store_offloaded(st)) offload_state_write(st, (int)u, kind, host.data());
-    else ops::copy_to_device(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
+    CHECK(!is_outer_state(kind) || us.outer_sync, "unit %zu: no DiLoCo state to load", u);
+    if (store_offloaded(st) && !is_outer_state(kind))
+      offload_state_write(st, (int)u, kind, host.data());
+    else
+      ops::copy_to_device(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
     if (kind == StateKind::Master) upload_working_copy(st, (int)u, host.data());
   }
   if (kind == StateKind::Master && gathers_weights(st)) zero_gather_weights(st);

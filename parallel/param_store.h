@@ -79,6 +79,10 @@ struct UnitState {
   // (parallel/grad_compression.cu), residual_numel floats; null without compression.
   float* residual = nullptr;
   size_t residual_numel = 0;
+  // [parallel] diloco_islands (parallel/diloco.h): the shard's synchronised weights and outer
+  // momentum, fp32 on the device, shard_numel each; null without DiLoCo.
+  float* outer_sync = nullptr;
+  float* outer_m = nullptr;
   int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
 };
 
@@ -137,11 +141,22 @@ void param_store_destroy(ParamStore& store);
 ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
 bool store_compressed(const ParamStore& store);  // [parallel] grad_compression is not "none"
-// The three fp32 states a shard carries; checkpoints save and load all three.
-enum class StateKind { Master, AdamM, AdamV };
-// "model", "optim/m", "optim/v"
+// The fp32 states a shard carries; checkpoints save and load all of them: the master and Adam's
+// moments always, DiLoCo's synchronised weights and outer momentum with diloco_islands >= 1.
+enum class StateKind { Master, AdamM, AdamV, OuterSync, OuterMomentum };
+// "model", "optim/m", "optim/v", "diloco/sync", "diloco/m"
 inline const char* state_kind_name(StateKind k) {
-  return k == StateKind::Master ? "model" : k == StateKind::AdamM ? "optim/m" : "optim/v";
+  switch (k) {
+    case StateKind::Master: return "model";
+    case StateKind::AdamM: return "optim/m";
+    case StateKind::AdamV: return "optim/v";
+    case StateKind::OuterSync: return "diloco/sync";
+    case StateKind::OuterMomentum: return "diloco/m";
+  }
+  return "?";
+}
+inline bool is_outer_state(StateKind k) {
+  return k == StateKind::OuterSync || k == StateKind::OuterMomentum;
 }
 // Elements [first, first + count) (unit-relative, inside this rank's shard) of one state of unit
 // u, into host memory, wherever the state lives (device, host, file). The compute stream must be

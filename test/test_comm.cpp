@@ -147,6 +147,7 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, cons
       return end ? std::pair<std::array<int, 3>, int>{{c.dpcp, c.tp, 0}, c.pp}
                  : std::pair<std::array<int, 3>, int>{{-1 - w, 0, 0}, 0};
     case Axis::Island: return {{-1 - w, 0, 0}, 0};  // no DiLoCo islands here: alone
+    case Axis::IslandWorld: return {{0, 0, 0}, w};   // ... so one island: the world
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }

@@ -41,7 +41,7 @@ struct DryRank {
   ParamStore store;
   Pipeline pipeline;
   GPT model;
-  Diloco diloco;  // [parallel] diloco_islands: its device buffer is counted
+  Diloco diloco;  // [parallel] diloco_islands: its outer state and device buffer are counted
 };
 
 void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
@@ -50,8 +50,8 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   d.layout = gpt_layout(c.model, d.mesh);
   d.store.count_only = true;
   const ShardingMode mode = store_options(d.store, c);
-  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision), mesh_comms(d.mesh),
-                   dry, dry, ParamFill{});
+  param_store_init(d.store, d.layout.units, mode, compute_dtype(c.precision),
+                   diloco_store_comms(d.mesh, c), dry, dry, ParamFill{});
   if (diloco_enabled(c)) diloco_init(d.diloco, c, d.store, d.mesh[Axis::Island]);
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
