@@ -96,7 +96,8 @@ $(BUILD)/libops_cpu.so: $(call obj,pic,$(LIBOPS_SRC))
 # Tools (text -> token shards, and friends).
 TOOLS := $(BUILD)/tokenize
 tools: $(TOOLS)
-$(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp tools/gpt2_bpe.cpp kernels/common.cpp)
+$(BUILD)/tokenize: $(call obj,host,tools/tokenize.cpp tools/gpt2_bpe.cpp tools/hf_tokenizer.cpp tools/bpe.cpp \
+                               tools/pretokenize.cpp config/json.cu kernels/common.cpp)
 	$(CXX) -o $@ $^ -fopenmp
 
 # C++ test programs: test/<name>.cpp linked with everything above the seam and the CPU backend.
@@ -110,7 +111,7 @@ COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_
                         parallel/comm_nccl_absent.cu config/layout_rules.cu parallel/mesh.cu \
                         parallel/pipeline_schedule.cu parallel/pipeline_messages.cu \
                         parallel/pipeline_simulator.cu parallel/pipeline_file.cu \
-                        parallel/pipeline_balance.cu kernels/common.cpp
+                        parallel/pipeline_balance.cu config/device_peaks.cu kernels/common.cpp
 $(BUILD)/test_comm_fake_device: test/test_comm.cpp test/comm_test_support.h test/comm_point_to_point.h \
                                $(call obj,host,$(COMM_FAKE_DEVICE_SRC))
 	$(CXX) $(CXXFLAGS) -DCOMM_TEST_FAKE_DEVICE -o $@ $< $(filter %.o,$^) $(LDLIBS)

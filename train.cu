@@ -56,7 +56,8 @@ struct Run {
   Tokenizer tokenizer;
   MetricsLog metrics;
   CommStats comm_total{};
-  double peak_tflops = 0;
+  RunInfo info;          // the run record: sizes, FLOPs per token, the peak (training/metrics.h)
+  RunSummary summary;    // the steps' throughput, for the end-of-run summary
   int resumed_step = 0;  // steps done before this run (0 = fresh start; checkpoint/)
   NoiseScale noise;      // [log] grad_noise_scale
   Diloco diloco;         // [parallel] diloco_islands (parallel/diloco.h)
@@ -175,9 +176,8 @@ static void setup_data_and_logs(Run& r) {
                 tokenizer.c_str());
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
                                      r.mesh);
-  r.peak_tflops = device_peak_tflops(r.device.name, cfg.log.peak_tflops);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
-  RunInfo info;
+  RunInfo& info = r.info;
   info.first_step = r.resumed_step + 1;
   info.parameters = r.layout.parameters;
   info.state_bytes = r.store.state_memory.bytes;
@@ -185,8 +185,9 @@ static void setup_data_and_logs(Run& r) {
   info.disk_bytes = r.store.offload.disk_bytes;
   info.activation_bytes = r.model.memory.bytes;
   info.world_size = r.mesh.shape.world();
-  info.flops_per_token = model_flops_per_token(r.layout);
-  info.peak_tflops = r.peak_tflops;
+  info.flops = flops_per_token(r.layout, r.model.recompute);
+  info.peak_tflops = run_peak_tflops(r.device.name, cfg.precision.compute, cfg.log.peak_tflops,
+                                     &info.peak_source);
   metrics_run(r.metrics, info);
 }
 
@@ -252,9 +253,14 @@ static void print_banner(const Run& r) {
                 r.store.offload.memory.bytes / 1048576.0,
                 r.store.offload.path.empty() ? "" : (", file " + r.store.offload.path).c_str(),
                 r.store.offload.disk_bytes / 1048576.0);
-  if (r.peak_tflops > 0)
-    std::printf("MFU      6N + 6LCT FLOPs per token (llm.c; PaLM's 6N+12LCT, causal-halved) "
-                "against %.1f TFLOP/s dense BF16 per device\n", r.peak_tflops);
+  const FlopsPerToken& f = r.info.flops;
+  std::printf("FLOPs    per token 6N + 6LTd = %.4g (N = %.4g matmul parameters, causal attention "
+              "at half: llm.c, Megatron); 6N + 12LTd = %.4g (PaLM, torchtitan); executed %.4g\n",
+              f.causal, f.matmul_parameters, f.full, f.hardware);
+  if (r.info.peak_tflops > 0)
+    std::printf("MFU      the step line's MFU = tokens/s x 6N + 6LTd / (%d x %.4g TFLOP/s: %s); "
+                "HFU counts recompute\n", mesh.world(), r.info.peak_tflops,
+                r.info.peak_source.c_str());
   else
     std::printf("MFU      not reported: no peak known for this device (set [log] peak_tflops)\n");
   std::fflush(stdout);
@@ -335,11 +341,14 @@ static StepReport train_step(Run& r, int step) {
   rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
   const double tokens = (double)B * T * accum * r.mesh.shape.dp;
   rep.tokens_per_s = tokens / (rep.ms / 1000.0);
-  if (r.peak_tflops > 0) {
-    const double peak = r.peak_tflops * 1e12 * r.mesh.shape.world();
-    const Recompute rc = r.model.recompute;
-    rep.mfu = rep.tokens_per_s * model_flops_per_token(r.layout) / peak;
-    rep.hfu = rep.tokens_per_s * hardware_flops_per_token(r.layout, rc) / peak;
+  const FlopsPerToken& f = r.info.flops;
+  const double per_gpu = rep.tokens_per_s / r.mesh.shape.world() / 1e12;
+  rep.model_tflops_per_gpu = per_gpu * f.causal;
+  rep.hardware_tflops_per_gpu = per_gpu * f.hardware;
+  if (r.info.peak_tflops > 0) {
+    rep.mfu = rep.model_tflops_per_gpu / r.info.peak_tflops;
+    rep.mfu_full = per_gpu * f.full / r.info.peak_tflops;
+    rep.hfu = rep.hardware_tflops_per_gpu / r.info.peak_tflops;
   }
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
@@ -433,6 +442,7 @@ static int train_steps(Run& r) {
                   ops::attention_impl_name(r.compute);
     const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
     if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
+    r.summary.add(rep.tokens_per_s * rep.ms / 1e3, rep.ms / 1e3);
     if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
       CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
                 "copies of the tied embedding differ ([log] check_tied)", step);
@@ -489,6 +499,7 @@ int main(int argc, char** argv) {
   print_banner(r);
   const int first = r.resumed_step;
   const int stopped_by = train_steps(r);
+  metrics_summary(r.metrics, r.summary, r.info, r.rank0);
   if (!stopped_by) {
     if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - first, stdout);
     if (r.mesh.shape.pp > 1 && first < r.cfg.train.steps) print_bubble(r);

@@ -153,7 +153,8 @@ struct LogConfig {        // [log]
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)
-  double peak_tflops = 989;      // dense BF16 peak per GPU
+  std::string device = "H100 SXM";  // a row of config/device_peaks.h: the peak by precision
+  double peak_tflops = 0;        // dense peak per GPU, TFLOP/s; 0 = the device's at the precision
   double matmul_efficiency = 0.6;  // the fraction of the peak the model's FLOPs run at
   double hbm_gbs = 3350;         // memory bandwidth per GPU, GB/s
   double intra_node_gbs = 450;   // per GPU, each direction, inside a node (NVLink)

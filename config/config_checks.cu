@@ -15,6 +15,7 @@
 
 #include "kernels/common.h"
 #include "config/config_schema.h"
+#include "config/device_peaks.h"
 
 namespace config_detail {
 
@@ -335,12 +336,14 @@ void check_values(Checker& c) {
                          "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
-                         "log.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
+                         "log.peak_tflops", "plan.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
                          "parallel.timeout_s", "train.skip_spikes"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
   c.require(cfg.log.straggler_factor > 1, "log.straggler_factor", "must be > 1");
-  for (const char* id : {"plan.peak_tflops", "plan.matmul_efficiency", "plan.hbm_gbs",
+  c.require(device_peak_by_name(cfg.plan.device) != nullptr, "plan.device",
+            "must be one of " + device_peak_names());
+  for (const char* id : {"plan.matmul_efficiency", "plan.hbm_gbs",
                          "plan.intra_node_gbs", "plan.inter_node_gbs", "plan.memory_gib",
                          "plan.pcie_gbs", "plan.nvme_gbs"})
     c.require(c.float_value(id) > 0, id, "must be > 0");

@@ -97,7 +97,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(log, sample_every), KEY(log, sample_tokens), KEY(log, peak_tflops),
       KEY(log, pipeline_timeline), KEY(log, check_tied), KEY(log, straggler_every),
       KEY(log, straggler_factor), KEY(log, grad_noise_scale),
-      KEY(plan, peak_tflops), KEY(plan, matmul_efficiency), KEY(plan, hbm_gbs),
+      KEY(plan, device), KEY(plan, peak_tflops), KEY(plan, matmul_efficiency), KEY(plan, hbm_gbs),
       KEY(plan, intra_node_gbs), KEY(plan, inter_node_gbs), KEY(plan, gpus_per_node),
       KEY(plan, memory_gib), KEY(plan, pcie_gbs), KEY(plan, nvme_gbs),
   };

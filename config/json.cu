@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_set>
 
 namespace {
 
@@ -210,12 +211,13 @@ void Parser::object(JsonValue& v, int depth) {
     i++;
     return;
   }
+  std::unordered_set<std::string> keys;  // a tokenizer.json's vocabulary has 128k members
   while (true) {
     skip_space();
     const size_t at = i;
     if (peek() != '"') fail("expected a string key" + describe_here());
     std::string key = string();
-    if (v.find(key)) fail("key \"" + key + "\" appears twice in one object", at);
+    if (!keys.insert(key).second) fail("key \"" + key + "\" appears twice in one object", at);
     skip_space();
     expect(':', "':' after a key");
     v.members.emplace_back(std::move(key), value(depth + 1));

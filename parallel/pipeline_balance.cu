@@ -36,6 +36,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "config/device_peaks.h"
+
 StageFlops pipeline_part_flops(const ModelConfig& m) {
   const double C = m.d_model, T = m.seq_len, Vp = m.padded_vocab();
   const double maxT = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
@@ -64,7 +66,7 @@ StageCosts pipeline_part_costs(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   const PlanConfig& plan = cfg.plan;
   const double tokens = (double)cfg.train.micro_batch * m.seq_len;
-  const double flop_ms = 1e3 / (plan.peak_tflops * 1e12 * plan.matmul_efficiency);
+  const double flop_ms = 1e3 / (plan_peak_tflops(cfg) * 1e12 * plan.matmul_efficiency);
   const double byte_ms = 1e3 / (plan.hbm_gbs * 1e9);
   const double e = cfg.precision.compute == "fp32" ? 4 : 2, C = m.d_model;
   const StageFlops f = pipeline_part_flops(m);

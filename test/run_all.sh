@@ -47,9 +47,11 @@ run ring-gqa    bash -c 'mpirun -np 2 "$BUILD/test_ring_gqa" && mpirun -np 3 "$B
 run moe-router  $PY test/test_moe_router.py
 run moe-dispatch $PY test/test_moe_dispatch.py
 run tokenize    $PY test/test_tokenize.py
+run tokenizer-json $PY test/test_tokenizer_json.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
+run mfu         $PY test/test_mfu.py
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
 run diloco      $PY test/test_diloco.py

@@ -12,6 +12,9 @@ its file:line:col with the right line (or the override text), with no source loc
 status 0, that the printed resolved TOML parses (tomllib) to exactly the expected keys and values
 (defaults from config/config.h, the file, the overrides; floats compared as float32), and that
 feeding the printed text back in prints the same text again (round trip).
+Every shipped config (configs/*.toml) passes --check-config, with its data globs pointed at a
+shard long enough for its first batch and its parallel degrees at 1 (the layout is the
+planner's: test/test_plan.py, test/test_mfu.py), and its printed config round-trips.
 """
 import os
 import shlex
@@ -50,7 +53,7 @@ DEFAULTS = {
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
             "check_tied": False, "straggler_every": 100, "straggler_factor": 1.25,
             "grad_noise_scale": False},
-    "plan": {"peak_tflops": 989.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
+    "plan": {"device": "H100 SXM", "peak_tflops": 0.0, "matmul_efficiency": 0.6, "hbm_gbs": 3350.0,
              "intra_node_gbs": 450.0, "inter_node_gbs": 50.0, "gpus_per_node": 8,
              "memory_gib": 80.0, "pcie_gbs": 50.0, "nvme_gbs": 6.0},
 }
@@ -495,6 +498,36 @@ def override_error_cases(tmp):
         expect_error(f"override {arg}", path, [arg], names + [arg])
 
 
+def shipped_configs(tmp):
+    """Every configs/*.toml passes --check-config (data on a long shard, one rank)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shard = os.path.join(tmp, "long_000.bin")
+    configs = sorted(os.path.join(root, "configs", f) for f in os.listdir(os.path.join(root, "configs"))
+                     if f.endswith(".toml"))
+    need = 0
+    for path in configs:
+        with open(path, "rb") as f:
+            c = tomllib.load(f)
+        need = max(need, c["train"]["micro_batch"] * c["model"]["seq_len"] + 1)
+    header = [0] * 256
+    header[0:3] = [20240520, 1, need]
+    with open(shard, "wb") as f:
+        f.write(struct.pack("<256i", *header) + struct.pack(f"<{need}H", *(i % 257 for i in range(need))))
+    for path in configs:
+        overrides = [f"--data.train={shard}", f"--data.val={shard}"]
+        overrides += [f"--parallel.{k}=1" for k in ("dp", "tp", "pp", "cp", "ep")]
+        rc, out, err = run(path, overrides)
+        again = rc
+        if rc == 0:
+            printed = os.path.join(tmp, "printed.toml")
+            with open(printed, "w") as f:
+                f.write(out)
+            again, out2, _ = run(printed)
+            again = again if out2 == out else "differs"
+        check(rc == 0 and again == 0, f"shipped {os.path.relpath(path, root)} passes --check-config "
+              f"and round-trips (exit {rc}, again {again}{': ' + err.strip().splitlines()[-1] if err.strip() else ''})")
+
+
 def main():
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
@@ -506,6 +539,7 @@ def main():
         file_error_cases(tmp)
         model_file_cases(tmp)
         override_error_cases(tmp)
+        shipped_configs(tmp)
     took = time.time() - start
     print(f"test_config: {CHECKS[0] - len(FAILURES)}/{CHECKS[0]} checks passed "
           f"({Case.counter[0]} configs, {took:.1f} s, binary: {' '.join(BIN)})")

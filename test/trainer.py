@@ -83,7 +83,7 @@ def read_metrics(path):
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            if "run" not in rec and "end" not in rec:
+            if "step" in rec:  # not the run record, nor the end-of-run summary
                 (vals if "val_loss" in rec else steps).append(rec)
     return steps, vals
 

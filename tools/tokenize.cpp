@@ -1,23 +1,33 @@
 // tools/tokenize.cpp - text files in, llm.c token shards out (and back again, for tests).
 //
-//   tokenize encode (--encoder encoder.json --bpe vocab.bpe | --byte-level) --out DIR
+//   tokenize encode (--tokenizer tokenizer.json [--doc-token TEXT] |
+//                    --encoder encoder.json --bpe vocab.bpe | --byte-level) --out DIR
 //            [--name NAME] [--val-docs N] [--shard-tokens N] [--doc-sep percent|none] FILE...
 //   tokenize decode --tokenizer DIR/tokenizer.bin FILE.bin
 //
 // encode: documents are separated by lines holding only "%" (the fortune format; entries of only
 // whitespace are dropped) or, with --doc-sep none, are whole files (in argument order). Each is
-// encoded after an end-of-text token, as llm.c's datasets are. The first --val-docs documents go
-// to DIR/NAME_val_*.bin, the rest to DIR/NAME_train_*.bin: llm.c v1 shards (1024-byte header,
-// uint16 tokens), cut into ceil(n / --shard-tokens) shards of near-equal size (so that no tail
-// shard is too small to load). Also written: DIR/tokenizer.bin (llm.c tokenizer format, version
-// 2, for decoding samples) and DIR/vocab_size (a text file).
+// encoded after the document token, as llm.c's datasets are. The first --val-docs documents go
+// to DIR/NAME_val_*.bin, the rest to DIR/NAME_train_*.bin, cut into ceil(n / --shard-tokens)
+// shards of near-equal size (so that no tail shard is too small to load). The shard format is
+// llm.c's: a 1024-byte header (magic, version, token count), then the tokens, little-endian:
+// GPT-2's (magic 20240520, version 1, uint16) when every id fits 16 bits (vocabularies up to
+// 65536), Llama-3's (magic 20240801, version 7, uint32) otherwise. Also written:
+// DIR/tokenizer.bin (llm.c tokenizer format, version 2, for decoding samples) and DIR/vocab_size
+// (a text file).
 //
-// Tokenizers: GPT-2 BPE from OpenAI's encoder.json and vocab.bpe (tools/gpt2_bpe.cpp, the same
-// ids as encoder.py), or the byte-level fallback: token = byte value, 256 = end-of-text,
-// vocabulary 257.
+// Tokenizers:
+//   --tokenizer tokenizer.json  a Hugging Face byte-level BPE (GPT-2's or Llama-3's split pattern,
+//                               tools/hf_tokenizer.cpp); the document token is <|begin_of_text|>
+//                               (Llama-3, llm.c's choice), else <|endoftext|> or <|end_of_text|>,
+//                               or the special token --doc-token names.
+//   --encoder/--bpe             GPT-2 BPE from OpenAI's files (tools/gpt2_bpe.cpp, the same ids
+//                               as encoder.py); document token <|endoftext|>.
+//   --byte-level                token = byte value, 256 = end-of-text, vocabulary 257.
+// Special tokens' texts inside documents are encoded as ordinary text.
 //
 // decode prints a shard's text through tokenizer.bin (the tests round-trip through it).
-// Single-threaded; all tokens are held in memory (2 bytes each) so that shards can be cut evenly:
+// Single-threaded; all tokens are held in memory (4 bytes each) so that shards can be cut evenly:
 // this is for small corpora (fortunes: 2.8 MB of text, about a second). Prepare web-scale data
 // with llm.c's Python scripts; the trainer reads both.
 #include <errno.h>
@@ -33,10 +43,12 @@
 
 #include "kernels/common.h"
 #include "tools/gpt2_bpe.h"
+#include "tools/hf_tokenizer.h"
 
 namespace {
 
-constexpr int32_t kShardMagic = 20240520, kShardVersion = 1;
+constexpr int32_t kShardMagic = 20240520, kShardVersion = 1;        // uint16 tokens
+constexpr int32_t kShardMagicU32 = 20240801, kShardVersionU32 = 7;  // uint32 tokens
 constexpr int32_t kTokenizerMagic = 20240328, kTokenizerVersion = 2;
 
 // ---------------------------------------------------------------- files
@@ -76,40 +88,54 @@ std::string header_bytes(int32_t a, int32_t b, int32_t c, int32_t d) {
 // ---------------------------------------------------------------- encoding
 
 struct Encoder {
+  std::string kind;                 // "byte-level", "GPT-2 BPE", "tokenizer.json (...)"
   bool byte_level = false;
-  Gpt2Bpe bpe;                      // GPT-2 BPE only
+  ByteLevelBpe bpe;                 // BPE only
   std::vector<std::string> pieces;  // bytes of each token, for tokenizer.bin
-  int eot = -1;
+  int eot = -1;                     // the document token
 };
 
-Encoder make_encoder(bool byte_level, const std::string& encoder_path,
-                     const std::string& bpe_path) {
+struct Options {
+  std::string encoder, bpe, hf_tokenizer, doc_token, out, name = "fortunes", tokenizer,
+      doc_sep = "percent";
+  bool byte_level = false;
+  int64_t val_docs = 0, shard_tokens = 100000000;
+  std::vector<std::string> files;
+};
+
+Encoder make_encoder(const Options& o) {
   Encoder e;
-  e.byte_level = byte_level;
-  if (byte_level) {
+  e.byte_level = o.byte_level;
+  if (o.byte_level) {
     for (int b = 0; b < 256; b++) e.pieces.push_back(std::string(1, (char)b));
     e.pieces.push_back("<|endoftext|>");
     e.eot = 256;
-  } else {
-    e.bpe = gpt2_bpe_load(read_file(encoder_path), encoder_path.c_str(), read_file(bpe_path),
-                          bpe_path.c_str());
-    e.pieces = e.bpe.pieces;
-    e.eot = e.bpe.eot;
+    e.kind = "byte-level";
+    return e;
   }
-  CHECK(e.pieces.size() <= 65536, "a vocabulary of %zu tokens does not fit uint16 shards",
-        e.pieces.size());
+  if (!o.hf_tokenizer.empty()) {
+    e.bpe = hf_tokenizer_load(read_file(o.hf_tokenizer), o.hf_tokenizer, o.doc_token);
+    e.kind = std::string("tokenizer.json, ") +
+             (e.bpe.pattern == SplitPattern::Llama3 ? "Llama-3" : "GPT-2") + " split pattern";
+  } else {
+    e.bpe = gpt2_bpe_load(read_file(o.encoder), o.encoder.c_str(), read_file(o.bpe),
+                          o.bpe.c_str());
+    e.kind = "GPT-2 BPE";
+  }
+  e.pieces = e.bpe.pieces;
+  e.eot = e.bpe.doc_token;
   return e;
 }
 
-void encode_document(Encoder& e, const std::string& doc, std::vector<uint16_t>& out) {
-  out.push_back((uint16_t)e.eot);
+void encode_document(Encoder& e, const std::string& doc, std::vector<uint32_t>& out) {
+  out.push_back((uint32_t)e.eot);
   if (e.byte_level) {
     for (unsigned char b : doc) out.push_back(b);
     return;
   }
   std::vector<int> tokens;
-  gpt2_bpe_encode(e.bpe, doc, tokens);
-  for (int t : tokens) out.push_back((uint16_t)t);
+  bpe_encode(e.bpe, doc, tokens);
+  for (int t : tokens) out.push_back((uint32_t)t);
 }
 
 bool only_whitespace(const std::string& s) {
@@ -143,16 +169,21 @@ void split_documents(const std::string& text, bool percent_separated,
 // ---------------------------------------------------------------- output
 
 // Writes tokens as ceil(n / shard_tokens) shards of near-equal size; returns how many.
+// Tokens are uint16 (GPT-2's format) when `wide` is false, else uint32 (Llama-3's).
 int write_shards(const std::string& dir, const std::string& name, const char* split,
-                 const std::vector<uint16_t>& tokens, int64_t shard_tokens) {
+                 const std::vector<uint32_t>& tokens, int64_t shard_tokens, bool wide) {
   int64_t n = (int64_t)tokens.size(), shards = (n + shard_tokens - 1) / shard_tokens;
   for (int64_t k = 0; k < shards; k++) {
     int64_t begin = n * k / shards, end = n * (k + 1) / shards;
     char path[4096];
     std::snprintf(path, sizeof(path), "%s/%s_%s_%06lld.bin", dir.c_str(), name.c_str(), split,
                   (long long)k);
-    std::string bytes = header_bytes(kShardMagic, kShardVersion, (int32_t)(end - begin), 0);
-    bytes.append((const char*)(tokens.data() + begin), (size_t)(end - begin) * 2);
+    std::string bytes = wide ? header_bytes(kShardMagicU32, kShardVersionU32, (int32_t)(end - begin), 0)
+                             : header_bytes(kShardMagic, kShardVersion, (int32_t)(end - begin), 0);
+    for (int64_t i = begin; i < end; i++) {
+      uint32_t t = tokens[i];
+      bytes.append((const char*)&t, wide ? 4 : 2);  // little-endian hosts only
+    }
     write_file(path, bytes);
   }
   return (int)shards;
@@ -181,19 +212,13 @@ bool any_file_matches(const std::string& pattern) {
 [[noreturn]] void usage() {
   std::fprintf(
       stderr,
-      "usage: tokenize encode (--encoder encoder.json --bpe vocab.bpe | --byte-level) --out DIR\n"
+      "usage: tokenize encode (--tokenizer tokenizer.json [--doc-token TEXT] |\n"
+      "                        --encoder encoder.json --bpe vocab.bpe | --byte-level) --out DIR\n"
       "                [--name NAME] [--val-docs N] [--shard-tokens N] [--doc-sep percent|none] "
       "FILE...\n"
       "       tokenize decode --tokenizer tokenizer.bin FILE.bin\n");
   std::exit(2);
 }
-
-struct Options {
-  std::string encoder, bpe, out, name = "fortunes", tokenizer, doc_sep = "percent";
-  bool byte_level = false;
-  int64_t val_docs = 0, shard_tokens = 100000000;
-  std::vector<std::string> files;
-};
 
 int64_t parse_count(const char* flag, const char* text) {
   char* end = nullptr;
@@ -221,6 +246,8 @@ Options parse_options(int argc, char** argv) {
       o.name = argv[++i];
     else if (a == "--tokenizer")
       o.tokenizer = argv[++i];
+    else if (a == "--doc-token")
+      o.doc_token = argv[++i];
     else if (a == "--doc-sep")
       o.doc_sep = argv[++i];
     else if (a == "--val-docs")
@@ -235,21 +262,25 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-int encode_command(const Options& o) {
-  bool some_bpe = !o.encoder.empty() || !o.bpe.empty(),
-       all_bpe = !o.encoder.empty() && !o.bpe.empty();
-  if (o.out.empty() || o.files.empty() || (o.byte_level ? some_bpe : !all_bpe)) usage();
+int encode_command(Options o) {
+  o.hf_tokenizer = o.tokenizer;  // encode's --tokenizer is a tokenizer.json
+  bool gpt2_files = !o.encoder.empty() || !o.bpe.empty();
+  int sources = o.byte_level + gpt2_files + !o.hf_tokenizer.empty();
+  if (o.out.empty() || o.files.empty() || sources != 1) usage();
+  if (gpt2_files && (o.encoder.empty() || o.bpe.empty())) usage();
+  if (!o.doc_token.empty() && o.hf_tokenizer.empty()) usage();
   if (o.doc_sep != "percent" && o.doc_sep != "none") usage();
   CHECK(o.shard_tokens > 0 && o.shard_tokens <= INT32_MAX, "--shard-tokens must be 1..%d",
         INT32_MAX);
-  Encoder e = make_encoder(o.byte_level, o.encoder, o.bpe);
+  Encoder e = make_encoder(o);
+  bool wide = e.pieces.size() > 65536;
   std::vector<std::string> docs;
   for (const std::string& file : o.files)
     split_documents(read_file(file), o.doc_sep == "percent", docs);
   CHECK((int64_t)docs.size() > o.val_docs,
         "%zu document(s) in %zu file(s): none left for training after --val-docs %lld", docs.size(),
         o.files.size(), (long long)o.val_docs);
-  std::vector<uint16_t> val, train;
+  std::vector<uint32_t> val, train;
   for (size_t d = 0; d < docs.size(); d++)
     encode_document(e, docs[d], (int64_t)d < o.val_docs ? val : train);
 
@@ -257,14 +288,15 @@ int encode_command(const Options& o) {
   CHECK(!any_file_matches(o.out + "/" + o.name + "_*.bin"),
         "'%s' already holds %s_*.bin shards: remove them or choose another --out or --name",
         o.out.c_str(), o.name.c_str());
-  int val_shards = write_shards(o.out, o.name, "val", val, o.shard_tokens);
-  int train_shards = write_shards(o.out, o.name, "train", train, o.shard_tokens);
+  int val_shards = write_shards(o.out, o.name, "val", val, o.shard_tokens, wide);
+  int train_shards = write_shards(o.out, o.name, "train", train, o.shard_tokens, wide);
   write_tokenizer(o.out + "/tokenizer.bin", e.pieces, e.eot);
   write_file(o.out + "/vocab_size", std::to_string(e.pieces.size()) + "\n");
   std::printf(
-      "tokenize: %zu documents from %zu file(s), tokenizer %s (%zu tokens, end-of-text %d)\n",
-      docs.size(), o.files.size(), o.byte_level ? "byte-level" : "GPT-2 BPE", e.pieces.size(),
-      e.eot);
+      "tokenize: %zu documents from %zu file(s), tokenizer %s (%zu tokens, document token %d), "
+      "%s shards\n",
+      docs.size(), o.files.size(), e.kind.c_str(), e.pieces.size(), e.eot,
+      wide ? "uint32" : "uint16");
   std::printf(
       "tokenize: train %zu tokens in %d shard(s), val %zu tokens (%lld documents) in %d shard(s) "
       "-> %s\n",

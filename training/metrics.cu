@@ -10,27 +10,37 @@
 #include <cstring>
 #include <fstream>
 
-double model_flops_per_token(const GPTLayout& g) {
-  return 6.0 * (double)g.active_parameters + 6.0 * g.L * g.C * (double)g.T;
-}
+#include "config/device_peaks.h"
 
-double hardware_flops_per_token(const GPTLayout& g, Recompute r) {
-  double f = model_flops_per_token(g);
-  if (r == Recompute::Block) {  // the blocks' forward again: every active parameter but the root's
-    const double root = ((double)g.Vp + g.maxT) * g.C + 2.0 * g.C;
-    f += 2.0 * ((double)g.active_parameters - root) + 2.0 * g.L * g.C * (double)g.T;
+FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r) {
+  const double C = g.C, Vp = g.Vp, LTd = (double)g.L * g.T * g.C;
+  const bool tied = g.tied;
+  FlopsPerToken f;
+  f.matmul_parameters = (double)g.active_parameters - (tied ? 0.0 : Vp * C);
+  f.causal = 6.0 * f.matmul_parameters + 6.0 * LTd;
+  f.full = 6.0 * f.matmul_parameters + 12.0 * LTd;
+  f.hardware = f.causal;
+  if (r == Recompute::Block) {  // the blocks' forward again: N but the root's parameters
+    const double root = g.llama ? Vp * C + C : (Vp + g.maxT) * C + 2.0 * C;  // head, ln_f, wpe
+    f.hardware += 2.0 * (f.matmul_parameters - root) + 2.0 * LTd;
   }
   return f;
 }
 
-double device_peak_tflops(const std::string& name, double override_tflops) {
-  if (override_tflops > 0) return override_tflops;
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100")) return has("PCIe") ? 756.0 : 989.4;
-  if (has("H200")) return 989.4;
-  if (has("A100")) return 312.0;
-  if (has("B200")) return 2250.0;
-  return 0.0;
+double run_peak_tflops(const std::string& device_name, const std::string& compute,
+                       double override_tflops, std::string* source) {
+  if (override_tflops > 0) {
+    *source = "[log] peak_tflops";
+    return override_tflops;
+  }
+  const DevicePeak* d = device_peak_by_driver_name(device_name);
+  if (!d) {
+    *source = "unknown device";
+    return 0;
+  }
+  *source = std::string(d->name) + (compute == "fp8" ? " dense FP8" : " dense BF16") + " (" +
+            d->source + ")";
+  return device_peak_tflops(*d, compute);
 }
 
 // The kind of a metrics line: a run record (its first step in *step, 1 when it does not say), a
@@ -104,9 +114,12 @@ void metrics_run(MetricsLog& log, const RunInfo& i) {
   std::fprintf(log.jsonl,
                "{\"run\":{\"parameters\":%zu,\"state_bytes\":%zu,\"activation_bytes\":%zu,"
                "\"host_bytes\":%zu,\"disk_bytes\":%zu,\"world_size\":%d,"
-               "\"flops_per_token\":%.0f,\"peak_tflops\":%.1f,\"first_step\":%d}}\n",
+               "\"flops_per_token\":%.0f,\"flops_per_token_full\":%.0f,"
+               "\"hardware_flops_per_token\":%.0f,\"matmul_parameters\":%.0f,"
+               "\"peak_tflops\":%.6g,\"first_step\":%d}}\n",
                i.parameters, i.state_bytes, i.activation_bytes, i.host_bytes, i.disk_bytes,
-               i.world_size, i.flops_per_token, i.peak_tflops, i.first_step);
+               i.world_size, i.flops.causal, i.flops.full, i.flops.hardware,
+               i.flops.matmul_parameters, i.peak_tflops, i.first_step);
   flush_checked(log);
 }
 
@@ -234,7 +247,10 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
                "\"tokens_per_s\":%.1f",
                r.step, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s);
   print_fraction(log.jsonl, "mfu", r.mfu);
+  print_fraction(log.jsonl, "mfu_full", r.mfu_full);
   print_fraction(log.jsonl, "hfu", r.hfu);
+  std::fprintf(log.jsonl, ",\"model_tflops_per_gpu\":%.6g,\"hardware_tflops_per_gpu\":%.6g",
+               r.model_tflops_per_gpu, r.hardware_tflops_per_gpu);
   std::fprintf(log.jsonl, ",\"mem_bytes\":%zu,\"mem_peak_bytes\":%zu", r.mem_bytes,
                r.mem_peak_bytes);
   if (r.offload) {
@@ -267,5 +283,56 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
 void metrics_val(MetricsLog& log, int step, double val_loss) {
   if (!log.jsonl) return;
   std::fprintf(log.jsonl, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
+  flush_checked(log);
+}
+
+void RunSummary::add(double step_tokens, double step_seconds) {
+  if (!have_first) {
+    have_first = true;
+    first_tokens = step_tokens, first_seconds = step_seconds;
+    return;
+  }
+  steps++;
+  tokens += step_tokens;
+  seconds += step_seconds;
+}
+
+void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, bool print) {
+  if (!s.have_first) return;
+  const bool rest = s.steps > 0;
+  const int steps = rest ? s.steps : 1;
+  const double tokens_per_s = rest ? s.tokens / s.seconds : s.first_tokens / s.first_seconds;
+  const FlopsPerToken& f = info.flops;
+  const double per_gpu = tokens_per_s / info.world_size / 1e12;  // tokens/s per GPU, in 1e12
+  const double model_tflops = per_gpu * f.causal, full_tflops = per_gpu * f.full,
+               hardware_tflops = per_gpu * f.hardware;
+  const double peak = info.peak_tflops;
+  if (print) {
+    std::printf("summary  %d step(s)%s: %.0f tokens/s, %.3g TFLOP/s per GPU of model FLOPs "
+                "(%.3g counting attention in full, %.3g executed)\n", steps,
+                rest ? " after the first" : "", tokens_per_s, model_tflops, full_tflops,
+                hardware_tflops);
+    std::printf("summary  FLOPs per token: %.4g with causal attention at half (llm.c, Megatron), "
+                "%.4g at full (PaLM, torchtitan), %.4g executed; N = %.4g\n", f.causal, f.full,
+                f.hardware, f.matmul_parameters);
+    if (peak > 0)
+      std::printf("summary  MFU %.2f%% (causal at half), %.2f%% (at full), HFU %.2f%% of %.4g "
+                  "TFLOP/s per GPU\n", 100 * model_tflops / peak, 100 * full_tflops / peak,
+                  100 * hardware_tflops / peak, peak);
+    else
+      std::printf("summary  MFU not reported: no peak known for this device ([log] peak_tflops)\n");
+    std::fflush(stdout);
+  }
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl, "{\"summary\":{\"steps\":%d,\"tokens_per_s\":%.6g,"
+               "\"flops_per_token\":%.0f,\"flops_per_token_full\":%.0f,"
+               "\"hardware_flops_per_token\":%.0f,\"model_tflops_per_gpu\":%.6g,"
+               "\"model_tflops_per_gpu_full\":%.6g,\"hardware_tflops_per_gpu\":%.6g,"
+               "\"peak_tflops\":%.6g", steps, tokens_per_s, f.causal, f.full, f.hardware,
+               model_tflops, full_tflops, hardware_tflops, peak);
+  print_fraction(log.jsonl, "mfu", peak > 0 ? model_tflops / peak : -1);
+  print_fraction(log.jsonl, "mfu_full", peak > 0 ? full_tflops / peak : -1);
+  print_fraction(log.jsonl, "hfu", peak > 0 ? hardware_tflops / peak : -1);
+  std::fprintf(log.jsonl, "}}\n");
   flush_checked(log);
 }

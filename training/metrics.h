@@ -1,15 +1,22 @@
-// training/metrics.h - what a run reports: the per-step line, the JSONL metrics file, and the FLOP
-// accounting behind MFU.
+// training/metrics.h - what a run reports: the per-step line, the JSONL metrics file, the
+// end-of-run summary, and the FLOP accounting behind MFU (docs/PERF.md works the formulas out for
+// GPT-2 124M and Llama-3 8B).
 //
-// MFU uses llm.c's count of model FLOPs per token (https://github.com/karpathy/llm.c,
-// gpt2_estimate_mfu in train_gpt2.cu),
-//     6 N + 6 L C T
-// with N every parameter a token uses (for a mixture of experts the active ones: the dense
-// parameters, the routers and top_k of the E experts of each MoE block), including the embeddings (wte counted with its padded Vp rows, as llm.c
-// does) - this is PaLM's 6N + 12LCT with the attention term halved for the causal mask. MFU =
-// achieved model FLOP/s over the dense BF16 peak of all devices in the run; runs in fp32 (or fp8)
-// are still measured against the BF16 peak. HFU counts the FLOPs actually executed, i.e. adds
-// the recomputed forward of "block" recompute (2 N_blocks + 2 L C T per token).
+// Model FLOPs per token, for every architecture, from the layout:
+//     causal = 6 N + 6 L T d      (causal attention counted at half: llm.c, Megatron-LM)
+//     full   = 6 N + 12 L T d     (attention counted in full: PaLM, torchtitan)
+// N: the parameters a token's matmuls use, 2 FLOPs each forward and 4 backward. It is the
+// layout's active parameter count (a mixture of experts: the dense parameters, the routers and
+// top_k of the E experts of each MoE block; Llama: GQA's smaller k/v rows, SwiGLU's three
+// matrices), with the head counted once as the output matmul (Vp padded rows, as llm.c does),
+// minus an untied model's input embedding (a lookup, no FLOPs). Norms, biases and GPT-2's wpe
+// stay in N (llm.c's count; they are < 1% of it). L T d: per layer and token, QK^T and AV over
+// T keys cost 2 T d FLOPs each forward (d = n_head * head_dim = d_model), times 3 for the
+// backward; causal masking skips half of them. For GPT-2 `causal` is llm.c's 6N + 6LCT exactly.
+// HFU counts what runs: `hardware` = causal plus the forward that "block" recompute runs again
+// (2 N_blocks + 2 L T d; "gelu" recompute adds no matmul FLOPs).
+// MFU = achieved model FLOP/s over the dense peak of all devices in the run (config/
+// device_peaks.h: the BF16 peak, the FP8 one for fp8 runs; fp32 runs use the BF16 peak).
 #pragma once
 #include <vector>
 
@@ -23,21 +30,29 @@
 #include "parallel/comm.h"
 #include "parallel/offload.h"
 
-double model_flops_per_token(const GPTLayout& g);
+struct FlopsPerToken {
+  double causal = 0;    // 6 N + 6 L T d
+  double full = 0;      // 6 N + 12 L T d
+  double hardware = 0;  // causal + recompute's second forward
+  double matmul_parameters = 0;  // N
+};
+FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r);
 // `,"comm":{axis:{collective:{"calls":n,"bytes":n}...}...}`: the counters of the axes used, as
 // a step record of the metrics file (and the planner's JSON) holds them.
 void print_comm_json(FILE* f, const CommStats& st);
 // `,"offload":{"to_host_bytes":n,"to_device_bytes":n,"disk_read_bytes":n,"disk_write_bytes":n}`
 void print_offload_json(FILE* f, const OffloadStats& st);
-double hardware_flops_per_token(const GPTLayout& g, Recompute r);
-// Dense BF16 peak TFLOP/s of one device, from its name (H100 SXM/PCIe, H200, A100, B200), or the
-// override when > 0. 0 when unknown (the CPU, or an unlisted GPU): MFU is then reported as null.
-double device_peak_tflops(const std::string& device_name, double override_tflops);
+// The dense peak TFLOP/s of one device at the run's precision ([precision] compute): the
+// override when > 0, else the device's row of config/device_peaks.h by its driver name. 0 when
+// unknown (the CPU, an unlisted GPU): MFU is then reported as null. `source` says which.
+double run_peak_tflops(const std::string& device_name, const std::string& compute,
+                       double override_tflops, std::string* source);
 
 struct StepReport {
   int step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0;
-  double mfu = -1, hfu = -1;  // fractions; < 0 = unknown
+  double mfu = -1, mfu_full = -1, hfu = -1;  // fractions (causal, full, hardware); < 0 = unknown
+  double model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0;  // achieved, causal convention
   size_t mem_bytes = 0, mem_peak_bytes = 0;  // device memory in use now, and at most so far
   bool offload = false;               // optimizer offload: the next two are reported
   size_t host_bytes = 0;              // pinned host memory of the offloaded optimizer
@@ -76,11 +91,13 @@ struct RunInfo {
   size_t host_bytes = 0;       // optimizer offload: pinned host memory, and the file's bytes
   size_t disk_bytes = 0;
   int world_size = 1;
-  double flops_per_token = 0, peak_tflops = 0;
+  FlopsPerToken flops;
+  double peak_tflops = 0;      // 0 = unknown
+  std::string peak_source;     // the device row or "[log] peak_tflops"
 };
 void metrics_run(MetricsLog& log, const RunInfo& info);
 // Prints the step line (rank 0) and appends the JSON object, with this step's communication.
-// The line: step k/n | loss | lr | norm | ms | tok/s | MFU (HFU) | mem (device) | with offload:
+// The line: step k/n | loss | lr | norm | ms | tok/s | MFU (HFU), causal convention | mem (device) | with offload:
 // host memory and the host optimizer's time | elapsed, time left.
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
 void metrics_val(MetricsLog& log, int step, double val_loss);
@@ -89,3 +106,16 @@ void metrics_val(MetricsLog& log, int step, double val_loss);
 // order: {"end":{"mem_peak_bytes":[...]}}. test/test_plan.py compares it with the plan's peak of
 // each rank, test/test_gpu_train.py (./train_emu) with the plan's peak plus its GPU terms.
 void metrics_end(MetricsLog& log, const std::vector<size_t>& mem_peak_bytes);
+
+// The run's throughput over its steps, the first left out when there are more (it warms up).
+struct RunSummary {
+  int steps = 0;                    // after the first
+  double tokens = 0, seconds = 0;   // their totals
+  double first_tokens = 0, first_seconds = 0;
+  bool have_first = false;
+  void add(double step_tokens, double step_seconds);
+};
+// Prints the end-of-run summary (rank 0) and writes it as a {"summary": {...}} record: tokens/s,
+// model FLOPs per token in both conventions and the hardware count, TFLOP/s per GPU, MFU in both
+// conventions and HFU (null without a peak).
+void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, bool print);

@@ -27,6 +27,7 @@
 #include "parallel/mesh.h"
 #include "parallel/param_store.h"
 #include "parallel/pipeline.h"
+#include "config/device_peaks.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
 
@@ -144,13 +145,17 @@ void estimate_time(Plan& plan, const Config& c, const PipelineSchedule& sched) {
   const Recompute rc = parse_recompute(c.train.recompute);
   plan.tokens_per_step =
       (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum * c.parallel.dp;
-  const double flops = hardware_flops_per_token(g, rc) * plan.tokens_per_step / world;
-  plan.compute_ms = flops / (c.plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
+  plan.flops = flops_per_token(g, rc);
+  plan.peak_tflops = plan_peak_tflops(c);
+  const double flops = plan.flops.hardware * plan.tokens_per_step / world;
+  plan.compute_ms = flops / (plan.peak_tflops * 1e12 * c.plan.matmul_efficiency) * 1e3;
   plan.bubble = pipeline_simulate(sched, PipeCosts{}).bubble();  // at the nominal costs
   plan.comm_ms = comm_ms(c, plan.ranks[0].comm) + offload_ms(c, plan.ranks[0].offload);
   plan.step_ms = plan.compute_ms / (1.0 - plan.bubble) + plan.comm_ms;
-  plan.mfu = model_flops_per_token(g) * plan.tokens_per_step /
-             (plan.step_ms / 1e3 * c.plan.peak_tflops * 1e12 * world);
+  const double achieved = plan.tokens_per_step / (plan.step_ms / 1e3) / world / 1e12;  // per GPU
+  plan.mfu = achieved * plan.flops.causal / plan.peak_tflops;
+  plan.mfu_full = achieved * plan.flops.full / plan.peak_tflops;
+  plan.hfu = achieved * plan.flops.hardware / plan.peak_tflops;
   mesh_destroy(d.mesh);
 }
 
@@ -270,9 +275,14 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
                  "from and %.1f MiB written to the file\n", mib(o.to_host_bytes),
                  mib(o.to_device_bytes), mib(o.disk_read_bytes), mib(o.disk_write_bytes));
   std::fprintf(out, "  bubble %.1f%%, compute %.2f ms, communication %.2f ms (at [plan] bandwidths)"
-               "\n  estimated step %.2f ms, MFU %.1f%% of %.0f TFLOP/s per GPU\n",
+               "\n  estimated step %.2f ms, MFU %.1f%% of %.1f TFLOP/s per GPU (%s %s; causal "
+               "attention at half; %.1f%% at full, HFU %.1f%%)\n",
                100 * plan.bubble, plan.compute_ms, plan.comm_ms, plan.step_ms, 100 * plan.mfu,
-               c.plan.peak_tflops);
+               plan.peak_tflops, c.plan.peak_tflops > 0 ? "[plan] peak_tflops" : c.plan.device.c_str(),
+               c.precision.compute == "fp8" ? "FP8" : "BF16", 100 * plan.mfu_full, 100 * plan.hfu);
+  std::fprintf(out, "  model FLOPs per token %.4g (6N + 6LTd, N = %.4g), %.4g (6N + 12LTd), "
+               "executed %.4g\n", plan.flops.causal, plan.flops.matmul_parameters,
+               plan.flops.full, plan.flops.hardware);
   if (!plan.does_not_fit.empty())
     std::fprintf(out, "  DOES NOT FIT: %s\n", plan.does_not_fit.c_str());
 }
@@ -307,8 +317,12 @@ std::string plan_write_json(const Plan& plan, const Config& c, const std::string
     std::fprintf(f, "}");
   }
   std::fprintf(f, "],\"bubble\":%.10g,\"compute_ms\":%.6g,\"comm_ms\":%.6g,\"step_ms\":%.6g,"
-               "\"mfu\":%.6g,\"fits\":%s}\n", plan.bubble, plan.compute_ms, plan.comm_ms,
-               plan.step_ms, plan.mfu, plan.does_not_fit.empty() ? "true" : "false");
+               "\"mfu\":%.6g,\"mfu_full\":%.6g,\"hfu\":%.6g,\"peak_tflops\":%.6g,"
+               "\"flops_per_token\":%.0f,\"flops_per_token_full\":%.0f,"
+               "\"hardware_flops_per_token\":%.0f,\"matmul_parameters\":%.0f,\"fits\":%s}\n",
+               plan.bubble, plan.compute_ms, plan.comm_ms, plan.step_ms, plan.mfu, plan.mfu_full,
+               plan.hfu, plan.peak_tflops, plan.flops.causal, plan.flops.full, plan.flops.hardware,
+               plan.flops.matmul_parameters, plan.does_not_fit.empty() ? "true" : "false");
   return std::fclose(f) == 0 ? "" : "cannot write " + path;
 }
 

@@ -23,6 +23,7 @@
 #include "parallel/comm.h"
 #include "parallel/offload.h"
 #include "training/device_memory.h"
+#include "training/metrics.h"
 
 struct RankPlan {
   int rank = 0;
@@ -43,7 +44,10 @@ struct RankPlan {
 struct Plan {
   std::vector<RankPlan> ranks;  // every world rank (or one per role: PlanScope)
   double bubble = 0;            // the schedule's idle fraction, (p-1)/(v*m+p-1) for 1f1b
-  double compute_ms = 0, comm_ms = 0, step_ms = 0, mfu = 0;
+  double compute_ms = 0, comm_ms = 0, step_ms = 0;
+  double mfu = 0, mfu_full = 0, hfu = 0;  // causal attention at half, at full; hardware FLOPs
+  double peak_tflops = 0;       // [plan] peak_tflops, or [plan] device's at the precision
+  FlopsPerToken flops;          // per token (training/metrics.h)
   double tokens_per_step = 0;
   std::string does_not_fit;     // "" or which rank needs how much more than [plan] memory_gib
 };
