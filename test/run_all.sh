@@ -8,6 +8,7 @@
 # values) with a stated tolerance; see the docstring at the top of each. What a group cannot run
 # here it skips out loud, and the summary counts every skip with its reason (test/suite.sh);
 # `make deps` (tools/install_deps.sh) installs what the skipping groups need.
+# Arguments name groups to run alone: `test/run_all.sh plan model` (the build still runs first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export BUILD=${BUILD:-build}
@@ -25,6 +26,7 @@ fi
 make -j2 BUILD="$BUILD" $targets test-bins "$BUILD/bench_kernels_cpu" || { echo "run_all: BUILD FAILED"; exit 1; }
 tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
 
+SUITE_GROUPS="$*"  # `test/run_all.sh plan model`: only those groups (after the build)
 source test/suite.sh
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py

@@ -5,6 +5,8 @@
 #   source test/suite.sh
 #   run NAME COMMAND...        skip NAME REASON        suite_finish SUITE_NAME
 #
+# SUITE_GROUPS="name1 name2": run only the groups named (the others are not counted).
+#
 # Skips are counted, never silent. A group skips some of its checks by printing a line that
 # starts with "SKIP" (leading blanks allowed): "SKIP BPE id comparison: python3-regex is not
 # installed". It skips entirely by exiting with status 77 (automake's convention) after such a
@@ -17,6 +19,7 @@ export PYTHONUNBUFFERED=1  # the group's lines in the order they happen, through
 
 run() {
   local name=$1; shift
+  if [ -n "${SUITE_GROUPS:-}" ] && [[ " $SUITE_GROUPS " != *" $name "* ]]; then return 0; fi
   local start=$SECONDS log rc line
   log=$(mktemp)
   echo "=== $name"
@@ -38,6 +41,7 @@ run() {
 }
 
 skip() {
+  if [ -n "${SUITE_GROUPS:-}" ] && [[ " $SUITE_GROUPS " != *" $1 "* ]]; then return 0; fi
   echo "=== $1: SKIPPED: $2"
   skipped+=("$1: $2")
 }
