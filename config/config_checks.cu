@@ -206,18 +206,21 @@ static void check_diloco(Checker& c) {
 }
 
 // The gradient noise scale (training/noise_scale.h) reads each rank's whole first micro-batch
-// gradient before it is reduced: DDP or ZeRO-1 on a dense dp-only layout, and two batch sizes.
+// gradient before it is reduced: DDP and ZeRO-1 from the full gradient, ZeRO-2 and FSDP from each
+// unit's bucket before its reduce-scatter; dense dp-only layouts, and two batch sizes.
 static void check_noise_scale(Checker& c) {
   const Config& cfg = c.cfg;
   if (!cfg.log.grad_noise_scale) return;
   const ParallelConfig& p = cfg.parallel;
   const std::string key = mention(cfg, c.origins, "log.grad_noise_scale");
-  if (p.zero > 1)
-    c.problems.add(key + " needs whole local gradients: " + mention(cfg, c.origins, "parallel.zero") +
-                   " shards them; use zero = 0 or 1");
-  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || cfg.model.n_experts > 0)
+  std::string axes;  // the keys that split a dp rank's gradient into partial sums over ranks
+  for (const auto& [on, name] : {std::pair{p.tp > 1, "parallel.tp"}, {p.pp > 1, "parallel.pp"},
+                                 {p.cp > 1, "parallel.cp"}, {cfg.model.n_experts > 0, "model.n_experts"}})
+    if (on) axes += (axes.empty() ? "" : ", ") + mention(cfg, c.origins, name);
+  if (!axes.empty())
     c.problems.add(key + " works on dp-only layouts of dense models (tp = pp = cp = 1, "
-                   "n_experts = 0): a rank's gradient is otherwise a part of the small batch's");
+                   "n_experts = 0), any zero stage: with " + axes + " a rank holds partial sums "
+                   "of its dp rank's gradient, whose squares do not add");
   if (std::max(1, p.dp) * std::max(1, cfg.train.grad_accum) < 2)
     c.problems.add(key + " needs two batch sizes: " + mention(cfg, c.origins, "parallel.dp") +
                    " or " + mention(cfg, c.origins, "train.grad_accum") + " must be >= 2");

@@ -10,7 +10,12 @@ known gradient covariance, within 20%). Here, on the tiny GPT-2 of the trainer t
    b_small and b_big are micro_batch and micro_batch x grad_accum x dp.
 3. The logged B_simple is the EMA (beta 0.95) of the logged per-step estimates, recomputed here
    from the logged |G_small|^2 and |G_big|^2 with McCandlish et al.'s formulas (1e-6).
-4. The step line shows B_noise; zero = 2, tp = 2 and a single batch size (dp = grad_accum = 1)
+4. ZeRO-2 and FSDP (zero = 2, 3) measure the small batch from each unit's bucket before its
+   reduce-scatter: at dp 2 with grad_accum 2 their logged |G_small|^2, |G_big|^2 and B_simple
+   equal the DDP run's (zero = 0, same data on the same ranks) step by step, within fp32
+   reduction-order rounding (norms measured <= 6e-8 relative, tolerance 1e-6;
+   B_simple relative over its condition number, tolerance 3e-7).
+5. The step line shows B_noise; tp = 2, pp = 2 and a single batch size (dp = grad_accum = 1)
    are refused naming the keys.
 """
 import os
@@ -26,9 +31,9 @@ L, NH, C, T, V = 2, 4, 44, 16, 101
 STEPS = 8
 
 
-def train(tmp, name, dp, accum, micro, noise=True):
+def train(tmp, name, dp, accum, micro, noise=True, zero=0):
     sec = base_sections(tmp, STEPS, lr=1e-3, micro_batch=micro, grad_accum=accum)
-    sec["parallel"] = {"dp": dp}
+    sec["parallel"] = {"dp": dp, "zero": zero}
     sec["log"]["grad_noise_scale"] = noise
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     r = run(write_config(tmp, f"{name}.toml", sec), np_ranks=dp if dp > 1 else 0)
@@ -87,15 +92,29 @@ def main():
         d = rel(dp2[0]["noise_scale"]["big_sq"], one[0]["noise_scale"]["big_sq"])
         checks.check("dp 2 and one rank with grad_accum 2: the same big batch", d < 1e-5,
                      f"relative difference {d:.2e}")
+        ddp, _ = train(tmp, "dp2_accum2", 2, 2, 3)
+        for zero in (2, 3):
+            sharded, _ = train(tmp, f"dp2_accum2_zero{zero}", 2, 2, 3, zero=zero)
+            for field in ("small_sq", "big_sq"):  # measured <= 6e-8
+                d = max(rel(a["noise_scale"][field], b["noise_scale"][field])
+                        for a, b in zip(sharded, ddp))
+                checks.check(f"zero = {zero}: {field} equals DDP's at every step", d < 1e-6 and
+                             len(sharded) == len(ddp) == STEPS, f"max relative difference {d:.2e}")
+            # B_simple's |G|^2 is a difference of the norms: relative error over its condition
+            # number (ema_b_simple), measured <= 3e-8
+            d = max(rel(a["noise_scale"]["b_simple"], b["noise_scale"]["b_simple"]) / cond
+                    for a, b, (_, cond) in zip(sharded, ddp, ema_b_simple(ddp)))
+            checks.check(f"zero = {zero}: B_simple equals DDP's at every step", d < 3e-7,
+                         f"max relative difference / condition {d:.2e}")
         checks.check("the step line shows B_noise", "| B_noise " in out, "")
         for what, par, accum, words in (
-                ("zero = 2", {"dp": 2, "zero": 2}, 1, ["[log] grad_noise_scale", "[parallel] zero"]),
-                ("tp = 2", {"tp": 2}, 2, ["[log] grad_noise_scale", "dp-only"]),
+                ("tp = 2", {"tp": 2}, 2, ["[log] grad_noise_scale", "dp-only", "[parallel] tp"]),
+                ("pp = 2", {"pp": 2}, 2, ["[log] grad_noise_scale", "dp-only", "[parallel] pp"]),
                 ("one batch size", {}, 1, ["[log] grad_noise_scale", "[train] grad_accum"])):
             sec = base_sections(tmp, 2, micro_batch=2, grad_accum=accum)
             sec["parallel"] = par
             sec["log"]["grad_noise_scale"] = True
-            world = par.get("dp", 1) * par.get("tp", 1)
+            world = par.get("dp", 1) * par.get("tp", 1) * par.get("pp", 1)
             check_refused(checks, tmp, what, sec, world if world > 1 else 0, words)
     checks.report()
 

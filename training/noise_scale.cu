@@ -1,5 +1,6 @@
 // training/noise_scale.cu - the gradient noise scale's estimators and their averages (the
-// formulas and where the two batch sizes come from: training/noise_scale.h).
+// formulas, where the two batch sizes come from and the layouts it covers: every ZeRO stage on
+// dense dp-only layouts, training/noise_scale.h).
 #include "training/noise_scale.h"
 
 #include "kernels/common.h"

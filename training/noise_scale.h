@@ -14,7 +14,13 @@
 // reduction: B_small = micro_batch sequences, |G_small|^2 averaged over the dp ranks with one
 // scalar all-reduce) and the big batch to be the whole step (B_big = micro_batch x grad_accum x
 // dp, |G_big|^2 the squared gradient norm the step computes anyway). So it works on one rank
-// from micro-batches (grad_accum >= 2) and on dp ranks with any grad_accum. One step's estimates
+// from micro-batches (grad_accum >= 2) and on dp ranks with any grad_accum, at every ZeRO stage:
+// DDP and ZeRO-1 sum the squares of the full local gradient, ZeRO-2 and FSDP those of each
+// unit's bucket (the whole local gradient of that unit) before its reduce-scatter, at the unit's
+// first release of the step (parallel/param_store.cu grads_release). Under tp, pp, cp and
+// experts a rank holds only part of its dp rank's gradient, and some parts (sequence-parallel
+// LayerNorms, the tied embedding's two copies, cp's token halves) are partial sums whose squares
+// do not add, so those layouts are refused (config/config_checks.cu check_noise_scale). One step's estimates
 // are noisy (either can be negative), so both are smoothed by an exponential moving average
 // before the ratio is taken (the bias correction of an EMA started at zero is the same factor in
 // both and cancels in the ratio).
