@@ -129,9 +129,6 @@ static void setup(Run& r, int world_rank, int local_rank) {
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
   CommsByAxis comms = diloco_store_comms(r.mesh, cfg);  // an island's gradient norm is its own
-  if (cfg.log.grad_noise_scale)  // counted with the store's working buffers
-    r.store.small_batch_squares =
-        (float*)allocate_zeroed(r.store.work_memory, sizeof(float), r.compute);
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));

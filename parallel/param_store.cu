@@ -47,6 +47,7 @@ ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.offload.dir = cfg.train.offload_dir;
   st.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
   st.compressor.topk_ratio = cfg.parallel.topk_ratio;
+  st.measure_small_batch = cfg.log.grad_noise_scale;
   return sharding_mode(cfg.parallel.zero);
 }
 
@@ -203,6 +204,8 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   if (!store_offloaded(st)) device_optimizer_state(st);
   compression_init(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
+  if (st.measure_small_batch)
+    st.small_batch_squares = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   st.comm_idle = allocate_event(st.work_memory);
   st.issue_point = allocate_event(st.work_memory);
   if (!st.count_only) param_store_load(st, units, fill);

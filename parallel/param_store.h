@@ -117,12 +117,14 @@ struct ParamStore {
   // Compressed dp reductions (DDP, ZeRO-1/2): set compressor.kind and topk_ratio before
   // param_store_init.
   GradCompressor compressor;
-  // [log] grad_noise_scale (training/noise_scale.h): set small_batch_squares to a zeroed device
-  // float; the first micro-batch's squared gradient norm (before any reduction) is summed into
+  // [log] grad_noise_scale (training/noise_scale.h): set measure_small_batch before
+  // param_store_init (store_options does), which makes small_batch_squares a zeroed device float
+  // of the working buffers (so the planner counts it); the first micro-batch's squared gradient norm (before any reduction) is summed into
   // it: a block's at its first release, the units used by the whole step (the root) when the
   // first micro-batch's backward ends (grads_micro_batch_done). Every ZeRO stage: the full
   // gradient (DDP, ZeRO-1) or the unit's bucket before its reduce-scatter (ZeRO-2, FSDP) is the
   // whole local gradient of the unit. dp-only layouts.
+  bool measure_small_batch = false;
   float* small_batch_squares = nullptr;
   bool small_batch_measured = false;
   int world_rank = 0;       // names the offload file

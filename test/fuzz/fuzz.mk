@@ -24,7 +24,8 @@ $(BUILD)/fuzz/obj/%.o: %
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -x c++ -c $< -o $@
 fuzz_obj = $(patsubst %,$(BUILD)/fuzz/obj/%.o,$(1) kernels/common.cpp)
 CONFIG_READER := config/config.cu config/config_schema.cu config/config_checks.cu \
-                 config/layout_rules.cu config/config_hf.cu config/json.cu
+                 config/layout_rules.cu config/config_hf.cu config/json.cu \
+                 config/device_peaks.cu
 # The schedule file reader, with the builder, message placement and simulator it runs (and
 # pipeline_rules, which the builder calls).
 SCHEDULE_READER := parallel/pipeline_file.cu parallel/pipeline_schedule.cu \
