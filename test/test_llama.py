@@ -15,7 +15,8 @@ steps in the tp layouts of some seeds, from step 4 on, where steps 1-3 agreed to
    measured values there):
    dp2 FSDP, dp2 DDP with grad_accum 2, tp2 with SP (tp divides n_kv_head), tp2 without SP,
    pp2 1f1b (untied: embedding on the first stage, head on the last), pp2 zb-h1, cp2 (RoPE at
-   the zigzag chunks' global positions), cp2 x tp2, dp2 x pp2 x tp2 FSDP at np 8; recompute
+   the zigzag chunks' global positions), cp2 x tp2, dp2 x pp2 x tp2 FSDP and pp2 x cp2 x tp2
+   FSDP (every model axis) at np 8; recompute
    "block" and "gelu"; pp2 tied = one rank, and only the tied model sums wte's gradient over
    the embedding group (one all-reduce per step, none untied); MoE blocks with SwiGLU experts
    (Mixtral's: router softmax, top-2, gates renormalised; router losses off) against a float64
@@ -192,7 +193,9 @@ def test_layouts(tmp):
              ("cp2", {"cp": 2}, {}),
              ("cp2 x tp2", {"cp": 2, "tp": 2}, {}),
              ("dp2 x pp2 x tp2 FSDP (np 8)", {"dp": 2, "pp": 2, "tp": 2, "zero": 3},
-              {"accum": 2})]
+              {"accum": 2}),
+             ("pp2 x cp2 x tp2 FSDP over cp, every model axis (np 8)",
+              {"pp": 2, "cp": 2, "tp": 2, "zero": 3}, {"accum": 2})]
     for what, parallel, kw in cases:
         got = train(tmp, "l_" + "_".join(f"{k}{v}" for k, v in parallel.items()), model,
                     parallel, **kw)
