@@ -78,18 +78,8 @@ def random_samples(rng, count):
 
 # ------------------------------------------------------------------ byte-level BPE, in Python
 
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
+# GPT-2's byte <-> printable character map (the same in every byte-level BPE): test_tokenize's.
+from test_tokenize import bytes_to_unicode  # noqa: E402
 
 BYTE_CHAR = bytes_to_unicode()
 
