@@ -428,9 +428,15 @@ def test_llama(rng):
         cpu = train_records(TRAIN_CPU, tmp, "llama_cpu", sec)
         gpu = train_records(TRAIN, tmp, "llama_gpu", sec)
         r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
+        # The gradient norm after 3 AdamW steps spreads wider than GPT-2's (the backends' exp in
+        # SwiGLU differ in the last bits: the CPU's vectorised exp, CUDA's expf): measured 0 to
+        # 5.9e-7 over 5 seeds and 2.0e-6 once in a full suite run, so the norm gets 1e-5 (loss:
+        # <= 1.1e-7, FP32_TOL).
+        norm_tol = max(FP32_TOL, 1e-5)
         checks.check(f"Llama GQA {steps} steps ./train fp32 vs ./train_cpu",
-                     max(r, rn) < FP32_TOL, f"max rel err loss {r:.1e}, norm {rn:.1e} (tol "
-                     f"{FP32_TOL:.0e}); loss {cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
+                     r < FP32_TOL and rn < norm_tol, f"max rel err loss {r:.1e}, norm {rn:.1e} "
+                     f"(tol {FP32_TOL:.0e}, norm {norm_tol:.0e}); loss {cpu[0]['loss']:.5f} -> "
+                     f"{cpu[-1]['loss']:.5f}")
         sec["precision"] = {"compute": "bf16"}
         cpu16 = train_records(TRAIN_CPU, tmp, "llama_cpu_bf16", sec)
         gpu16 = train_records(TRAIN, tmp, "llama_gpu_bf16", sec)
