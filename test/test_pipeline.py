@@ -13,10 +13,11 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    send and one receive of B*T*C elements per micro-batch and stage boundary of each of its
    chunks, on the embed axis one all-reduce of the root's gradient (its shard under FSDP).
 3. bf16 and fp8 at pp = 2 against the one-rank bf16 / fp8 run (FP8's amaxes agree over the
-   stage group; the backward casts each micro-batch's input with its own scale): the gradient
-   norms of the first 6 steps within 1e-6 (measured <= 8e-8 over 16 seeds: only the tied wte's
-   gradient is summed in another order, head and embedding parts on two stages), the losses of
-   all 20 steps within 2e-3 (measured up to 1.5e-4 in fp8 and 3.2e-5 in bf16: after some steps
+   stage group; the backward casts each micro-batch's input with its own scale): step 1's
+   gradient norm within 1e-6 (measured <= 8e-8: only the tied wte's gradient is summed in
+   another order, head and embedding parts on two stages), the norms of the first 6 steps
+   within 2e-3 (1 seed in ~8 flips a bf16 or FP8 code by step 2-6 and shows 1.5e-4), the losses
+   of all 20 steps within 2e-3 (measured up to 1.5e-4 in fp8 and 3.2e-5 in bf16: after some steps
    such 1e-7 differences flip a bf16 or FP8 code now and then, and Adam carries it on). A backward
    that casts with the last forward's scale (another micro-batch's) moves the fp8 norms by 3e-3
    from step 1. dp2 x pp2 with FSDP and with DDP,
@@ -295,11 +296,13 @@ def test_with_other_axes(tmp):
     for dtype in ("bf16", "fp8"):  # fp8: amaxes agree over the stage group
         ref = train(tmp, f"one_{dtype}", L, m, B, dtype=dtype)
         got = train(tmp, f"pp2_{dtype}", L, m, B, pp=2, dtype=dtype)
+        first = max_rel([got[0][0]["grad_norm"]], [ref[0][0]["grad_norm"]])
         norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
         loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-        checks.check(f"{dtype} pp=2: first 6 gradient norms, {STEPS} losses", norms < 1e-6 and
-                     loss < 2e-3, f"max rel err {norms:.1e}, {loss:.1e} vs one-rank {dtype} "
-                     "(tolerances 1e-6, 2e-3)")
+        checks.check(f"{dtype} pp=2: step 1's gradient norm, the first 6, {STEPS} losses",
+                     first < 1e-6 and norms < 2e-3 and loss < 2e-3,
+                     f"max rel err {first:.1e}, {norms:.1e}, {loss:.1e} vs one-rank {dtype} "
+                     "(tolerances 1e-6, 2e-3, 2e-3)")
     ref = train(tmp, "ref_m2", L, 2, 4)
     for fsdp in (True, False):
         got = train(tmp, f"dp2pp2_{fsdp}", L, 2, 2, pp=2, dp=2, fsdp=fsdp)
