@@ -53,10 +53,12 @@
 // match in posting order per channel (pipeline_channel: the activations a chunk sends, the
 // gradients a chunk sends), each channel a tag of the pp communicator (comm_open_tags).
 //
-// Around the executor (model/gpt_pipeline.cu, parallel/param_store.cu): the root (wte, wpe, ln_f)
-// is held by the first and the last stage, its gradients summed over the pair once per step
-// (the embedding group), so the two wte copies stay bitwise equal (the V order puts both ends on
-// rank 0: one copy); every unit's gradient is reduced over dp once per step, after the last
+// Around the executor (model/gpt_pipeline.cu, parallel/param_store.cu): a tied model's root
+// (GPT-2: wte, wpe, ln_f; a tied Llama: wte, ln_f) is held by the first and the last stage, its
+// gradients summed over the pair once per step (the embedding group), so the two wte copies stay
+// bitwise equal (the V order puts both ends on rank 0: one copy). An untied Llama splits it: the
+// embedding unit {wte} on the first stage, the head unit {lm_head, ln_f} on the last, nothing
+// held twice and nothing summed (model/gpt_layout.cu); every unit's gradient is reduced over dp once per step, after the last
 // backward (or weight pass) of its chunk; FSDP prefetches the first weights of the next forward
 // or backward in the list (a weight pass needs none), not of the neighbouring unit.
 //
