@@ -25,7 +25,7 @@ Checks:
      router, the largest-gradient element of the router and of the expert fc weight. The central
      difference L(W + eps d) - L(W - eps d) must equal g . (W+ - W-) (the realised fp32 step)
      within 2e-2 of it + 1e-6 (the fp32 loss' noise, ~1e-7 measured), at the largest eps of
-     1e-2, 3e-3, 1e-3, 3e-4, 1e-4 at which no token's routing changes (a routing flip is a jump:
+     1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5 at which no token's routing changes (a flip is a jump:
      the router's choice has no gradient; an expert weight of block 0 moves block 1's routing
      too). At most a quarter of the directions may find no such eps. The exact comparison is 2;
      this one checks the trainer's gradients against its own loss, with no reference.
@@ -210,7 +210,7 @@ def compare(label, got, want, cfg):
     return errs[0][0]
 
 
-FD_EPS = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4)  # tried in turn until the routing holds at W +- eps d
+FD_EPS = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)  # tried in turn until the routing holds at W +- eps d
 
 
 def fd_directions(G, cfg, rng):
