@@ -3,7 +3,8 @@
 //   gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 //   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 //
-// Math in fp32 with the accurate tanhf (tanh.approx's 2^-11 error would show in fp32 runs).
+// Math in fp32, evaluated as x sigmoid(2u) = x / (1 + exp(-2u)) with the accurate expf (the same
+// function; 1 + tanh(u) loses its digits for negative x: gelu and gelu_grad in cuda_common.cuh).
 // Parallelisation: grid-stride over packs of 8 elements (two 16-byte loads per fp32 tensor, one
 // per bf16 tensor); when n is not a multiple of 8 or a pointer is not 16-byte aligned the
 // leftover elements (or all of them) go through a scalar loop in the same kernel.
