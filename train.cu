@@ -329,7 +329,7 @@ static StepReport train_step(Run& r, int step) {
   diloco_after_step(r.diloco, r.store, step);  // every diloco_every steps (parallel/diloco.h)
   if (r.model.moe) {
     rep.moe = true;
-    rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World]);
+    rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World], r.mesh.shape.islands);
   }
   CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);

@@ -176,8 +176,8 @@ static void check_grad_compression(Checker& c) {
 }
 
 // DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks, with any ZeRO stage,
-// tp and pp inside. Not with cp, ep or experts: their gradient groups (dp x cp, ep-dp) span
-// the islands. (K | dp is a layout rule: config/layout_rules.cu.)
+// tp, pp, cp, ep and experts inside. (K | dp and ep | dp/K * cp are layout rules:
+// config/layout_rules.cu.)
 static void check_diloco(Checker& c) {
   const Config& cfg = c.cfg;
   const ParallelConfig& p = cfg.parallel;
@@ -189,13 +189,8 @@ static void check_diloco(Checker& c) {
   c.require(p.diloco_outer_momentum >= 0 && p.diloco_outer_momentum < 1,
             "parallel.diloco_outer_momentum", "must be in [0, 1)");
   const std::string k = key("parallel.diloco_islands");
-  std::string spanning;  // the keys whose gradient groups (dp x cp, ep-dp) span the islands
-  if (p.cp > 1) spanning += key("parallel.cp");
-  if (p.ep > 1) spanning += (spanning.empty() ? "" : ", ") + key("parallel.ep");
-  if (cfg.model.n_experts > 0) spanning += (spanning.empty() ? "" : ", ") + key("model.n_experts");
-  if (!spanning.empty())
-    c.problems.add(k + " is not supported with " + spanning + " (their gradient groups span the "
-                   "islands): use dp, zero, tp and pp inside islands (cp = ep = 1, no experts)");
+  // cp, ep and experts live inside the islands: the dp x cp and ep-dp groups are the island's
+  // (parallel/mesh.h) and the expert groups may not straddle two (ep | dp/K * cp, a layout rule).
   if (cfg.train.optimizer_offload != "none")
     c.problems.add(k + " with " + key("train.optimizer_offload") + " is not supported (the outer "
                    "step runs on the device)");

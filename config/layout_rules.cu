@@ -18,6 +18,8 @@
 //   zb-h1, zb-v need recompute = "none": their weight passes read the block's activations
 //   ep | dp*cp                  expert groups are blocks of ep ranks inside dp x cp
 //   K | dp (diloco_islands = K) DiLoCo islands are blocks of dp/K consecutive dp ranks
+//   ep | dp/K*cp (with islands) every expert group lies inside one island (an island trains
+//                               alone, so its all-to-all and expert gradients stay inside it)
 #include <cstdarg>
 #include <cstdio>
 
@@ -196,5 +198,11 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
   if (p.diloco_islands > 1 && p.dp % p.diloco_islands != 0)
     fail(name("parallel.diloco_islands") + " does not divide " + name("parallel.dp") +
          " (DiLoCo islands are blocks of dp/K consecutive dp ranks)");
+  else if (p.diloco_islands > 1 && (p.dp * p.cp) % p.ep == 0 &&
+           (p.dp / p.diloco_islands * p.cp) % p.ep != 0)
+    fail(name("parallel.ep") + format(" does not divide dp/K*cp = %d/%d*%d = %d (", p.dp,
+                                      p.diloco_islands, p.cp, p.dp / p.diloco_islands * p.cp) +
+         name("parallel.dp") + ", " + name("parallel.diloco_islands") + ", " + cp +
+         ": each DiLoCo island trains alone, so its expert groups must lie inside it)");
   return errors;
 }

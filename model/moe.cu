@@ -389,7 +389,7 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
 // ---------------------------------------------------------------------------------------------
 // Statistics
 // ---------------------------------------------------------------------------------------------
-MoeReport moe_step_report(GPT& m, Comm& world) {
+MoeReport moe_step_report(GPT& m, Comm& world, int islands) {
   const GPTLayout& g = m.layout;
   MoeStepStats& st = m.moe->stats;
   std::vector<double> sums((size_t)g.L * g.E + 2, 0.0);  // every layer's counts, then the losses
@@ -402,8 +402,8 @@ MoeReport moe_step_report(GPT& m, Comm& world) {
   const double copies = g.tp.size() > 1 && !g.tp.sp ? g.tp.size() : 1;
   for (double& x : sums) x /= copies;
   MoeReport r;
-  r.aux_loss = sums[(size_t)g.L * g.E];
-  r.z_loss = sums[(size_t)g.L * g.E + 1];
+  r.aux_loss = sums[(size_t)g.L * g.E] / islands;
+  r.z_loss = sums[(size_t)g.L * g.E + 1] / islands;
   for (int l = 0; l < g.L; l++) {
     if (!g.moe[l]) continue;
     MoeLayerReport lr;

@@ -78,8 +78,9 @@ void moe_destroy(GPT& m);
 MoeActs* moe_new_acts(GPT& m);
 
 // Sums the step's statistics over all ranks (collective over `world`; host values, not counted)
-// and resets them for the next step.
-MoeReport moe_step_report(GPT& m, Comm& world);
+// and resets them for the next step. The token counts are the whole world's; the two losses the
+// mean over `islands` DiLoCo islands (each island's optimizer saw its own; 1 without islands).
+MoeReport moe_step_report(GPT& m, Comm& world, int islands);
 
 // The expert weights of MoE block l, from its expert unit (weights or gradients).
 struct ExpertWeights {

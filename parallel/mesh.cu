@@ -52,7 +52,11 @@ static bool same_island(const MeshShape& m, const MeshCoords& c, int r) {
 
 std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
   const MeshCoords c = mesh_coords(m, w);
-  const int dpcp = c.dp * m.cp + c.cp, blocks = m.dp * m.cp / m.ep;
+  // dp x cp is the island's (all of it without DiLoCo): per*cp positions from `first`. The ep
+  // blocks lie inside it (config/layout_rules.cu: ep | dp/K * cp), so ep_rank = dpcp % ep is
+  // also the rank in the island's numbering.
+  const int per = m.dp / m.islands, first = c.dp / per * per * m.cp;
+  const int dpcp = c.dp * m.cp + c.cp, blocks = per * m.cp / m.ep;
   std::vector<int> g;
   auto vary = [&](int n, int MeshCoords::*coord) {
     for (int i = 0; i < n; i++) {
@@ -64,7 +68,6 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
   switch (axis) {
     case Axis::World: for (int r = 0; r < m.world(); r++) g.push_back(r); break;
     case Axis::DP: {  // the island's dp ranks (one island: all of them)
-      const int per = m.dp / m.islands;
       for (int i = 0; i < per; i++) {
         MeshCoords x = c;
         x.dp = c.dp / per * per + i;
@@ -73,7 +76,6 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
       break;
     }
     case Axis::Island: {  // the same place in every island
-      const int per = m.dp / m.islands;
       for (int k = 0; k < m.islands; k++) {
         MeshCoords x = c;
         x.dp = k * per + c.dp % per;
@@ -84,12 +86,14 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
     case Axis::TP: vary(m.tp, &MeshCoords::tp); break;
     case Axis::PP: vary(m.pp, &MeshCoords::pp); break;
     case Axis::CP: vary(m.cp, &MeshCoords::cp); break;
-    case Axis::DPCP: for (int i = 0; i < m.dp * m.cp; i++) g.push_back(at_dpcp(m, c, i)); break;
+    case Axis::DPCP:  // (the island's)
+      for (int i = 0; i < per * m.cp; i++) g.push_back(at_dpcp(m, c, first + i));
+      break;
     case Axis::EP:
       for (int j = 0; j < m.ep; j++) g.push_back(at_dpcp(m, c, dpcp / m.ep * m.ep + j));
       break;
-    case Axis::EPDP:
-      for (int j = 0; j < blocks; j++) g.push_back(at_dpcp(m, c, j * m.ep + c.ep));
+    case Axis::EPDP:  // (the island's)
+      for (int j = 0; j < blocks; j++) g.push_back(at_dpcp(m, c, first + j * m.ep + c.ep));
       break;
     case Axis::Stage:  // (inside the island)
       for (int r = 0; r < m.world(); r++)

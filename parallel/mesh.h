@@ -15,9 +15,12 @@
 //   pp    ranks that differ only in pp_rank           (pipeline send/recv)
 //   cp    ranks that differ only in cp_rank           (ring attention)
 //   dpcp  ranks that differ in dp_rank and/or cp_rank, by dpcp index = dp_rank * cp + cp_rank
-//                                                     (dense gradients when cp > 1)
+//                                                     (dense gradients when cp > 1); with
+//         DiLoCo islands only those of its island (dp/K * cp ranks, the same order)
 //   ep    within dpcp, consecutive blocks of ep ranks (expert all-to-all); ep_rank = index % ep
-//   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction)
+//         (the blocks never straddle two islands: ep | dp/K * cp)
+//   epdp  within dpcp, ranks with the same ep_rank    (expert gradient reduction; with DiLoCo
+//         islands only those of its island)
 //   stage ranks with the same pp_rank, by world rank  (FP8 amax agreement inside a stage; with
 //         DiLoCo islands only those of its island)
 //   embed the pp ranks of the first and the last stage (the tied embedding's gradient; pp

@@ -55,6 +55,7 @@ run mfu         $PY test/test_mfu.py
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
 run diloco      $PY test/test_diloco.py
+run diloco-groups "$BUILD/test_diloco_groups"
 run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
 run grad-compression $PY test/test_grad_compression.py
 run noise-scale "$BUILD/test_noise_scale"

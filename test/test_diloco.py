@@ -9,15 +9,19 @@
     m = mu m + delta; w_sync -= lr (delta + mu m); every island restarts from w_sync with its own
     AdamW moments. The reported loss is the mean over islands, the gradient norm island 0's.
     Tolerance 1e-6 relative (measured 2e-8 to 7e-8 for losses and norms: about 10x-20x).
-(c) Refusals: K not dividing dp, cp > 1, experts, optimizer offload, a checkpoint of K islands
-    resumed with another K - each names its keys (with file:line:col where the file sets them).
+(c) Refusals: K not dividing dp, optimizer offload, ep not dividing dp/K * cp (an expert group
+    would straddle two islands; in (f)), a checkpoint of K islands resumed with another K - each
+    names its keys (with file:line:col where the file sets them).
 (d) Other axes inside an island (the outer step works on each rank's own shard). One island,
-    outer lr 1, momentum 0 equals plain training for ZeRO-1, ZeRO-2, FSDP, tp = 2 and pp = 2
-    (1e-6 relative, as (a)); K = 2 islands, H = 3, 7 steps under ZeRO-1 and FSDP (dp 4), tp = 2
-    and pp = 2 (dp 2) equal the same K = 2 run on dp-only DDP islands: the outer steps move the
-    weights by as much as an inner step, so a shard left out, a working copy not refreshed or a
-    ZeRO gather missed shows at once. Tolerance 1e-6 relative (tp and pp reduce in other orders;
-    measured up to 5e-8; ZeRO and FSDP bitwise).
+    outer lr 1, momentum 0 equals plain training for ZeRO-1, ZeRO-2, FSDP, tp = 2, pp = 2 and
+    dp 2 x cp 2 (1e-6 relative, as (a)); K = 2 islands, H = 3, 7 steps under ZeRO-1 and FSDP
+    (dp 4), tp = 2, pp = 2, cp = 2 and cp = 2 FSDP (dp 2: cp's dense gradients and FSDP shards
+    over the island's dp x cp) equal the same K = 2 run on dp-only DDP islands: the outer steps
+    move the weights by as much as an inner step, so a shard left out, a working copy not
+    refreshed, a ZeRO gather missed or a gradient group reaching into the other island shows at
+    once. Tolerance 1e-6 relative (tp, pp and cp reduce in other orders; measured up to 5e-8 for
+    losses, 3.1e-7 for norms; ZeRO and FSDP bitwise). A dp x cp group left spanning both islands
+    moves the cp runs' losses 2e-2 and norms 0.3.
 (e) Checkpoints: K = 2, H = 3 saved after step 4 (between outer steps: the islands' weights
     differ) and resumed: steps 5-8 bitwise equal to the uninterrupted run's; saved under DDP
     islands and resumed under FSDP islands (reshards each island's state and the outer state):
@@ -25,6 +29,19 @@
     step) holds model/X = diloco/island_1/model/X = diloco/sync/X bitwise for every tensor, its
     Adam moments differ between islands, and the step-4 one keeps diloco/sync and diloco/m of
     step 3 while the islands' weights have moved apart.
+(f) Experts inside islands: a random-init MoE model (2 blocks, 4 experts of 24, top-2, aux 0.01,
+    z 0.001, Adam eps 1e-6 as in test/test_moe.py), 8 sequences per step. One island, lr 1, mu 0
+    under dp 4 x ep 2 equals plain training; K = 2, H = 3, 8 steps (two outer steps) under
+    dp 4 x ep 2, dp 2 x cp 2 x ep 2 (the ep group is an island's two cp ranks) and dp 4 x cp 2 x
+    ep 2 (np 8) equal the same K = 2 run on dp-only islands without cp and ep (dp 4, dp 2): loss
+    within 1e-6 relative, gradient norm, aux and z losses within 1e-5 (measured over seeds: loss
+    <= 8e-8, norm <= 1.3e-6, aux <= 1e-7, z <= 4.9e-7). An ep-dp group left spanning both islands
+    moves the norm 6e-4 (the experts' gradients are small here, so Adam's eps damps their effect
+    on the losses); the dp x cp one the losses 3e-2. Step 1 of K = 2 (every island from the same
+    weights, each on half the batch) reports plain training's loss, aux and z losses: the mean
+    over islands (measured: bitwise). Saved after step 4 under dp 2 x cp 2 x ep 2 and resumed:
+    steps 5-8 bitwise; resumed on dp 2 islands without cp and ep: within the tolerances above.
+The layouts' groups and shards themselves: test/test_diloco_groups.cpp.
 """
 import glob
 import os
@@ -46,7 +63,8 @@ B = 2  # rows per rank
 
 
 def ranks(parallel):
-    return parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1)
+    return (parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1) *
+            parallel.get("cp", 1))
 
 
 def train(tmp, name, steps, parallel, lr=1e-2, checkpoint=None):
@@ -134,8 +152,6 @@ def test_refusals(rng):
         cases = [
             ("K does not divide dp", 2, {"dp": 2, "diloco_islands": 3},
              [isl + "3", "does not divide", "[parallel] dp = 2", "bad.toml:"]),
-            ("cp > 1", 2, {"cp": 2, "diloco_islands": 1}, [isl + "1", "[parallel] cp = 2",
-                                                          "bad.toml:", "span the islands"]),
             ("outer momentum 1", 2, {"dp": 2, "diloco_islands": 2, "diloco_outer_momentum": 1.0},
              ["diloco_outer_momentum", "[0, 1)"]),
         ]
@@ -168,7 +184,8 @@ def test_layouts(rng):
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=4, C=C, T=T, V=V)
         for name, par in [("zero1", {"dp": 2, "zero": 1}), ("zero2", {"dp": 2, "zero": 2}),
-                          ("fsdp", {"dp": 2, "zero": 3}), ("tp", {"tp": 2}), ("pp", {"pp": 2})]:
+                          ("fsdp", {"dp": 2, "zero": 3}), ("tp", {"tp": 2}), ("pp", {"pp": 2}),
+                          ("cp", {"dp": 2, "cp": 2})]:
             plain = train(tmp, name, 6, par)
             one = train(tmp, name + "_k1", 6, {**par, **K1})
             compare(f"one island, lr 1, mu 0 = plain training under {name}", one, plain, 1e-6)
@@ -177,9 +194,87 @@ def test_layouts(rng):
         for name, par, want in [("ZeRO-1 dp 4", {"dp": 4, "zero": 1}, ddp4),
                                 ("FSDP dp 4", {"dp": 4, "zero": 3}, ddp4),
                                 ("tp 2 dp 2", {"dp": 2, "tp": 2}, ddp2),
-                                ("pp 2 dp 2", {"dp": 2, "pp": 2}, ddp2)]:
+                                ("pp 2 dp 2", {"dp": 2, "pp": 2}, ddp2),
+                                ("cp 2 dp 2", {"dp": 2, "cp": 2}, ddp2),
+                                ("cp 2 dp 2 FSDP", {"dp": 2, "cp": 2, "zero": 3}, ddp2)]:
             got = train(tmp, name.replace(" ", "_"), 7, {**par, **K2})
             compare(f"K = 2 under {name} = K = 2 on DDP islands", got, want, 1e-6)
+
+
+# Experts inside islands: a random-init MoE model (every block MoE, 4 experts, top-2), a global
+# batch of 8 sequences, Adam eps 1e-6 (as test/test_moe.py: with 1e-8 Adam turns the reduction-
+# order noise of gradients near eps into steps of up to lr).
+MOE = {"n_layer": L, "n_head": 4, "d_model": 32, "seq_len": T, "vocab_size": V,
+       "n_experts": 4, "top_k": 2, "d_expert": 24, "moe_every": 1}
+MOE_ROWS = 8
+MOE_KEYS = ("loss", "grad_norm", "aux_loss", "z_loss")
+MOE_TOL = {"loss": 1e-6, "grad_norm": 1e-5, "aux_loss": 1e-5, "z_loss": 1e-5}
+
+
+def moe_sections(tmp, name, steps, parallel):
+    sec = base_sections(tmp, steps, lr=1e-2, micro_batch=MOE_ROWS // parallel.get("dp", 1),
+                        weight_decay=0.1, moe_aux_loss=0.01, moe_z_loss=0.001, seed=4242,
+                        eps=1e-6)
+    del sec["init"]
+    sec["model"] = dict(MOE)
+    sec["parallel"] = parallel
+    sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
+    return sec
+
+
+def moe_train(tmp, name, steps, parallel, checkpoint=None):
+    sec = moe_sections(tmp, name, steps, parallel)
+    if checkpoint:
+        sec["checkpoint"] = checkpoint
+    run(write_config(tmp, f"{name}.toml", sec), np_ranks=ranks(parallel))
+    return read_metrics(sec["log"]["metrics"])[0]
+
+
+def moe_compare(what, got, want, tol=MOE_TOL):
+    """tol None: bitwise."""
+    errs = {k: max_rel([s[k] for s in got], [s[k] for s in want]) for k in MOE_KEYS}
+    ok = all(errs[k] == 0 if tol is None else errs[k] < tol[k] for k in MOE_KEYS)
+    checks.check(what, len(got) == len(want) and ok,
+                 ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f" over {len(got)} steps")
+
+
+def test_experts(rng):
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=4, C=32, T=T, V=V, model=False)
+        plain = moe_train(tmp, "moe_plain", 6, {"dp": 4, "ep": 2})
+        one = moe_train(tmp, "moe_k1", 6, {"dp": 4, "ep": 2, **K1})
+        moe_compare("MoE: one island, lr 1, mu 0 = plain training under dp 4 x ep 2", one, plain)
+        # K = 2, H = 3, 8 steps (outer steps after 3 and 6) with ep (and cp) inside the islands
+        # against the same islands without them.
+        dp4 = moe_train(tmp, "moe_dp4", 8, {"dp": 4, **K2})
+        dp2 = moe_train(tmp, "moe_dp2", 8, {"dp": 2, **K2})
+        ep2 = moe_train(tmp, "moe_dp4_ep2", 8, {"dp": 4, "ep": 2, **K2})
+        moe_compare("MoE: K = 2 with dp 4 x ep 2 = K = 2 on dp 4 islands", ep2, dp4)
+        # step 1 (every island from the same weights, each on half the batch): the reported loss,
+        # aux and z losses are the mean over islands, that is plain training's over the batch
+        moe_compare("MoE: K = 2 step 1 reports plain training's loss, aux and z losses",
+                    ep2[:1], plain[:1], dict(MOE_TOL, grad_norm=float("inf")))
+        cpep = moe_train(tmp, "moe_dp2_cp2_ep2", 8, {"dp": 2, "cp": 2, "ep": 2, **K2})
+        moe_compare("MoE: K = 2 with dp 2 x cp 2 x ep 2 = K = 2 on dp 2 islands", cpep, dp2)
+        mixed = moe_train(tmp, "moe_dp4_cp2_ep2", 8, {"dp": 4, "cp": 2, "ep": 2, **K2})
+        moe_compare("MoE: K = 2 with dp 4 x cp 2 x ep 2 (np 8) = K = 2 on dp 4 islands", mixed,
+                    dp4)
+        # saved after step 4 (between the outer steps) under dp 2 x cp 2 x ep 2, resumed
+        ck = {"dir": os.path.join(tmp, "ck_moe"), "every": 4}
+        moe_train(tmp, "moe_first", 4, {"dp": 2, "cp": 2, "ep": 2, **K2}, checkpoint=ck)
+        at4 = os.path.join(ck["dir"], "step_000004")
+        rest = moe_train(tmp, "moe_rest", 8, {"dp": 2, "cp": 2, "ep": 2, **K2},
+                         checkpoint={"dir": os.path.join(tmp, "ck_rest"), "resume": at4})
+        moe_compare("MoE: K = 2 under dp 2 x cp 2 x ep 2 saved after step 4, resumed: steps 5-8 "
+                    "bitwise", [s for s in rest if s["step"] > 4], cpep[4:], None)
+        other = moe_train(tmp, "moe_rest_dp2", 8, {"dp": 2, **K2},
+                          checkpoint={"dir": os.path.join(tmp, "ck_rest_dp2"), "resume": at4})
+        moe_compare("MoE: ... resumed on dp 2 islands without cp and ep: steps 5-8",
+                    [s for s in other if s["step"] > 4], cpep[4:])
+        sec = moe_sections(tmp, "bad", 2, {"dp": 2, "ep": 2, **K2})
+        check_refused(checks, tmp, "ep not dividing dp/K * cp", sec, 2,
+                      ["[parallel] ep = 2", "does not divide dp/K*cp", "[parallel] dp = 2",
+                       "[parallel] diloco_islands = 2", "bad.toml:"])
 
 
 def index_tensors(ckpt):
@@ -243,7 +338,7 @@ def main():
     rng = seeded_rng("test_diloco")
     checks.run_each(lambda: test_one_island_is_ddp(rng), lambda: test_two_islands(rng),
                     lambda: test_refusals(rng), lambda: test_layouts(rng),
-                    lambda: test_checkpoint(rng))
+                    lambda: test_checkpoint(rng), lambda: test_experts(rng))
     checks.report()
 
 

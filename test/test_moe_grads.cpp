@@ -98,7 +98,7 @@ struct Harness {
     fine /= (double)B * T;
     if (model.moe) {
       Comm single;  // one rank: the report's sums are the stats themselves
-      const MoeReport rep = moe_step_report(model, single);
+      const MoeReport rep = moe_step_report(model, single, 1);
       r.aux = rep.aux_loss;
       r.z = rep.z_loss;
       const int Nt = B * T, k = layout.top_k, E = layout.E;

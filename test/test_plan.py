@@ -17,7 +17,8 @@ zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed, dp2 x pp2 zb-h1
 pp2 interleaved over 2 chunks;
 pp2 1f1b with uneven stages (pp_layers = [1, 3]); compressed gradient reductions: dp2 x tp2 DDP
 with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
-4). For each, rank 0 of the plan (`--plan-json`)
+4); DiLoCo islands: dp4 DDP and FSDP, dp2 x pp2 x tp2 ZeRO-1, MoE dp2 x cp2 x ep2 FSDP (cp and
+the expert groups inside each island). For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
@@ -109,6 +110,9 @@ LAYOUTS = [
     ("dp2 x pp2 x tp2 ZeRO-1 in 2 DiLoCo islands (np=8), outer step every 2 steps",
      {"dp": 2, "pp": 2, "tp": 2, "zero": 1, "diloco_islands": 2, "diloco_every": 2},
      {"train": {"grad_accum": 2}}),
+    ("MoE dp2 x cp2 x ep2 FSDP in 2 DiLoCo islands, outer step every 2 steps",
+     {"dp": 2, "cp": 2, "ep": 2, "zero": 3, "diloco_islands": 2, "diloco_every": 2},
+     {"model": MOE}),
     ("Llama dp2 x pp2 x tp2 FSDP untied (np=8)", {"dp": 2, "pp": 2, "tp": 2, "fsdp": True},
      {"model": LLAMA, "train": {"grad_accum": 2}}),
     ("Llama tied cp2 x tp2 bf16 recompute gelu", {"cp": 2, "tp": 2},
