@@ -394,12 +394,19 @@ static void resume_residuals(const std::string& ckpt, ParamStore& store, Mesh& m
       world, exists ? h5_read_residuals(file, store, residual_layout(store, mesh.shape))
                     : "the checkpoint has no rank file " + rank_file_name(world.rank));
   if (!why.empty()) {
-    for (UnitState& us : store.units)
+    for (UnitState& us : store.units) {
       if (us.residual) ops::fill_zero(us.residual, us.residual_numel * sizeof(float), store.compute);
+      if (us.outer_residual)
+        ops::fill_zero(us.outer_residual, us.outer_residual_numel * sizeof(float), store.compute);
+    }
     ops::stream_sync(store.compute);
+    const char* which = !store_compressed(store) ? "DiLoCo outer compression residuals"
+                        : store.units[0].outer_residual
+                            ? "gradient compression residuals and the DiLoCo outer ones"
+                            : "gradient compression residuals";
     if (world.rank == 0)
-      std::printf("resume   warning: dropping the gradient compression residuals (%s): what the "
-                  "last steps had not sent is lost\n", why.c_str());
+      std::printf("resume   warning: dropping the %s (%s): what the last steps had not sent is "
+                  "lost\n", which, why.c_str());
   }
 }
 
@@ -463,7 +470,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
     param_store_load(store, layout.units, h5_index_fill(index, kind, island_prefix(island)), kind);
   resume_outer_state(index, meta, store, layout);
   h5_close_index(index);
-  if (store_compressed(store)) resume_residuals(ckpt, store, mesh);
+  if (store_has_residuals(store)) resume_residuals(ckpt, store, mesh);
 
   if (meta.seed != cfg.train.seed && world.rank == 0)
     std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",

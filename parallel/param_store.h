@@ -83,6 +83,11 @@ struct UnitState {
   // momentum, fp32 on the device, shard_numel each; null without DiLoCo.
   float* outer_sync = nullptr;
   float* outer_m = nullptr;
+  // [parallel] diloco_compression = "int8": what this rank's compressed outer all-reduces have
+  // not sent yet (the error feedback of the outer delta), outer_residual_numel floats on the
+  // device; null without it or with one island.
+  float* outer_residual = nullptr;
+  size_t outer_residual_numel = 0;
   int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
 };
 
