@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <tuple>
@@ -441,9 +442,17 @@ static void resume_outer_state(const CheckpointIndex& index, const CheckpointMet
       param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
     return;
   }
-  for (UnitState& us : store.units) {
-    ops::copy_on_device(us.outer_sync, us.master, us.shard_numel * sizeof(float), store.compute);
-    ops::fill_zero(us.outer_m, us.shard_numel * sizeof(float), store.compute);
+  for (size_t u = 0; u < store.units.size(); u++) {
+    UnitState& us = store.units[u];
+    const size_t bytes = us.shard_numel * sizeof(float);
+    if (store_offloaded(store)) {  // the outer state lives with the master, in host memory
+      store_state_read(store, (int)u, StateKind::Master, us.shard_offset, us.shard_numel,
+                       us.outer_sync);
+      std::memset(us.outer_m, 0, bytes);
+      continue;
+    }
+    ops::copy_on_device(us.outer_sync, us.master, bytes, store.compute);
+    ops::fill_zero(us.outer_m, bytes, store.compute);
   }
   ops::stream_sync(store.compute);
 }

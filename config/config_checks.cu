@@ -196,9 +196,6 @@ static void check_diloco(Checker& c) {
   if (!spanning.empty())
     c.problems.add(k + " is not supported with " + spanning + " (their gradient groups span the "
                    "islands): use dp, zero, tp and pp inside islands (cp = ep = 1, no experts)");
-  if (cfg.train.optimizer_offload != "none")
-    c.problems.add(k + " with " + key("train.optimizer_offload") + " is not supported (the outer "
-                   "step runs on the device)");
   if (cfg.log.grad_noise_scale)
     c.problems.add(k + " with " + key("log.grad_noise_scale") + " is not supported yet");
 }

@@ -58,6 +58,13 @@
 // runs on the device (ops::diloco_outer_delta, ops::diloco_outer_step), the delta in one work
 // buffer of the largest shard, reduced in place (int8: the compressor's scratch, sized for the
 // largest shard over K ranks, in the work memory too; the residuals in the state memory).
+// Under optimizer offload (parallel/offload.cu) the master lives in host memory (or a file,
+// streamed through host slots), so w_sync and m live in pinned host memory (the offload's
+// HostAllocator, counted by the planner; with "nvme" too, not in the file) and the step runs on
+// the host (kernels/host_diloco.h, the loop the CPU backend's ops run): the delta is computed on
+// the host, copied to the device for the island all-reduce (fp32 or int8; the int8 residual stays
+// on the device) and back, and the new weights go up through the offload's staging buffer as after
+// AdamW.
 #pragma once
 
 #include "config/config.h"
@@ -69,6 +76,7 @@ struct Diloco {
   float outer_lr = 0.7f, momentum = 0.9f;
   Comm* island = nullptr;  // same place in every island
   float* delta = nullptr;  // device, the largest shard
+  float* host_delta = nullptr;  // optimizer offload: pinned host, the largest shard
   GradCompressor compressor;  // [parallel] diloco_compression: kind None (fp32) or Int8
 };
 

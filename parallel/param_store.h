@@ -132,7 +132,9 @@ struct ParamStore {
   bool measure_small_batch = false;
   float* small_batch_squares = nullptr;
   bool small_batch_measured = false;
-  int world_rank = 0;       // names the offload file
+  // Names the offload file: set it before param_store_init where the store's world is not the
+  // job's (DiLoCo islands: each island's ranks count from 0); -1 = the store's world rank.
+  int world_rank = -1;
 };
 
 // Allocates the store for `units` (this rank's placement) and fills this rank's master shard with
