@@ -191,11 +191,6 @@ static void check_diloco(Checker& c) {
   const std::string k = key("parallel.diloco_islands");
   // cp, ep and experts live inside the islands: the dp x cp and ep-dp groups are the island's
   // (parallel/mesh.h) and the expert groups may not straddle two (ep | dp/K * cp, a layout rule).
-  if (cfg.train.optimizer_offload != "none")
-    c.problems.add(k + " with " + key("train.optimizer_offload") + " is not supported (the outer "
-                   "step runs on the device)");
-  if (p.grad_compression != "none")
-    c.problems.add(k + " with " + key("parallel.grad_compression") + " is not supported yet");
   if (cfg.log.grad_noise_scale)
     c.problems.add(k + " with " + key("log.grad_noise_scale") + " is not supported yet");
 }
