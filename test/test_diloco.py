@@ -40,8 +40,9 @@
     over the island's dp x cp) equal the same K = 2 run on dp-only DDP islands: the outer steps
     move the weights by as much as an inner step, so a shard left out, a working copy not
     refreshed, a ZeRO gather missed or a gradient group reaching into the other island shows at
-    once. Tolerance 1e-6 relative (tp, pp and cp reduce in other orders; measured up to 5e-8 for
-    losses, 3.1e-7 for norms; ZeRO and FSDP bitwise). A dp x cp group left spanning both islands
+    once. Adam eps 1e-6 (see test_layouts). Tolerance 1e-6 relative for losses, 2e-5 for
+    gradient norms (tp, pp and cp reduce in other orders; measured over 6 seeds up to 1e-7 for
+    losses, 1.8e-6 for norms; ZeRO and FSDP bitwise). A dp x cp group left spanning both islands
     moves the cp runs' losses 2e-2 and norms 0.3.
 (e) Checkpoints: K = 2, H = 3 saved after step 4 (between outer steps: the islands' weights
     differ) and resumed: steps 5-8 bitwise equal to the uninterrupted run's; saved under DDP
@@ -51,14 +52,17 @@
     Adam moments differ between islands, and the step-4 one keeps diloco/sync and diloco/m of
     step 3 while the islands' weights have moved apart.
 (f) Experts inside islands: a random-init MoE model (2 blocks, 4 experts of 24, top-2, aux 0.01,
-    z 0.001, Adam eps 1e-6 as in test/test_moe.py), 8 sequences per step. One island, lr 1, mu 0
+    z 0.001, lr 3e-3, Adam eps 1e-6 as in test/test_moe.py), 8 sequences per step. One island,
+    lr 1, mu 0
     under dp 4 x ep 2 equals plain training; K = 2, H = 3, 8 steps (two outer steps) under
     dp 4 x ep 2, dp 2 x cp 2 x ep 2 (the ep group is an island's two cp ranks) and dp 4 x cp 2 x
     ep 2 (np 8) equal the same K = 2 run on dp-only islands without cp and ep (dp 4, dp 2): loss
-    within 1e-6 relative, gradient norm, aux and z losses within 1e-5 (measured over seeds: loss
-    <= 8e-8, norm <= 1.3e-6, aux <= 1e-7, z <= 4.9e-7). An ep-dp group left spanning both islands
-    moves the norm 6e-4 (the experts' gradients are small here, so Adam's eps damps their effect
-    on the losses); the dp x cp one the losses 3e-2. Step 1 of K = 2 (every island from the same
+    within 1e-6 relative, gradient norm, aux and z losses within 1e-5 (measured over 6 seeds:
+    loss <= 5.4e-8, norm <= 5e-7, aux <= 9.4e-8, z <= 6.9e-7; at lr 1e-2 the norms drifted to
+    3e-6). An ep-dp group left spanning both islands moves the norms 3e-4 to 7e-4 and
+    not the losses (the experts' share of the gradient is small here and both islands' expert
+    gradients point alike, so Adam, blind to their scale, steps the same); a dp x cp one moves
+    the losses 1e-2 and the norms 0.15. Step 1 of K = 2 (every island from the same
     weights, each on half the batch) reports plain training's loss, aux and z losses: the mean
     over islands (measured: bitwise). Saved after step 4 under dp 2 x cp 2 x ep 2 and resumed:
     steps 5-8 bitwise; resumed on dp 2 islands without cp and ep: within the tolerances above.
@@ -89,9 +93,10 @@ def ranks(parallel):
             parallel.get("cp", 1))
 
 
-def train(tmp, name, steps, parallel, lr=1e-2, checkpoint=None, data=None, offload="none"):
+def train(tmp, name, steps, parallel, lr=1e-2, checkpoint=None, data=None, offload="none",
+          eps=1e-8):
     sec = base_sections(tmp, steps, lr=lr, micro_batch=B, weight_decay=0.1,
-                        optimizer_offload=offload)
+                        optimizer_offload=offload, eps=eps)
     if offload == "nvme":
         sec["train"]["offload_dir"] = tmp
     sec["parallel"] = parallel
@@ -363,39 +368,47 @@ K2 = {"diloco_islands": 2, "diloco_every": 3, "diloco_outer_lr": 0.7,
       "diloco_outer_momentum": 0.9}
 
 
-def compare(what, got, want, tol, bitwise=False):
+def compare(what, got, want, tol, bitwise=False, norm_tol=None):
+    """Losses and gradient norms within tol relative (norms within norm_tol when given)."""
     loss = max_rel([s["loss"] for s in got], [s["loss"] for s in want])
     norm = max_rel([s["grad_norm"] for s in got], [s["grad_norm"] for s in want])
     same = [s["loss"] for s in got] == [s["loss"] for s in want]
-    ok = len(got) == len(want) and (same if bitwise else max(loss, norm) < tol)
+    close = loss < tol and norm < (tol if norm_tol is None else norm_tol)
+    ok = len(got) == len(want) and (same if bitwise else close)
     checks.check(what, ok, f"max rel err loss {loss:.2e} norm {norm:.2e}"
                  + (f", bitwise {same}" if bitwise else ""))
 
 
 def test_layouts(rng):
+    # Adam eps 1e-6: with 1e-8 Adam turns the reduction-order noise of gradients near eps into
+    # steps of up to lr, and over 7 steps the layouts that reduce in another order (tp, cp) drifted
+    # up to 1.5e-6 (losses) and 1e-5 (norms) from the DDP islands on 3 seeds of 11. With 1e-6:
+    # losses <= 1e-7, norms <= 1.8e-6 (cp, one seed in 6, at the step after the second outer
+    # step; the others <= 4.1e-7), hence 1e-6 and 2e-5.
+    eps = 1e-6
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=4, C=C, T=T, V=V)
         for name, par in [("zero1", {"dp": 2, "zero": 1}), ("zero2", {"dp": 2, "zero": 2}),
                           ("fsdp", {"dp": 2, "zero": 3}), ("tp", {"tp": 2}), ("pp", {"pp": 2}),
                           ("cp", {"dp": 2, "cp": 2})]:
-            plain = train(tmp, name, 6, par)
-            one = train(tmp, name + "_k1", 6, {**par, **K1})
+            plain = train(tmp, name, 6, par, eps=eps)
+            one = train(tmp, name + "_k1", 6, {**par, **K1}, eps=eps)
             compare(f"one island, lr 1, mu 0 = plain training under {name}", one, plain, 1e-6)
-        ddp2 = train(tmp, "ddp2_k2", 7, {"dp": 2, **K2})
-        ddp4 = train(tmp, "ddp4_k2", 7, {"dp": 4, **K2})
+        ddp2 = train(tmp, "ddp2_k2", 7, {"dp": 2, **K2}, eps=eps)
+        ddp4 = train(tmp, "ddp4_k2", 7, {"dp": 4, **K2}, eps=eps)
         for name, par, want in [("ZeRO-1 dp 4", {"dp": 4, "zero": 1}, ddp4),
                                 ("FSDP dp 4", {"dp": 4, "zero": 3}, ddp4),
                                 ("tp 2 dp 2", {"dp": 2, "tp": 2}, ddp2),
                                 ("pp 2 dp 2", {"dp": 2, "pp": 2}, ddp2),
                                 ("cp 2 dp 2", {"dp": 2, "cp": 2}, ddp2),
                                 ("cp 2 dp 2 FSDP", {"dp": 2, "cp": 2, "zero": 3}, ddp2)]:
-            got = train(tmp, name.replace(" ", "_"), 7, {**par, **K2})
-            compare(f"K = 2 under {name} = K = 2 on DDP islands", got, want, 1e-6)
+            got = train(tmp, name.replace(" ", "_"), 7, {**par, **K2}, eps=eps)
+            compare(f"K = 2 under {name} = K = 2 on DDP islands", got, want, 1e-6, norm_tol=2e-5)
 
 
 # Experts inside islands: a random-init MoE model (every block MoE, 4 experts, top-2), a global
-# batch of 8 sequences, Adam eps 1e-6 (as test/test_moe.py: with 1e-8 Adam turns the reduction-
-# order noise of gradients near eps into steps of up to lr).
+# batch of 8 sequences, lr 3e-3 and Adam eps 1e-6 (as test/test_moe.py: with 1e-8 Adam turns the
+# reduction-order noise of gradients near eps into steps of up to lr).
 MOE = {"n_layer": L, "n_head": 4, "d_model": 32, "seq_len": T, "vocab_size": V,
        "n_experts": 4, "top_k": 2, "d_expert": 24, "moe_every": 1}
 MOE_ROWS = 8
@@ -404,7 +417,7 @@ MOE_TOL = {"loss": 1e-6, "grad_norm": 1e-5, "aux_loss": 1e-5, "z_loss": 1e-5}
 
 
 def moe_sections(tmp, name, steps, parallel):
-    sec = base_sections(tmp, steps, lr=1e-2, micro_batch=MOE_ROWS // parallel.get("dp", 1),
+    sec = base_sections(tmp, steps, lr=3e-3, micro_batch=MOE_ROWS // parallel.get("dp", 1),
                         weight_decay=0.1, moe_aux_loss=0.01, moe_z_loss=0.001, seed=4242,
                         eps=1e-6)
     del sec["init"]
