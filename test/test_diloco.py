@@ -55,8 +55,8 @@
     z 0.001, lr 3e-3, Adam eps 1e-6 as in test/test_moe.py), 8 sequences per step. One island,
     lr 1, mu 0
     under dp 4 x ep 2 equals plain training; K = 2, H = 3, 8 steps (two outer steps) under
-    dp 4 x ep 2, dp 2 x cp 2 x ep 2 (the ep group is an island's two cp ranks) and dp 4 x cp 2 x
-    ep 2 (np 8) equal the same K = 2 run on dp-only islands without cp and ep (dp 4, dp 2): loss
+    dp 4 x ep 2, dp 2 x cp 2 x ep 2 (the ep group is an island's two cp ranks), dp 2 x cp 2 FSDP
+    (every expert sharded over an island's dp x cp) and dp 4 x cp 2 x ep 2 (np 8) equal the same K = 2 run on dp-only islands without cp and ep (dp 4, dp 2): loss
     within 1e-6 relative, gradient norm, aux and z losses within 1e-5 (measured over 6 seeds:
     loss <= 5.4e-8, norm <= 5e-7, aux <= 9.4e-8, z <= 6.9e-7; at lr 1e-2 the norms drifted to
     3e-6). An ep-dp group left spanning both islands moves the norms 3e-4 to 7e-4 and
@@ -461,6 +461,9 @@ def test_experts(rng):
                     ep2[:1], plain[:1], dict(MOE_TOL, grad_norm=float("inf")))
         cpep = moe_train(tmp, "moe_dp2_cp2_ep2", 8, {"dp": 2, "cp": 2, "ep": 2, **K2})
         moe_compare("MoE: K = 2 with dp 2 x cp 2 x ep 2 = K = 2 on dp 2 islands", cpep, dp2)
+        fsdp = moe_train(tmp, "moe_dp2_cp2_fsdp", 8, {"dp": 2, "cp": 2, "zero": 3, **K2})
+        moe_compare("MoE: K = 2 with dp 2 x cp 2 FSDP (experts sharded over an island's 2 ranks) "
+                    "= K = 2 on dp 2 islands", fsdp, dp2)
         mixed = moe_train(tmp, "moe_dp4_cp2_ep2", 8, {"dp": 4, "cp": 2, "ep": 2, **K2})
         moe_compare("MoE: K = 2 with dp 4 x cp 2 x ep 2 (np 8) = K = 2 on dp 4 islands", mixed,
                     dp4)
