@@ -8,7 +8,9 @@
     step of parallel/diloco.h in float64 after steps 3 and 6: delta = mean_k (w_sync - w_k);
     m = mu m + delta; w_sync -= lr (delta + mu m); every island restarts from w_sync with its own
     AdamW moments. The reported loss is the mean over islands, the gradient norm island 0's.
-    Tolerance 1e-6 relative (measured 2e-8 to 7e-8 for losses and norms: about 10x-20x).
+    Tolerance 5e-6 relative for losses, 2e-5 for norms (measured over 12 seeds: losses 1.6e-8 to
+    8e-8, norms 2.3e-8 to 5.5e-7; one seed reached 1e-6 and 5e-6: Adam's eps 1e-8 lets fp32
+    rounding through where v is tiny. A wrong outer step moves them 1e-3 and more).
 (b2) Compressed dp reductions inside islands ([parallel] grad_compression): K = 2 islands of dp 2
     (np 4) with int8 (DDP) and top-k 10% (ZeRO-1), H = the last step, equal two independent dp 2
     runs on the token streams the islands read (island_streams: before the first meeting the
@@ -172,7 +174,7 @@ def test_two_islands(rng):
         rn = max_rel([s["grad_norm"] for s in steps], want_norm)
         r_outer = max_rel(got[3:], want[3:])
         checks.check("K=2, H=3: losses and norms = float64 islands + outer Nesterov",
-                     len(got) == 6 and max(r, rn) < 1e-6,
+                     len(got) == 6 and r < 5e-6 and rn < 2e-5,
                      f"max rel err loss {r:.2e} (after the outer step {r_outer:.2e}) norm {rn:.2e}"
                      f"; loss {got[0]:.5f} -> {got[-1]:.5f}")
 
