@@ -49,7 +49,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 # Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu (with its watchdog
 # thread, nccl_watchdog.cu) is the NCCL backend, comm_nccl_absent.cu stands in for it in the CPU
 # binary.
-SHARED_SRC := train.cu kernels/common.cpp kernels/host_adamw.cpp kernels/allocator.cpp \
+SHARED_SRC := train.cu kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp kernels/allocator.cpp \
               $(filter-out parallel/comm_nccl.cu parallel/nccl_watchdog.cu parallel/comm_nccl_absent.cu, \
                 $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
@@ -88,7 +88,7 @@ train: $(SHARED_OBJ) $(CUDA_OBJ) $(NCCL_OBJ)
 $(BUILD)/pic/%.o: %
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -fPIC -x c++ -c $< -o $@
-LIBOPS_SRC := $(wildcard kernels/cpu/*.cpp) kernels/common.cpp kernels/host_adamw.cpp test/ops_capi.cpp \
+LIBOPS_SRC := $(wildcard kernels/cpu/*.cpp) kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp test/ops_capi.cpp \
               parallel/expert_dispatch_plan.cu
 $(BUILD)/libops_cpu.so: $(call obj,pic,$(LIBOPS_SRC))
 	$(CXX) -shared -o $@ $^ -fopenmp
@@ -123,7 +123,7 @@ GPU_TEST_SRC := $(wildcard test/gpu/*.cu)
 $(BUILD)/ref/%.o: %
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -Dops=ref -x c++ -c $< -o $@
-$(BUILD)/test_gpu: $(call obj,cuda,$(GPU_TEST_SRC)) $(CUDA_OBJ) $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) $(call obj,host,kernels/common.cpp kernels/host_adamw.cpp)
+$(BUILD)/test_gpu: $(call obj,cuda,$(GPU_TEST_SRC)) $(CUDA_OBJ) $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) $(call obj,host,kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 # The cuDNN attention graphs, validated on the host (test/test_cudnn_graph.cu; no GPU needed).
@@ -179,7 +179,7 @@ $(BUILD)/cuda_test_fp8_sites: $(BUILD)/host/test/test_fp8_sites.cpp.o \
 BENCH_OBJ := $(call obj,host,$(wildcard bench/*.cu) kernels/common.cpp)
 $(BUILD)/bench_kernels: $(BENCH_OBJ) $(CUDA_OBJ)
 	$(CXX) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
-$(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/*.cpp) kernels/host_adamw.cpp)
+$(BUILD)/bench_kernels_cpu: $(BENCH_OBJ) $(call obj,host,$(wildcard kernels/cpu/*.cpp) kernels/host_adamw.cpp kernels/host_diloco.cpp)
 	$(CXX) -o $@ $^ $(LDLIBS)
 
 # test/gpu/test_moe_dispatch.cu feeds the MoE dispatch ops with the real dispatch plan.

@@ -129,6 +129,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
                 cfg.parallel.pp_virtual, &r.mesh[Axis::PP]);
   const ShardingMode mode = store_options(r.store, cfg);
   CommsByAxis comms = diloco_store_comms(r.mesh, cfg);  // an island's gradient norm is its own
+  r.store.world_rank = r.mesh.world_rank;  // the offload file's name: unique in the job
   if (cfg.init.from.empty()) {
     param_store_init(r.store, r.layout.units, mode, dt, comms, r.compute, r.comm,
                      random_init_fill(cfg.train.seed));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <tuple>
@@ -394,12 +395,19 @@ static void resume_residuals(const std::string& ckpt, ParamStore& store, Mesh& m
       world, exists ? h5_read_residuals(file, store, residual_layout(store, mesh.shape))
                     : "the checkpoint has no rank file " + rank_file_name(world.rank));
   if (!why.empty()) {
-    for (UnitState& us : store.units)
+    for (UnitState& us : store.units) {
       if (us.residual) ops::fill_zero(us.residual, us.residual_numel * sizeof(float), store.compute);
+      if (us.outer_residual)
+        ops::fill_zero(us.outer_residual, us.outer_residual_numel * sizeof(float), store.compute);
+    }
     ops::stream_sync(store.compute);
+    const char* which = !store_compressed(store) ? "DiLoCo outer compression residuals"
+                        : store.units[0].outer_residual
+                            ? "gradient compression residuals and the DiLoCo outer ones"
+                            : "gradient compression residuals";
     if (world.rank == 0)
-      std::printf("resume   warning: dropping the gradient compression residuals (%s): what the "
-                  "last steps had not sent is lost\n", why.c_str());
+      std::printf("resume   warning: dropping the %s (%s): what the last steps had not sent is "
+                  "lost\n", which, why.c_str());
   }
 }
 
@@ -434,9 +442,17 @@ static void resume_outer_state(const CheckpointIndex& index, const CheckpointMet
       param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
     return;
   }
-  for (UnitState& us : store.units) {
-    ops::copy_on_device(us.outer_sync, us.master, us.shard_numel * sizeof(float), store.compute);
-    ops::fill_zero(us.outer_m, us.shard_numel * sizeof(float), store.compute);
+  for (size_t u = 0; u < store.units.size(); u++) {
+    UnitState& us = store.units[u];
+    const size_t bytes = us.shard_numel * sizeof(float);
+    if (store_offloaded(store)) {  // the outer state lives with the master, in host memory
+      store_state_read(store, (int)u, StateKind::Master, us.shard_offset, us.shard_numel,
+                       us.outer_sync);
+      std::memset(us.outer_m, 0, bytes);
+      continue;
+    }
+    ops::copy_on_device(us.outer_sync, us.master, bytes, store.compute);
+    ops::fill_zero(us.outer_m, bytes, store.compute);
   }
   ops::stream_sync(store.compute);
 }
@@ -463,7 +479,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
     param_store_load(store, layout.units, h5_index_fill(index, kind, island_prefix(island)), kind);
   resume_outer_state(index, meta, store, layout);
   h5_close_index(index);
-  if (store_compressed(store)) resume_residuals(ckpt, store, mesh);
+  if (store_has_residuals(store)) resume_residuals(ckpt, store, mesh);
 
   if (meta.seed != cfg.train.seed && world.rank == 0)
     std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",

@@ -118,11 +118,28 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
       if (range.size() > 0) c.parts.push_back({kind, (int)u, range});
     }
   }
-  if (!store_compressed(store)) return c;
+  if (!store_has_residuals(store)) return c;
   c.residual_layout = residual_layout(store, shape);
-  for (size_t u = 0; u < store.units.size(); u++)
-    if (store.units[u].residual) c.residuals.push_back({(int)u, store.units[u].residual_numel});
+  for (size_t u = 0; u < store.units.size(); u++) {
+    const UnitState& us = store.units[u];
+    if (us.residual) c.residuals.push_back({(int)u, us.residual_numel, false});
+    if (us.outer_residual) c.residuals.push_back({(int)u, us.outer_residual_numel, true});
+  }
   return c;
+}
+
+bool store_has_residuals(const ParamStore& store) {
+  return store_compressed(store) || (!store.units.empty() && store.units[0].outer_residual);
+}
+
+// The residual of an item or of unit u: the gradient's or DiLoCo's outer one.
+static float* residual_of(ParamStore& store, int unit, bool outer) {
+  UnitState& us = store.units[unit];
+  return outer ? us.outer_residual : us.residual;
+}
+
+static std::string residual_name(int unit, bool outer) {
+  return (outer ? "diloco_unit_" : "unit_") + std::to_string(unit);
 }
 
 void copy_part(ParamStore& store, const RankFilePart& p, float* dst) {
@@ -133,7 +150,7 @@ void copy_part(ParamStore& store, const RankFilePart& p, float* dst) {
 void copy_item(ParamStore& store, const RankFileContents& c, size_t i, float* dst) {
   if (i < c.parts.size()) return copy_part(store, c.parts[i], dst);
   const RankFileResidual& r = c.residuals[i - c.parts.size()];
-  ops::copy_to_host(dst, store.units[r.unit].residual, r.numel * sizeof(float));
+  ops::copy_to_host(dst, residual_of(store, r.unit, r.outer), r.numel * sizeof(float));
 }
 
 static void write_part(hid_t file, const RankFilePart& p, const float* data) {
@@ -147,17 +164,23 @@ static void write_part(hid_t file, const RankFilePart& p, const float* data) {
   ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot write " + name);
 }
 
+// DiLoCo islands (K > 1) cut the dp group into islands of dp/K ranks, which changes the
+// residuals' lengths and meaning at the same dp: K is named then (K = 1 is the plain layout).
+// With int8 meetings (outer residuals) " diloco int8" follows.
 std::string residual_layout(const ParamStore& store, const MeshShape& s) {
-  char text[160];
-  std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
-                grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp, s.pp_virtual,
-                s.cp, s.ep, (int)store.mode);
+  char text[200];
+  int n = std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
+                        grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp,
+                        s.pp_virtual, s.cp, s.ep, (int)store.mode);
+  if (s.islands > 1) n += std::snprintf(text + n, sizeof(text) - n, " islands %d", s.islands);
+  if (!store.units.empty() && store.units[0].outer_residual)
+    std::snprintf(text + n, sizeof(text) - n, " diloco int8");
   return text;
 }
 
-// /residual/unit_<u>: the whole residual of unit u (hdf5_format.h).
+// /residual/unit_<u> or /residual/diloco_unit_<u>: a whole residual of unit u (hdf5_format.h).
 static void write_residual(hid_t group, const RankFileResidual& r, const float* data) {
-  const std::string name = "unit_" + std::to_string(r.unit);
+  const std::string name = residual_name(r.unit, r.outer);
   hsize_t n = r.numel;
   H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
   H5Id ds(ok(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
@@ -201,6 +224,21 @@ static std::string read_string(hid_t file, const char* name) {
   return text;
 }
 
+// One residual dataset of `path` into the store (its length checked).
+static void read_residual(hid_t group, const std::string& path, ParamStore& store, int unit,
+                          bool outer, size_t numel) {
+  const std::string name = residual_name(unit, outer);
+  H5Id ds(ok(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "no dataset residual/" + name));
+  H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
+  CHECK(H5Sget_simple_extent_npoints(space) == (hssize_t)numel,
+        "%s: residual/%s has %lld values, expected %zu", path.c_str(), name.c_str(),
+        (long long)H5Sget_simple_extent_npoints(space), numel);
+  std::vector<float> host(numel);
+  ok(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
+     "cannot read residual/" + name);
+  ops::copy_to_device(residual_of(store, unit, outer), host.data(), numel * sizeof(float));
+}
+
 std::string h5_read_residuals(const std::string& path, ParamStore& store,
                               const std::string& layout) {
   quiet_hdf5();
@@ -210,20 +248,11 @@ std::string h5_read_residuals(const std::string& path, ParamStore& store,
     H5Id group(ok(H5Gopen2(file, "residual", H5P_DEFAULT), "cannot open residual"));
     const std::string written = read_string(group, "layout");
     if (written != layout) return "written under " + written + ", now " + layout;
-    std::vector<float> host;
     for (size_t u = 0; u < store.units.size(); u++) {
-      UnitState& us = store.units[u];
-      if (!us.residual) continue;
-      const std::string name = "unit_" + std::to_string(u);
-      H5Id ds(ok(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "no dataset residual/" + name));
-      H5Id space(ok(H5Dget_space(ds), "H5Dget_space"));
-      CHECK(H5Sget_simple_extent_npoints(space) == (hssize_t)us.residual_numel,
-            "%s: residual/%s has %lld values, expected %zu", path.c_str(), name.c_str(),
-            (long long)H5Sget_simple_extent_npoints(space), us.residual_numel);
-      host.resize(us.residual_numel);
-      ok(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()),
-         "cannot read residual/" + name);
-      ops::copy_to_device(us.residual, host.data(), host.size() * sizeof(float));
+      const UnitState& us = store.units[u];
+      if (us.residual) read_residual(group, path, store, (int)u, false, us.residual_numel);
+      if (us.outer_residual)
+        read_residual(group, path, store, (int)u, true, us.outer_residual_numel);
     }
   } catch (const H5Failure& e) {
     FATAL("cannot resume: %s: %s", path.c_str(), e.what());

@@ -132,7 +132,10 @@ struct RankFilePart {
 struct RankFileResidual {
   int unit;
   size_t numel;
+  bool outer = false;  // DiLoCo's outer residual (UnitState::outer_residual), else the gradient's
 };
+// Whether the store holds residuals of compressed reductions (gradients or DiLoCo's meetings).
+bool store_has_residuals(const ParamStore& store);
 struct RankFileContents {
   int64_t shard_rank = 0, tp_rank = 0, pp_rank = 0, ep_rank = 0;
   std::vector<RankFilePart> parts;  // the non-empty ranges, by state then unit
@@ -164,10 +167,12 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const MeshShape& shape, FileDigest* digest);
 
 // The residuals of the compressed reductions ([parallel] grad_compression, parallel/
-// grad_compression.cu) are this rank's own state, not part of any logical tensor, so they stay
-// out of the index: the rank file holds /residual/unit_<u> (the whole residual of unit u) and the
-// string /residual/layout, which names everything their meaning depends on (the compression,
-// the degrees, the ZeRO stage: residual_layout). A run resumes them only from the file of its
+// grad_compression.cu, and diloco_compression, parallel/diloco.h) are this rank's own state, not
+// part of any logical tensor, so they stay out of the index: the rank file holds
+// /residual/unit_<u> (the whole gradient residual of unit u), /residual/diloco_unit_<u> (the
+// whole outer residual of unit u's shard) and the string /residual/layout, which names
+// everything their meaning depends on (the compressions, the degrees, the ZeRO stage, the
+// islands: residual_layout). A run resumes them only from the file of its
 // own world rank written under the same layout; otherwise they are dropped (zero: the steps
 // before lose what they had not sent yet, nothing else changes).
 std::string residual_layout(const ParamStore& store, const MeshShape& shape);

@@ -113,6 +113,9 @@ struct ParallelConfig {   // [parallel]
   int diloco_every = 50;
   double diloco_outer_lr = 0.7;
   double diloco_outer_momentum = 0.9;
+  // The outer all-reduce over the islands: "none" (fp32) or "int8" (grad_compression's int8
+  // scheme, with error feedback of the outer delta: parallel/diloco.h).
+  std::string diloco_compression = "none";  // "none" | "int8"
   std::string backend;    // "nccl" | "mpi"; "" = nccl for ./train, mpi for ./train_cpu
   double timeout_s = 600; // a wait for other ranks longer than this ends the job (0 = never)
 };

@@ -196,17 +196,12 @@ static void check_diloco(Checker& c) {
   if (!spanning.empty())
     c.problems.add(k + " is not supported with " + spanning + " (their gradient groups span the "
                    "islands): use dp, zero, tp and pp inside islands (cp = ep = 1, no experts)");
-  if (cfg.train.optimizer_offload != "none")
-    c.problems.add(k + " with " + key("train.optimizer_offload") + " is not supported (the outer "
-                   "step runs on the device)");
-  if (p.grad_compression != "none")
-    c.problems.add(k + " with " + key("parallel.grad_compression") + " is not supported yet");
 }
 
 // The gradient noise scale (training/noise_scale.h) reads one dp rank's whole first micro-batch
 // gradient before it is reduced (parallel/small_batch_norm.cu): any ZeRO stage, tp, cp, pp with
-// the 1f1b schedule, experts without ep, DiLoCo
-// islands; and it needs two batch sizes (inside an island).
+// the 1f1b schedule, experts without ep, DiLoCo islands; and it needs two batch sizes (inside an
+// island).
 static void check_noise_scale(Checker& c) {
   const Config& cfg = c.cfg;
   if (!cfg.log.grad_noise_scale) return;

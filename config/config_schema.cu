@@ -82,7 +82,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
       KEY(parallel, grad_compression, "none", "int8", "topk"), KEY(parallel, topk_ratio),
       KEY(parallel, diloco_islands), KEY(parallel, diloco_every), KEY(parallel, diloco_outer_lr),
-      KEY(parallel, diloco_outer_momentum),
+      KEY(parallel, diloco_outer_momentum), KEY(parallel, diloco_compression, "none", "int8"),
       KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved", "zb-h1", "zb-v", "file:"),
       KEY(parallel, pp_virtual), KEY(parallel, pp_layers),
       KEY(parallel, pp_balance, "equal", "auto"), KEY(parallel, backend, "nccl", "mpi", ""),

@@ -3,6 +3,9 @@
 #include "parallel/diloco.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "kernels/host_diloco.h"
 
 bool diloco_enabled(const Config& cfg) { return cfg.parallel.diloco_islands >= 1; }
 
@@ -12,42 +15,112 @@ CommsByAxis diloco_store_comms(Mesh& mesh, const Config& cfg) {
   return comms;
 }
 
+// int8 meetings: the compressor's scratch for the largest shard over K ranks (work memory) and a
+// zero residual per unit (state memory), both counted by the planner.
+static void outer_compression_init(Diloco& d, ParamStore& st) {
+  if (d.compressor.kind == GradCompression::None || d.island->size < 2) return;
+  const int k = d.island->size;
+  for (UnitState& us : st.units) {
+    grad_compressor_need(d.compressor, us.shard_numel, k);
+    us.outer_residual_numel = residual_numel(GradCompression::Int8, us.shard_numel, k);
+    us.outer_residual = (float*)allocate_zeroed(
+        st.state_memory, us.outer_residual_numel * sizeof(float), st.compute);
+  }
+  grad_compressor_allocate(d.compressor, st.work_memory);
+}
+
+// Optimizer offload: the outer state lives with the master, in pinned host memory (the offload's
+// HostAllocator, counted by the planner; nvme too: 8 bytes per weight of the shard in host memory
+// next to the file), w_sync = the master as the store holds it, and the delta has a host buffer.
+static void host_outer_init(Diloco& d, ParamStore& st, size_t largest) {
+  HostAllocator& h = st.offload.memory;
+  for (size_t u = 0; u < st.units.size(); u++) {
+    UnitState& us = st.units[u];
+    const size_t bytes = us.shard_numel * sizeof(float);
+    us.outer_sync = (float*)allocate_host(h, bytes);
+    us.outer_m = (float*)allocate_host(h, bytes);
+    if (st.count_only) continue;
+    store_state_read(st, (int)u, StateKind::Master, us.shard_offset, us.shard_numel, us.outer_sync);
+    std::memset(us.outer_m, 0, bytes);
+  }
+  d.host_delta = (float*)allocate_host(h, largest * sizeof(float));
+}
+
 void diloco_init(Diloco& d, const Config& cfg, ParamStore& st, Comm& island) {
   const ParallelConfig& p = cfg.parallel;
-  CHECK(!store_offloaded(st), "diloco: no optimizer offload (the outer step runs on the device)");
   d.islands = p.diloco_islands, d.every = p.diloco_every;
   d.outer_lr = (float)p.diloco_outer_lr, d.momentum = (float)p.diloco_outer_momentum;
   d.island = &island;
+  d.compressor.kind = grad_compression_kind(p.diloco_compression);
   size_t largest = 0;
+  for (const UnitState& us : st.units) largest = std::max(largest, us.shard_numel);
+  d.delta = (float*)allocate(st.work_memory, largest * sizeof(float));
+  outer_compression_init(d, st);
+  if (store_offloaded(st)) return host_outer_init(d, st, largest);
   for (UnitState& us : st.units) {
     const size_t bytes = us.shard_numel * sizeof(float);
-    largest = std::max(largest, us.shard_numel);
     us.outer_sync = (float*)allocate(st.state_memory, bytes);
     us.outer_m = (float*)allocate_zeroed(st.state_memory, bytes, st.compute);
     ops::copy_on_device(us.outer_sync, us.master, bytes, st.compute);  // dry in the planner
   }
-  d.delta = (float*)allocate(st.work_memory, largest * sizeof(float));
   ops::stream_sync(st.compute);
 }
 
-size_t diloco_outer_bytes(const ParamStore& st) {
-  size_t n = 0;
-  for (const UnitState& us : st.units) n += us.shard_numel;
-  return n * sizeof(float);
+size_t diloco_outer_bytes(const Diloco& d, const ParamStore& st) {
+  size_t bytes = 0;
+  for (const UnitState& us : st.units)
+    bytes += d.compressor.kind == GradCompression::None ? 4 * us.shard_numel
+             : d.island->size < 2 ? 0
+             : compressed_payload_bytes(d.compressor.kind, 0, us.shard_numel, d.island->size, true);
+  return bytes;
 }
 
-// One unit's shard: the delta, averaged over the islands (summed in place, scaled in the step),
+// One unit's shard: the delta, averaged over the islands (summed in place, int8: compressed with
+// this rank's residual; scaled in the step),
 // the Nesterov step into w_sync and the master, and the master into the working copy, as AdamW
 // leaves it (parallel/param_store.h, update_begin).
+// The delta (n floats in d.delta on the device) summed over the islands in place: fp32, or int8
+// with this rank's residual (parallel/grad_compression.cu; nothing to do on one island).
+static void island_sum(Diloco& d, UnitState& us, size_t n, ops::Stream s) {
+  if (d.compressor.kind == GradCompression::None)
+    all_reduce_sum(*d.island, d.delta, n, DType::F32, s);
+  else
+    compressed_all_reduce(d.compressor, *d.island, d.delta, us.outer_residual, n, s);
+}
+
+// Optimizer offload: the same step on the host, where the master and the outer state live; only
+// the delta goes down to the device for the all-reduce and back. The new weights go into the
+// staging copy that update_end sends up (and, nvme, the master back to its file).
+static void host_outer_step(Diloco& d, ParamStore& st, UnitState& us, const ShardForUpdate& s) {
+  const size_t n = us.shard_numel;
+  if (!st.count_only) {  // the planner counts the all-reduce; the host buffers are not there
+    host_diloco_outer_delta(d.host_delta, us.outer_sync, s.master, n);
+    ops::copy_to_device(d.delta, d.host_delta, n * sizeof(float));
+  }
+  island_sum(d, us, n, st.compute);
+  if (st.count_only) return;
+  ops::stream_sync(st.compute);
+  ops::copy_to_host(d.host_delta, d.delta, n * sizeof(float));
+  host_diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.host_delta, n,
+                         1.0f / (float)d.islands, d.outer_lr, d.momentum, s.copy, st.dt);
+}
+
+// One unit's shard: the delta, averaged over the islands (summed in place, int8: compressed with
+// this rank's residual; scaled in the step), the Nesterov step into w_sync and the master, and
+// the master into the working copy, as AdamW leaves it (parallel/param_store.h, update_begin).
 static void outer_step_unit(Diloco& d, ParamStore& st, int u) {
   UnitState& us = st.units[u];
   const size_t n = us.shard_numel;
   const ShardForUpdate s = update_begin(st, u);
-  ops::diloco_outer_delta(d.delta, us.outer_sync, s.master, n, st.compute);
-  all_reduce_sum(*d.island, d.delta, n, DType::F32, st.compute);
-  ops::diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.delta, n,
-                         1.0f / (float)d.islands, d.outer_lr, d.momentum, st.compute);
-  if (s.writes_copy) ops::cast(s.copy, st.dt, s.master, DType::F32, n, st.compute);
+  if (s.on_host) {
+    host_outer_step(d, st, us, s);
+  } else {
+    ops::diloco_outer_delta(d.delta, us.outer_sync, s.master, n, st.compute);
+    island_sum(d, us, n, st.compute);
+    ops::diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.delta, n,
+                           1.0f / (float)d.islands, d.outer_lr, d.momentum, st.compute);
+    if (s.writes_copy) ops::cast(s.copy, st.dt, s.master, DType::F32, n, st.compute);
+  }
   update_end(st, u);
 }
 

@@ -27,17 +27,44 @@
 // held by several ranks of an island (tp-replicated tails, the tied embedding's two pipeline
 // stages) see the same deltas and stay equal.
 //
-// Bytes. Only the meeting crosses islands: one fp32 all-reduce per unit of the shard over the
-// island group (K ranks): 4 S bytes of payload every H steps per rank, S the weights of its
-// shards (the whole model under DDP, 1/dp_island of the tp/pp-local model under ZeRO/FSDP);
-// 4 S / H per step amortised (a ring puts 2(K-1)/K of it on the wire per rank). Inside an island
-// the usual reductions over dp/K ranks.
+// Compressed meetings ([parallel] diloco_compression = "int8"). The all-reduce of the delta is
+// grad_compression's int8 all-reduce (parallel/grad_compression.cu, the same code: blocks of 256
+// values with an fp32 absmax scale, all-to-all of the chunks, each rank sums its chunk in fp32,
+// requantises, all-gather), with error feedback of the outer delta: each rank keeps a residual
+// e (UnitState::outer_residual, fp32 on the device, the shard padded to K chunks) and sends
+// delta + e; what its quantisation left out (and, for the chunk it owns, the error of
+// requantising that chunk's sum) stays in e for the next meeting, so that over any number of
+// meetings what arrived + the sum of the residuals = the sum of the deltas. The Nesterov step
+// uses what arrived divided by K. Nothing is lost, only delayed by a
+// meeting. The residual is per rank, like the gradient residuals: saved in the rank's own file
+// (/residual/diloco_unit_<u>, checkpoint/hdf5_format.h) and resumed only under the same layout,
+// else dropped with a warning. With one island nothing is sent and there is no residual.
+//
+// Bytes. Only the meeting crosses islands: one all-reduce per unit of the shard over the island
+// group (K ranks); S = the weights of a rank's shards (the whole model under DDP, 1/dp_island of
+// the tp/pp-local model under ZeRO/FSDP). Payload as parallel/comm.h counts it (all-reduce and
+// all-to-all: the send buffer; all-gather: its output), per rank and meeting:
+//   fp32   4 S, in one all-reduce per unit (a ring puts 2(K-1)/K of it on the wire);
+//   int8   per unit of n weights an all-to-all and an all-gather of K records of ceil(n/K)
+//          one-byte codes (rounded up to 4) and one fp32 scale per 256 codes: 1 byte + 4/256 per
+//          weight each, about 2 (1 + 1/64) S in all; a ring puts (K-1)/K of each on the wire,
+//          about 2 (1 + 1/64) S (K-1)/K against fp32's 8 S (K-1)/K: a quarter.
+// Amortised per step: that / H (--plan prints it). Inside an island the usual reductions over
+// dp/K ranks.
 //
 // Where it lives. w_sync and m are the store's state (UnitState::outer_sync and outer_m, counted
 // in its state memory: 8 bytes per weight of the shard), checkpointed as the logical tensors
 // diloco/sync/<tensor> and diloco/m/<tensor> (checkpoint/hdf5_format.h); the outer arithmetic
 // runs on the device (ops::diloco_outer_delta, ops::diloco_outer_step), the delta in one work
-// buffer of the largest shard, reduced in place.
+// buffer of the largest shard, reduced in place (int8: the compressor's scratch, sized for the
+// largest shard over K ranks, in the work memory too; the residuals in the state memory).
+// Under optimizer offload (parallel/offload.cu) the master lives in host memory (or a file,
+// streamed through host slots), so w_sync and m live in pinned host memory (the offload's
+// HostAllocator, counted by the planner; with "nvme" too, not in the file) and the step runs on
+// the host (kernels/host_diloco.h, the loop the CPU backend's ops run): the delta is computed on
+// the host, copied to the device for the island all-reduce (fp32 or int8; the int8 residual stays
+// on the device) and back, and the new weights go up through the offload's staging buffer as after
+// AdamW.
 #pragma once
 
 #include "config/config.h"
@@ -49,6 +76,8 @@ struct Diloco {
   float outer_lr = 0.7f, momentum = 0.9f;
   Comm* island = nullptr;  // same place in every island
   float* delta = nullptr;  // device, the largest shard
+  float* host_delta = nullptr;  // optimizer offload: pinned host, the largest shard
+  GradCompressor compressor;  // [parallel] diloco_compression: kind None (fp32) or Int8
 };
 
 bool diloco_enabled(const Config& cfg);  // [parallel] diloco_islands >= 1 (0 = off)
@@ -56,11 +85,11 @@ bool diloco_enabled(const Config& cfg);  // [parallel] diloco_islands >= 1 (0 = 
 // when there are islands: an island trains alone.
 CommsByAxis diloco_store_comms(Mesh& mesh, const Config& cfg);
 // Allocates every unit's outer state in the store's state memory: w_sync = the store's master
-// weights, zero momentum. After the store is filled (a resumed checkpoint then overwrites both).
-// With a count-only store (the planner) it only counts.
+// weights, zero momentum (int8: zero residuals). After the store is filled (a resumed checkpoint
+// then overwrites them). With a count-only store (the planner) it only counts.
 void diloco_init(Diloco& d, const Config& cfg, ParamStore& store, Comm& island);
-// The payload of one outer all-reduce on this rank (island axis): 4 bytes per weight of its
-// shards.
-size_t diloco_outer_bytes(const ParamStore& store);
+// The payload of one meeting on this rank (island axis): fp32 4 bytes per weight of its shards;
+// int8 the compressed all-reduce's count above (0 with one island).
+size_t diloco_outer_bytes(const Diloco& d, const ParamStore& store);
 // After the optimizer step of `step` (1-based): every H steps, the outer step above.
 void diloco_after_step(Diloco& d, ParamStore& store, int step);

@@ -107,7 +107,10 @@ void store_state_read(ParamStore& st, int unit, StateKind k, size_t first, size_
   CHECK(!is_outer_state(k) || us.outer_sync, "unit %d: no DiLoCo state (diloco_islands = 0)", unit);
   if (store_offloaded(st) && !is_outer_state(k))
     return offload_state_read(st, unit, k, first, count, host);
-  ops::copy_to_host(host, device_state(us, k) + (first - us.shard_offset), count * sizeof(float));
+  const float* src = device_state(us, k) + (first - us.shard_offset);
+  if (store_offloaded(st))  // DiLoCo's outer state lives with the master, in host memory
+    return (void)std::memcpy(host, src, count * sizeof(float));
+  ops::copy_to_host(host, src, count * sizeof(float));
 }
 
 // The working copy of unit u's shard from its fp32 master (host): rounded to the compute dtype
@@ -136,6 +139,8 @@ void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
     CHECK(!is_outer_state(kind) || us.outer_sync, "unit %zu: no DiLoCo state to load", u);
     if (store_offloaded(st) && !is_outer_state(kind))
       offload_state_write(st, (int)u, kind, host.data());
+    else if (store_offloaded(st))  // DiLoCo's outer state: host memory (parallel/diloco.cu)
+      std::memcpy(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
     else
       ops::copy_to_device(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
     if (kind == StateKind::Master) upload_working_copy(st, (int)u, host.data());
@@ -185,7 +190,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   st.tp = comms[Axis::TP];
   st.world = comms[Axis::World];
   st.embed = comms[Axis::Embed];
-  st.world_rank = st.world ? st.world->rank : 0;
+  if (st.world_rank < 0) st.world_rank = st.world ? st.world->rank : 0;
   st.compute = compute;
   st.comm = comm;
   st.pool_slots = fsdp_pool_slots(units);

@@ -86,6 +86,11 @@ struct UnitState {
   // [log] grad_noise_scale with pp > 1: the tied root's first-micro-batch gradient, kept until
   // grads_wait sums it over the embedding group (parallel/small_batch_norm.cu); else null.
   float* small_batch_copy = nullptr;
+  // [parallel] diloco_compression = "int8": what this rank's compressed outer all-reduces have
+  // not sent yet (the error feedback of the outer delta), outer_residual_numel floats on the
+  // device; null without it or with one island.
+  float* outer_residual = nullptr;
+  size_t outer_residual_numel = 0;
   int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
 };
 
@@ -134,7 +139,9 @@ struct ParamStore {
   bool measure_small_batch = false;
   float* small_batch_squares = nullptr;
   bool small_batch_measured = false;
-  int world_rank = 0;       // names the offload file
+  // Names the offload file: set it before param_store_init where the store's world is not the
+  // job's (DiLoCo islands: each island's ranks count from 0); -1 = the store's world rank.
+  int world_rank = -1;
 };
 
 // Allocates the store for `units` (this rank's placement) and fills this rank's master shard with

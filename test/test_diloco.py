@@ -9,8 +9,29 @@
     m = mu m + delta; w_sync -= lr (delta + mu m); every island restarts from w_sync with its own
     AdamW moments. The reported loss is the mean over islands, the gradient norm island 0's.
     Tolerance 1e-6 relative (measured 2e-8 to 7e-8 for losses and norms: about 10x-20x).
-(c) Refusals: K not dividing dp, cp > 1, experts, optimizer offload, a checkpoint of K islands
-    resumed with another K - each names its keys (with file:line:col where the file sets them).
+(b2) Compressed dp reductions inside islands ([parallel] grad_compression): K = 2 islands of dp 2
+    (np 4) with int8 (DDP) and top-k 10% (ZeRO-1), H = the last step, equal two independent dp 2
+    runs on the token streams the islands read (island_streams: before the first meeting the
+    islands are independent trainings): losses the mean of the two (1e-8 relative, measured 1e-9:
+    the printed digits), the gradient norm island 0's (measured bitwise). The dp collectives of
+    every step are the analytic compressed count of test/grad_compression_model.py for dp 2 (plus
+    ZeRO's all-gather of the outer step's new weights at the meeting), the island axis carries
+    only the meeting's fp32 all-reduce. Checkpoints: K = 2 int8 saved between meetings resumes
+    bit for bit (the residuals come back); a dp 4 int8 checkpoint without islands resumed with
+    K = 2 drops them with a warning that names both layouts (the islands' dp groups are 2 ranks).
+(b3) int8 meetings ([parallel] diloco_compression = "int8"): K = 2 (dp 2), H = 2, saved after step
+    3 (meeting 2's residuals non-zero, the islands apart), resumed with lr 0 so that step 4's
+    inner AdamW leaves the weights as saved: meeting 4 on the trainer's own inputs (the rank
+    files: both islands' weights, w_sync, m, both residuals) equals a numpy float32 model of
+    the int8 all-reduce with error feedback (test/grad_compression_model.py) and the Nesterov
+    step, bit for bit (measured: bitwise; without the feedback the weights move by 3e-4): both
+    islands' new weights, w_sync, m and both residuals. Island bytes at the meetings = the
+    analytic int8 count, nothing between.
+(b4) Optimizer offload: the outer state and step on the host with the master (test_offload:
+    "cpu", "nvme" and int8 meetings under ZeRO-1 equal the runs without offload bit for bit,
+    and a save/resume under "cpu" continues bit for bit).
+(c) Refusals: K not dividing dp, cp > 1, experts, a checkpoint of K islands resumed with another
+    K - each names its keys (with file:line:col where the file sets them).
 (d) Other axes inside an island (the outer step works on each rank's own shard). One island,
     outer lr 1, momentum 0 equals plain training for ZeRO-1, ZeRO-2, FSDP, tp = 2 and pp = 2
     (1e-6 relative, as (a)); K = 2 islands, H = 3, 7 steps under ZeRO-1 and FSDP (dp 4), tp = 2
@@ -37,8 +58,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
+import grad_compression_model as gcm  # noqa: E402
 from trainer import (Checks, base_sections, check_refused, make_experiment, max_rel,  # noqa: E402
-                     read_metrics, run, seeded_rng, write_config)
+                     read_metrics, run, seeded_rng, unit_numels, write_config)
 
 checks = Checks("test_diloco")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -49,9 +71,14 @@ def ranks(parallel):
     return parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1)
 
 
-def train(tmp, name, steps, parallel, lr=1e-2, checkpoint=None):
-    sec = base_sections(tmp, steps, lr=lr, micro_batch=B, weight_decay=0.1)
+def train(tmp, name, steps, parallel, lr=1e-2, checkpoint=None, data=None, offload="none"):
+    sec = base_sections(tmp, steps, lr=lr, micro_batch=B, weight_decay=0.1,
+                        optimizer_offload=offload)
+    if offload == "nvme":
+        sec["train"]["offload_dir"] = tmp
     sec["parallel"] = parallel
+    if data:
+        sec["data"]["train"] = data
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     if checkpoint:
         sec["checkpoint"] = checkpoint
@@ -127,6 +154,175 @@ def test_two_islands(rng):
                      f"; loss {got[0]:.5f} -> {got[-1]:.5f}")
 
 
+def island_streams(rng, steps):
+    """Token streams for a dp 4 run of K = 2 islands (B rows of T per rank) and for two dp 2 runs
+    that read exactly what each island reads. Each step the world reads a window of 4 B T + 1
+    tokens (data/dataloader.cpp), island 0 the first 2 B T + 1 of it, island 1 the last. A dp 2
+    run reads windows of 2 B T + 1 that overlap by one token, so the islands' windows chain into
+    streams of their own when every token at a multiple of 2 B T is the same: set so here."""
+    per = 2 * B * T
+    world = rng.integers(0, V, 2 * per * steps + 1)
+    world[::per] = world[0]
+    halves = [np.concatenate([world[2 * per * s + k * per: 2 * per * s + (k + 1) * per]
+                              for s in range(steps)] + [world[:1]]) for k in range(2)]
+    return world, halves
+
+
+def write_stream(tmp, name, tokens):
+    os.makedirs(os.path.join(tmp, name), exist_ok=True)
+    ref.write_shard(os.path.join(tmp, name, "train_000.bin"), tokens)
+    return os.path.join(tmp, name, "train_*.bin")
+
+
+def island_bytes(zero, units, islands_dp):
+    """The island axis at an outer step: one fp32 all-reduce per unit of this rank's shard."""
+    shard = units if zero == 0 else [gcm.round_up(n, islands_dp * 64) // islands_dp for n in units]
+    return {"all_reduce": {"calls": len(units), "bytes": 4 * sum(shard)}}
+
+
+def test_compressed_islands(rng):
+    """K = 2 islands of dp 2 with compressed dp reductions = two independent dp 2 runs on the
+    islands' data until the first meeting (after the last step), and the bytes per axis."""
+    steps = 4
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+        world, halves = island_streams(rng, steps)
+        data = [write_stream(tmp, name, t) for name, t in zip(("w", "a", "b"), [world] + halves)]
+        units = unit_numels(L, C, T, V)
+        for kind, zero in (("int8", 0), ("topk", 1)):
+            comp = {"zero": zero, "grad_compression": kind, "topk_ratio": 0.1}
+            k2 = train(tmp, f"k2_{kind}", steps, {"dp": 4, **comp, **K2, "diloco_every": steps},
+                       data=data[0])
+            alone = [train(tmp, f"alone{k}_{kind}", steps, {"dp": 2, **comp}, data=data[1 + k])
+                     for k in range(2)]
+            want = [(a["loss"] + b["loss"]) / 2 for a, b in zip(*alone)]
+            loss = max_rel([s["loss"] for s in k2], want)
+            norm = max_rel([s["grad_norm"] for s in k2], [s["grad_norm"] for s in alone[0]])
+            checks.check(f"K = 2 islands of dp 2, {kind} zero {zero}: losses = mean of two "
+                         "independent dp 2 runs on the islands' data, norm = island 0's",
+                         len(k2) == steps and max(loss, norm) < 1e-8,
+                         f"max rel err loss {loss:.2e} norm {norm:.2e}")
+            dp = gcm.trainer_bytes(kind, zero, 1, 0.1, units, L, 2)
+            meeting = gcm.trainer_bytes(kind, zero, 1, 0.1, units, L, 2)
+            if zero:  # the outer step's new shards all-gathered inside the island, as AdamW's
+                gather = meeting["all_gather"]
+                gather["calls"] += len(units)
+                gather["bytes"] += 4 * sum(gcm.round_up(n, 2 * 64) for n in units)
+            isl = island_bytes(zero, units, 2)
+            got = [s["comm"] for s in k2]
+            last = steps - 1
+            ok = all(c.get("dp") == (meeting if i == last else dp) for i, c in enumerate(got)) and \
+                all(c.get("island") == (isl if i == last else None) for i, c in enumerate(got))
+            checks.check(f"K = 2, {kind} zero {zero}: dp bytes per step = the compressed analytic "
+                         "count, island bytes only at the meeting", ok,
+                         f"{got[-1]} vs dp {dp}, island {isl}")
+
+
+def test_compressed_checkpoint(rng):
+    """With islands the compression residuals are per rank as without: K = 2 int8 saved after
+    step 4 (between meetings) resumes steps 5-6 bit for bit; a checkpoint of the same dp without
+    islands (dp groups of 4, not 2) drops them with a warning naming both layouts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+        par = {"dp": 4, "grad_compression": "int8", **K2}
+        whole = train(tmp, "whole", 6, par, checkpoint={"dir": os.path.join(tmp, "ck"), "every": 4})
+        rest = train(tmp, "rest", 6, par, checkpoint={
+            "dir": os.path.join(tmp, "ck2"), "resume": os.path.join(tmp, "ck", "step_000004")})
+        compare("K = 2 int8 saved after step 4, resumed: steps 5-6 (residuals back)",
+                [s for s in rest if s["step"] > 4], whole[4:], 0, bitwise=True)
+        train(tmp, "plain", 2, {"dp": 4, "grad_compression": "int8"},
+              checkpoint={"dir": os.path.join(tmp, "ck_plain"), "every": 2})
+        sec = base_sections(tmp, 3, micro_batch=B)
+        sec["parallel"] = par
+        sec["checkpoint"] = {"dir": os.path.join(tmp, "ck3"),
+                             "resume": os.path.join(tmp, "ck_plain", "step_000002")}
+        out = run(write_config(tmp, "islands.toml", sec), np_ranks=4).stdout
+        warned = "dropping the gradient compression residuals" in out and \
+            "zero 0, now int8 dp 4" in out and "islands 2" in out
+        checks.check("a dp 4 int8 checkpoint without islands resumed with K = 2: residuals "
+                     "dropped with a warning naming both layouts", warned and "step     3/3" in out,
+                     next((ln for ln in out.splitlines() if "warning" in ln), "no warning"))
+
+
+def rank_state(path, group):
+    """{unit: flat float32 array} of one group of a rank file (model, diloco/sync, ...)."""
+    with h5py.File(path, "r") as f:
+        out = {}
+        for name, ds in f[group].items():
+            if isinstance(ds, h5py.Dataset) and ds.dtype.kind == "f":
+                assert int(ds.attrs.get("first", 0)) == 0, "a whole unit per rank expected"
+                out[name] = np.array(ds, dtype=np.float32)
+        return out
+
+
+def outer_int8_model(w, sync, m, e, lr, mu):
+    """The meeting of parallel/diloco.h with int8 (one rank per island, K = len(w)), in float32
+    with every operation rounded once, as kernels/ops_decls.h says: delta_k = sync - w_k, the
+    int8 all-reduce of test/grad_compression_model.py with the residuals e (updated), then
+    g = sum / K; m = mu m + g; sync = sync - lr (g + mu m)."""
+    K = len(w)
+    delta = [sync - wk for wk in w]
+    total = gcm.int8_step(delta, e, True)[0]
+    g = total * np.float32(1.0 / K)
+    m = np.float32(mu) * m + g
+    sync = sync - np.float32(lr) * (g + np.float32(mu) * m)
+    return sync, m
+
+
+def test_int8_meetings(rng):
+    """An int8 meeting against a numpy model of the same quantisation, error feedback and
+    Nesterov step, on the trainer's own inputs: K = 2 (dp 2), H = 2, saved after step 3 (the
+    residuals of meeting 2 non-zero, the islands apart); resumed with lr 0, so that step 4's inner
+    step leaves the weights as saved and meeting 4 is the only change. Bitwise: both islands'
+    new weights, w_sync, m and both ranks' residuals. And the island bytes of the meetings."""
+    lr, mu = 0.7, 0.9
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+        par = {"dp": 2, **K2, "diloco_every": 2, "diloco_compression": "int8",
+               "diloco_outer_lr": lr, "diloco_outer_momentum": mu}
+        first = train(tmp, "first", 3, par, checkpoint={"dir": os.path.join(tmp, "a"), "every": 1})
+        last = train(tmp, "last", 4, par, lr=0.0, checkpoint={
+            "dir": os.path.join(tmp, "b"), "every": 1,
+            "resume": os.path.join(tmp, "a", "step_000003")})
+        before = [os.path.join(tmp, "a", "step_000003", f"rank_0000{r}.h5") for r in range(2)]
+        after = [os.path.join(tmp, "b", "step_000004", f"rank_0000{r}.h5") for r in range(2)]
+        w = [rank_state(f, "model") for f in before]
+        sync, m = rank_state(before[0], "diloco/sync"), rank_state(before[0], "diloco/m")
+        res = [{k[len("diloco_"):]: v for k, v in rank_state(f, "residual").items()
+                if k.startswith("diloco_")} for f in before]
+        got_w = [rank_state(f, "model") for f in after]
+        got_sync, got_m = rank_state(after[0], "diloco/sync"), rank_state(after[0], "diloco/m")
+        got_res = [{k[len("diloco_"):]: v for k, v in rank_state(f, "residual").items()
+                    if k.startswith("diloco_")} for f in after]
+        same, worst, moved = True, 0.0, 0.0
+        for u in sorted(sync):
+            e = [res[r][u].copy() for r in range(2)]
+            want_sync, want_m = outer_int8_model([w[0][u], w[1][u]], sync[u], m[u], e, lr, mu)
+            for got, want in [(got_sync[u], want_sync), (got_m[u], want_m),
+                              (got_w[0][u], want_sync), (got_w[1][u], want_sync),
+                              (got_res[0][u], e[0]), (got_res[1][u], e[1])]:
+                same = same and got.shape == want.shape and np.array_equal(got, want)
+                worst = max(worst, float(np.max(np.abs(got - want))) if got.shape == want.shape
+                            else np.inf)
+            moved = max(moved, float(np.max(np.abs(want_sync - sync[u]))))
+        nonzero = all(np.abs(res[r][u]).max() > 0 for r in range(2) for u in res[r])
+        checks.check("int8 meeting = numpy model of quantisation, error feedback and Nesterov",
+                     same and nonzero and moved > 0 and len(sync) == 3,
+                     f"bitwise {same} (max |diff| {worst:.3g}) over {len(sync)} units, residuals "
+                     f"in non-zero {nonzero}, the step moved w_sync by up to {moved:.3g}")
+        units = [len(x) for x in sync.values()]
+        want = {"all_to_all": {"calls": len(units), "bytes": 0},
+                "all_gather": {"calls": len(units), "bytes": 0}}
+        for n in units:
+            b = gcm.analytic_bytes("int8", n, 2, True, 0)
+            for k in want:
+                want[k]["bytes"] += b[k]
+        got = [s["comm"].get("island") for s in first + last]
+        checks.check("int8 meetings: island bytes = 2 K records of ceil(n/K) codes + scales per "
+                     "unit, only at meetings (steps 2 and 4)",
+                     got == [None, want, None, want], f"{got[-1]} vs {want}")
+
+
 def test_refusals(rng):
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
@@ -143,10 +339,6 @@ def test_refusals(rng):
             sec = base_sections(tmp, 2)
             sec["parallel"] = par
             check_refused(checks, tmp, what, sec, np_ranks, words)
-        sec = base_sections(tmp, 2, optimizer_offload="cpu")
-        sec["parallel"] = {"dp": 2, "diloco_islands": 2, "zero": 1}
-        check_refused(checks, tmp, "optimizer offload", sec, 2,
-                      [isl + "2", "[train] optimizer_offload = \"cpu\"", "bad.toml:"])
 
 
 K1 = {"diloco_islands": 1, "diloco_every": 2, "diloco_outer_lr": 1.0,
@@ -180,6 +372,30 @@ def test_layouts(rng):
                                 ("pp 2 dp 2", {"dp": 2, "pp": 2}, ddp2)]:
             got = train(tmp, name.replace(" ", "_"), 7, {**par, **K2})
             compare(f"K = 2 under {name} = K = 2 on DDP islands", got, want, 1e-6)
+
+
+def test_offload(rng):
+    """Optimizer offload inside islands: the outer state and arithmetic where the master lives,
+    on the host (parallel/diloco.cu). K = 2, H = 3, dp 4 ZeRO-1 (2 ranks per island), 7 steps:
+    "cpu" and "nvme" with fp32 meetings, "cpu" with int8 meetings equal the same runs without
+    offload bit for bit (the CPU backend's outer step is the host loop, kernels/host_diloco.h);
+    under "cpu", saved after step 4 and resumed, steps 5-7 bit for bit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+        for comp, kinds in (("none", ("cpu", "nvme")), ("int8", ("cpu",))):
+            par = {"dp": 4, "zero": 1, **K2, "diloco_compression": comp}
+            plain = train(tmp, f"plain_{comp}", 7, par)
+            for kind in kinds:
+                got = train(tmp, f"{kind}_{comp}", 7, par, offload=kind)
+                compare(f"K = 2 ZeRO-1, {comp} meetings, offload {kind} = without offload", got,
+                        plain, 0, bitwise=True)
+        par = {"dp": 4, "zero": 1, **K2}
+        whole = train(tmp, "whole", 7, par, offload="cpu",
+                      checkpoint={"dir": os.path.join(tmp, "ck"), "every": 4})
+        rest = train(tmp, "rest", 7, par, offload="cpu", checkpoint={
+            "dir": os.path.join(tmp, "ck2"), "resume": os.path.join(tmp, "ck", "step_000004")})
+        compare("K = 2 ZeRO-1 offload cpu saved after step 4, resumed: steps 5-7",
+                [s for s in rest if s["step"] > 4], whole[4:], 0, bitwise=True)
 
 
 def index_tensors(ckpt):
@@ -242,6 +458,8 @@ def test_checkpoint(rng):
 def main():
     rng = seeded_rng("test_diloco")
     checks.run_each(lambda: test_one_island_is_ddp(rng), lambda: test_two_islands(rng),
+                    lambda: test_compressed_islands(rng), lambda: test_compressed_checkpoint(rng),
+                    lambda: test_int8_meetings(rng), lambda: test_offload(rng),
                     lambda: test_refusals(rng), lambda: test_layouts(rng),
                     lambda: test_checkpoint(rng))
     checks.report()

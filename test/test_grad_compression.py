@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grad_compression_model as model  # noqa: E402
 from trainer import (MPIRUN, Checks, base_sections, check_refused, make_experiment,  # noqa: E402
-                     read_metrics, round_up, run, seeded_rng, unit_numels, write_config)
+                     read_metrics, run, seeded_rng, unit_numels, write_config)
 
 BUILD = os.environ.get("BUILD", "build")
 DRIVER = os.path.join(BUILD, "test_grad_compression")
@@ -45,33 +45,6 @@ checks = Checks("test_grad_compression")
 # ---------------------------------------------------------------------------------------------
 # The numpy model of parallel/grad_compression.cu
 # ---------------------------------------------------------------------------------------------
-def int8_step(g, e, all_reduce):
-    """One step on N ranks: g[r] gradients (n values), e[r] residuals (updated). Returns what
-    each rank receives (all-reduce: the n-value sum; reduce-scatter: its shard)."""
-    N, n = len(g), g[0].size
-    chunk = -(-n // N)
-    packed = []
-    for r in range(N):
-        e[r][:n] = e[r][:n] + g[r]
-        p, e[r][:] = model.quantize(e[r], chunk, N)
-        packed.append(p)
-    sums = []
-    for o in range(N):
-        s = np.zeros(chunk, np.float32)
-        for r in range(N):
-            s = s + model.dequantized(packed[r], chunk, o)
-        sums.append(s)
-    if not all_reduce:
-        return sums
-    result = []
-    for o in range(N):
-        p, err = model.quantize(sums[o], chunk, 1)
-        e[o][o * chunk:(o + 1) * chunk] = e[o][o * chunk:(o + 1) * chunk] + err
-        result.append(model.dequantized(p, chunk, 0))
-    full = np.concatenate(result)[:n]
-    return [full] * N
-
-
 def topk_step(g, e, all_reduce, ratio):
     N, n = len(g), g[0].size
     k = min(n, max(1, int(np.floor(ratio * n + 0.5))))
@@ -87,14 +60,6 @@ def topk_step(g, e, all_reduce, ratio):
         return [full] * N
     shard = n // N
     return [full[r * shard:(r + 1) * shard] for r in range(N)]
-
-
-def analytic_bytes(kind, n, N, all_reduce, ratio):
-    if kind == "topk":
-        return {"all_gather": 8 * N * min(n, max(1, int(np.floor(ratio * n + 0.5)))),
-                "all_to_all": 0}
-    rb = model.record_bytes(-(-n // N))
-    return {"all_to_all": N * rb, "all_gather": N * rb if all_reduce else 0}
 
 
 def gradients(rng, N, steps, n, fixed):
@@ -132,7 +97,7 @@ def test_collective(rng, tmp, kind, op, N, n, steps, ratio=0.01, fixed=False):
     want = []
     for t in range(steps):
         gt = [g[t, r].copy() for r in range(N)]
-        want.append(int8_step(gt, e, all_reduce) if kind == "int8"
+        want.append(model.int8_step(gt, e, all_reduce) if kind == "int8"
                     else topk_step(gt, e, all_reduce, ratio))
     what = f"{kind} {op} N={N} n={n} steps={steps}" + (" fixed ramp" if fixed else "")
     bitwise = all(np.array_equal(out[r][t], want[t][r]) for r in range(N) for t in range(steps))
@@ -148,7 +113,7 @@ def test_collective(rng, tmp, kind, op, N, n, steps, ratio=0.01, fixed=False):
     err = np.linalg.norm(delivered + left - truth) / np.linalg.norm(truth)
     checks.check(f"{what}: delivered + residuals = sum of gradients", err < 1e-5,
                  f"relative error {err:.2e} (tolerance 1e-5)")
-    want_bytes = analytic_bytes(kind, n, N, all_reduce, ratio)
+    want_bytes = model.analytic_bytes(kind, n, N, all_reduce, ratio)
     ok = all(counted[r]["all_to_all"] == steps * want_bytes["all_to_all"] and
              counted[r]["all_gather"] == steps * want_bytes["all_gather"] and
              counted[r]["other"] == 0 for r in range(N))
@@ -163,26 +128,7 @@ ROWS, STEPS = 4, 12
 
 
 def trainer_bytes(kind, zero, accum, ratio, dp=2):
-    """The dp collectives of one step: per unit one compressed reduction (ZeRO-2: per
-    micro-batch for the blocks), plus ZeRO's all-gather of the fp32 weights."""
-    units = unit_numels(L, C, T, V)
-    padded = [round_up(n, dp * 64) for n in units]
-    buckets = units if zero == 0 else padded
-    times = [1] + [accum if zero == 2 else 1] * L
-    comm = {}
-    for n, m in zip(buckets, times):
-        b = analytic_bytes(kind, n, dp, zero == 0, ratio)
-        for key, calls in (("all_to_all", 1 if kind == "int8" else 0),
-                           ("all_gather", 1 if kind == "topk" or zero == 0 else 0)):
-            if calls:
-                c = comm.setdefault(key, {"calls": 0, "bytes": 0})
-                c["calls"] += m
-                c["bytes"] += m * b[key]
-    if zero > 0:
-        c = comm.setdefault("all_gather", {"calls": 0, "bytes": 0})
-        c["calls"] += len(units)
-        c["bytes"] += 4 * sum(padded)
-    return comm
+    return model.trainer_bytes(kind, zero, accum, ratio, unit_numels(L, C, T, V), L, dp)
 
 
 def train(tmp, name, zero, accum, kind, ratio=0.1, steps=STEPS, extra=()):

@@ -19,7 +19,9 @@ pp2 1f1b with uneven stages (pp_layers = [1, 3]); the gradient noise scale on cp
 pp2 1f1b (its first micro-batch sums over cp, over tp and of the tied root's two stages,
 parallel/small_batch_norm.cu); compressed gradient reductions: dp2 x tp2 DDP
 with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
-4). For each, rank 0 of the plan (`--plan-json`)
+4); DiLoCo islands (their meetings' island bytes against the analytic count too): dp4 DDP, FSDP
+and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32 meetings, dp4 DDP and dp4 ZeRO-1 (int8
+gradients) with int8 meetings. For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
@@ -46,6 +48,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grad_compression_model as gcm  # noqa: E402
 from trainer import (Checks, base_sections, make_experiment, read_memory_peaks,  # noqa: E402
                      read_metrics, read_run_info, run, seeded_rng, unit_numels, write_config)
 
@@ -108,6 +111,11 @@ LAYOUTS = [
      {"dp": 4, "diloco_islands": 2, "diloco_every": 2}, {}),
     ("dp4 FSDP in 2 DiLoCo islands, outer step every 2 steps",
      {"dp": 4, "zero": 3, "diloco_islands": 2, "diloco_every": 2}, {}),
+    ("dp4 DDP in 2 DiLoCo islands, int8 meetings every 2 steps",
+     {"dp": 4, "diloco_islands": 2, "diloco_every": 2, "diloco_compression": "int8"}, {}),
+    ("dp4 ZeRO-1 int8 in 2 DiLoCo islands, int8 meetings every 2 steps",
+     {"dp": 4, "zero": 1, "grad_compression": "int8", "diloco_islands": 2, "diloco_every": 2,
+      "diloco_compression": "int8"}, {}),
     ("dp2 x pp2 x tp2 ZeRO-1 in 2 DiLoCo islands (np=8), outer step every 2 steps",
      {"dp": 2, "pp": 2, "tp": 2, "zero": 1, "diloco_islands": 2, "diloco_every": 2},
      {"train": {"grad_accum": 2}}),
@@ -149,22 +157,55 @@ def sections(tmp, name, par, extra):
     return sec
 
 
+def int8_meeting(shards, K):
+    """An int8 meeting's island collectives (parallel/diloco.h): per unit shard of n weights an
+    all-to-all and an all-gather of K records of ceil(n/K) codes + scales."""
+    want = {"all_to_all": {"calls": len(shards), "bytes": 0},
+            "all_gather": {"calls": len(shards), "bytes": 0}}
+    for n in shards:
+        b = gcm.analytic_bytes("int8", n, K, True, 0)
+        for k in want:
+            want[k]["bytes"] += b[k]
+    return want
+
+
 def check_diloco_steps(what, par, steps, r0):
     """DiLoCo's outer all-reduce (island axis) comes every diloco_every steps, one call per unit
     of 4 bytes per weight of the rank's shards: the plan's amortised bytes times diloco_every.
     On DDP dp-only islands that is 4 bytes per weight of the model, in one call per unit; under
     FSDP (dp/K = 2 per island) rank 0's shards are half of every unit, rounded up by the
-    padding: between 2 and 4 bytes per weight. Removed from those steps' records, which must then
-    equal the plan like every other step."""
+    padding: between 2 and 4 bytes per weight. With int8 meetings on dp-only islands the
+    collectives are those of int8_meeting, exactly (shards: whole units under DDP, halves of the
+    padded units under ZeRO-1 with 2 ranks per island). Removed from those steps' records, which
+    must then equal the plan like every other step; so is, under ZeRO-1/2 with 2 ranks per island,
+    the meeting's all-gather of the new weights inside the island (dp axis: one call per unit,
+    4 bytes per weight of the padded unit), which the plan's per-step count leaves out."""
     every = par["diloco_every"]
     want_bytes = r0["diloco_bytes_per_step"] * every
     units = len(unit_numels(L, C, T, V))
     full = 4 * sum(unit_numels(L, C, T, V))
     dp_only_ddp = par.get("zero", 0) == 0 and par.get("tp", 1) == par.get("pp", 1) == 1
     halves = par.get("zero", 0) == 3 and par["dp"] // par["diloco_islands"] == 2
+    int8 = par.get("diloco_compression") == "int8"
+    if int8:
+        per = par["dp"] // par["diloco_islands"]
+        shards = [n if par.get("zero", 0) == 0 else gcm.round_up(n, per * 64) // per
+                  for n in unit_numels(L, C, T, V)]
+        want_int8 = int8_meeting(shards, par["diloco_islands"])
+    gathers = par.get("zero", 0) in (1, 2) and par["dp"] // par["diloco_islands"] == 2 and \
+        par.get("tp", 1) == par.get("pp", 1) == 1
     for s in steps:
         island = s["comm"].pop("island", None)
-        if s["step"] % every == 0:
+        if s["step"] % every == 0 and gathers:
+            gather = s["comm"]["dp"]["all_gather"]
+            gather["calls"] -= units
+            gather["bytes"] -= 4 * sum(gcm.round_up(n, 2 * 64) for n in unit_numels(L, C, T, V))
+        if s["step"] % every == 0 and int8:
+            total = sum(c["bytes"] for c in want_int8.values())
+            checks.check(f"{what}: step {s['step']} int8 meeting = the analytic count = the plan's",
+                         island == want_int8 and total == want_bytes,
+                         f"measured {island}, analytic {want_int8}, plan {want_bytes:.0f} B")
+        elif s["step"] % every == 0:
             got = (island or {}).get("all_reduce", {})
             analytic = ((got.get("calls") == units and want_bytes == full) if dp_only_ddp else
                         (got.get("calls") == units and full <= 2 * want_bytes < 2 * full)

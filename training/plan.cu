@@ -90,7 +90,7 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   r.disk_bytes = d.store.offload.disk_bytes;
   r.comm = d.mesh.stats;
   if (diloco_enabled(c))  // one outer all-reduce every diloco_every steps, amortised
-    r.diloco_bytes_per_step = (double)diloco_outer_bytes(d.store) / c.parallel.diloco_every;
+    r.diloco_bytes_per_step = (double)diloco_outer_bytes(d.diloco, d.store) / c.parallel.diloco_every;
   r.offload = d.store.offload.stats;
   gpt_destroy(d.model);
   pipeline_destroy(d.pipeline);
@@ -265,9 +265,10 @@ void plan_print(const Plan& plan, const Config& c, FILE* out) {
   CommStats st = plan.ranks[0].comm;
   comm_stats_print(st, 1, out);
   if (p.diloco_islands >= 1)
-    std::fprintf(out, "    DiLoCo (%d islands): an all-reduce of %.2f MB over the island axis "
+    std::fprintf(out, "    DiLoCo (%d islands): an %s all-reduce of %.2f MB over the island axis "
                  "every %d steps: %.2f MB per step amortised (parallel/diloco.h)\n",
-                 p.diloco_islands, plan.ranks[0].diloco_bytes_per_step * p.diloco_every / 1e6,
+                 p.diloco_islands, p.diloco_compression == "int8" ? "int8" : "fp32",
+                 plan.ranks[0].diloco_bytes_per_step * p.diloco_every / 1e6,
                  p.diloco_every, plan.ranks[0].diloco_bytes_per_step / 1e6);
   const OffloadStats& o = plan.ranks[0].offload;
   if (offload)

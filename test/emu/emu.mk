@@ -69,7 +69,7 @@ $(EMU_ASAN_DIR)/lib/%.o: %
 	$(CXX) $(EMU_LIBFLAGS) $(EMU_ASAN) -O1 -c $< -o $@
 
 EMU_REF_OBJ := $(call obj,ref,$(wildcard kernels/cpu/*.cpp)) \
-               $(call obj,host,kernels/common.cpp kernels/host_adamw.cpp parallel/expert_dispatch_plan.cu)
+               $(call obj,host,kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp parallel/expert_dispatch_plan.cu)
 
 # test/gpu as one program, as $(BUILD)/test_gpu, with the CUDA backend emulated.
 $(EMU_DIR)/test_gpu: $(call emu_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
