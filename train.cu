@@ -264,17 +264,20 @@ static void print_banner(const Run& r) {
   std::fflush(stdout);
 }
 
-// [log] grad_noise_scale (training/noise_scale.h): the small batch is each rank's first
-// micro-batch (its squared gradient norm, summed before any reduction), the big batch the step.
-// Both gradients carry the loss's 1/(global batch) scale, so the small one is scaled up by
-// (global batch / micro-batch) = grad_accum x dp to be its own batch's mean.
+// [log] grad_noise_scale (training/noise_scale.h): the small batch is each dp rank's first
+// micro-batch (the squares of what each rank owns of it, summed before the dp reduction:
+// parallel/small_batch_norm.cu), the big batch the step (with DiLoCo the island's). One
+// all-reduce of a double over the (island's) world adds the ranks' parts: the sum over the dp
+// ranks of their |G_small|^2. Both gradients carry the loss's 1/(batch) scale, so the small one
+// is scaled up by (batch / micro-batch) = grad_accum x dp to be its own batch's mean.
 static void noise_scale_step(Run& r, double grad_norm) {
-  const int B = r.cfg.train.micro_batch, accum = r.cfg.train.grad_accum, dp = r.mesh.shape.dp;
+  const int B = r.cfg.train.micro_batch, accum = r.cfg.train.grad_accum;
+  const int dp = r.mesh[Axis::DP].size;  // the island's dp ranks with DiLoCo
   float local = 0;
   ops::stream_sync(r.compute);
   ops::copy_to_host(&local, r.store.small_batch_squares, sizeof(float));
   const double up = (double)accum * dp;
-  const double small_sq = all_reduce_host_sum(r.mesh[Axis::DP], (double)local) / dp * up * up;
+  const double small_sq = all_reduce_host_sum(*r.store.world, (double)local) / dp * up * up;
   noise_scale_update(r.noise, small_sq, grad_norm * grad_norm, B, (double)B * accum * dp);
 }
 
@@ -310,7 +313,7 @@ static StepReport train_step(Run& r, int step) {
   rep.step = step;
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
-  if (r.store.small_batch_squares) {
+  if (r.store.measure_small_batch) {
     noise_scale_step(r, rep.grad_norm);
     rep.noise = true;
     rep.noise_scale = r.noise;

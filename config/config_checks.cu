@@ -191,29 +191,34 @@ static void check_diloco(Checker& c) {
   const std::string k = key("parallel.diloco_islands");
   // cp, ep and experts live inside the islands: the dp x cp and ep-dp groups are the island's
   // (parallel/mesh.h) and the expert groups may not straddle two (ep | dp/K * cp, a layout rule).
-  if (cfg.log.grad_noise_scale)
-    c.problems.add(k + " with " + key("log.grad_noise_scale") + " is not supported yet");
+  // The noise scale's big batch is the island's (check_noise_scale).
 }
 
-// The gradient noise scale (training/noise_scale.h) reads each rank's whole first micro-batch
-// gradient before it is reduced: DDP and ZeRO-1 from the full gradient, ZeRO-2 and FSDP from each
-// unit's bucket before its reduce-scatter; dense dp-only layouts, and two batch sizes.
+// The gradient noise scale (training/noise_scale.h) reads one dp rank's whole first micro-batch
+// gradient before it is reduced (parallel/small_batch_norm.cu): any ZeRO stage, tp, cp, pp with
+// the 1f1b schedule, experts without ep, DiLoCo islands; and it needs two batch sizes (inside an
+// island).
 static void check_noise_scale(Checker& c) {
   const Config& cfg = c.cfg;
   if (!cfg.log.grad_noise_scale) return;
   const ParallelConfig& p = cfg.parallel;
   const std::string key = mention(cfg, c.origins, "log.grad_noise_scale");
-  std::string axes;  // the keys that split a dp rank's gradient into partial sums over ranks
-  for (const auto& [on, name] : {std::pair{p.tp > 1, "parallel.tp"}, {p.pp > 1, "parallel.pp"},
-                                 {p.cp > 1, "parallel.cp"}, {cfg.model.n_experts > 0, "model.n_experts"}})
-    if (on) axes += (axes.empty() ? "" : ", ") + mention(cfg, c.origins, name);
-  if (!axes.empty())
-    c.problems.add(key + " works on dp-only layouts of dense models (tp = pp = cp = 1, "
-                   "n_experts = 0), any zero stage: with " + axes + " a rank holds partial sums "
-                   "of its dp rank's gradient, whose squares do not add");
-  if (std::max(1, p.dp) * std::max(1, cfg.train.grad_accum) < 2)
+  if (p.ep > 1 && cfg.model.n_experts > 0)
+    c.problems.add(key + " is not supported with " + mention(cfg, c.origins, "parallel.ep") +
+                   " > 1: a rank's expert gradient mixes the tokens of the ep group's dp ranks "
+                   "before any reduction, so no part of it is one dp rank's small batch (use "
+                   "ep = 1: experts on every dp rank)");
+  if (p.pp > 1 && p.pp_schedule != "1f1b")
+    c.problems.add(key + " with " + mention(cfg, c.origins, "parallel.pp") + " needs "
+                   "[parallel] pp_schedule = \"1f1b\" (got " +
+                   mention(cfg, c.origins, "parallel.pp_schedule") + "): every stage must "
+                   "measure its first micro-batch's gradient before another micro-batch adds "
+                   "to it, and the last stage's head adds in its forward");
+  const int dp_island = std::max(1, p.dp) / std::max(1, p.diloco_islands);
+  if (dp_island * std::max(1, cfg.train.grad_accum) < 2)
     c.problems.add(key + " needs two batch sizes: " + mention(cfg, c.origins, "parallel.dp") +
-                   " or " + mention(cfg, c.origins, "train.grad_accum") + " must be >= 2");
+                   (p.diloco_islands > 1 ? " / diloco_islands" : "") + " or " +
+                   mention(cfg, c.origins, "train.grad_accum") + " must be >= 2");
 }
 
 // FP8 GEMMs need every matrix dimension to be a multiple of 16 (cuBLASLt's FP8 rule on Hopper):

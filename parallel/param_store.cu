@@ -209,8 +209,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   if (!store_offloaded(st)) device_optimizer_state(st);
   compression_init(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
-  if (st.measure_small_batch)
-    st.small_batch_squares = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
+  small_batch_init(st, comms);
   st.comm_idle = allocate_event(st.work_memory);
   st.issue_point = allocate_event(st.work_memory);
   if (!st.count_only) param_store_load(st, units, fill);
@@ -262,8 +261,8 @@ static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
-  if (st.small_batch_squares && us.releases++ == 0 && !us.whole_step)  // before its reduction
-    ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
+  if (st.measure_small_batch && us.releases++ == 0 && !us.whole_step)  // before its reduction
+    small_batch_measure(st, unit);
   switch (st.mode) {
     case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
@@ -275,11 +274,10 @@ void grads_release(ParamStore& st, int unit, bool last_micro_step) {
 }
 
 void grads_micro_batch_done(ParamStore& st) {
-  if (!st.small_batch_squares || st.small_batch_measured) return;
+  if (!st.measure_small_batch || st.small_batch_measured) return;
   st.small_batch_measured = true;  // the whole-step units hold the first micro-batch's only
-  for (UnitState& us : st.units)
-    if (us.whole_step)
-      ops::sum_squares_accumulate(st.small_batch_squares, us.grad_full, us.numel, st.compute);
+  for (size_t u = 0; u < st.units.size(); u++)
+    if (st.units[u].whole_step) small_batch_measure(st, (int)u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,7 +286,7 @@ void grads_micro_batch_done(ParamStore& st) {
 // Zeroes what the micro-steps accumulate into: the full gradient where it persists (DDP,
 // ZeRO-1, padding included), else the shard.
 void grads_zero(ParamStore& st) {
-  if (st.small_batch_squares) ops::fill_zero(st.small_batch_squares, sizeof(float), st.compute);
+  if (st.measure_small_batch) ops::fill_zero(st.small_batch_squares, sizeof(float), st.compute);
   st.small_batch_measured = false;
   for (UnitState& us : st.units) {
     us.releases = 0;
@@ -325,12 +323,14 @@ void grads_wait(ParamStore& st) {
     ops::stream_wait_event(st.comm, st.comm_idle);
   }
   if (st.embed && st.embed->size > 1) sum_tied_grads(st);
+  if (st.measure_small_batch && st.embed && st.embed->size > 1) small_batch_tied_sum(st);
   if (st.tp->size > 1) sum_partial_grads_over_tp(st);
   if (store_offloaded(st))
     for (size_t u = 0; u < st.units.size(); u++)
       if (summed_at_step_end(st, st.units[u])) offload_grad_to_host(st, (int)u);
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
+  if (st.measure_small_batch) small_batch_tied_squares(st);
 }
 
 // Each logical element once: over tp the elements this rank owns (placement.h: owned_end), and

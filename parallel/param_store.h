@@ -83,6 +83,9 @@ struct UnitState {
   // momentum, fp32 on the device, shard_numel each; null without DiLoCo.
   float* outer_sync = nullptr;
   float* outer_m = nullptr;
+  // [log] grad_noise_scale with pp > 1: the tied root's first-micro-batch gradient, kept until
+  // grads_wait sums it over the embedding group (parallel/small_batch_norm.cu); else null.
+  float* small_batch_copy = nullptr;
   // [parallel] diloco_compression = "int8": what this rank's compressed outer all-reduces have
   // not sent yet (the error feedback of the outer delta), outer_residual_numel floats on the
   // device; null without it or with one island.
@@ -97,6 +100,7 @@ struct ParamStore {
   Comm* tp = nullptr;      // the tensor-parallel group (sums the partial gradients)
   Comm* world = nullptr;   // every rank (the gradient norm)
   Comm* embed = nullptr;   // first and last pipeline stage (the tied root's gradients)
+  Comm* cp = nullptr;      // the context-parallel group ([log] grad_noise_scale only)
   std::vector<UnitState> units;
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
@@ -124,11 +128,14 @@ struct ParamStore {
   GradCompressor compressor;
   // [log] grad_noise_scale (training/noise_scale.h): set measure_small_batch before
   // param_store_init (store_options does), which makes small_batch_squares a zeroed device float
-  // of the working buffers (so the planner counts it); the first micro-batch's squared gradient norm (before any reduction) is summed into
-  // it: a block's at its first release, the units used by the whole step (the root) when the
-  // first micro-batch's backward ends (grads_micro_batch_done). Every ZeRO stage: the full
+  // of the working buffers (so the planner counts it). Into it each rank sums the squares of what
+  // it owns of one dp rank's first micro-batch gradient, before the dp reduction: a block's at
+  // its first release, the units used by the whole step (the root) when the first micro-batch's
+  // backward ends (grads_micro_batch_done), the tied root's after grads_wait has summed its two
+  // pipeline halves. Partial sums over cp, tp and the embedding group are summed as vectors
+  // first (parallel/small_batch_norm.cu: how, and the bytes). Every ZeRO stage: the full
   // gradient (DDP, ZeRO-1) or the unit's bucket before its reduce-scatter (ZeRO-2, FSDP) is the
-  // whole local gradient of the unit. dp-only layouts.
+  // whole local gradient of the unit. The trainer sums the ranks' values over `world`.
   bool measure_small_batch = false;
   float* small_batch_squares = nullptr;
   bool small_batch_measured = false;
@@ -190,6 +197,14 @@ float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
 // The backward of a micro-batch is queued (this stage's every contribution, the embedding's too).
 void grads_micro_batch_done(ParamStore& store);
+// [log] grad_noise_scale (parallel/small_batch_norm.cu): buffers (param_store_init), one unit's
+// first-micro-batch bucket summed over the model-parallel partial sums and its owned squares
+// added, and the tied root's halves summed over the embedding group (grads_wait, comm stream)
+// and then squared (compute stream).
+void small_batch_init(ParamStore& store, const CommsByAxis& comms);
+void small_batch_measure(ParamStore& store, int unit);
+void small_batch_tied_sum(ParamStore& store);
+void small_batch_tied_squares(ParamStore& store);
 
 // The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);

@@ -25,6 +25,9 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    attention cp=2; on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
    added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
+   tp=2 sp, pp=2 and cp=2 run 2 micro-batches and log the gradient noise scale: their small and
+   big squared norms (the first micro-batch summed over cp, tp and the tied embedding's stages
+   before squaring, parallel/small_batch_norm.cu) within FP32_TOL of the one-rank CPU run's.
    The cp=2 run's log names the ring block kernels as its attention. Skipped, saying so, without
    mpirun.
 5. Recompute through the trainer: gelu and block give bitwise the losses and gradient norms of
@@ -306,6 +309,21 @@ def no_mpirun(what):
     return True
 
 
+NOISE = {"grad_noise_scale": True}  # a layout's [log] keys: it also logs the noise scale
+
+
+def check_noise_scale(label, backend, gpu, cpu):
+    """The noise scale's small and big squared norms on a two-rank layout (its first micro-batch
+    summed over cp, over tp for the sequence-parallel LayerNorms, over the tied embedding's two
+    stages: parallel/small_batch_norm.cu, collectives on the compute and comm streams) against
+    the one-rank CPU run with the same micro-batches (FP32_TOL, relative)."""
+    err = max((abs(a["noise_scale"][k] - b["noise_scale"][k]) / abs(b["noise_scale"][k])
+               for a, b in zip(gpu, cpu) for k in ("small_sq", "big_sq")), default=float("inf"))
+    checks.check(f"{label} over {backend}: noise scale |G_small|^2, |G_big|^2 vs one-rank CPU",
+                 len(gpu) == len(cpu) and err < FP32_TOL,
+                 f"max rel err {err:.1e} over {len(gpu)} steps (tol {FP32_TOL:.0e})")
+
+
 def test_layouts(rng):
     if no_mpirun("the two-rank layouts"):
         return
@@ -321,20 +339,29 @@ def test_layouts(rng):
                     {"optimizer_offload": "cpu"}),
                    ("ZeRO-2 dp=2 offload nvme", rows // 2, 1, {"dp": 2, "zero": 2},
                     {"optimizer_offload": "nvme", "offload_dir": offload_dir}),
-                   ("tp=2 sp", rows, 1, {"tp": 2, "sp": True}, {}),
+                   # 2 micro-batches, the same batch, and the gradient noise scale
+                   ("tp=2 sp", rows // 2, 2, {"tp": 2, "sp": True}, NOISE),
                    ("tp=2 no sp", rows, 1, {"tp": 2, "sp": False}, {}),
-                   ("pp=2 1f1b", rows // 2, 2, {"pp": 2}, {}),  # 2 micro-batches, same batch
-                   ("cp=2 ring attention", rows, 1, {"cp": 2}, {})]
+                   ("pp=2 1f1b", rows // 2, 2, {"pp": 2}, NOISE),
+                   ("cp=2 ring attention", rows // 2, 2, {"cp": 2}, NOISE)]
         if EMULATED:
             layouts.insert(0, ("DDP dp=2", rows // 2, 1, {"dp": 2}, {}))
-        plain_train = dict(sec["train"])
+        plain_train, plain_log = dict(sec["train"]), dict(sec["log"])
+        sec["train"] = dict(plain_train, micro_batch=rows // 2, grad_accum=2)
+        sec["log"] = dict(plain_log, grad_noise_scale=True)
+        cpu_noise = train_records(TRAIN_CPU, tmp, "cpu_noise", sec)
         for label, micro_batch, accum, parallel, train in layouts:
-            sec["train"] = dict(plain_train, micro_batch=micro_batch, grad_accum=accum, **train)
+            noise = train == NOISE
+            sec["train"] = dict(plain_train, micro_batch=micro_batch, grad_accum=accum,
+                                **({} if noise else train))
+            sec["log"] = dict(plain_log, **(train if noise else {}))
             backend = collective_backend(label)
             sec["parallel"] = dict(parallel, backend=backend)
             log = []
             gpu = train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
                                 np_ranks=2, log=log)
+            if noise:
+                check_noise_scale(label, backend, gpu, cpu_noise)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
             checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < FP32_TOL,
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "

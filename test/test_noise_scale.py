@@ -15,8 +15,20 @@ known gradient covariance, within 20%). Here, on the tiny GPT-2 of the trainer t
    equal the DDP run's (zero = 0, same data on the same ranks) step by step, within fp32
    reduction-order rounding (norms measured <= 6e-8 relative, tolerance 1e-6;
    B_simple relative over its condition number, tolerance 3e-7).
-5. The step line shows B_noise; tp = 2, pp = 2 and a single batch size (dp = grad_accum = 1)
-   are refused naming the keys.
+5. Every other layout measures one dp rank's first micro-batch over the whole model before the
+   dp reduction (parallel/small_batch_norm.cu: owned blocks add, replicated tails count once,
+   partial sums over cp, tp and the tied root's two pipeline stages are summed as vectors first):
+   its logged |G_small|^2, |G_big|^2, b_small, b_big and B_simple equal those of the equivalent
+   dp-only run (the same global batch, the same micro-batches per dp rank) at every step: tp 2
+   with and without sequence parallelism, pp 2 (1f1b, tied embedding), cp 2, dp 2 x tp 2 x pp 2
+   under FSDP, an MoE model (ep = 1) with tp 2 and with cp 2, an untied Llama with tp 2 (each
+   model against its own one-rank run), and DiLoCo K = 2 at dp 4 against dp 2 at step 1 (island
+   0 reads then what dp 2 reads; the small batch is averaged over the island and B_big is the
+   island's). Norms relative, B_simple relative over its condition: measured <= 1.7e-7 over
+   4 seeds (reduction orders; DiLoCo's step 1 bitwise), tolerance 2e-6.
+6. The step line shows B_noise; experts with ep = 2, pp with gpipe or zb-h1 (the last stage's
+   head adds the second micro-batch's gradient before the first backward ends) and a single batch
+   size (dp = grad_accum = 1, or one dp rank per DiLoCo island) are refused naming the keys.
 """
 import os
 import sys
@@ -31,12 +43,20 @@ L, NH, C, T, V = 2, 4, 44, 16, 101
 STEPS = 8
 
 
-def train(tmp, name, dp, accum, micro, noise=True, zero=0):
-    sec = base_sections(tmp, STEPS, lr=1e-3, micro_batch=micro, grad_accum=accum)
-    sec["parallel"] = {"dp": dp, "zero": zero}
+def train(tmp, name, dp, accum, micro, noise=True, zero=0, par=None, model=None, steps=STEPS):
+    """Step records and stdout of one run: dp ranks (x the axes of `par`), `model` keys (seeded
+    random init) instead of the llm.c file."""
+    sec = base_sections(tmp, steps, lr=1e-3, micro_batch=micro, grad_accum=accum, eps=1e-6)
+    sec["parallel"] = dict({"dp": dp, "zero": zero}, **(par or {}))
+    if model:
+        del sec["init"]
+        sec["model"] = dict(model)
+        sec["train"]["seed"] = 4242
     sec["log"]["grad_noise_scale"] = noise
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
-    r = run(write_config(tmp, f"{name}.toml", sec), np_ranks=dp if dp > 1 else 0)
+    p = sec["parallel"]
+    world = p["dp"] * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1)
+    r = run(write_config(tmp, f"{name}.toml", sec), np_ranks=world if world > 1 else 0)
     return read_metrics(sec["log"]["metrics"])[0], r.stdout
 
 
@@ -61,6 +81,52 @@ def ema_b_simple(steps):
         mag = 0.95 * mag + 0.05 * terms
         out.append((tr / g2, max(1.0, mag / abs(g2))))
     return out
+
+
+def same_as(label, got, ref, tol, steps=STEPS):
+    """The logged small/big squared norms and B_simple of `got` equal those of `ref` (the
+    equivalent dp-only run: the same global batch and micro-batches per dp rank) over the first
+    `steps` steps: the norms relative, B_simple relative over its condition (ema_b_simple)."""
+    ok = len(got) >= steps and len(ref) >= steps
+    worst = {}
+    for field in ("small_sq", "big_sq", "b_small", "b_big"):
+        worst[field] = max(rel(a["noise_scale"][field], b["noise_scale"][field])
+                           for a, b in zip(got[:steps], ref[:steps]))
+    worst["b_simple"] = max(rel(a["noise_scale"]["b_simple"], b["noise_scale"]["b_simple"]) / c
+                            for a, b, (_, c) in zip(got[:steps], ref[:steps], ema_b_simple(ref)))
+    print(f"  {label}: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    checks.check(f"{label}: |G_small|^2, |G_big|^2, batch sizes and B_simple equal the dp-only "
+                 f"run's at steps 1-{steps}", ok and max(worst.values()) < tol,
+                 ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+
+
+MOE = {"n_layer": L, "n_head": NH, "d_model": 32, "seq_len": T, "vocab_size": V, "n_experts": 4,
+       "top_k": 2, "d_expert": 24, "moe_every": 1}
+LLAMA = {"arch": "llama", "n_layer": L, "n_head": NH, "n_kv_head": 2, "d_model": 32, "d_ff": 40,
+         "seq_len": T, "vocab_size": V, "rope_theta": 10000.0, "norm_eps": 1e-5,
+         "tie_embeddings": False}
+
+
+def model_parallel_layouts(tmp, one, ddp):
+    """Every layout against its dp-only equivalent (see the docstring, 6)."""
+    tol = 2e-6  # measured <= 1.7e-7: see the docstring
+    for label, par in (("tp 2 with sequence parallelism", {"tp": 2}),
+                       ("tp 2 without sequence parallelism", {"tp": 2, "sp": False}),
+                       ("pp 2, 1f1b", {"pp": 2}), ("cp 2", {"cp": 2})):
+        got, _ = train(tmp, label.replace(" ", "_").replace(",", ""), 1, 2, 2, par=par)
+        same_as(label, got, one, tol)
+    got, _ = train(tmp, "dp2_tp2_pp2_fsdp", 2, 2, 3, zero=3, par={"tp": 2, "pp": 2})
+    same_as("dp 2 x tp 2 x pp 2, FSDP", got, ddp, tol)
+    for label, model, par in (("MoE, tp 2", MOE, {"tp": 2}), ("MoE, cp 2", MOE, {"cp": 2}),
+                              ("Llama, tp 2", LLAMA, {"tp": 2})):
+        name = label.replace(" ", "_").replace(",", "")
+        ref, _ = train(tmp, name + "_ref", 1, 2, 2, model=model)
+        got, _ = train(tmp, name, 1, 2, 2, model=model, par=par)
+        same_as(label, got, ref, tol)
+    # DiLoCo: island 0 (dp ranks 0 and 1 of 4) reads at step 1 what dp 2 reads; later steps differ
+    isl, _ = train(tmp, "diloco_k2_dp4", 4, 1, 2, par={"diloco_islands": 2, "diloco_every": 3})
+    dp2, _ = train(tmp, "dp2_for_diloco", 2, 1, 2, steps=1)
+    same_as("DiLoCo K = 2, dp 4 (island 0)", isl, dp2, tol, steps=1)
 
 
 def main():
@@ -106,12 +172,23 @@ def main():
                     for a, b, (_, cond) in zip(sharded, ddp, ema_b_simple(ddp)))
             checks.check(f"zero = {zero}: B_simple equals DDP's at every step", d < 3e-7,
                          f"max relative difference / condition {d:.2e}")
+        model_parallel_layouts(tmp, one, ddp)
         checks.check("the step line shows B_noise", "| B_noise " in out, "")
-        for what, par, accum, words in (
-                ("tp = 2", {"tp": 2}, 2, ["[log] grad_noise_scale", "dp-only", "[parallel] tp"]),
-                ("pp = 2", {"pp": 2}, 2, ["[log] grad_noise_scale", "dp-only", "[parallel] pp"]),
-                ("one batch size", {}, 1, ["[log] grad_noise_scale", "[train] grad_accum"])):
+        pp = "[parallel] pp_schedule"
+        for what, par, model, accum, words in (
+                ("MoE with ep = 2", {"dp": 2, "ep": 2}, MOE, 1,
+                 ["[log] grad_noise_scale", "[parallel] ep", "tokens"]),
+                ("pp = 2 with gpipe", {"pp": 2, "pp_schedule": "gpipe"}, None, 2,
+                 ["[log] grad_noise_scale", "1f1b", pp]),
+                ("pp = 2 with zb-h1", {"pp": 2, "pp_schedule": "zb-h1"}, None, 2,
+                 ["[log] grad_noise_scale", "1f1b", pp]),
+                ("one batch size", {}, None, 1, ["[log] grad_noise_scale", "[train] grad_accum"]),
+                ("one batch size per island", {"dp": 2, "diloco_islands": 2}, None, 1,
+                 ["[log] grad_noise_scale", "diloco_islands", "[train] grad_accum"])):
             sec = base_sections(tmp, 2, micro_batch=2, grad_accum=accum)
+            if model:
+                del sec["init"]
+                sec["model"] = dict(model)
             sec["parallel"] = par
             sec["log"]["grad_noise_scale"] = True
             world = par.get("dp", 1) * par.get("tp", 1) * par.get("pp", 1)

@@ -15,7 +15,9 @@ scratch, the MoE layers' kept gradients, the extra all-gathers of sequence paral
 slots held until W): pp2 zb-h1 over 4 micro-batches, dp2 x pp2 zb-v FSDP over 3, tp2 (SP) x pp2
 zb-h1 fp8, dp2 x pp2 x ep2 zb-v with dense and MoE blocks mixed, dp2 x pp2 zb-h1 ZeRO-2 over 3;
 pp2 interleaved over 2 chunks;
-pp2 1f1b with uneven stages (pp_layers = [1, 3]); compressed gradient reductions: dp2 x tp2 DDP
+pp2 1f1b with uneven stages (pp_layers = [1, 3]); the gradient noise scale on cp2 x tp2 (SP) x
+pp2 1f1b (its first micro-batch sums over cp, over tp and of the tied root's two stages,
+parallel/small_batch_norm.cu); compressed gradient reductions: dp2 x tp2 DDP
 with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
 4); DiLoCo islands (their meetings' island bytes against the analytic count too): dp4 DDP, FSDP
 and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32 meetings, dp4 DDP and dp4 ZeRO-1 (int8
@@ -126,6 +128,8 @@ LAYOUTS = [
     ("Llama tied cp2 x tp2 bf16 recompute gelu", {"cp": 2, "tp": 2},
      {"model": dict(LLAMA, tie_embeddings=True), "precision": {"compute": "bf16"},
       "train": {"recompute": "gelu"}}),
+    ("cp2 x tp2 sp x pp2 1f1b noise scale (np=8)", {"cp": 2, "tp": 2, "pp": 2},
+     {"train": {"grad_accum": 2}, "log": {"grad_noise_scale": True}}),
     ("Llama MoE dp2 x ep2 zb-h1 pp2", {"dp": 2, "ep": 2, "pp": 2, "pp_schedule": "zb-h1"},
      {"model": dict(LLAMA, **MOE, moe_every=2), "train": {"grad_accum": 2}}),
 ]

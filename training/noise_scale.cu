@@ -1,6 +1,7 @@
 // training/noise_scale.cu - the gradient noise scale's estimators and their averages (the
-// formulas, where the two batch sizes come from and the layouts it covers: every ZeRO stage on
-// dense dp-only layouts, training/noise_scale.h).
+// formulas, where the two batch sizes come from and the layouts it covers: every ZeRO stage, tp,
+// pp with 1f1b, cp, experts with ep = 1, DiLoCo islands, training/noise_scale.h; how the small
+// batch is measured on them and its bytes, parallel/small_batch_norm.cu).
 #include "training/noise_scale.h"
 
 #include "kernels/common.h"

@@ -10,19 +10,23 @@
 //   |G|^2    ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
 //   tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
 //
-// The trainer takes the small batch to be each rank's first micro-batch (its gradient before any
-// reduction: B_small = micro_batch sequences, |G_small|^2 averaged over the dp ranks with one
-// scalar all-reduce) and the big batch to be the whole step (B_big = micro_batch x grad_accum x
-// dp, |G_big|^2 the squared gradient norm the step computes anyway). So it works on one rank
-// from micro-batches (grad_accum >= 2) and on dp ranks with any grad_accum, at every ZeRO stage:
-// DDP and ZeRO-1 sum the squares of the full local gradient, ZeRO-2 and FSDP those of each
-// unit's bucket (the whole local gradient of that unit) before its reduce-scatter, at the unit's
-// first release of the step (parallel/param_store.cu grads_release). Under tp, pp, cp and
-// experts a rank holds only part of its dp rank's gradient, and some parts (sequence-parallel
-// LayerNorms, the tied embedding's two copies, cp's token halves) are partial sums whose squares
-// do not add, so those layouts are refused (config/config_checks.cu check_noise_scale). One step's estimates
-// are noisy (either can be negative), so both are smoothed by an exponential moving average
-// before the ratio is taken (the bias correction of an EMA started at zero is the same factor in
+// The trainer takes the small batch to be each dp rank's first micro-batch (its gradient over
+// the whole model before the dp reduction: B_small = micro_batch sequences, |G_small|^2 averaged
+// over the dp ranks with one scalar all-reduce over the world) and the big batch to be the whole
+// step (B_big = micro_batch x grad_accum x dp, |G_big|^2 the squared gradient norm the step
+// computes anyway; with DiLoCo islands dp and the world are the island's). So it works on one
+// rank from micro-batches (grad_accum >= 2) and on dp ranks with any grad_accum, at every ZeRO
+// stage, and with tp, pp (1f1b), cp and experts without ep: parallel/small_batch_norm.cu measures
+// a dp rank's small batch spread over its model-parallel group (owned blocks add, replicated
+// tails count once, partial sums - cp's token halves, sequence-parallel LayerNorms, the tied
+// embedding's two stages - are summed as vectors first) and states the bytes that costs: with
+// dp and plain tp only the 8-byte scalar, with cp an all-reduce of the first micro-batch's
+// gradient over cp, with sp a few LayerNorm vectors over tp, with pp the root over two stages.
+// Refused (config/config_checks.cu check_noise_scale): ep > 1 (an expert's gradient on a rank
+// mixes the tokens of several dp ranks before any reduction, so no part of it is one dp rank's),
+// pipeline schedules other than 1f1b, and a single batch size.
+// One step's estimates are noisy (either can be negative), so both are smoothed by an exponential
+// moving average before the ratio is taken (the bias correction of an EMA started at zero is the same factor in
 // both and cancels in the ratio).
 #pragma once
 
