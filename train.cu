@@ -447,6 +447,9 @@ static int train_steps(Run& r) {
     if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
       CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
                 "copies of the tied embedding differ ([log] check_tied)", step);
+    if (r.cfg.log.check_replicas && r.mesh.shape.tp > 1)
+      CHECK_ALL(tp_replicas_equal(r.store), "step %d: the tp ranks' copies of the replicated "
+                "weights differ ([log] check_replicas)", step);
     evaluate(r, step);
     straggler_step(r.stragglers, r.cfg.log, r.mesh[Axis::World], step, rep.ms, rep.waited_ms);
     const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step

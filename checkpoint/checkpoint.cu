@@ -387,12 +387,13 @@ static void open_index(const std::string& ckpt, const ModelConfig& model, const 
 
 // The compressed reductions' residuals (hdf5_format.h): each rank its own, from its own file, when
 // the layout is the writer's; else all are dropped, with one warning.
-static void resume_residuals(const std::string& ckpt, ParamStore& store, Mesh& mesh) {
+static void resume_residuals(const std::string& ckpt, ParamStore& store, const GPTLayout& layout,
+                             Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const std::string file = ckpt + "/" + rank_file_name(world.rank);
   const bool exists = std::ifstream(file).good();  // a smaller world wrote no such file
   const std::string why = first_problem(
-      world, exists ? h5_read_residuals(file, store, residual_layout(store, mesh.shape))
+      world, exists ? h5_read_residuals(file, store, residual_layout(store, layout, mesh.shape))
                     : "the checkpoint has no rank file " + rank_file_name(world.rank));
   if (!why.empty()) {
     for (UnitState& us : store.units) {
@@ -479,7 +480,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
     param_store_load(store, layout.units, h5_index_fill(index, kind, island_prefix(island)), kind);
   resume_outer_state(index, meta, store, layout);
   h5_close_index(index);
-  if (store_has_residuals(store)) resume_residuals(ckpt, store, mesh);
+  if (store_has_residuals(store)) resume_residuals(ckpt, store, layout, mesh);
 
   if (meta.seed != cfg.train.seed && world.rank == 0)
     std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",

@@ -119,7 +119,7 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
     }
   }
   if (!store_has_residuals(store)) return c;
-  c.residual_layout = residual_layout(store, shape);
+  c.residual_layout = residual_layout(store, layout, shape);
   for (size_t u = 0; u < store.units.size(); u++) {
     const UnitState& us = store.units[u];
     if (us.residual) c.residuals.push_back({(int)u, us.residual_numel, false});
@@ -166,8 +166,11 @@ static void write_part(hid_t file, const RankFilePart& p, const float* data) {
 
 // DiLoCo islands (K > 1) cut the dp group into islands of dp/K ranks, which changes the
 // residuals' lengths and meaning at the same dp: K is named then (K = 1 is the plain layout).
-// With int8 meetings (outer residuals) " diloco int8" follows.
-std::string residual_layout(const ParamStore& store, const MeshShape& s) {
+// With int8 meetings (outer residuals) " diloco int8" follows. Under pp, the same degrees can
+// put other blocks on this rank (pp_layers, pp_balance, the schedule's stage order), and a
+// residual belongs to its block: the first tensor of each of this rank's units follows.
+std::string residual_layout(const ParamStore& store, const GPTLayout& layout,
+                            const MeshShape& s) {
   char text[200];
   int n = std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
                         grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp,
@@ -175,7 +178,12 @@ std::string residual_layout(const ParamStore& store, const MeshShape& s) {
   if (s.islands > 1) n += std::snprintf(text + n, sizeof(text) - n, " islands %d", s.islands);
   if (!store.units.empty() && store.units[0].outer_residual)
     std::snprintf(text + n, sizeof(text) - n, " diloco int8");
-  return text;
+  std::string all = text;
+  if (s.pp > 1) {
+    all += " units";
+    for (const ParamUnit& u : layout.units) all += " " + u.tensors.front().name;
+  }
+  return all;
 }
 
 // /residual/unit_<u> or /residual/diloco_unit_<u>: a whole residual of unit u (hdf5_format.h).

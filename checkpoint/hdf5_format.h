@@ -172,10 +172,13 @@ std::string h5_write_rank_file(const std::string& path, ParamStore& store,
 // /residual/unit_<u> (the whole gradient residual of unit u), /residual/diloco_unit_<u> (the
 // whole outer residual of unit u's shard) and the string /residual/layout, which names
 // everything their meaning depends on (the compressions, the degrees, the ZeRO stage, the
-// islands: residual_layout). A run resumes them only from the file of its
-// own world rank written under the same layout; otherwise they are dropped (zero: the steps
-// before lose what they had not sent yet, nothing else changes).
-std::string residual_layout(const ParamStore& store, const MeshShape& shape);
+// islands, and under pp which blocks this rank's stages hold: residual_layout). A run resumes
+// them only from the file of its own world rank written under the same layout; otherwise they
+// are dropped (zero: the steps before lose what they had not sent yet, nothing else changes).
+// Sequence parallelism is not part of it: the residuals keep their meaning either way (the
+// compressed reductions sum over tp after the dp reduction, parallel/grad_compression.cu).
+std::string residual_layout(const ParamStore& store, const GPTLayout& layout,
+                            const MeshShape& shape);
 // Loads this rank's residuals from `rank_file` if it holds them under `layout`. Returns "" when
 // loaded, else why not (the caller warns). A broken file stops the job naming it.
 std::string h5_read_residuals(const std::string& rank_file, ParamStore& store,

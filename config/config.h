@@ -150,6 +150,8 @@ struct LogConfig {        // [log]
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
   bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
+  bool check_replicas = false;  // tp > 1: after every step, compare the tp ranks' replicated
+                                // weights bit for bit
   int straggler_every = 100;      // report the slowest and fastest rank every this many steps
   float straggler_factor = 1.25f; // name a rank whose step is this many times the median's
   bool grad_noise_scale = false;  // the gradient noise scale B_simple (training/noise_scale.h)

@@ -45,7 +45,10 @@ void ddp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
   ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
   ops::stream_wait_event(st.comm, us.reduce_done);
-  if (store_compressed(st))  // parallel/grad_compression.cu
+  if (store_compressed(st)) {  // parallel/grad_compression.cu
+    compressed_bucket_owner_only(st, us, us.grad);
     compressed_all_reduce(st.compressor, *us.group, us.grad, us.residual, us.numel, st.comm);
-  else all_reduce_sum(*us.group, us.grad, us.numel, DType::F32, st.comm);
+  } else {
+    all_reduce_sum(*us.group, us.grad, us.numel, DType::F32, st.comm);
+  }
 }

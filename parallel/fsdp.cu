@@ -148,11 +148,14 @@ float* fsdp_grads_acquire(ParamStore& st, int unit) {
 void fsdp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
   comm_after_compute(st);
-  if (store_compressed(st))  // ZeRO-2 only (parallel/grad_compression.cu)
+  if (store_compressed(st)) {  // ZeRO-2 only (parallel/grad_compression.cu)
+    compressed_bucket_owner_only(st, us, us.grad_full);
     compressed_reduce_scatter(st.compressor, *us.group, us.grad_full, us.residual,
                               st.reduce_scratch, us.shard_numel, st.comm);
-  else reduce_scatter_sum(*us.group, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
-                          st.comm);
+  } else {
+    reduce_scatter_sum(*us.group, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
+                       st.comm);
+  }
   ops::add_inplace(us.grad, st.reduce_scratch, us.shard_numel, st.comm);
   if (us.whole_step) return;
   ops::event_record(st.grad_slot_reduced[us.grad_slot], st.comm);

@@ -1,7 +1,8 @@
 // parallel/grad_compression.cu - compressed data-parallel gradient reductions with error
 // feedback ([parallel] grad_compression = "int8" | "topk", topk_ratio), for DDP's all-reduce
 // (parallel/ddp.cu) and ZeRO-1/2's reduce-scatter (parallel/zero.cu, parallel/fsdp.cu's gradient
-// half). FSDP (ZeRO-3) is refused by the config checks.
+// half), on every axis (tp with or without SP, pp, cp, experts with ep, Llama; "The other axes"
+// below says why each is right). FSDP (ZeRO-3) is refused by the config checks.
 //
 // The idea. When the dp links are slow, send fewer bits per gradient and keep what was not sent:
 // each rank holds a residual e (fp32, as long as its bucket) and reduces x = g + e instead of g;
@@ -51,8 +52,47 @@
 // so top-k beats int8 below ratio ~ 1/(4N) (DDP). ZeRO-2 reduces every micro-batch, each with its
 // own error feedback.
 //
+// The other axes. A compressed reduction runs wherever the plain one ran: per unit over the unit's
+// gradient group us.group (parallel/placement.h ParamUnit::grad_axis), so on every layout it
+// replaces exactly one linear sum, and error feedback keeps what it did not send. What follows it
+// must stay linear in what it delivered, and the copies of one weight must receive the same
+// update:
+//   cp       the dense units' group is dp x cp (each cp rank saw other tokens): one compressed
+//            reduction over dp*cp ranks. Nothing follows it.
+//   experts  an MoE block's experts are summed over the dp*cp/ep ranks holding the same ones
+//            (ep-dp; a group of one when ep = dp*cp: nothing to compress); the router lives in
+//            the block's dense unit, over dp. Each group compresses alone.
+//   pp       each stage compresses its own units over its dp group. The tied root is held by the
+//            first and the last stage, each with its half of the gradient (lookups, head); the
+//            two compressed dp sums are added over the pair afterwards (grads_wait): a sum of
+//            two reductions, linear, so both copies get the same total and each rank's residual
+//            keeps its own half's error.
+//   tp       every tp rank reduces its own bucket over its own dp group. Three kinds of elements
+//            share a bucket: split (different per tp rank, each its own weights: fine),
+//            partial sums under sequence parallelism (LayerNorms, the router, the experts: each
+//            tp rank saw N/tp tokens) summed over tp after the dp reduction (grads_wait) - a
+//            linear sum of compressed sums, fine - and replicated complete ones (row-parallel
+//            biases, wpe, LayerNorms without SP): the same gradient on every tp rank. Those are
+//            the trap. Their compression depends on the rest of the bucket (an int8 block's
+//            scale is its absmax, top-k selects over the whole bucket), which differs per tp
+//            rank, so each tp rank would apply a different approximation to the same weight and
+//            the replicas would drift apart from step 1. So in a unit that mixes them with split
+//            or partial elements, tp rank 0 alone feeds them in (the others zero them first:
+//            compressed_bucket_owner_only, parallel/param_store.cu) and they join the partial
+//            sums' all-reduce over tp after the reduction (UnitState::tp_sum_begin): every tp
+//            rank receives rank 0's result. A unit that is replicated complete throughout (the
+//            experts without SP) compresses the same bucket on every tp rank and needs nothing.
+//            Cost: 4 bytes per such element per step over tp (biases and wpe: small).
+//            [log] check_replicas makes the trainer compare the replicas after every step.
+//   Llama    the same units with other tensors (RMSNorm weights as LayerNorms; untied: the
+//            embedding and the head are units of their own, no tied sum).
+// test/test_grad_compression.py holds each of these layouts to its uncompressed run, its counted
+// bytes and bitwise resumes.
+//
 // The residual is state: it is part of the checkpoint, per rank (checkpoint/), and dropped with
-// a warning when the checkpoint was written with a different dp layout.
+// a warning when the checkpoint was written with a different layout (compression, every degree,
+// the ZeRO stage, the islands and, under pp, the blocks each stage holds: residual_layout,
+// checkpoint/hdf5_format.h).
 #include "parallel/grad_compression.h"
 
 #include <algorithm>

@@ -63,12 +63,25 @@ static void compression_init(ParamStore& st) {
   for (UnitState& us : st.units) {
     const size_t n = st.mode == ShardingMode::Replicated ? us.numel : us.padded_numel;
     if (us.group->size < 2) continue;
+    // Replicated complete tensors beside tp-specific ones (split, or partial sums): the
+    // compression of a bucket depends on all of it (int8 block scales, top-k's selection), so
+    // the tp ranks would send different approximations of the same gradient and their replicas
+    // would drift apart. Tp rank 0 alone feeds them in, and the sum over tp hands them out.
+    const bool mixed = us.replicated_begin > 0 || us.partial_begin < us.numel;
+    if (st.tp->size > 1 && mixed && us.replicated_begin < us.partial_begin)
+      us.owner_only_begin = us.tp_sum_begin = us.replicated_begin;
     us.residual_numel = residual_numel(st.compressor.kind, n, us.group->size);
     us.residual = (float*)allocate_zeroed(st.state_memory, us.residual_numel * sizeof(float),
                                           st.compute);
     grad_compressor_need(st.compressor, n, us.group->size);
   }
   grad_compressor_allocate(st.compressor, st.work_memory);
+}
+
+void compressed_bucket_owner_only(ParamStore& st, const UnitState& us, float* bucket) {
+  if (st.tp->rank == 0 || us.owner_only_begin >= us.partial_begin) return;
+  ops::fill_zero(bucket + us.owner_only_begin,
+                 (us.partial_begin - us.owner_only_begin) * sizeof(float), st.comm);
 }
 
 // ZeRO-1/2 keep full weights that each rank updates a shard of: after an update (or a load) every
@@ -170,7 +183,8 @@ static UnitState unit_geometry(const ParamStore& st, const ParamUnit& pu, const 
         axis_name(pu.grad_axis));
   us.numel = pu.numel;
   us.owned_end = owned_end(pu, st.tp->rank);
-  us.partial_begin = pu.partial_begin;
+  us.partial_begin = us.tp_sum_begin = us.owner_only_begin = pu.partial_begin;
+  us.replicated_begin = std::min(round_up(pu.split_numel, kTensorAlign), pu.numel);
   us.whole_step = pu.whole_step;
   us.tied = pu.tied;
   const bool sharded = st.mode != ShardingMode::Replicated;
@@ -256,7 +270,7 @@ float* grads_acquire(ParamStore& st, int unit) {
 // over tp): those go to the host from grads_wait.
 static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
   return (us.tied && st.embed && st.embed->size > 1) ||
-         (st.tp->size > 1 && us.partial_begin < us.numel);
+         (st.tp->size > 1 && us.tp_sum_begin < us.numel);
 }
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
@@ -304,7 +318,7 @@ void grads_zero(ParamStore& st) {
 static void sum_partial_grads_over_tp(ParamStore& st) {
   for (UnitState& us : st.units)
     tp_sum_partial_grads(*st.tp, us.grad, {us.shard_offset, us.shard_offset + us.shard_numel},
-                         us.partial_begin, us.numel, st.comm);
+                         us.tp_sum_begin, us.numel, st.comm);
 }
 
 // Pipeline parallelism: the first and the last stage each hold the root (the tied wte); each
@@ -331,6 +345,25 @@ void grads_wait(ParamStore& st) {
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
   if (st.measure_small_batch) small_batch_tied_squares(st);
+}
+
+bool tp_replicas_equal(ParamStore& st) {
+  bool equal = true;
+  ops::stream_sync(st.compute);
+  for (size_t u = 0; u < st.units.size() && st.tp->size > 1; u++) {
+    const UnitState& us = st.units[u];
+    const FlatRange mine = clip({std::max(us.shard_offset, us.replicated_begin),
+                                 us.shard_offset + us.shard_numel}, us.numel);
+    const size_t n = mine.size();  // the same on every tp rank (one geometry)
+    if (n == 0) continue;
+    std::vector<float> all(st.tp->size * n);
+    float* own = all.data() + st.tp->rank * n;
+    store_state_read(st, (int)u, StateKind::Master, mine.first, n, own);
+    all_gather_host(*st.tp, own, n * sizeof(float), all.data());
+    for (int r = 0; r < st.tp->size; r++)
+      equal = equal && std::memcmp(all.data() + r * n, all.data(), n * sizeof(float)) == 0;
+  }
+  return all_agree(*st.world, equal);
 }
 
 // Each logical element once: over tp the elements this rank owns (placement.h: owned_end), and

@@ -52,7 +52,15 @@ struct UnitState {
   Comm* group = nullptr;    // sums the unit's gradient; the ZeRO stages shard over it
   size_t numel = 0;         // the unit's flat length (parallel/placement.h)
   size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
-  size_t partial_begin = 0; // [partial_begin, numel): gradients summed over tp
+  size_t partial_begin = 0; // [partial_begin, numel): partial gradients (sequence parallel)
+  // [tp_sum_begin, numel): summed over tp after the dp reduction. partial_begin, except under
+  // grad_compression when the unit mixes tp-specific elements with replicated complete ones
+  // (owner_only_begin < partial_begin): then the replicated complete range
+  // [owner_only_begin, partial_begin) enters the compressed reduction on tp rank 0 only (zeros
+  // elsewhere) and is summed over tp too (parallel/grad_compression.cu says why).
+  size_t tp_sum_begin = 0;
+  size_t owner_only_begin = 0;
+  size_t replicated_begin = 0;  // the first tensor replicated over tp (numel: none)
   size_t padded_numel = 0;  // numel rounded up so that it splits into dp equal aligned shards
   size_t shard_offset = 0;  // first element of the unit this rank owns
   size_t shard_numel = 0;   // elements this rank owns (Replicated: numel)
@@ -158,6 +166,10 @@ void param_store_destroy(ParamStore& store);
 ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
 bool store_compressed(const ParamStore& store);  // [parallel] grad_compression is not "none"
+// Compressed reductions under tp: before unit u's bucket (its full gradient, unit-relative)
+// enters the compressed dp reduction, tp ranks other than 0 zero its replicated complete range
+// [owner_only_begin, partial_begin); grads_wait sums it over tp afterwards. On the comm stream.
+void compressed_bucket_owner_only(ParamStore& store, const UnitState& us, float* bucket);
 // The fp32 states a shard carries; checkpoints save and load all of them: the master and Adam's
 // moments always, DiLoCo's synchronised weights and outer momentum with diloco_islands >= 1.
 enum class StateKind { Master, AdamM, AdamV, OuterSync, OuterMomentum };
@@ -216,6 +228,10 @@ double grad_norm(ParamStore& store);    // global L2 norm, each logical element 
 // bitwise-equal fp32 weights (the pair exchange their shards on the host). Collective over the
 // world.
 bool tied_copies_equal(ParamStore& store);
+// Tensor parallelism: whether every tp rank holds bitwise-equal fp32 weights of every replicated
+// tensor (each unit's [first replicated tensor, numel) of its shard; the tp ranks exchange them on
+// the host). Collective over the world.
+bool tp_replicas_equal(ParamStore& store);
 // The update of one unit's shard, in unit order: update_begin says where AdamW finds the shard
 // (device or host memory; offload first waits for the gradient and the file), shard_adamw runs
 // it on a range, update_end sends the new weights where they are used (offload: up to the

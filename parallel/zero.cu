@@ -91,10 +91,13 @@ void zero1_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   UnitState& us = st.units[unit];
   ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
   ops::stream_wait_event(st.comm, us.reduce_done);
-  if (store_compressed(st))  // parallel/grad_compression.cu
+  if (store_compressed(st)) {  // parallel/grad_compression.cu
+    compressed_bucket_owner_only(st, us, us.grad_full);
     compressed_reduce_scatter(st.compressor, *us.group, us.grad_full, us.residual, us.grad,
                               us.shard_numel, st.comm);
-  else reduce_scatter_sum(*us.group, us.grad_full, us.grad, us.shard_numel, DType::F32, st.comm);
+  } else {
+    reduce_scatter_sum(*us.group, us.grad_full, us.grad, us.shard_numel, DType::F32, st.comm);
+  }
 }
 
 // Every rank's updated shard to every rank, in place: each contributes the slice it updated.

@@ -108,13 +108,14 @@ def round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def trainer_bytes(kind, zero, accum, ratio, units, L, dp):
+def trainer_bytes(kind, zero, accum, ratio, units, L, dp, root=True):
     """The dp collectives of one trainer step of a dense GPT-2 (units: the flat unit lengths,
-    root first, then L blocks): per unit one compressed reduction (ZeRO-2: per micro-batch for
+    root first, then L blocks; root=False: no root, L units reduced like blocks, e.g. experts)
+    over a group of dp ranks: per unit one compressed reduction (ZeRO-2: per micro-batch for
     the blocks), plus ZeRO's all-gather of the fp32 weights."""
     padded = [round_up(n, dp * 64) for n in units]
     buckets = units if zero == 0 else padded
-    times = [1] + [accum if zero == 2 else 1] * L
+    times = ([1] if root else []) + [accum if zero == 2 else 1] * L
     comm = {}
     for n, m in zip(buckets, times):
         b = analytic_bytes(kind, n, dp, zero == 0, ratio)

@@ -18,7 +18,8 @@ pp2 interleaved over 2 chunks;
 pp2 1f1b with uneven stages (pp_layers = [1, 3]); the gradient noise scale on cp2 x tp2 (SP) x
 pp2 1f1b (its first micro-batch sums over cp, over tp and of the tied root's two stages,
 parallel/small_batch_norm.cu); compressed gradient reductions: dp2 x tp2 DDP
-with int8, MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
+with int8 (the replicated complete tensors summed over tp after the reduction), dp2 x pp2 ZeRO-1
+with int8 (the tied root's two stages), MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over groups of 2, dense ones over
 4); DiLoCo islands (their meetings' island bytes against the analytic count too): dp4 DDP, FSDP
 and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32 meetings, dp4 DDP and dp4 ZeRO-1 (int8
 gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP (cp and the expert groups inside each
@@ -105,6 +106,8 @@ LAYOUTS = [
     ("MoE dp4 x ep2 ZeRO-2 bf16 offload nvme", {"dp": 4, "ep": 2, "zero": 2},
      {"model": MOE, "precision": {"compute": "bf16"}, "train": {"optimizer_offload": "nvme"}}),
     ("dp2 x tp2 DDP int8 compression", {"dp": 2, "tp": 2, "grad_compression": "int8"}, {}),
+    ("dp2 x pp2 ZeRO-1 int8 compression grad_accum 2",
+     {"dp": 2, "pp": 2, "zero": 1, "grad_compression": "int8"}, {"train": {"grad_accum": 2}}),
     ("MoE dp4 x ep2 ZeRO-2 topk 5% grad_accum 2",
      {"dp": 4, "ep": 2, "zero": 2, "grad_compression": "topk", "topk_ratio": 0.05},
      {"model": MOE, "train": {"grad_accum": 2}}),
