@@ -351,40 +351,53 @@ def expected_dp_bytes(lay, kind):
 def test_axes(tmp):
     """Compression on tp, pp, cp, MoE (ep) and Llama layouts (docstring, 6)."""
     for label, lay, kinds, resume in AXES:
-        name = "".join(ch if ch.isalnum() else "_" for ch in label)
-        ref, _ = train_axes(tmp, name + "_none", lay, "none")
-        for kind, tol in kinds:
-            ck = os.path.join(tmp, f"ck_{name}_{kind}")
-            extra = [f"--checkpoint.dir={ck}", "--checkpoint.every=5"] if resume else []
-            steps, _ = train_axes(tmp, f"{name}_{kind}", lay, kind, extra=extra)
-            want, units = expected_dp_bytes(lay, kind)
-            got = [{a: s["comm"].get(a, {}) for a in want} for s in steps]
-            checks.check(f"{label} {kind}: compressed collectives per step = analytic",
-                         all(x == want for x in got), f"{got[0]} vs {want}")
-            if lay["par"].get("tp", 1) > 1:  # the owner-only ranges travel over tp once more
-                sharded = lay["par"]["dp"] if lay["zero"] else 1  # no cp, no ep with tp here
-                extra_tp = 4 * sum(owner_only_elements(u, lay["par"].get("sp", True), sharded)
-                                   for u in units)
-                tp_of = [s["comm"]["tp"].get("all_reduce", {}).get("bytes", 0) for s in steps]
-                tp_ref = [s["comm"]["tp"].get("all_reduce", {}).get("bytes", 0) for s in ref]
-                checks.check(f"{label} {kind}: tp all-reduce bytes = uncompressed + 4 x the "
-                             "owner-only elements", all(a - b == extra_tp for a, b in
-                                                        zip(tp_of, tp_ref)),
-                             f"{tp_of[0]} - {tp_ref[0]} vs {extra_tp}")
-            gap = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(steps, ref))
-            checks.check(f"{label} {kind}: losses follow uncompressed", gap < tol and
-                         len(steps) == len(ref) == STEPS,
-                         f"max relative gap {gap:.2e} over {STEPS} steps (tolerance {tol})")
-            if not resume:
-                continue
-            got, _ = train_axes(tmp, f"{name}_{kind}_resumed", lay, kind,
-                                extra=[f"--checkpoint.resume={ck}/step_000005"])
-            same = [s["step"] for s in got] == list(range(6, STEPS + 1)) and \
-                all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
-                    for a, b in zip(got, steps[5:]))
-            checks.check(f"{label} {kind}: resumed at step 5, steps 6-{STEPS} bit-exact", same,
-                         f"losses {[s['loss'] for s in got][:3]} vs "
-                         f"{[s['loss'] for s in steps[5:]][:3]}")
+        try:
+            axis_layout(tmp, label, lay, kinds, resume)
+        except RuntimeError as e:  # e.g. the trainer stopped: replicas differ ([log] check_*)
+            checks.check(f"{label}: trained", False, str(e)[-200:])
+
+
+def axis_layout(tmp, label, lay, kinds, resume):
+    """One layout of test_axes: uncompressed, then each compression (and a resume)."""
+    name = "".join(ch if ch.isalnum() else "_" for ch in label)
+    ref, _ = train_axes(tmp, name + "_none", lay, "none")
+    for kind, tol in kinds:
+        axis_compression(tmp, label, name, lay, kind, tol, resume, ref)
+
+
+def axis_compression(tmp, label, name, lay, kind, tol, resume, ref):
+    """One compression on one layout: bytes, losses, and the resume (docstring, 6)."""
+    ck = os.path.join(tmp, f"ck_{name}_{kind}")
+    extra = [f"--checkpoint.dir={ck}", "--checkpoint.every=5"] if resume else []
+    steps, _ = train_axes(tmp, f"{name}_{kind}", lay, kind, extra=extra)
+    want, units = expected_dp_bytes(lay, kind)
+    got = [{a: s["comm"].get(a, {}) for a in want} for s in steps]
+    checks.check(f"{label} {kind}: compressed collectives per step = analytic",
+                 all(x == want for x in got), f"{got[0]} vs {want}")
+    if lay["par"].get("tp", 1) > 1:  # the owner-only ranges travel over tp once more
+        sharded = lay["par"]["dp"] if lay["zero"] else 1  # no cp, no ep with tp here
+        extra_tp = 4 * sum(owner_only_elements(u, lay["par"].get("sp", True), sharded)
+                           for u in units)
+        tp_of = [s["comm"]["tp"].get("all_reduce", {}).get("bytes", 0) for s in steps]
+        tp_ref = [s["comm"]["tp"].get("all_reduce", {}).get("bytes", 0) for s in ref]
+        checks.check(f"{label} {kind}: tp all-reduce bytes = uncompressed + 4 x the "
+                     "owner-only elements", all(a - b == extra_tp for a, b in
+                                                zip(tp_of, tp_ref)),
+                     f"{tp_of[0]} - {tp_ref[0]} vs {extra_tp}")
+    gap = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(steps, ref))
+    checks.check(f"{label} {kind}: losses follow uncompressed", gap < tol and
+                 len(steps) == len(ref) == STEPS,
+                 f"max relative gap {gap:.2e} over {STEPS} steps (tolerance {tol})")
+    if not resume:
+        return
+    got, _ = train_axes(tmp, f"{name}_{kind}_resumed", lay, kind,
+                        extra=[f"--checkpoint.resume={ck}/step_000005"])
+    same = [s["step"] for s in got] == list(range(6, STEPS + 1)) and \
+        all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
+            for a, b in zip(got, steps[5:]))
+    checks.check(f"{label} {kind}: resumed at step 5, steps 6-{STEPS} bit-exact", same,
+                 f"losses {[s['loss'] for s in got][:3]} vs "
+                 f"{[s['loss'] for s in steps[5:]][:3]}")
 
 
 def test_stage_change(tmp):
@@ -397,8 +410,11 @@ def test_stage_change(tmp):
     train_axes(tmp, "stages_13", lay, "int8", steps=3,
                extra=[f"--checkpoint.dir={ck}", "--checkpoint.every=3"])
     lay["par"]["pp_layers"] = [2, 2]
-    got, out = train_axes(tmp, "stages_22", lay, "int8", steps=5,
-                          extra=[f"--checkpoint.resume={ck}/step_000003"])
+    try:  # read by unit index, the residuals would not even fit (a stage now has more units)
+        got, out = train_axes(tmp, "stages_22", lay, "int8", steps=5,
+                              extra=[f"--checkpoint.resume={ck}/step_000003"])
+    except RuntimeError as e:
+        got, out = [], str(e)
     warned = "dropping the gradient compression residuals" in out
     checks.check("pp stages [1, 3] resumed as [2, 2]: residuals dropped with a warning",
                  warned and [s["step"] for s in got] == [4, 5],
