@@ -79,13 +79,33 @@ size_t diloco_outer_bytes(const Diloco& d, const ParamStore& st) {
 // this rank's residual; scaled in the step),
 // the Nesterov step into w_sync and the master, and the master into the working copy, as AdamW
 // leaves it (parallel/param_store.h, update_begin).
+// int8 meetings under tp: the delta of a weight replicated over tp is the same on every tp rank,
+// but its int8 block scale depends on the tp-specific (split) deltas beside it, so each tp rank
+// would receive a different approximation and the replicas would drift apart. In a unit that
+// holds both, tp rank 0 alone sends the replicated part and the tp ranks then sum it (the others
+// sent zeros): every one gets rank 0's (parallel/grad_compression.cu, "The other axes"). The
+// shard-relative range of that part; empty when there is nothing to mix.
+static FlatRange owner_only_delta(const ParamStore& st, const UnitState& us) {
+  if (st.tp->size < 2 || us.replicated_begin == 0 || us.replicated_begin >= us.numel) return {};
+  const FlatRange shard{us.shard_offset, us.shard_offset + us.shard_numel};
+  const size_t first = std::max(shard.first, us.replicated_begin);
+  const size_t end = std::min(shard.end, us.numel);
+  if (first >= end) return {};
+  return {first - shard.first, end - shard.first};
+}
+
 // The delta (n floats in d.delta on the device) summed over the islands in place: fp32, or int8
 // with this rank's residual (parallel/grad_compression.cu; nothing to do on one island).
-static void island_sum(Diloco& d, UnitState& us, size_t n, ops::Stream s) {
-  if (d.compressor.kind == GradCompression::None)
+static void island_sum(Diloco& d, const ParamStore& st, UnitState& us, size_t n, ops::Stream s) {
+  if (d.compressor.kind == GradCompression::None) {
     all_reduce_sum(*d.island, d.delta, n, DType::F32, s);
-  else
-    compressed_all_reduce(d.compressor, *d.island, d.delta, us.outer_residual, n, s);
+    return;
+  }
+  const FlatRange mine = owner_only_delta(st, us);
+  if (mine.size() && st.tp->rank != 0)
+    ops::fill_zero(d.delta + mine.first, mine.size() * sizeof(float), s);
+  compressed_all_reduce(d.compressor, *d.island, d.delta, us.outer_residual, n, s);
+  if (mine.size()) all_reduce_sum(*st.tp, d.delta + mine.first, mine.size(), DType::F32, s);
 }
 
 // Optimizer offload: the same step on the host, where the master and the outer state live; only
@@ -97,7 +117,7 @@ static void host_outer_step(Diloco& d, ParamStore& st, UnitState& us, const Shar
     host_diloco_outer_delta(d.host_delta, us.outer_sync, s.master, n);
     ops::copy_to_device(d.delta, d.host_delta, n * sizeof(float));
   }
-  island_sum(d, us, n, st.compute);
+  island_sum(d, st, us, n, st.compute);
   if (st.count_only) return;
   ops::stream_sync(st.compute);
   ops::copy_to_host(d.host_delta, d.delta, n * sizeof(float));
@@ -116,7 +136,7 @@ static void outer_step_unit(Diloco& d, ParamStore& st, int u) {
     host_outer_step(d, st, us, s);
   } else {
     ops::diloco_outer_delta(d.delta, us.outer_sync, s.master, n, st.compute);
-    island_sum(d, us, n, st.compute);
+    island_sum(d, st, us, n, st.compute);
     ops::diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.delta, n,
                            1.0f / (float)d.islands, d.outer_lr, d.momentum, st.compute);
     if (s.writes_copy) ops::cast(s.copy, st.dt, s.master, DType::F32, n, st.compute);

@@ -46,6 +46,11 @@
 // meeting. The residual is per rank, like the gradient residuals: saved in the rank's own file
 // (/residual/diloco_unit_<u>, checkpoint/hdf5_format.h) and resumed only under the same layout,
 // else dropped with a warning. With one island nothing is sent and there is no residual.
+// Under tp an int8 block scale mixes a unit's split deltas (different per tp rank) with its
+// tp-replicated ones (the same on every tp rank), so the replicas would receive different
+// approximations of the same delta and drift apart: in such a unit tp rank 0 alone sends the
+// replicated part (the others zero it), and one all-reduce over tp after the meeting hands
+// rank 0's result to all (4 bytes per replicated weight of the shard per meeting, over tp).
 //
 // Bytes. Only the meeting crosses islands: one all-reduce per unit of the shard over the island
 // group (K ranks); S = the weights of a rank's shards (the whole tp/pp/ep-local model under DDP,
