@@ -20,9 +20,9 @@ pp2 1f1b (its first micro-batch sums over cp, over tp and of the tied root's two
 parallel/small_batch_norm.cu); compressed gradient reductions: dp2 x tp2 DDP
 with int8 (the replicated complete tensors summed over tp after the reduction), dp2 x pp2 ZeRO-1
 with int8 (the tied root's two stages), MoE dp4 x ep2 ZeRO-2 with top-k (expert gradients over
-groups of 2, dense ones over 4); DiLoCo islands (their meetings' island bytes against the analytic count too): dp4 DDP, FSDP
-and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32 meetings, dp4 DDP and dp4 ZeRO-1 (int8
-gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP (cp and the expert groups inside each
+groups of 2, dense ones over 4); DiLoCo islands (their meetings' island bytes against the
+analytic count too): dp4 DDP, FSDP and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32
+meetings, dp4 DDP and dp4 ZeRO-1 (int8 gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP (cp and the expert groups inside each
 island). For each, rank 0 of the plan (`--plan-json`)
 must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
