@@ -23,7 +23,8 @@ with int8 (the tied root's two stages), MoE dp4 x ep2 ZeRO-2 with top-k (expert 
 groups of 2, dense ones over 4); DiLoCo islands (their meetings' island bytes against the
 analytic count too): dp4 DDP, FSDP and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32
 meetings, dp4 DDP and dp4 ZeRO-1 (int8 gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP
-(cp and the expert groups inside each island). For each, rank 0 of the plan (`--plan-json`) must equal what the run measured exactly: state bytes and activation bytes (the metrics' run
+(cp and the expert groups inside each island). For each, rank 0 of the plan (`--plan-json`) must
+equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
 it (ops::memory_peak: every ops::alloc, through an Allocator or not; the metrics' end record), so
