@@ -32,6 +32,7 @@
 #include "checkpoint/hdf5_format.h"
 #include "model/init.h"
 #include "test/check_results.h"
+#include "test/rank_coords.h"
 
 namespace {
 
@@ -52,11 +53,9 @@ struct Coords {
   int dp_rank, pp_rank, cp_rank, tp_rank, dpcp_index, ep_rank;
 };
 Coords coords(const Layout& l, int world_rank) {
+  const RankCoords r = rank_coords(world_rank, l.pp, l.cp, l.tp);
   Coords c;
-  c.tp_rank = world_rank % l.tp;
-  c.cp_rank = world_rank / l.tp % l.cp;
-  c.pp_rank = world_rank / (l.tp * l.cp) % l.pp;
-  c.dp_rank = world_rank / (l.tp * l.cp * l.pp);
+  c.dp_rank = r.dp, c.pp_rank = r.pp, c.cp_rank = r.cp, c.tp_rank = r.tp;
   c.dpcp_index = c.dp_rank * l.cp + c.cp_rank;
   c.ep_rank = c.dpcp_index % l.ep;
   return c;

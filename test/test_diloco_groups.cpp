@@ -30,6 +30,7 @@
 #include "checkpoint/save_phases.h"
 #include "model/gpt.h"
 #include "test/check_results.h"
+#include "test/rank_coords.h"
 
 namespace {
 
@@ -43,13 +44,10 @@ struct Place {
   int dp, pp, cp, tp, island, local;
 };
 
-// world_rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank (parallel/mesh.h).
 Place place(const Layout& l, int w) {
+  const RankCoords c = rank_coords(w, l.pp, l.cp, l.tp);
   Place p;
-  p.tp = w % l.tp;
-  p.cp = w / l.tp % l.cp;
-  p.pp = w / (l.tp * l.cp) % l.pp;
-  p.dp = w / (l.tp * l.cp * l.pp);
+  p.dp = c.dp, p.pp = c.pp, p.cp = c.cp, p.tp = c.tp;
   p.island = p.dp / l.per();
   p.local = p.dp % l.per() * l.cp + p.cp;
   return p;
