@@ -75,10 +75,6 @@ size_t diloco_outer_bytes(const Diloco& d, const ParamStore& st) {
   return bytes;
 }
 
-// One unit's shard: the delta, averaged over the islands (summed in place, int8: compressed with
-// this rank's residual; scaled in the step),
-// the Nesterov step into w_sync and the master, and the master into the working copy, as AdamW
-// leaves it (parallel/param_store.h, update_begin).
 // int8 meetings under tp: the delta of a weight replicated over tp is the same on every tp rank,
 // but its int8 block scale depends on the tp-specific (split) deltas beside it, so each tp rank
 // would receive a different approximation and the replicas would drift apart. In a unit that

@@ -4,9 +4,9 @@
 // The idea. With pp ranks, rank r holds a stage of consecutive blocks (L/pp of them, or what
 // [parallel] pp_layers or pp_balance = "auto" says: parallel/pipeline_balance.cu; interleaved
 // and zb-v: v smaller chunks, see parallel/pipeline_schedule.cu), the first stage also the
-// embedding and the last the head and the loss. A step's batch is cut into m = grad_accum micro-batches; micro-batch i
-// goes forward through stage 0, 1, ..., each stage sending its output activation to the next,
-// and its gradient comes back the same way. Each rank holds 1/pp of the weights, gradients and
+// embedding and the last the head and the loss. A step's batch is cut into m = grad_accum
+// micro-batches; micro-batch i goes forward through stage 0, 1, ..., each stage sending its
+// output activation to the next, and its gradient comes back the same way. Each rank holds 1/pp of the weights, gradients and
 // optimizer state, and of the activations of one micro-batch: what pipelining buys is memory,
 // with only point-to-point traffic between neighbours.
 //
@@ -58,9 +58,10 @@
 // gradients summed over the pair once per step (the embedding group), so the two wte copies stay
 // bitwise equal (the V order puts both ends on rank 0: one copy). An untied Llama splits it: the
 // embedding unit {wte} on the first stage, the head unit {lm_head, ln_f} on the last, nothing
-// held twice and nothing summed (model/gpt_layout.cu); every unit's gradient is reduced over dp once per step, after the last
-// backward (or weight pass) of its chunk; FSDP prefetches the first weights of the next forward
-// or backward in the list (a weight pass needs none), not of the neighbouring unit.
+// held twice and nothing summed (model/gpt_layout.cu). Every unit's gradient is reduced over dp
+// once per step, after the last backward (or weight pass) of its chunk; FSDP prefetches the first
+// weights of the next forward or backward in the list (a weight pass needs none), not of the
+// neighbouring unit.
 //
 // Measured bubble. Every compute action is timed with events (host clock on the CPU backend);
 // pipeline_report gathers the timings of the pp group, compares the idle fraction with the
