@@ -416,10 +416,10 @@ static void report_memory_peak(Run& r) {
   all_gather_host(r.mesh[Axis::World], &mine, sizeof(mine), peaks.data());
   metrics_end(r.metrics, peaks);
   if (!r.rank0) return;
-  const size_t most = *std::max_element(peaks.begin(), peaks.end());
-  const int at = (int)(std::max_element(peaks.begin(), peaks.end()) - peaks.begin());
+  const auto most = std::max_element(peaks.begin(), peaks.end());
   std::printf("memory   device peak %.2f MiB on rank 0, at most %.2f MiB (rank %d), through the "
-              "backend's allocator\n", peaks[0] / 1048576.0, most / 1048576.0, at);
+              "backend's allocator\n", peaks[0] / 1048576.0, *most / 1048576.0,
+              (int)(most - peaks.begin()));
   std::fflush(stdout);
 }
 

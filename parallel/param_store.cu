@@ -347,6 +347,22 @@ void grads_wait(ParamStore& st) {
   if (st.measure_small_batch) small_batch_tied_squares(st);
 }
 
+// Whether every member of `group` holds bit for bit the same master weights of unit u over
+// `range`: the copies are gathered to every member and compared with the first. Collective over
+// the group (the range has one size on every member, so an empty one skips the gather on all).
+static bool master_copies_equal(ParamStore& st, int u, Comm& group, FlatRange range) {
+  const size_t n = range.size();
+  if (n == 0) return true;
+  std::vector<float> all(group.size * n);
+  float* own = all.data() + group.rank * n;
+  store_state_read(st, u, StateKind::Master, range.first, n, own);
+  all_gather_host(group, own, n * sizeof(float), all.data());
+  bool equal = true;
+  for (int r = 1; r < group.size; r++)
+    equal = equal && std::memcmp(all.data() + r * n, all.data(), n * sizeof(float)) == 0;
+  return equal;
+}
+
 bool tp_replicas_equal(ParamStore& st) {
   bool equal = true;
   ops::stream_sync(st.compute);
@@ -354,14 +370,7 @@ bool tp_replicas_equal(ParamStore& st) {
     const UnitState& us = st.units[u];
     const FlatRange mine = clip({std::max(us.shard_offset, us.replicated_begin),
                                  us.shard_offset + us.shard_numel}, us.numel);
-    const size_t n = mine.size();  // the same on every tp rank (one geometry)
-    if (n == 0) continue;
-    std::vector<float> all(st.tp->size * n);
-    float* own = all.data() + st.tp->rank * n;
-    store_state_read(st, (int)u, StateKind::Master, mine.first, n, own);
-    all_gather_host(*st.tp, own, n * sizeof(float), all.data());
-    for (int r = 0; r < st.tp->size; r++)
-      equal = equal && std::memcmp(all.data() + r * n, all.data(), n * sizeof(float)) == 0;
+    equal = master_copies_equal(st, (int)u, *st.tp, mine) && equal;
   }
   return all_agree(*st.world, equal);
 }
@@ -389,13 +398,10 @@ bool tied_copies_equal(ParamStore& st) {
   bool equal = true;
   ops::stream_sync(st.compute);
   for (size_t u = 0; u < st.units.size(); u++) {
-    UnitState& us = st.units[u];
+    const UnitState& us = st.units[u];
     if (!us.tied || st.embed->size < 2) continue;
-    const size_t n = us.shard_numel;
-    std::vector<float> both(2 * n);
-    store_state_read(st, (int)u, StateKind::Master, us.shard_offset, n, both.data() + n);
-    all_gather_host(*st.embed, both.data() + n, n * sizeof(float), both.data());
-    equal = equal && std::memcmp(both.data(), both.data() + n, n * sizeof(float)) == 0;
+    const FlatRange shard{us.shard_offset, us.shard_offset + us.shard_numel};
+    equal = master_copies_equal(st, (int)u, *st.embed, shard) && equal;
   }
   return all_agree(*st.world, equal);
 }
