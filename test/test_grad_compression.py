@@ -361,6 +361,13 @@ def test_axes(tmp):
             checks.check(f"{label}: trained", False, str(e)[-200:])
 
 
+# int8, step 1 (no residual yet): the gradient norm after the compressed reduction against the
+# uncompressed run's. Measured 8.5e-5 to 3.7e-4 over the six layouts; letting the non-owner tp
+# ranks send the replicated elements too (each then arrives twice: a gradient Adam's
+# normalisation would hide from the losses) moves the tp layouts 7.6e-2.
+NORM_TOL_INT8 = 4e-3
+
+
 def axis_layout(tmp, label, lay, kinds, resume):
     """One layout of test_axes: uncompressed, then each compression (and a resume)."""
     name = "".join(ch if ch.isalnum() else "_" for ch in label)
@@ -388,6 +395,10 @@ def axis_compression(tmp, label, name, lay, kind, tol, resume, ref):
                      "owner-only elements", all(a - b == extra_tp for a, b in
                                                 zip(tp_of, tp_ref)),
                      f"{tp_of[0]} - {tp_ref[0]} vs {extra_tp}")
+    if kind == "int8":  # step 1 has no residual yet: the reduced gradient is the quantised sum
+        ngap = abs(steps[0]["grad_norm"] - ref[0]["grad_norm"]) / ref[0]["grad_norm"]
+        checks.check(f"{label} int8: step 1's gradient norm = uncompressed's", ngap < NORM_TOL_INT8,
+                     f"relative gap {ngap:.2e} (tolerance {NORM_TOL_INT8})")
     gap = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(steps, ref))
     checks.check(f"{label} {kind}: losses follow uncompressed", gap < tol and
                  len(steps) == len(ref) == STEPS,
