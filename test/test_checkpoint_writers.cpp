@@ -32,7 +32,7 @@
 #include "checkpoint/hdf5_format.h"
 #include "model/init.h"
 #include "test/check_results.h"
-#include "test/rank_coords.h"
+#include "test/layout_fixtures.h"
 
 namespace {
 
@@ -228,14 +228,6 @@ std::string make_temp_dir() {
 void remove_dir(const std::string& dir) {
   const std::string cmd = "rm -rf '" + dir + "'";
   if (std::system(cmd.c_str()) != 0) std::printf("note: could not remove %s\n", dir.c_str());
-}
-
-ModelConfig tiny_model(int n_experts) {
-  ModelConfig m;
-  m.n_layer = 4, m.n_head = 4, m.d_model = 32, m.seq_len = 16, m.max_seq_len = 16;
-  m.vocab_size = 50;
-  m.n_experts = n_experts, m.top_k = 2, m.moe_every = 2, m.d_expert = 24;
-  return m;
 }
 
 Layout layout(int dp, int cp, int tp, int pp, int v, int ep, bool fsdp, bool sp = false) {

@@ -30,7 +30,7 @@
 #include "checkpoint/save_phases.h"
 #include "model/gpt.h"
 #include "test/check_results.h"
-#include "test/rank_coords.h"
+#include "test/layout_fixtures.h"
 
 namespace {
 
@@ -40,14 +40,13 @@ struct Layout {
   int per() const { return dp / islands; }
 };
 
-struct Place {
-  int dp, pp, cp, tp, island, local;
+struct Place : RankCoords {  // and where in its island
+  int island, local;
 };
 
 Place place(const Layout& l, int w) {
-  const RankCoords c = rank_coords(w, l.pp, l.cp, l.tp);
   Place p;
-  p.dp = c.dp, p.pp = c.pp, p.cp = c.cp, p.tp = c.tp;
+  static_cast<RankCoords&>(p) = rank_coords(w, l.pp, l.cp, l.tp);
   p.island = p.dp / l.per();
   p.local = p.dp % l.per() * l.cp + p.cp;
   return p;
@@ -184,14 +183,6 @@ void check_layout(Results& res, const ModelConfig& m, const Layout& l) {
             "%s: %d island pairs hold the same shards (%d differ, %d writer slices off the groups%s%s)",
             name, pairs, differ, writer_bad, why.empty() ? "" : ": ", why.c_str());
   for (RankView& v : views) mesh_destroy(v.mesh);
-}
-
-ModelConfig tiny_model(int n_experts) {
-  ModelConfig m;
-  m.n_layer = 4, m.n_head = 4, m.d_model = 32, m.seq_len = 16, m.max_seq_len = 16;
-  m.vocab_size = 50;
-  m.n_experts = n_experts, m.top_k = 2, m.moe_every = 2, m.d_expert = 24;
-  return m;
 }
 
 }  // namespace
