@@ -12,10 +12,11 @@ below it: a falling loss; applied, such updates set the model back for several s
 skip_spikes = 2.5.
 1. The run skips exactly steps G and G+1, naming each with its loss, how many standard
    deviations above the running mean it is, and its batch (the data position of its rows); every
-   step's loss equals PyTorch float64 training that leaves out those two updates (Adam then
-   counts the applied updates, as torch does) within 1e-2 relative (fp32 against float64 over
-   90 steps at lr 1e-2 drifts up to about 3e-3, with or without skips), and differs from
-   training that applies them by far more (0.8 to 1: the skip is real).
+   step's loss around the skips (G .. G+4) equals PyTorch float64 training that leaves out
+   those two updates (Adam then counts the applied updates, as torch does) within 3x the fp32
+   drift from float64 before them + 1e-3 (the drift is chaotic: below 2e-4 on most seeds, 2e-1
+   on 1 in 15), and differs from training that applies them by far more (0.41 to 0.99 there:
+   the skip is real).
 2. The trend is in the checkpoint: resuming a checkpoint of step G-5 (before the spikes) and one
    of step G+5 (after) reproduces the uninterrupted run bit for bit, the same two steps skipped.
 3. A bad stretch of 8 steps with max_skips = 3: the run stops with exit status 1 at the third
@@ -81,11 +82,21 @@ def test_skips(rng):
         want = ref.train_losses(params, model_cfg, tokens, STEPS, B, T, lr=LR, skip={G, G + 1})
         applied = ref.train_losses(params, model_cfg, tokens, STEPS, B, T, lr=LR)
         ours = np.array([got[s] for s in range(1, STEPS + 1)])
-        err = float(np.max(np.abs(ours - want) / np.abs(want)))
-        off = float(np.max(np.abs(ours - applied) / np.abs(applied)))
-        checks.check("losses equal float64 training without those updates (1e-2), and differ "
-                     "from training with them", err < 1e-2 and off > 1e-1,
-                     f"max rel err {err:.2e} vs skipping, {off:.2e} vs applying")
+        want, applied = np.array(want), np.array(applied)
+        # fp32 against float64 drifts chaotically on some seeds before any spike (up to 2e-1 by
+        # step G-1 on 1 seed in 15, below 2e-4 on most): the skips are judged by the error
+        # they add. Around them (steps G .. G+4) the error must stay within 3x the drift
+        # before them (measured at most 2.4x) + 1e-3, while training that applies the bad
+        # updates is 0.41 to 0.99 away there.
+        pre = float(np.max(np.abs(ours[:G - 1] - want[:G - 1]) / want[:G - 1]))
+        win = slice(G - 1, G + 4)
+        err = float(np.max(np.abs(ours[win] - want[win]) / want[win]))
+        off = float(np.max(np.abs(ours[win] - applied[win]) / applied[win]))
+        checks.check("losses around the skips equal float64 training without those updates "
+                     "(within the drift before them), and differ from training with them",
+                     err < 3 * pre + 1e-3 and off > 0.2,
+                     f"max rel err {err:.2e} vs skipping (drift before: {pre:.2e}), "
+                     f"{off:.2e} vs applying")
         for start in (G - 5, G + 5):
             m = os.path.join(tmp, f"resumed_{start}.jsonl")
             rr = run(cfg, [f"--checkpoint.resume={ck}/step_{start:06d}", f"--log.metrics={m}"],
