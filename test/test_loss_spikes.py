@@ -65,20 +65,29 @@ def experiment(tmp, rng, bad_first, bad_steps):
     return write_config(tmp, "c.toml", sec), ref.read_model(path)[0], tokens
 
 
+def run_clean_draw(tmp, rng, bad_steps, args):
+    """Draws G and an experiment with bad_steps bad steps from G, and trains it; a draw whose
+    clean steps diverge at lr 1e-2 before the bad batch (spikes before G: about 1 run in 12, every
+    later step then skipped until max_skips stops the run) is drawn again, up to 3 times.
+    Checkpoints go to tmp/ck."""
+    for draw in range(3):
+        G = int(rng.integers(60, 71))
+        cfg, params, tokens = experiment(tmp, rng, G, bad_steps)
+        shutil.rmtree(os.path.join(tmp, "ck"), ignore_errors=True)  # a draw's checkpoints
+        r = run(cfg, args, check=False, timeout=300)
+        early = [s for s in spikes(r.stdout) if s < G]
+        if not early:
+            break
+        print(f"note: draw {draw + 1} diverged before its bad batch (spikes at steps "
+              f"{early[:3]}, bad batch at {G}): drawing again")
+    return G, cfg, params, tokens, r
+
+
 def test_skips(rng):
     with tempfile.TemporaryDirectory() as tmp:
-        for draw in range(3):  # a draw whose clean steps diverge at lr 1e-2 is drawn again
-            G = int(rng.integers(60, 71))
-            cfg, params, tokens = experiment(tmp, rng, G, 2)
-            ck = os.path.join(tmp, "ck")
-            shutil.rmtree(ck, ignore_errors=True)
-            r = run(cfg, [f"--checkpoint.dir={ck}", "--checkpoint.every=1",
-                          "--checkpoint.keep=100"], check=False, timeout=300)
-            early = [s for s in spikes(r.stdout) if s < G]
-            if not early:
-                break
-            print(f"note: draw {draw + 1} diverged before its bad batch (spikes at steps "
-                  f"{early[:3]}, bad batch at {G}): drawing again")
+        ck = os.path.join(tmp, "ck")
+        G, cfg, params, tokens, r = run_clean_draw(
+            tmp, rng, 2, [f"--checkpoint.dir={ck}", "--checkpoint.every=1", "--checkpoint.keep=100"])
         got = losses(os.path.join(tmp, "metrics.jsonl"))
         lines = [l for l in r.stdout.splitlines() if l.startswith("spike ")]
         named = all("standard deviations above the running mean" in l and "update skipped" in l
@@ -121,9 +130,7 @@ def test_skips(rng):
 
 def test_too_many(rng):
     with tempfile.TemporaryDirectory() as tmp:
-        G = int(rng.integers(60, 71))
-        cfg, _, _ = experiment(tmp, rng, G, 8)
-        r = run(cfg, ["--train.max_skips=3"], check=False, timeout=300)
+        G, _, _, _, r = run_clean_draw(tmp, rng, 8, ["--train.max_skips=3"])
         ran = max(losses(os.path.join(tmp, "metrics.jsonl")), default=0)
         checks.check("8 bad steps, max_skips = 3: stops at the third spike in a row",
                      r.returncode == 1 and spikes(r.stdout) == [G, G + 1, G + 2] and
