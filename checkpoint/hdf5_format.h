@@ -23,7 +23,8 @@
 //
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
-//   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...)
+//   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...;
+//   with compressed reductions every writer also its /residual/... : residual_layout below)
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
 //                writer_ep, diloco_islands (only with DiLoCo: K), n_layer, n_head, d_model,
