@@ -11,10 +11,10 @@
 //                                       cp_rank: every rank of dp x cp holds them
 //   expert units (grad_axis EPDP)       slice dpcp_index / ep of dp * cp / ep: only the ranks
 //                                       with ep_rank = dpcp_index % ep hold these experts
-// but the tail of a unit that is replicated over tp (LayerNorms, wpe, row-parallel biases, the
-// routers and every expert tensor) only from tp rank 0, and nothing of the last pipeline stage's
-// copy of the root (the first stage's is saved): every element of every logical tensor is
-// written exactly once (h5_write_index checks the count of each tensor).
+// but the tail of a unit that is replicated over tp (the norms, GPT-2's wpe and row-parallel
+// biases, the routers and every expert tensor) only from tp rank 0, and nothing of the last
+// pipeline stage's copy of the root (the first stage's is saved): every element of every
+// logical tensor is written exactly once (h5_write_index checks the count of each tensor).
 //
 // DiLoCo islands ([parallel] diloco_islands = K, parallel/diloco.h) hold K different states: dp x
 // cp above is then the writer's island's (dp/K dp ranks), each island writes its own master and
