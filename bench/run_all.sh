@@ -9,7 +9,7 @@
 #              attention fwd/bwd TFLOP/s per implementation
 #   e2e        bench/e2e.py: ./train on GPT-2 124M and 1.5B in bf16 on synthetic tokens, the
 #              largest micro-batch that fits per recompute mode, tokens/s, MFU, peak memory
-#   e2e-124m, e2e-1558m   one model only (each fits in a 10-minute slot of a lent GPU machine)
+#   e2e-124m, e2e-1558m   one model only (a shorter job each; tools/gpu_node_run.sh runs both)
 #
 # Environment: BUILD (build), TRAIN (./train), PYTHON (python3; the e2e driver needs only the
 # standard library), BENCH_OUT (where logs and tables go; $BUILD/bench), BENCH_ARGS (extra

@@ -3,12 +3,18 @@
 //
 // What a checkpoint is. A directory [checkpoint] dir/step_000123 holding
 //   rank_00000.h5 ... rank_<W-1>.h5   each rank's flat ranges of the fp32 master weights and
-//                                     both Adam moments, each element of the model written by
-//                                     exactly one rank (checkpoint/hdf5_format.h)
+//                                     both Adam moments (experts included), each element of the
+//                                     model written by exactly one rank; with DiLoCo each
+//                                     island's own, and island 0's writers also the outer state
+//                                     (the synchronised weights and the outer momentum); with
+//                                     compressed reductions also the rank's own error-feedback
+//                                     residuals, whole units, read back only by the same rank
+//                                     in the same layout (checkpoint/hdf5_format.h)
 //   checkpoint.h5                     the index: the step, the resolved config, the seed, the
-//                                     data position, the model shape, and every tensor as a
-//                                     virtual dataset of its logical shape: model/wte,
-//                                     model/h.3/attn/qkv/weight, optim/m/..., optim/v/...
+//                                     data position, the loss's trend, the model shape, and every
+//                                     tensor as a virtual dataset of its logical shape:
+//                                     model/wte, model/h.3/attn/qkv/weight, optim/m/...,
+//                                     optim/v/... (diloco/... with DiLoCo)
 //   manifest.txt                      size and CRC32 of every file above (checkpoint/files.h)
 // and dir/latest, a one-line text file naming the newest complete checkpoint.
 //

@@ -11,10 +11,10 @@
 //                                       cp_rank: every rank of dp x cp holds them
 //   expert units (grad_axis EPDP)       slice dpcp_index / ep of dp * cp / ep: only the ranks
 //                                       with ep_rank = dpcp_index % ep hold these experts
-// but the tail of a unit that is replicated over tp (LayerNorms, wpe, row-parallel biases, the
-// routers and every expert tensor) only from tp rank 0, and nothing of the last pipeline stage's
-// copy of the root (the first stage's is saved): every element of every logical tensor is
-// written exactly once (h5_write_index checks the count of each tensor).
+// but the tail of a unit that is replicated over tp (the norms, GPT-2's wpe and row-parallel
+// biases, the routers and every expert tensor) only from tp rank 0, and nothing of the last
+// pipeline stage's copy of the root (the first stage's is saved): every element of every
+// logical tensor is written exactly once (h5_write_index checks the count of each tensor).
 //
 // DiLoCo islands ([parallel] diloco_islands = K, parallel/diloco.h) hold K different states: dp x
 // cp above is then the writer's island's (dp/K dp ranks), each island writes its own master and
@@ -23,7 +23,8 @@
 //
 // rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
-//   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...)
+//   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...;
+//   with compressed reductions every writer also its /residual/... : residual_layout below)
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
 //                writer_ep, diloco_islands (only with DiLoCo: K), n_layer, n_head, d_model,

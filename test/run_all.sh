@@ -8,7 +8,9 @@
 # values) with a stated tolerance; see the docstring at the top of each. What a group cannot run
 # here it skips out loud, and the summary counts every skip with its reason (test/suite.sh);
 # `make deps` (tools/install_deps.sh) installs what the skipping groups need.
-# Arguments name groups to run alone: `test/run_all.sh plan model` (the build still runs first).
+# Arguments name groups to run alone: `test/run_all.sh plan model` (the build still runs first);
+# `--only PATTERN` runs only the checks whose names contain PATTERN (exported as TEST_ONLY, which
+# the shared check helpers read: test/README.md, "Running one check").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export BUILD=${BUILD:-build}
@@ -26,8 +28,9 @@ fi
 make -j2 BUILD="$BUILD" $targets test-bins "$BUILD/bench_kernels_cpu" || { echo "run_all: BUILD FAILED"; exit 1; }
 tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
 
-SUITE_GROUPS="$*"  # `test/run_all.sh plan model`: only those groups (after the build)
 source test/suite.sh
+suite_options "$@"
+SUITE_GROUPS="${SUITE_ARGS[*]}"  # `test/run_all.sh plan model`: only those groups
 
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
@@ -83,6 +86,7 @@ run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
 run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
+run docs        $PY test/test_docs.py  # README and docs/ against the schema, the tree, this file
 # The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
 # sanitized build of the readers is part of the group's time.
 if why=$(test/fuzz/have_engine.sh); then

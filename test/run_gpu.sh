@@ -2,7 +2,7 @@
 # test/run_gpu.sh - the GPU test suite: `make test-gpu` (after building), or bundle/run.sh test on
 # a GPU node without compilers. Needs an NVIDIA GPU.
 #
-#   test/run_gpu.sh [kernels|train|fp8]...     (default: all three)
+#   test/run_gpu.sh [kernels|train|fp8]... [--only PATTERN]    (default: all three groups)
 #
 #   kernels  $BUILD/test_gpu: every CUDA op against the CPU backend (test/gpu/*.cu)
 #   train    test/test_gpu_train.py: the whole model's loss and gradients GPU vs CPU, ./train vs
@@ -21,7 +21,9 @@ cd "$(dirname "$0")/.." || exit 1
 export BUILD=${BUILD:-build} TRAIN=${TRAIN:-./train} TRAIN_CPU=${TRAIN_CPU:-./train_cpu}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-groups=("$@")
+source test/suite.sh
+suite_options "$@"  # --only PATTERN: TEST_ONLY for test_gpu_train.py and cuda_test_fp8_sites
+groups=(${SUITE_ARGS[@]+"${SUITE_ARGS[@]}"})
 [ ${#groups[@]} -eq 0 ] && groups=(kernels train fp8)
 
 if command -v nvidia-smi >/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then
@@ -48,8 +50,6 @@ pick_python() {
   done
 }
 PY=$(pick_python)
-
-source test/suite.sh
 
 for g in "${groups[@]}"; do
   case $g in

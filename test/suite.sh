@@ -3,9 +3,12 @@
 # failed.
 #
 #   source test/suite.sh
-#   run NAME COMMAND...        skip NAME REASON        suite_finish SUITE_NAME
+#   suite_options ARGS...      run NAME COMMAND...     skip NAME REASON     suite_finish SUITE_NAME
 #
 # SUITE_GROUPS="name1 name2": run only the groups named (the others are not counted).
+# suite_options takes `--only PATTERN` (or `--only=PATTERN`) out of a driver's arguments and
+# exports it as TEST_ONLY, which the shared check helpers read (test/README.md, "Running one
+# check"); the other arguments are left in the array SUITE_ARGS.
 #
 # Skips are counted, never silent. A group skips some of its checks by printing a line that
 # starts with "SKIP" (leading blanks allowed): "SKIP BPE id comparison: python3-regex is not
@@ -16,6 +19,17 @@ failed=()
 skipped=()
 passed=0
 export PYTHONUNBUFFERED=1  # the group's lines in the order they happen, through the pipe below
+
+suite_options() {
+  SUITE_ARGS=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --only) export TEST_ONLY=${2:?--only needs a pattern}; shift 2 ;;
+      --only=*) export TEST_ONLY=${1#--only=}; shift ;;
+      *) SUITE_ARGS+=("$1"); shift ;;
+    esac
+  done
+}
 
 run() {
   local name=$1; shift
@@ -52,6 +66,8 @@ suite_finish() {
     joined=$(printf '%s; ' "${skipped[@]}")
     summary="$summary, ${#skipped[@]} skipped: ${joined%; }"
   fi
+  [ -n "${TEST_ONLY:-}" ] &&
+    summary="$summary; only the checks naming \"$TEST_ONLY\" (each group's count above)"
   echo
   if [ ${#failed[@]} -eq 0 ]; then
     echo "$1: all test groups passed ($summary) in $SECONDS s"

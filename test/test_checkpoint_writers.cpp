@@ -302,5 +302,5 @@ int main() {
               {layout(1, 1, 1, 1, 1, 1, false), layout(2, 1, 4, 1, 1, 1, true)});
   check_detection(res, tiny_model(4));
   std::printf("\n%d checks, %d failures\n", res.checks, res.failures);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

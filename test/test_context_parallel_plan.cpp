@@ -214,5 +214,5 @@ int main(int argc, char** argv) {
     std::fputs(cp_plan_picture(cp_plan_build(cp, 4 * cp)).c_str(), stdout);
   }
   std::printf("\n%d checks, %d failures\n", res.checks, res.failures);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

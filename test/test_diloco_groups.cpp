@@ -201,5 +201,5 @@ int main() {
   for (const Layout& l : dense) check_layout(res, tiny_model(0), l);
   for (const Layout& l : moe) check_layout(res, tiny_model(4), l);
   std::printf("\n%d checks, %d failures\n", res.checks, res.failures);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

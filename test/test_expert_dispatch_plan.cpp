@@ -154,5 +154,5 @@ int main() {
   check_refusals(res);
   check_detection(res);
   std::printf("\n%d checks, %d failures\n", res.checks, res.failures);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Filter  # noqa: E402
+
 BUILD = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("BUILD", "build")
 TEST_COMM = os.path.join(BUILD, "test_comm")
 FAKE_DEVICE = os.path.join(BUILD, "test_comm_fake_device")
@@ -37,9 +40,12 @@ if os.geteuid() == 0:
     MPIRUN.insert(1, "--allow-run-as-root")
 FAILURES = []
 CHECKS = [0]
+ONLY = Filter()
 
 
 def check(ok, what, output=""):
+    if not ONLY.counts(what):  # TEST_ONLY (test/checks.py): only the checks it names
+        return
     CHECKS[0] += 1
     if not ok:
         FAILURES.append(what)
@@ -70,8 +76,10 @@ def mpi(np, *args, binary=TEST_COMM, timeout=60):
 # The suite
 # ----------------------------------------------------------------------------------------------
 def test_suite(binary, np, min_checks):
-    rc, out, secs = mpi(np, binary=binary, timeout=40)
     name = f"{os.path.basename(binary)} at {np} rank(s)"
+    if not ONLY.wanted(name):  # TEST_ONLY names another part: skip this suite's run
+        return
+    rc, out, secs = mpi(np, binary=binary, timeout=40)
     last = out.strip().splitlines()[-1] if out.strip() else "(no output)"
     print(f"{name}: {last} [{secs:.1f} s]")
     check(rc == 0, f"{name}: exit status {rc}", out)
@@ -86,6 +94,8 @@ def test_suite(binary, np, min_checks):
 # One rank fails
 # ----------------------------------------------------------------------------------------------
 def test_failure(mode, expect_text):
+    if not ONLY.wanted(mode):
+        return
     rc, out, secs = mpi(3, mode, timeout=60)
     print(f"{mode}: exit status {rc} after {secs:.1f} s")
     check(rc is not None, f"{mode}: the job did not end within 60 s", out)
@@ -200,7 +210,7 @@ def main():
     test_bad_layouts()
     secs = time.monotonic() - start
     print(f"test_mesh.py: {CHECKS[0]} checks, {len(FAILURES)} failures, {secs:.1f} s")
-    sys.exit(1 if FAILURES else 0)
+    sys.exit(1 if ONLY.finish(CHECKS[0]) or FAILURES else 0)
 
 
 if __name__ == "__main__":

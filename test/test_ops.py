@@ -32,6 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Filter  # noqa: E402
+
 F32, BF16 = 0, 1
 DT_NAME = {F32: "fp32", BF16: "bf16"}
 TOL = {F32: 1e-5, BF16: 1e-2}
@@ -136,9 +139,12 @@ def randn(*shape, scale=1.0):
 # Checks
 # ------------------------------------------------------------------------------------------------
 class Report:
+    """The checks' tally; honours TEST_ONLY (test/checks.py): only the checks it names count."""
+
     def __init__(self):
         self.checks = 0
         self.failures = []
+        self.only = Filter()
 
     def close(self, name, got, ref, tol):
         got, ref = got.double().flatten(), ref.double().flatten()
@@ -151,6 +157,8 @@ class Report:
         self.record(name, bool(ok), "")
 
     def record(self, name, ok, detail):
+        if not self.only.counts(name):
+            return
         self.checks += 1
         if not ok:
             self.failures.append(name)
@@ -639,6 +647,7 @@ def main():
     for test in (test_adamw, test_reductions, test_runtime, test_split_invariance, test_threads):
         print(test.__name__)
         test(lib, r)
+    r.only.finish(r.checks)  # a filtered run that matched nothing fails below (no checks)
     print(f"{r.checks} checks, {len(r.failures)} failures, {time.time() - start:.1f} s, seed {seed}")
     for name in r.failures:
         print(f"FAILED: {name}")

@@ -266,5 +266,5 @@ int main() {
   check_partial_grad_ranges();
   ops::stream_destroy(stream);
   std::printf("test_parallel_identity: %d checks, %d failed\n", results.checks, results.failures);
-  return results.failures > 0 ? 1 : 0;
+  return results.exit_status();
 }

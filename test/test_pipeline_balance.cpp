@@ -148,5 +148,5 @@ int main() {
   check_against_brute_force(res);
   check_gpt2(res);
   std::printf("\ntest_pipeline_balance: %d of %d checks failed\n", res.failures, res.checks);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

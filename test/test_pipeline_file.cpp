@@ -170,5 +170,5 @@ int main() {
   check_config(res);
   std::printf("\ntest_pipeline_file: %d of %d checks failed\n", res.failures, res.checks);
   std::system(("rm -rf " + g_dir).c_str());
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

@@ -523,5 +523,5 @@ int main() {
                 pipeline_timeline(s, sim).c_str());
   }
   std::printf("\ntest_pipeline_schedule: %d of %d checks failed\n", res.failures, res.checks);
-  return res.failures ? 1 : 0;
+  return res.exit_status();
 }

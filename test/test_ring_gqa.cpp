@@ -187,5 +187,5 @@ int main(int argc, char** argv) {
               results.failures);
   mesh_destroy(mesh);
   runtime_finalize();
-  return results.failures ? 1 : 0;
+  return results.exit_status();
 }

@@ -129,7 +129,8 @@ for f in libgomp.so.1 libcudnn.so.9; do  # only used where the node lacks them (
 done
 
 # --- scripts, configs, docs -------------------------------------------------------------------
-cp test/run_gpu.sh test/suite.sh test/test_gpu_train.py test/trainer.py test/gpt2_reference.py "$DEST/test/"
+cp test/run_gpu.sh test/suite.sh test/test_gpu_train.py test/trainer.py test/checks.py \
+   test/gpt2_reference.py "$DEST/test/"
 cp bench/run_all.sh bench/e2e.py bench/make_tokens.py "$DEST/bench/"
 cp configs/*.toml "$DEST/configs/"
 [ -f docs/PERF.md ] && cp docs/PERF.md "$DEST/docs/"

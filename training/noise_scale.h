@@ -18,10 +18,10 @@
 // rank from micro-batches (grad_accum >= 2) and on dp ranks with any grad_accum, at every ZeRO
 // stage, and with tp, pp (1f1b), cp and experts without ep: parallel/small_batch_norm.cu measures
 // a dp rank's small batch spread over its model-parallel group (owned blocks add, replicated
-// tails count once, partial sums - cp's token halves, sequence-parallel LayerNorms, the tied
+// tails count once, partial sums - cp's token halves, sequence-parallel norms, the tied
 // embedding's two stages - are summed as vectors first) and states the bytes that costs: with
 // dp and plain tp only the 8-byte scalar, with cp an all-reduce of the first micro-batch's
-// gradient over cp, with sp a few LayerNorm vectors over tp, with pp the root over two stages.
+// gradient over cp, with sp a few norm weight vectors over tp, with pp the root over two stages.
 // Refused (config/config_checks.cu check_noise_scale): ep > 1 (an expert's gradient on a rank
 // mixes the tokens of several dp ranks before any reduction, so no part of it is one dp rank's),
 // pipeline schedules other than 1f1b, and a single batch size.
