@@ -94,10 +94,14 @@ struct Fp8Call {
 };
 struct Fp8Context;
 using Fp8Observer = void (*)(const Fp8Context& f, const Fp8Call& call, void* user);
+// The observer of a context nobody watches: does nothing.
+void fp8_unobserved(const Fp8Context& f, const Fp8Call& call, void* user);
 
 struct Fp8Context {
   Fp8Recipe recipe;
-  Fp8Observer observer = nullptr;  // tests only: called around every linear call, else null
+  // Called before and after every linear call with its arguments. A test injects its own to
+  // check each call against float64 (test/test_fp8_sites.cpp); the trainer's does nothing.
+  Fp8Observer observer = fp8_unobserved;
   void* observer_user = nullptr;
   std::vector<Fp8Linear> linears;
   std::vector<std::string> names;  // per linear, for the metrics

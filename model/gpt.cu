@@ -151,7 +151,6 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.recompute = recompute;
   m.B = B;
   m.T = T;
-  m.memory.count_only = m.count_only;
   const TensorParallel& tp = layout.tp;
   const size_t N = (size_t)B * T, Nt = tp.tokens((int)N), C = layout.C, a = dtype_size(dt);
   const size_t Cl = C / tp.size();

@@ -168,6 +168,15 @@ struct ActivationSlot {
   int* tokens = nullptr;  // (B,T) on the device (the first stage's embedding backward reads them)
 };
 
+// Where the host learns the MoE router's choices (each of `pairs` token slots' expert, 0..E-1)
+// before it plans the dispatch (model/moe.cu): the trainer reads them back from the device
+// (moe_route_from_device: the step's one wait on the host per MoE layer); the planner, whose step
+// is dry and has no logits, sets GPT::moe_route_source to the router its plan assumes.
+using MoeRouteSource = void (*)(int* expert, const int* device_expert, int pairs, int E,
+                                ops::Stream s);
+void moe_route_from_device(int* expert, const int* device_expert, int pairs, int E,
+                           ops::Stream s);
+
 struct GPT {
   GPTLayout layout;
   DType dt = DType::F32;
@@ -222,12 +231,14 @@ struct GPT {
   float* head_grad = nullptr;
   // Every buffer above and the FP8, ring-attention and MoE state's: the activation memory
   // (memory.bytes is what the banner and the planner report), freed by gpt_destroy.
+  // The planner sets memory.count_only before gpt_create (kernels/allocator.h: every buffer
+  // counted, none allocated).
   Allocator memory;
-  bool count_only = false;        // set before gpt_create: count the bytes, allocate nothing
   bool split_backward = false;    // set before gpt_create: the schedule runs each backward as B
                                   // then W (parallel/pipeline_schedule.h): W's buffers too
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
+  MoeRouteSource moe_route_source = moe_route_from_device;  // model/moe.h
 };
 
 // T: the positions of a sequence this rank holds (seq_len / cp). fp8: the FP8 recipe of the block
@@ -243,11 +254,11 @@ DType compute_dtype(const PrecisionConfig& p);
 // The model a config describes on this layout, as the trainer and the planner make it: the dtype
 // of [precision] compute, [train] recompute and the MoE losses, micro_batch x seq_len/cp tokens,
 // and with compute = "fp8" the FP8 recipe of [precision] whose amaxes are agreed over amax_group
-// (the ranks that run the same layers: the stage group). model.count_only as for gpt_create.
+// (the ranks that run the same layers: the stage group). model.memory as for gpt_create.
 void gpt_create_from_config(GPT& model, const GPTLayout& layout, const Config& cfg,
                             Comm* amax_group, int slots, ops::Stream s, ops::Stream ring);
 void gpt_destroy(GPT& model);
-// A zeroed activation buffer of the model, from model.memory (count_only: counted only, nullptr;
+// A zeroed activation buffer of the model, from model.memory (count-only: counted, nullptr;
 // 0 bytes: nullptr). For the model's parts in other files (model/moe.cu).
 void* gpt_new_buffer(GPT& model, size_t bytes);
 

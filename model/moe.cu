@@ -173,19 +173,16 @@ static ExpertWeights expert_at(const GPTLayout& g, const ExpertWeights& w, int j
   return {at(w.fc_w, H * C), at(w.proj_w, C * D), at(w.fc_b, H), at(w.proj_b, C)};
 }
 
-// A device buffer's contents on the host. A count-only model (the planner) has no device
-// buffers: dst keeps what it holds.
-static void read_to_host(const GPT& m, void* dst, const void* src, size_t bytes) {
-  if (!m.count_only) ops::copy_to_host(dst, src, bytes);
+// A device buffer's contents on the host, once the stream has written it. On the dry stream (the
+// planner's) nothing is copied: dst keeps what it holds.
+static void read_to_host(void* dst, const void* src, size_t bytes, ops::Stream s) {
+  ops::copy_to_host_async(dst, src, bytes, s);
+  ops::stream_sync(s);
 }
 
-// What the planner's router chooses (it has no logits): token i's slot j takes expert
-// (i * top_k + j) % E, which spreads every rank's pairs evenly over the experts - the balanced
-// router the plan assumes.
-static std::vector<int> balanced_choices(int N, int top_k, int E) {
-  std::vector<int> expert((size_t)N * top_k);
-  for (size_t p = 0; p < expert.size(); p++) expert[p] = (int)(p % E);
-  return expert;
+void moe_route_from_device(int* expert, const int* device_expert, int pairs, int E,
+                           ops::Stream s) {
+  read_to_host(expert, device_expert, (size_t)pairs * sizeof(int), s);
 }
 
 // The router: logits (fp32), then softmax, top-k and gates.
@@ -262,13 +259,13 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
   router_forward(m, a, inp, router_w, Nt, s);
-  std::vector<int> expert = balanced_choices(Nt, k, g.E);
-  read_to_host(m, expert.data(), a.expert, expert.size() * sizeof(int));  // waits: the one sync
+  std::vector<int> expert((size_t)Nt * k);
+  m.moe_route_source(expert.data(), a.expert, Nt * k, g.E, s);  // waits: the one sync
   ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
   if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
     std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
-    read_to_host(m, probs.data(), a.probs, probs.size() * sizeof(float));
-    read_to_host(m, lse.data(), a.lse, lse.size() * sizeof(float));
+    read_to_host(probs.data(), a.probs, probs.size() * sizeof(float), s);
+    read_to_host(lse.data(), a.lse, lse.size() * sizeof(float), s);
     const double share = balance(m, a, expert, probs, B, T, dloss_scale);
     record_stats(m, a, layer, lse, share, dloss_scale);
   }

@@ -71,7 +71,7 @@ struct MoeState {
 };
 
 // Allocates the MoE state and one MoeActs per MoE layer of each activation slot (through the
-// model's counted allocator; count_only models count only). Called by gpt_create.
+// model's allocator, which the planner makes count-only). Called by gpt_create.
 void moe_create(GPT& m);
 void moe_destroy(GPT& m);
 // One MoE layer's activations for one slot (after moe_create; freed by moe_destroy).

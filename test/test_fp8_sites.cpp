@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
   const bool ok = all_agree(mesh[Axis::World], r.exit_status() == 0);  // also TEST_ONLY's count
   if (world_rank == 0)
     std::printf("test_fp8_sites: %d of %d checks failed on rank 0\n", r.failures, r.checks);
-  model.fp8->observer = nullptr;
+  model.fp8->observer = fp8_unobserved;
   gpt_destroy(model);
   param_store_destroy(store);
   ops::stream_destroy(s);

@@ -9,7 +9,7 @@
 // written once, in the trainer.
 //
 // Two things a dry step cannot know are stated as assumptions: the MoE router's choices (the
-// model picks a balanced router in count-only mode, model/moe.cu), and time. The step time is a
+// planner gives the model a balanced router, balanced_route below), and time. The step time is a
 // device model ([plan]): the FLOPs at matmul_efficiency of the peak, slowed by the schedule's
 // bubble, plus the ring bytes of each group at the bandwidth of the link it spans (inside a node
 // or across nodes) and optimizer offload's bytes over the host link and to the file ([plan]
@@ -33,6 +33,13 @@
 
 namespace {
 
+// The router the plan assumes (a dry step has no logits): token slot p takes expert p % E, which
+// spreads every rank's pairs evenly over the experts. The model asks for it where the trainer
+// reads the router's choices back from the device (GPT::moe_route_source).
+void balanced_route(int* expert, const int* device_expert, int pairs, int E, ops::Stream s) {
+  for (int p = 0; p < pairs; p++) expert[p] = p % E;
+}
+
 // What one rank of the layout holds and sends in a training step, found by running the step
 // dry: the trainer's setup (train.cu) and gpt_train_step with count-only parts.
 struct DryRank {
@@ -55,7 +62,8 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   if (diloco_enabled(c)) diloco_init(d.diloco, c, d.store, d.mesh[Axis::Island]);
   d.pipeline.count_only = true;
   pipeline_init_with(d.pipeline, schedule, &d.mesh[Axis::PP]);
-  d.model.count_only = true;
+  d.model.memory.count_only = true;
+  d.model.moe_route_source = balanced_route;
   d.model.split_backward = schedule.split;
   d.model.grad_buffers = d.pipeline.grads;
   gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
