@@ -235,16 +235,7 @@ static void print_banner(const Run& r) {
   }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
-  if (store_compressed(r.store)) {
-    size_t residual = 0;
-    for (const UnitState& us : r.store.units) residual += us.residual_numel * sizeof(float);
-    char ratio[48] = "";
-    if (r.store.compressor.kind == GradCompression::Topk)
-      std::snprintf(ratio, sizeof(ratio), " (%g of each bucket)", r.store.compressor.topk_ratio);
-    std::printf("compress dp gradient reductions in %s%s with error feedback "
-                "(parallel/grad_compression.cu): %.1f MiB of residuals on rank 0\n",
-                grad_compression_name(r.store.compressor.kind), ratio, residual / 1048576.0);
-  }
+  std::printf("%s", grad_compression_banner(r.store).c_str());
   if (store_offloaded(r.store))
     std::printf("offload  optimizer state and AdamW on the host (\"%s\"): %.1f MiB of pinned host "
                 "memory%s, %.1f MiB on disk on rank 0\n", c.train.optimizer_offload.c_str(),
@@ -275,7 +266,7 @@ static void noise_scale_step(Run& r, double grad_norm) {
   const int dp = r.mesh[Axis::DP].size;  // the island's dp ranks with DiLoCo
   float local = 0;
   ops::stream_sync(r.compute);
-  ops::copy_to_host(&local, r.store.small_batch_squares, sizeof(float));
+  ops::copy_to_host(&local, r.store.small_batch.squares, sizeof(float));
   const double up = (double)accum * dp;
   const double small_sq = all_reduce_host_sum(*r.store.world, (double)local) / dp * up * up;
   noise_scale_update(r.noise, small_sq, grad_norm * grad_norm, B, (double)B * accum * dp);
@@ -313,7 +304,7 @@ static StepReport train_step(Run& r, int step) {
   rep.step = step;
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
-  if (r.store.measure_small_batch) {
+  if (r.store.small_batch.on) {
     noise_scale_step(r, rep.grad_norm);
     rep.noise = true;
     rep.noise_scale = r.noise;
