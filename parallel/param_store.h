@@ -269,5 +269,6 @@ void offload_updates_done(ParamStore& store);
 void offload_state_read(ParamStore& store, int unit, StateKind k, size_t first, size_t count,
                         float* host);
 void offload_state_write(ParamStore& store, int unit, StateKind k, const float* host);
+std::string offload_banner(const ParamStore& store);  // the banner's line; empty without offload
 // The comm stream waits for all work queued so far on the compute stream.
 void comm_after_compute(ParamStore& store);

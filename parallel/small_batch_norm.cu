@@ -33,7 +33,7 @@
 // Then every rank sums the squares of what it owns of each bucket, [0, owned_end) on cp rank 0
 // (the tied root's last-stage copy owns nothing), and the trainer adds the ranks' scalars with
 // ONE all-reduce of a double over the (island's) world: the sum over dp ranks of their
-// |G_small|^2 (training: train.cu noise_scale_step divides by the dp ranks).
+// |G_small|^2 (training/noise_scale.cu noise_scale_step divides by the dp ranks).
 //
 // Bytes per step, payload per rank, on top of the step's own traffic (N the rank's local
 // parameters, fp32): cp > 1: 4 N over cp (all-reduce); tp > 1 with sequence parallelism: 4 x
