@@ -17,8 +17,12 @@
 //   FSDP / ZeRO-3 (zero = 3, parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded
 //     shards) of the master, m, v, the gradient and the working copy; full weights exist only
 //     between acquire and release.
-// Optimizer offload (ZeRO 1-3, parallel/offload.cu) moves the master and moments of the shard to
-// host memory or a file, and AdamW to the host.
+// The side roads keep their state beside the units, each in its own struct and file: optimizer
+// offload (ZeRO 1-3, Offload, parallel/offload.cu) moves the master and moments of the shard to
+// host memory or a file, and AdamW to the host; compressed reductions (CompressedGrads,
+// parallel/grad_compression.cu) replace the plain bucket reduction once, at init
+// (BucketReduction); the noise scale's measurement (SmallBatchNorm,
+// parallel/small_batch_norm.cu) and DiLoCo's outer state (OuterState, parallel/diloco.cu).
 //
 // All keep the same flat layout (parallel/placement.h) and the same shards, so the optimizer,
 // the gradient norm and the checkpoints work on "this rank's range [shard_offset, shard_offset +
