@@ -8,7 +8,10 @@
 // ParamStore), then the global gradient norm, clipping, AdamW (on the device, or on the host
 // under optimizer offload), and the logs. Everything device-
 // or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
-// which weights), model/ (GPT-2 itself), data/ and checkpoint/.
+// which weights), model/ (GPT-2 itself), data/ and checkpoint/. The options that ride along -
+// compressed reductions, optimizer offload, DiLoCo islands, the noise scale - keep their state
+// and their banner lines in their own files; the step's throughput, MFU and FP8 snapshot are
+// training/metrics.cu's arithmetic.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -178,9 +181,7 @@ static void setup_data_and_logs(Run& r) {
   RunInfo& info = r.info;
   info.first_step = r.resumed_step + 1;
   info.parameters = r.layout.parameters;
-  info.state_bytes = r.store.state_memory.bytes;
-  info.host_bytes = r.store.offload.memory.bytes;
-  info.disk_bytes = r.store.offload.disk_bytes;
+  store_run_info(info, r.store);
   info.activation_bytes = r.model.memory.bytes;
   info.world_size = r.mesh.shape.world();
   info.flops = flops_per_token(r.layout, r.model.recompute);
@@ -235,64 +236,19 @@ static void print_banner(const Run& r) {
   }
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
-  if (store_compressed(r.store)) {
-    size_t residual = 0;
-    for (const UnitState& us : r.store.units) residual += us.residual_numel * sizeof(float);
-    char ratio[48] = "";
-    if (r.store.compressor.kind == GradCompression::Topk)
-      std::snprintf(ratio, sizeof(ratio), " (%g of each bucket)", r.store.compressor.topk_ratio);
-    std::printf("compress dp gradient reductions in %s%s with error feedback "
-                "(parallel/grad_compression.cu): %.1f MiB of residuals on rank 0\n",
-                grad_compression_name(r.store.compressor.kind), ratio, residual / 1048576.0);
-  }
-  if (store_offloaded(r.store))
-    std::printf("offload  optimizer state and AdamW on the host (\"%s\"): %.1f MiB of pinned host "
-                "memory%s, %.1f MiB on disk on rank 0\n", c.train.optimizer_offload.c_str(),
-                r.store.offload.memory.bytes / 1048576.0,
-                r.store.offload.path.empty() ? "" : (", file " + r.store.offload.path).c_str(),
-                r.store.offload.disk_bytes / 1048576.0);
-  const FlopsPerToken& f = r.info.flops;
-  std::printf("FLOPs    per token 6N + 6LTd = %.4g (N = %.4g matmul parameters, causal attention "
-              "at half: llm.c, Megatron); 6N + 12LTd = %.4g (PaLM, torchtitan); executed %.4g\n",
-              f.causal, f.matmul_parameters, f.full, f.hardware);
-  if (r.info.peak_tflops > 0)
-    std::printf("MFU      the step line's MFU = tokens/s x 6N + 6LTd / (%d x %.4g TFLOP/s: %s); "
-                "HFU counts recompute\n", mesh.world(), r.info.peak_tflops,
-                r.info.peak_source.c_str());
-  else
-    std::printf("MFU      not reported: no peak known for this device (set [log] peak_tflops)\n");
+  std::printf("%s%s", grad_compression_banner(r.store).c_str(), offload_banner(r.store).c_str());
+  print_flops_banner(r.info);
   std::fflush(stdout);
 }
 
-// [log] grad_noise_scale (training/noise_scale.h): the small batch is each dp rank's first
-// micro-batch (the squares of what each rank owns of it, summed before the dp reduction:
-// parallel/small_batch_norm.cu), the big batch the step (with DiLoCo the island's). One
-// all-reduce of a double over the (island's) world adds the ranks' parts: the sum over the dp
-// ranks of their |G_small|^2. Both gradients carry the loss's 1/(batch) scale, so the small one
-// is scaled up by (batch / micro-batch) = grad_accum x dp to be its own batch's mean.
-static void noise_scale_step(Run& r, double grad_norm) {
-  const int B = r.cfg.train.micro_batch, accum = r.cfg.train.grad_accum;
-  const int dp = r.mesh[Axis::DP].size;  // the island's dp ranks with DiLoCo
-  float local = 0;
-  ops::stream_sync(r.compute);
-  ops::copy_to_host(&local, r.store.small_batch_squares, sizeof(float));
-  const double up = (double)accum * dp;
-  const double small_sq = all_reduce_host_sum(*r.store.world, (double)local) / dp * up * up;
-  noise_scale_update(r.noise, small_sq, grad_norm * grad_norm, B, (double)B * accum * dp);
-}
-
-// One optimizer step. Returns the report for the logs.
-static StepReport train_step(Run& r, int step) {
-  const Config& c = r.cfg;
-  const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double waited0 = r.mesh.watch.waited_s;
-  const DataPosition batch_start = r.train_data.pos;
-  comm_stats_reset(r.mesh.stats);
-  store_stats_reset(r.store);
-  const int cp = r.mesh.shape.cp, T_local = T / cp;
-  const size_t n = (size_t)B * T_local;
-  for (int micro = 0; micro < accum; micro++) {  // every stage reads them: the data stays in step
+// The step's grad_accum micro-batches of this rank's slice of the global batch, as every stage
+// reads them (the data stays in step); under cp each rank keeps its zigzag chunks of every
+// sequence.
+static void read_step_batch(Run& r) {
+  const int B = r.cfg.train.micro_batch, T = r.cfg.model.seq_len;
+  const int cp = r.mesh.shape.cp;
+  const size_t n = (size_t)B * (T / cp);
+  for (int micro = 0; micro < r.cfg.train.grad_accum; micro++) {
     if (cp == 1) {  // the micro-batch as read
       dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
       continue;
@@ -302,22 +258,46 @@ static StepReport train_step(Run& r, int step) {
     cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
     cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
   }
+}
+
+// What the logs report of a step besides its loss and norm: throughput and MFU, memory,
+// offload traffic, FP8 scales, MoE statistics (training/metrics.h).
+static void report_step_costs(Run& r, StepReport& rep, double ms) {
+  const Config& c = r.cfg;
+  rep.ms = ms;
+  step_throughput(rep, r.info,
+                  (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum *
+                      r.mesh.shape.dp);
+  rep.mem_bytes = ops::memory_in_use();
+  rep.mem_peak_bytes = ops::memory_peak();
+  store_step_report(rep, r.store);
+  rep.fp8 = fp8_step_snapshot(r.model, r.layout);
+}
+
+// One optimizer step: the data, forward and backward of every micro-batch (the gradients
+// reduced inside the ParamStore), the gradient norm, the update, and the report for the logs.
+static StepReport train_step(Run& r, int step) {
+  const Config& c = r.cfg;
+  const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double waited0 = r.mesh.watch.waited_s;
+  const DataPosition batch_start = r.train_data.pos;
+  comm_stats_reset(r.mesh.stats);
+  store_stats_reset(r.store);
+  read_step_batch(r);
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
   // The mean over the batch of the group that reduces it (an island's, with DiLoCo).
   const float dloss = 1.0f / ((float)B * T * accum * (r.mesh.shape.dp / r.mesh.shape.islands));
   gpt_train_step(r.model, r.store, r.pipeline,
-                 {r.tokens.data(), r.targets.data(), accum, B, T_local}, dloss,
+                 {r.tokens.data(), r.targets.data(), accum, B, T / r.mesh.shape.cp}, dloss,
                  1.0f / ((float)B * T * accum), r.compute);
   StepReport rep;
   rep.step = step;
   rep.steps = c.train.steps;
   rep.grad_norm = grad_norm(r.store);
-  if (r.store.measure_small_batch) {
-    noise_scale_step(r, rep.grad_norm);
-    rep.noise = true;
-    rep.noise_scale = r.noise;
-  }
+  rep.noise = noise_scale_step(r.noise, r.store, rep.grad_norm, B, accum, r.mesh[Axis::DP].size);
+  rep.noise_scale = r.noise;
   rep.lr = learning_rate(c.train, step);
   float local_loss = 0;
   ops::stream_sync(r.compute);
@@ -337,33 +317,9 @@ static StepReport train_step(Run& r, int step) {
   }
   CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
-
-  rep.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
-  const double tokens = (double)B * T * accum * r.mesh.shape.dp;
-  rep.tokens_per_s = tokens / (rep.ms / 1000.0);
-  const FlopsPerToken& f = r.info.flops;
-  const double per_gpu = rep.tokens_per_s / r.mesh.shape.world() / 1e12;
-  rep.model_tflops_per_gpu = per_gpu * f.causal;
-  rep.hardware_tflops_per_gpu = per_gpu * f.hardware;
-  if (r.info.peak_tflops > 0) {
-    rep.mfu = rep.model_tflops_per_gpu / r.info.peak_tflops;
-    rep.mfu_full = per_gpu * f.full / r.info.peak_tflops;
-    rep.hfu = rep.hardware_tflops_per_gpu / r.info.peak_tflops;
-  }
-  rep.mem_bytes = ops::memory_in_use();
-  rep.mem_peak_bytes = ops::memory_peak();
-  rep.offload = store_offloaded(r.store);
-  rep.host_bytes = r.store.offload.memory.bytes;
-  rep.offload_stats = r.store.offload.stats;
-  if (r.model.fp8) {  // rank 0's first block's linear layers and its last one, for the metrics
-    const int last_chunk = r.layout.pp.v - 1;
-    const int first = r.layout.first_block(0),
-              last = r.layout.first_block(last_chunk) + r.layout.blocks(last_chunk) - 1;
-    const int s = kBlockLinears * first;
-    rep.fp8 = fp8_snapshot(*r.model.fp8, {s + kQkvLinear, s + kAttnProjLinear, s + kFcLinear,
-                                          s + kFcProjLinear, kBlockLinears * (last + 1) - 1});
-  }
+  report_step_costs(r, rep,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return rep;
 }
 

@@ -396,14 +396,17 @@ static void resume_residuals(const std::string& ckpt, ParamStore& store, const G
       world, exists ? h5_read_residuals(file, store, residual_layout(store, layout, mesh.shape))
                     : "the checkpoint has no rank file " + rank_file_name(world.rank));
   if (!why.empty()) {
-    for (UnitState& us : store.units) {
-      if (us.residual) ops::fill_zero(us.residual, us.residual_numel * sizeof(float), store.compute);
-      if (us.outer_residual)
-        ops::fill_zero(us.outer_residual, us.outer_residual_numel * sizeof(float), store.compute);
+    for (size_t u = 0; u < store.units.size(); u++) {
+      const CompressedGrads& g = store.compression;
+      const OuterState& o = store.outer;
+      if (g.residual_at(u))
+        ops::fill_zero(g.residual_at(u), g.residual_numel_at(u) * sizeof(float), store.compute);
+      if (o.residual_at(u))
+        ops::fill_zero(o.residual_at(u), o.residual_numel_at(u) * sizeof(float), store.compute);
     }
     ops::stream_sync(store.compute);
     const char* which = !store_compressed(store) ? "DiLoCo outer compression residuals"
-                        : store.units[0].outer_residual
+                        : store.outer.compressed()
                             ? "gradient compression residuals and the DiLoCo outer ones"
                             : "gradient compression residuals";
     if (world.rank == 0)
@@ -437,7 +440,7 @@ static int check_islands(const std::string& ckpt, const CheckpointMeta& meta, in
 // the loaded weights and zero (as diloco_init starts them).
 static void resume_outer_state(const CheckpointIndex& index, const CheckpointMeta& meta,
                                ParamStore& store, const GPTLayout& layout) {
-  if (store.units.empty() || !store.units[0].outer_sync) return;  // no DiLoCo
+  if (!store.outer.on()) return;  // no DiLoCo
   if (meta.islands > 0) {
     for (StateKind kind : {StateKind::OuterSync, StateKind::OuterMomentum})
       param_store_load(store, layout.units, h5_index_fill(index, kind), kind);
@@ -445,15 +448,15 @@ static void resume_outer_state(const CheckpointIndex& index, const CheckpointMet
   }
   for (size_t u = 0; u < store.units.size(); u++) {
     UnitState& us = store.units[u];
+    float *sync = store.outer.sync[u], *m = store.outer.momentum[u];
     const size_t bytes = us.shard_numel * sizeof(float);
     if (store_offloaded(store)) {  // the outer state lives with the master, in host memory
-      store_state_read(store, (int)u, StateKind::Master, us.shard_offset, us.shard_numel,
-                       us.outer_sync);
-      std::memset(us.outer_m, 0, bytes);
+      store_state_read(store, (int)u, StateKind::Master, us.shard_offset, us.shard_numel, sync);
+      std::memset(m, 0, bytes);
       continue;
     }
-    ops::copy_on_device(us.outer_sync, us.master, bytes, store.compute);
-    ops::fill_zero(us.outer_m, bytes, store.compute);
+    ops::copy_on_device(sync, us.master, bytes, store.compute);
+    ops::fill_zero(m, bytes, store.compute);
   }
   ops::stream_sync(store.compute);
 }

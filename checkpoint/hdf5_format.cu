@@ -110,7 +110,7 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
   RankFileContents c;
   c.shard_rank = shards.index, c.tp_rank = layout.tp.rank(), c.pp_rank = layout.pp.rank();
   c.ep_rank = layout.ep->rank;
-  const bool outer = !store.units.empty() && store.units[0].outer_sync && shards.island == 0;
+  const bool outer = store.outer.on() && shards.island == 0;
   for (StateKind kind : kAllKinds) {
     if (is_outer_state(kind) && !outer) continue;  // DiLoCo's, saved by island 0
     for (size_t u = 0; u < layout.units.size(); u++) {
@@ -121,21 +121,21 @@ RankFileContents rank_file_contents(const GPTLayout& layout, const WriterShards&
   if (!store_has_residuals(store)) return c;
   c.residual_layout = residual_layout(store, layout, shape);
   for (size_t u = 0; u < store.units.size(); u++) {
-    const UnitState& us = store.units[u];
-    if (us.residual) c.residuals.push_back({(int)u, us.residual_numel, false});
-    if (us.outer_residual) c.residuals.push_back({(int)u, us.outer_residual_numel, true});
+    if (store.compression.residual_at(u))
+      c.residuals.push_back({(int)u, store.compression.residual_numel_at(u), false});
+    if (store.outer.residual_at(u))
+      c.residuals.push_back({(int)u, store.outer.residual_numel_at(u), true});
   }
   return c;
 }
 
 bool store_has_residuals(const ParamStore& store) {
-  return store_compressed(store) || (!store.units.empty() && store.units[0].outer_residual);
+  return store_compressed(store) || store.outer.compressed();
 }
 
 // The residual of an item or of unit u: the gradient's or DiLoCo's outer one.
 static float* residual_of(ParamStore& store, int unit, bool outer) {
-  UnitState& us = store.units[unit];
-  return outer ? us.outer_residual : us.residual;
+  return outer ? store.outer.residual_at(unit) : store.compression.residual_at(unit);
 }
 
 static std::string residual_name(int unit, bool outer) {
@@ -173,10 +173,10 @@ std::string residual_layout(const ParamStore& store, const GPTLayout& layout,
                             const MeshShape& s) {
   char text[200];
   int n = std::snprintf(text, sizeof(text), "%s dp %d tp %d pp %d pp_virtual %d cp %d ep %d zero %d",
-                        grad_compression_name(store.compressor.kind), s.dp, s.tp, s.pp,
+                        grad_compression_name(store.compression.compressor.kind), s.dp, s.tp, s.pp,
                         s.pp_virtual, s.cp, s.ep, (int)store.mode);
   if (s.islands > 1) n += std::snprintf(text + n, sizeof(text) - n, " islands %d", s.islands);
-  if (!store.units.empty() && store.units[0].outer_residual)
+  if (store.outer.compressed())
     std::snprintf(text + n, sizeof(text) - n, " diloco int8");
   std::string all = text;
   if (s.pp > 1) {
@@ -257,10 +257,10 @@ std::string h5_read_residuals(const std::string& path, ParamStore& store,
     const std::string written = read_string(group, "layout");
     if (written != layout) return "written under " + written + ", now " + layout;
     for (size_t u = 0; u < store.units.size(); u++) {
-      const UnitState& us = store.units[u];
-      if (us.residual) read_residual(group, path, store, (int)u, false, us.residual_numel);
-      if (us.outer_residual)
-        read_residual(group, path, store, (int)u, true, us.outer_residual_numel);
+      if (store.compression.residual_at(u))
+        read_residual(group, path, store, (int)u, false, store.compression.residual_numel_at(u));
+      if (store.outer.residual_at(u))
+        read_residual(group, path, store, (int)u, true, store.outer.residual_numel_at(u));
     }
   } catch (const H5Failure& e) {
     FATAL("cannot resume: %s: %s", path.c_str(), e.what());

@@ -133,7 +133,7 @@ struct RankFilePart {
 struct RankFileResidual {
   int unit;
   size_t numel;
-  bool outer = false;  // DiLoCo's outer residual (UnitState::outer_residual), else the gradient's
+  bool outer = false;  // DiLoCo's outer residual (ParamStore::outer), else the gradient's
 };
 // Whether the store holds residuals of compressed reductions (gradients or DiLoCo's meetings).
 bool store_has_residuals(const ParamStore& store);

@@ -40,15 +40,13 @@ void* ddp_params_acquire(ParamStore& st, int unit) { return st.units[unit].param
 // The whole unit's gradient, where the micro-steps accumulate (ZeRO-1's too).
 float* ddp_grads_acquire(ParamStore& st, int unit) { return st.units[unit].grad_full; }
 
+// After the last micro-step the bucket is complete on the compute stream; the comm stream sums
+// it over the group in place (the store's BucketReduction: one all-reduce, or its compressed
+// variant, parallel/grad_compression.cu).
 void ddp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (!last_micro_step) return;
   UnitState& us = st.units[unit];
-  ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
+  ops::event_record(us.reduce_done, st.compute);
   ops::stream_wait_event(st.comm, us.reduce_done);
-  if (store_compressed(st)) {  // parallel/grad_compression.cu
-    compressed_bucket_owner_only(st, us, us.grad);
-    compressed_all_reduce(st.compressor, *us.group, us.grad, us.residual, us.numel, st.comm);
-  } else {
-    all_reduce_sum(*us.group, us.grad, us.numel, DType::F32, st.comm);
-  }
+  reduce_bucket(st, unit, us.grad);
 }

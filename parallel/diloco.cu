@@ -20,11 +20,12 @@ CommsByAxis diloco_store_comms(Mesh& mesh, const Config& cfg) {
 static void outer_compression_init(Diloco& d, ParamStore& st) {
   if (d.compressor.kind == GradCompression::None || d.island->size < 2) return;
   const int k = d.island->size;
+  OuterState& o = st.outer;
   for (UnitState& us : st.units) {
     grad_compressor_need(d.compressor, us.shard_numel, k);
-    us.outer_residual_numel = residual_numel(GradCompression::Int8, us.shard_numel, k);
-    us.outer_residual = (float*)allocate_zeroed(
-        st.state_memory, us.outer_residual_numel * sizeof(float), st.compute);
+    o.residual_numel.push_back(residual_numel(GradCompression::Int8, us.shard_numel, k));
+    o.residual.push_back((float*)allocate_zeroed(
+        st.state_memory, o.residual_numel.back() * sizeof(float), st.compute));
   }
   grad_compressor_allocate(d.compressor, st.work_memory);
 }
@@ -34,14 +35,16 @@ static void outer_compression_init(Diloco& d, ParamStore& st) {
 // next to the file), w_sync = the master as the store holds it, and the delta has a host buffer.
 static void host_outer_init(Diloco& d, ParamStore& st, size_t largest) {
   HostAllocator& h = st.offload.memory;
-  for (size_t u = 0; u < st.units.size(); u++) {
-    UnitState& us = st.units[u];
+  OuterState& o = st.outer;
+  for (UnitState& us : st.units) {
     const size_t bytes = us.shard_numel * sizeof(float);
-    us.outer_sync = (float*)allocate_host(h, bytes);
-    us.outer_m = (float*)allocate_host(h, bytes);
-    if (st.count_only) continue;
-    store_state_read(st, (int)u, StateKind::Master, us.shard_offset, us.shard_numel, us.outer_sync);
-    std::memset(us.outer_m, 0, bytes);
+    o.sync.push_back((float*)allocate_host(h, bytes));
+    o.momentum.push_back((float*)allocate_host(h, bytes));
+  }
+  for (size_t u = 0; u < st.units.size() && !st.count_only; u++) {
+    const UnitState& us = st.units[u];
+    store_state_read(st, (int)u, StateKind::Master, us.shard_offset, us.shard_numel, o.sync[u]);
+    std::memset(o.momentum[u], 0, us.shard_numel * sizeof(float));
   }
   d.host_delta = (float*)allocate_host(h, largest * sizeof(float));
 }
@@ -59,9 +62,9 @@ void diloco_init(Diloco& d, const Config& cfg, ParamStore& st, Comm& island) {
   if (store_offloaded(st)) return host_outer_init(d, st, largest);
   for (UnitState& us : st.units) {
     const size_t bytes = us.shard_numel * sizeof(float);
-    us.outer_sync = (float*)allocate(st.state_memory, bytes);
-    us.outer_m = (float*)allocate_zeroed(st.state_memory, bytes, st.compute);
-    ops::copy_on_device(us.outer_sync, us.master, bytes, st.compute);  // dry in the planner
+    st.outer.sync.push_back((float*)allocate(st.state_memory, bytes));
+    st.outer.momentum.push_back((float*)allocate_zeroed(st.state_memory, bytes, st.compute));
+    ops::copy_on_device(st.outer.sync.back(), us.master, bytes, st.compute);  // dry in the planner
   }
   ops::stream_sync(st.compute);
 }
@@ -92,32 +95,33 @@ static FlatRange owner_only_delta(const ParamStore& st, const UnitState& us) {
 
 // The delta (n floats in d.delta on the device) summed over the islands in place: fp32, or int8
 // with this rank's residual (parallel/grad_compression.cu; nothing to do on one island).
-static void island_sum(Diloco& d, const ParamStore& st, UnitState& us, size_t n, ops::Stream s) {
+static void island_sum(Diloco& d, const ParamStore& st, int u, size_t n, ops::Stream s) {
   if (d.compressor.kind == GradCompression::None) {
     all_reduce_sum(*d.island, d.delta, n, DType::F32, s);
     return;
   }
-  const FlatRange mine = owner_only_delta(st, us);
+  const FlatRange mine = owner_only_delta(st, st.units[u]);
   if (mine.size() && st.tp->rank != 0)
     ops::fill_zero(d.delta + mine.first, mine.size() * sizeof(float), s);
-  compressed_all_reduce(d.compressor, *d.island, d.delta, us.outer_residual, n, s);
+  compressed_all_reduce(d.compressor, *d.island, d.delta, st.outer.residual[u], n, s);
   if (mine.size()) all_reduce_sum(*st.tp, d.delta + mine.first, mine.size(), DType::F32, s);
 }
 
 // Optimizer offload: the same step on the host, where the master and the outer state live; only
 // the delta goes down to the device for the all-reduce and back. The new weights go into the
 // staging copy that update_end sends up (and, nvme, the master back to its file).
-static void host_outer_step(Diloco& d, ParamStore& st, UnitState& us, const ShardForUpdate& s) {
-  const size_t n = us.shard_numel;
+static void host_outer_step(Diloco& d, ParamStore& st, int u, const ShardForUpdate& s) {
+  const size_t n = st.units[u].shard_numel;
+  float *sync = st.outer.sync[u], *m = st.outer.momentum[u];
   if (!st.count_only) {  // the planner counts the all-reduce; the host buffers are not there
-    host_diloco_outer_delta(d.host_delta, us.outer_sync, s.master, n);
+    host_diloco_outer_delta(d.host_delta, sync, s.master, n);
     ops::copy_to_device(d.delta, d.host_delta, n * sizeof(float));
   }
-  island_sum(d, st, us, n, st.compute);
+  island_sum(d, st, u, n, st.compute);
   if (st.count_only) return;
   ops::stream_sync(st.compute);
   ops::copy_to_host(d.host_delta, d.delta, n * sizeof(float));
-  host_diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.host_delta, n,
+  host_diloco_outer_step(sync, m, s.master, d.host_delta, n,
                          1.0f / (float)d.islands, d.outer_lr, d.momentum, s.copy, st.dt);
 }
 
@@ -125,15 +129,15 @@ static void host_outer_step(Diloco& d, ParamStore& st, UnitState& us, const Shar
 // this rank's residual; scaled in the step), the Nesterov step into w_sync and the master, and
 // the master into the working copy, as AdamW leaves it (parallel/param_store.h, update_begin).
 static void outer_step_unit(Diloco& d, ParamStore& st, int u) {
-  UnitState& us = st.units[u];
-  const size_t n = us.shard_numel;
+  const size_t n = st.units[u].shard_numel;
   const ShardForUpdate s = update_begin(st, u);
   if (s.on_host) {
-    host_outer_step(d, st, us, s);
+    host_outer_step(d, st, u, s);
   } else {
-    ops::diloco_outer_delta(d.delta, us.outer_sync, s.master, n, st.compute);
-    island_sum(d, st, us, n, st.compute);
-    ops::diloco_outer_step(us.outer_sync, us.outer_m, s.master, d.delta, n,
+    float *sync = st.outer.sync[u], *m = st.outer.momentum[u];
+    ops::diloco_outer_delta(d.delta, sync, s.master, n, st.compute);
+    island_sum(d, st, u, n, st.compute);
+    ops::diloco_outer_step(sync, m, s.master, d.delta, n,
                            1.0f / (float)d.islands, d.outer_lr, d.momentum, st.compute);
     if (s.writes_copy) ops::cast(s.copy, st.dt, s.master, DType::F32, n, st.compute);
   }

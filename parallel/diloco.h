@@ -38,7 +38,7 @@
 // grad_compression's int8 all-reduce (parallel/grad_compression.cu, the same code: blocks of 256
 // values with an fp32 absmax scale, all-to-all of the chunks, each rank sums its chunk in fp32,
 // requantises, all-gather), with error feedback of the outer delta: each rank keeps a residual
-// e (UnitState::outer_residual, fp32 on the device, the shard padded to K chunks) and sends
+// e (OuterState::residual, fp32 on the device, the shard padded to K chunks) and sends
 // delta + e; what its quantisation left out (and, for the chunk it owns, the error of
 // requantising that chunk's sum) stays in e for the next meeting, so that over any number of
 // meetings what arrived + the sum of the residuals = the sum of the deltas. The Nesterov step
@@ -65,7 +65,7 @@
 // dp/K (dp/K * cp, and dp/K * cp / ep for experts) ranks, and the expert all-to-alls over its
 // ep ranks.
 //
-// Where it lives. w_sync and m are the store's state (UnitState::outer_sync and outer_m, counted
+// Where it lives. w_sync and m are the store's state (OuterState::sync and momentum, counted
 // in its state memory: 8 bytes per weight of the shard), checkpointed as the logical tensors
 // diloco/sync/<tensor> and diloco/m/<tensor> (checkpoint/hdf5_format.h); the outer arithmetic
 // runs on the device (ops::diloco_outer_delta, ops::diloco_outer_step), the delta in one work

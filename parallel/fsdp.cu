@@ -1,7 +1,9 @@
 // parallel/fsdp.cu - Fully Sharded Data Parallel (ZeRO-3): each of the dp ranks keeps 1/dp of
 // every weight, gradient and optimizer moment, and sees a full layer only while computing it.
 // The top rung of the ZeRO ladder (parallel/zero.cu has the rungs below it and the bytes of
-// each); ZeRO-2 runs the gradient half of this file (fsdp_grad_buffers_init, fsdp_grads_*).
+// each). The gradient path - a bucket per unit reduce-scattered into the gradient shards - is
+// ZeRO-2's too and lives in parallel/sharded_grads.cu; this file is the weights' half: gather,
+// compute, release.
 //
 // The idea. Data parallelism replicates the model: with N parameters, every rank holds the fp32
 // weights, gradients and both Adam moments, 16N bytes, however many ranks there are. But a rank
@@ -50,36 +52,6 @@
 
 #include <algorithm>
 
-static int take_slot(std::vector<int>& owner, int unit) {
-  for (size_t i = 0; i < owner.size(); i++)
-    if (owner[i] < 0) {
-      owner[i] = unit;
-      return (int)i;
-    }
-  FATAL("FSDP: no free buffer for unit %d: units must be acquired and released in order", unit);
-}
-
-// The sharded gradients, ZeRO-2's as well: each unit's fp32 gradient shard (state), the pool of
-// full-unit gradient buffers a bucket lives in during its backward, the root's own one, and the
-// shard-sized buffer each reduce-scatter lands in.
-void fsdp_grad_buffers_init(ParamStore& st) {
-  size_t largest_block = 0, largest_shard = 0;
-  Allocator& work = st.work_memory;
-  for (UnitState& us : st.units) {
-    us.grad = (float*)allocate_zeroed(st.state_memory, us.shard_numel * sizeof(float), st.compute);
-    us.reduce_done = allocate_event(work);
-    largest_shard = std::max(largest_shard, us.shard_numel);
-    if (us.whole_step) us.grad_full = (float*)allocate(work, us.padded_numel * sizeof(float));
-    else largest_block = std::max(largest_block, us.padded_numel);
-  }
-  for (int i = 0; i < st.pool_slots; i++) {
-    st.grad_pool.push_back((float*)allocate(work, largest_block * sizeof(float)));
-    st.grad_owner.push_back(-1);
-    st.grad_slot_reduced.push_back(allocate_event(work));
-  }
-  st.reduce_scratch = (float*)allocate(work, largest_shard * sizeof(float));
-}
-
 // The weights: each unit's shard of the working copy (state; in fp32 also the master,
 // parallel/param_store.cu), the pool of gathered full units, the root's own one.
 void fsdp_init(ParamStore& st) {
@@ -92,25 +64,24 @@ void fsdp_init(ParamStore& st) {
     if (us.whole_step) us.params = allocate(work, us.padded_numel * elem);  // the root's own
     else largest_block = std::max(largest_block, us.padded_numel);
   }
+  st.gather_pool.slot_of.assign(st.units.size(), -1);
+  st.gathered.assign(st.units.size(), 0);
   for (int i = 0; i < st.pool_slots; i++) {
-    st.gather_pool.push_back(allocate(work, largest_block * elem));
-    st.gather_owner.push_back(-1);
+    st.gather_pool.buffers.push_back(allocate(work, largest_block * elem));
+    st.gather_pool.owner.push_back(-1);
   }
-  fsdp_grad_buffers_init(st);
+  sharded_grads_init(st);
 }
 
 // Starts the all-gather of unit u's weights into its buffer (no-op if already under way).
 static void start_gather(ParamStore& st, int u) {
   UnitState& us = st.units[u];
-  if (us.gathered) return;
-  if (!us.whole_step) {
-    us.gather_slot = take_slot(st.gather_owner, u);
-    us.params = st.gather_pool[us.gather_slot];
-  }
+  if (st.gathered[u]) return;
+  if (!us.whole_step) us.params = st.gather_pool.buffers[pool_take(st.gather_pool, u)];
   comm_after_compute(st);
   all_gather(*us.group, us.param_shard, us.params, us.shard_numel, st.dt, st.comm);
   ops::event_record(us.gather_done, st.comm);
-  us.gathered = true;
+  st.gathered[u] = 1;
 }
 
 void* fsdp_params_acquire(ParamStore& st, int unit) {
@@ -124,42 +95,10 @@ void fsdp_params_prefetch(ParamStore& st, int unit) { start_gather(st, unit); }
 
 void fsdp_params_release(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
-  us.gathered = false;
+  st.gathered[unit] = 0;
   if (us.whole_step) return;  // the root's buffer is its own
-  st.gather_owner[us.gather_slot] = -1;
-  us.gather_slot = -1;
+  pool_give_back(st.gather_pool, unit);
   us.params = nullptr;
 }
 
-float* fsdp_grads_acquire(ParamStore& st, int unit) {
-  UnitState& us = st.units[unit];
-  if (!us.whole_step) {
-    us.grad_slot = take_slot(st.grad_owner, unit);
-    us.grad_full = st.grad_pool[us.grad_slot];
-    // the previous reduce-scatter out of this buffer must be done before we overwrite it
-    ops::stream_wait_event(st.compute, st.grad_slot_reduced[us.grad_slot]);
-  }
-  ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
-  return us.grad_full;
-}
-
-// Reduce-scatter the unit's full gradient; each rank adds the sum of its shard to its
-// accumulated shard gradient (gradient accumulation over micro-steps happens on shards).
-void fsdp_grads_release(ParamStore& st, int unit, bool last_micro_step) {
-  UnitState& us = st.units[unit];
-  comm_after_compute(st);
-  if (store_compressed(st)) {  // ZeRO-2 only (parallel/grad_compression.cu)
-    compressed_bucket_owner_only(st, us, us.grad_full);
-    compressed_reduce_scatter(st.compressor, *us.group, us.grad_full, us.residual,
-                              st.reduce_scratch, us.shard_numel, st.comm);
-  } else {
-    reduce_scatter_sum(*us.group, us.grad_full, st.reduce_scratch, us.shard_numel, DType::F32,
-                       st.comm);
-  }
-  ops::add_inplace(us.grad, st.reduce_scratch, us.shard_numel, st.comm);
-  if (us.whole_step) return;
-  ops::event_record(st.grad_slot_reduced[us.grad_slot], st.comm);
-  st.grad_owner[us.grad_slot] = -1;
-  us.grad_slot = -1;
-  us.grad_full = nullptr;
-}
+// The gradients: parallel/sharded_grads.cu.

@@ -78,7 +78,7 @@
 //            rank, so each tp rank would apply a different approximation to the same weight and
 //            the replicas would drift apart from step 1. So in a unit that mixes them with split
 //            or partial elements, tp rank 0 alone feeds them in (the others zero them first:
-//            compressed_bucket_owner_only, parallel/param_store.cu) and they join the partial
+//            bucket_owner_only below) and they join the partial
 //            sums' all-reduce over tp after the reduction (UnitState::tp_sum_begin): every tp
 //            rank receives rank 0's result. A unit that is replicated complete throughout (the
 //            experts without SP) compresses the same bucket on every tp rank and needs nothing.
@@ -97,6 +97,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include "parallel/param_store.h"
 
 GradCompression grad_compression_kind(const std::string& s) {
   if (s == "none" || s.empty()) return GradCompression::None;
@@ -217,4 +220,81 @@ void compressed_reduce_scatter(GradCompressor& gc, Comm& c, const float* full, f
   const size_t k = topk_exchange(gc, c, full, n, residual, s);
   ops::fill_zero(shard, shard_n * sizeof(float), s);
   ops::topk_scatter_add(shard, c.rank * shard_n, shard_n, (const int32_t*)gc.recv, k, c.size, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store's buckets
+// ---------------------------------------------------------------------------------------------
+// Under tp: before unit u's bucket (its full gradient, unit-relative) enters the compressed dp
+// reduction, tp ranks other than 0 zero its replicated complete range [owner_only_begin,
+// partial_begin); grads_wait sums it over tp afterwards (tp_sum_begin). On the comm stream.
+static void bucket_owner_only(ParamStore& st, int unit, float* bucket) {
+  const UnitState& us = st.units[unit];
+  const size_t first = st.compression.owner_only_begin[unit];
+  if (st.tp->rank == 0 || first >= us.partial_begin) return;
+  ops::fill_zero(bucket + first, (us.partial_begin - first) * sizeof(float), st.comm);
+}
+
+// DDP's bucket, all-reduced with this rank's residual.
+static void compressed_bucket_all_reduce(ParamStore& st, int unit, float* bucket) {
+  CompressedGrads& cg = st.compression;
+  const UnitState& us = st.units[unit];
+  bucket_owner_only(st, unit, bucket);
+  compressed_all_reduce(cg.compressor, *us.group, bucket, cg.residual[unit], us.numel, st.comm);
+}
+
+// ZeRO-1/2's bucket (the padded unit), reduce-scattered with this rank's residual.
+static void compressed_bucket_reduce_scatter(ParamStore& st, int unit, float* full,
+                                             float* shard) {
+  CompressedGrads& cg = st.compression;
+  const UnitState& us = st.units[unit];
+  bucket_owner_only(st, unit, full);
+  compressed_reduce_scatter(cg.compressor, *us.group, full, cg.residual[unit], shard,
+                            us.shard_numel, st.comm);
+}
+
+// A zero residual per unit whose group has two ranks or more, as long as the bucket the unit
+// reduces (DDP: the unit; ZeRO-1/2: the padded unit), and the scratch of the largest one.
+void grad_compression_init(ParamStore& st) {
+  if (!store_compressed(st)) return;
+  CHECK(st.mode != ShardingMode::FSDP, "[parallel] grad_compression works with zero = 0, 1 or 2");
+  CompressedGrads& cg = st.compression;
+  cg.residual.assign(st.units.size(), nullptr);
+  cg.residual_numel.assign(st.units.size(), 0);
+  cg.owner_only_begin.clear();
+  for (UnitState& us : st.units) cg.owner_only_begin.push_back(us.partial_begin);
+  for (size_t u = 0; u < st.units.size(); u++) {
+    UnitState& us = st.units[u];
+    const size_t n = st.mode == ShardingMode::Replicated ? us.numel : us.padded_numel;
+    if (us.group->size < 2) continue;
+    // Replicated complete tensors beside tp-specific ones (split, or partial sums): the
+    // compression of a bucket depends on all of it (int8 block scales, top-k's selection), so
+    // the tp ranks would send different approximations of the same gradient and their replicas
+    // would drift apart. Tp rank 0 alone feeds them in, and the sum over tp hands them out.
+    const bool mixed = us.replicated_begin > 0 || us.partial_begin < us.numel;
+    if (st.tp->size > 1 && mixed && us.replicated_begin < us.partial_begin)
+      cg.owner_only_begin[u] = us.tp_sum_begin = us.replicated_begin;
+    cg.residual_numel[u] = residual_numel(cg.compressor.kind, n, us.group->size);
+    cg.residual[u] = (float*)allocate_zeroed(st.state_memory, cg.residual_numel[u] * sizeof(float),
+                                             st.compute);
+    grad_compressor_need(cg.compressor, n, us.group->size);
+  }
+  grad_compressor_allocate(cg.compressor, st.work_memory);
+  st.reduction.all_reduce = compressed_bucket_all_reduce;
+  st.reduction.reduce_scatter = compressed_bucket_reduce_scatter;
+}
+
+std::string grad_compression_banner(const ParamStore& st) {
+  if (!store_compressed(st)) return "";
+  const GradCompressor& gc = st.compression.compressor;
+  size_t residual = 0;
+  for (size_t n : st.compression.residual_numel) residual += n * sizeof(float);
+  char ratio[48] = "";
+  if (gc.kind == GradCompression::Topk)
+    std::snprintf(ratio, sizeof(ratio), " (%g of each bucket)", gc.topk_ratio);
+  char line[256];
+  std::snprintf(line, sizeof(line), "compress dp gradient reductions in %s%s with error feedback "
+                "(parallel/grad_compression.cu): %.1f MiB of residuals on rank 0\n",
+                grad_compression_name(gc.kind), ratio, residual / 1048576.0);
+  return line;
 }

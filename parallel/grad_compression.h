@@ -3,6 +3,7 @@
 // per step are at the top of parallel/grad_compression.cu.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
@@ -52,3 +53,32 @@ void compressed_all_reduce(GradCompressor& gc, Comm& c, float* grad, float* resi
 // group lands in `shard` (may lie inside `full`). The residual holds c.size * shard_n floats.
 void compressed_reduce_scatter(GradCompressor& gc, Comm& c, const float* full, float* residual,
                                float* shard, size_t shard_n, ops::Stream s);
+
+// ---------------------------------------------------------------------------------------------
+// In the parameter store: the compressed bucket reductions of DDP, ZeRO-1 and ZeRO-2
+// ---------------------------------------------------------------------------------------------
+struct ParamStore;
+
+// The state of [parallel] grad_compression in the store (ParamStore::compression).
+struct CompressedGrads {
+  GradCompressor compressor;  // kind and topk_ratio: set before param_store_init (store_options)
+  // Per unit: what this rank's compressed reductions have not sent yet, residual_numel floats on
+  // the device; null for a unit whose group has one rank. Checkpointed per rank (checkpoint/).
+  std::vector<float*> residual;
+  std::vector<size_t> residual_numel;
+  // Per unit, under tp: [owner_only_begin, partial_begin) - replicated complete elements beside
+  // tp-specific ones - enters the compressed reduction on tp rank 0 only (zeros elsewhere), and
+  // the sum over tp after the step hands it out (the top of grad_compression.cu says why).
+  std::vector<size_t> owner_only_begin;
+  // Unit u's residual and its length (null and 0 where there is none).
+  float* residual_at(size_t u) const { return u < residual.size() ? residual[u] : nullptr; }
+  size_t residual_numel_at(size_t u) const {
+    return u < residual_numel.size() ? residual_numel[u] : 0;
+  }
+};
+
+// param_store_init, after the mode's buffers: the residuals and the scratch, and the store's
+// BucketReduction set to the compressed one. Nothing without a compression.
+void grad_compression_init(ParamStore& store);
+// The banner's line ("compress ..."), empty without a compression.
+std::string grad_compression_banner(const ParamStore& store);

@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 
@@ -273,4 +274,15 @@ void offload_state_write(ParamStore& st, int u, StateKind k, const float* host) 
   std::memset(o.state[0], 0, o.part_bytes[u]);
   std::memcpy(o.state[0], host, bytes);
   state_part_io(o, u, k, true);
+}
+
+std::string offload_banner(const ParamStore& st) {
+  if (!store_offloaded(st)) return "";
+  const Offload& o = st.offload;
+  char line[4096];
+  std::snprintf(line, sizeof(line), "offload  optimizer state and AdamW on the host (\"%s\"): "
+                "%.1f MiB of pinned host memory%s, %.1f MiB on disk on rank 0\n",
+                on_file(o) ? "nvme" : "cpu", o.memory.bytes / 1048576.0,
+                o.path.empty() ? "" : (", file " + o.path).c_str(), o.disk_bytes / 1048576.0);
+  return line;
 }

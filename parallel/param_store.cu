@@ -1,9 +1,11 @@
 // parallel/param_store.cu - the parts of the ParamStore that do not depend on how weights are
 // distributed: shards, where the optimizer state lives, filling it from a ParamFill, zeroing
 // gradients, when the partial gradients are summed over tp (parallel/tensor_parallel.cu sums
-// them), the global gradient norm, the optimizer's view of a shard, and the dispatch to DDP
-// (parallel/ddp.cu), ZeRO-1/2 (parallel/zero.cu), FSDP (parallel/fsdp.cu) and optimizer offload
-// (parallel/offload.cu).
+// them), the global gradient norm, the optimizer's view of a shard, the plain bucket reductions,
+// and the dispatch to DDP (parallel/ddp.cu), ZeRO-1/2 (parallel/zero.cu), FSDP (parallel/fsdp.cu),
+// the sharded gradients (parallel/sharded_grads.cu) and the side roads: optimizer offload
+// (parallel/offload.cu), compressed reductions (parallel/grad_compression.cu), the small-batch
+// norm (parallel/small_batch_norm.cu) and DiLoCo's outer state (parallel/diloco.cu).
 //
 // Shard geometry (shard_range, parallel/placement.h). A unit of `numel` elements is padded to a
 // multiple of group size * kTensorAlign, and rank r of the unit's group owns the r-th slice. The
@@ -45,43 +47,15 @@ OffloadKind offload_kind(const std::string& s) {
 ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.offload.kind = offload_kind(cfg.train.optimizer_offload);
   st.offload.dir = cfg.train.offload_dir;
-  st.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
-  st.compressor.topk_ratio = cfg.parallel.topk_ratio;
-  st.measure_small_batch = cfg.log.grad_noise_scale;
+  st.compression.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
+  st.compression.compressor.topk_ratio = cfg.parallel.topk_ratio;
+  st.small_batch.on = cfg.log.grad_noise_scale;
   return sharding_mode(cfg.parallel.zero);
 }
 
 bool store_offloaded(const ParamStore& st) { return st.offload.kind != OffloadKind::None; }
-bool store_compressed(const ParamStore& st) { return st.compressor.kind != GradCompression::None; }
-
-// Compressed reductions: a zero residual per unit whose group has two ranks or more, as long as
-// the bucket the unit reduces (DDP: the unit; ZeRO-1/2: the padded unit), and the scratch of the
-// largest one.
-static void compression_init(ParamStore& st) {
-  if (!store_compressed(st)) return;
-  CHECK(st.mode != ShardingMode::FSDP, "[parallel] grad_compression works with zero = 0, 1 or 2");
-  for (UnitState& us : st.units) {
-    const size_t n = st.mode == ShardingMode::Replicated ? us.numel : us.padded_numel;
-    if (us.group->size < 2) continue;
-    // Replicated complete tensors beside tp-specific ones (split, or partial sums): the
-    // compression of a bucket depends on all of it (int8 block scales, top-k's selection), so
-    // the tp ranks would send different approximations of the same gradient and their replicas
-    // would drift apart. Tp rank 0 alone feeds them in, and the sum over tp hands them out.
-    const bool mixed = us.replicated_begin > 0 || us.partial_begin < us.numel;
-    if (st.tp->size > 1 && mixed && us.replicated_begin < us.partial_begin)
-      us.owner_only_begin = us.tp_sum_begin = us.replicated_begin;
-    us.residual_numel = residual_numel(st.compressor.kind, n, us.group->size);
-    us.residual = (float*)allocate_zeroed(st.state_memory, us.residual_numel * sizeof(float),
-                                          st.compute);
-    grad_compressor_need(st.compressor, n, us.group->size);
-  }
-  grad_compressor_allocate(st.compressor, st.work_memory);
-}
-
-void compressed_bucket_owner_only(ParamStore& st, const UnitState& us, float* bucket) {
-  if (st.tp->rank == 0 || us.owner_only_begin >= us.partial_begin) return;
-  ops::fill_zero(bucket + us.owner_only_begin,
-                 (us.partial_begin - us.owner_only_begin) * sizeof(float), st.comm);
+bool store_compressed(const ParamStore& st) {
+  return st.compression.compressor.kind != GradCompression::None;
 }
 
 // ZeRO-1/2 keep full weights that each rank updates a shard of: after an update (or a load) every
@@ -100,13 +74,14 @@ static void fill_shard(const ParamUnit& pu, const UnitState& us, const ParamFill
     for (const Block& b : blocks_in_range(t, shard)) fill(t, b, host + (b.local - shard.first));
 }
 
-static float* device_state(UnitState& us, StateKind k) {
+static float* device_state(ParamStore& st, int unit, StateKind k) {
+  UnitState& us = st.units[unit];
   switch (k) {
     case StateKind::Master: return us.master;
     case StateKind::AdamM: return us.adam_m;
     case StateKind::AdamV: return us.adam_v;
-    case StateKind::OuterSync: return us.outer_sync;
-    case StateKind::OuterMomentum: return us.outer_m;
+    case StateKind::OuterSync: return st.outer.sync[unit];
+    case StateKind::OuterMomentum: return st.outer.momentum[unit];
   }
   return nullptr;
 }
@@ -117,10 +92,10 @@ void store_state_read(ParamStore& st, int unit, StateKind k, size_t first, size_
   CHECK(first >= us.shard_offset && first + count <= us.shard_offset + us.shard_numel,
         "unit %d range [%zu, %zu) is not inside this rank's shard [%zu, %zu)", unit, first,
         first + count, us.shard_offset, us.shard_offset + us.shard_numel);
-  CHECK(!is_outer_state(k) || us.outer_sync, "unit %d: no DiLoCo state (diloco_islands = 0)", unit);
+  CHECK(!is_outer_state(k) || st.outer.on(), "unit %d: no DiLoCo state (diloco_islands = 0)", unit);
   if (store_offloaded(st) && !is_outer_state(k))
     return offload_state_read(st, unit, k, first, count, host);
-  const float* src = device_state(us, k) + (first - us.shard_offset);
+  const float* src = device_state(st, unit, k) + (first - us.shard_offset);
   if (store_offloaded(st))  // DiLoCo's outer state lives with the master, in host memory
     return (void)std::memcpy(host, src, count * sizeof(float));
   ops::copy_to_host(host, src, count * sizeof(float));
@@ -149,13 +124,14 @@ void param_store_load(ParamStore& st, const std::vector<ParamUnit>& units,
     UnitState& us = st.units[u];
     host.resize(us.shard_numel);
     fill_shard(units[u], us, fill, host.data());
-    CHECK(!is_outer_state(kind) || us.outer_sync, "unit %zu: no DiLoCo state to load", u);
+    CHECK(!is_outer_state(kind) || st.outer.on(), "unit %zu: no DiLoCo state to load", u);
+    const size_t bytes = us.shard_numel * sizeof(float);
     if (store_offloaded(st) && !is_outer_state(kind))
       offload_state_write(st, (int)u, kind, host.data());
     else if (store_offloaded(st))  // DiLoCo's outer state: host memory (parallel/diloco.cu)
-      std::memcpy(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
+      std::memcpy(device_state(st, (int)u, kind), host.data(), bytes);
     else
-      ops::copy_to_device(device_state(us, kind), host.data(), us.shard_numel * sizeof(float));
+      ops::copy_to_device(device_state(st, (int)u, kind), host.data(), bytes);
     if (kind == StateKind::Master) upload_working_copy(st, (int)u, host.data());
   }
   if (kind == StateKind::Master && gathers_weights(st)) zero_gather_weights(st);
@@ -183,7 +159,7 @@ static UnitState unit_geometry(const ParamStore& st, const ParamUnit& pu, const 
         axis_name(pu.grad_axis));
   us.numel = pu.numel;
   us.owned_end = owned_end(pu, st.tp->rank);
-  us.partial_begin = us.tp_sum_begin = us.owner_only_begin = pu.partial_begin;
+  us.partial_begin = us.tp_sum_begin = pu.partial_begin;
   us.replicated_begin = std::min(round_up(pu.split_numel, kTensorAlign), pu.numel);
   us.whole_step = pu.whole_step;
   us.tied = pu.tied;
@@ -207,6 +183,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   if (st.world_rank < 0) st.world_rank = st.world ? st.world->rank : 0;
   st.compute = compute;
   st.comm = comm;
+  st.reduction = plain_bucket_reduction();
   st.pool_slots = fsdp_pool_slots(units);
   st.state_memory.count_only = st.work_memory.count_only = st.count_only;
   st.offload.memory.count_only = st.count_only;
@@ -221,7 +198,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
     case ShardingMode::FSDP: fsdp_init(st); break;
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
-  compression_init(st);
+  grad_compression_init(st);  // the compressed BucketReduction
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   small_batch_init(st, comms);
   st.comm_idle = allocate_event(st.work_memory);
@@ -262,7 +239,7 @@ void params_release(ParamStore& st, int unit) {
 // each micro-step's bucket into the shard.
 float* grads_acquire(ParamStore& st, int unit) {
   const bool full = st.mode == ShardingMode::Replicated || st.mode == ShardingMode::ZeRO1;
-  return full ? ddp_grads_acquire(st, unit) : fsdp_grads_acquire(st, unit);
+  return full ? ddp_grads_acquire(st, unit) : sharded_grads_acquire(st, unit);
 }
 
 // A unit's gradient shard is final once its last reduction is queued, unless a sum at the end
@@ -274,24 +251,36 @@ static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
 }
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
-  UnitState& us = st.units[unit];
-  if (st.measure_small_batch && us.releases++ == 0 && !us.whole_step)  // before its reduction
-    small_batch_measure(st, unit);
+  small_batch_on_release(st, unit);  // before its reduction ([log] grad_noise_scale)
   switch (st.mode) {
     case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO2:
-    case ShardingMode::FSDP: fsdp_grads_release(st, unit, last_micro_step); break;
+    case ShardingMode::FSDP: sharded_grads_release(st, unit); break;
   }
   if (last_micro_step && store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
     offload_grad_to_host(st, unit);
 }
 
-void grads_micro_batch_done(ParamStore& st) {
-  if (!st.measure_small_batch || st.small_batch_measured) return;
-  st.small_batch_measured = true;  // the whole-step units hold the first micro-batch's only
-  for (size_t u = 0; u < st.units.size(); u++)
-    if (st.units[u].whole_step) small_batch_measure(st, (int)u);
+void grads_micro_batch_done(ParamStore& st) { small_batch_micro_batch_done(st); }
+
+// The buckets are summed by the store's BucketReduction, chosen at param_store_init: these plain
+// collectives, or grad_compression_init's compressed ones.
+static void plain_all_reduce(ParamStore& st, int unit, float* bucket) {
+  const UnitState& us = st.units[unit];
+  all_reduce_sum(*us.group, bucket, us.numel, DType::F32, st.comm);
+}
+static void plain_reduce_scatter(ParamStore& st, int unit, float* full, float* shard) {
+  const UnitState& us = st.units[unit];
+  reduce_scatter_sum(*us.group, full, shard, us.shard_numel, DType::F32, st.comm);
+}
+BucketReduction plain_bucket_reduction() { return {plain_all_reduce, plain_reduce_scatter}; }
+
+void reduce_bucket(ParamStore& st, int unit, float* bucket) {
+  st.reduction.all_reduce(st, unit, bucket);
+}
+void reduce_scatter_bucket(ParamStore& st, int unit, float* full, float* shard) {
+  st.reduction.reduce_scatter(st, unit, full, shard);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,10 +289,8 @@ void grads_micro_batch_done(ParamStore& st) {
 // Zeroes what the micro-steps accumulate into: the full gradient where it persists (DDP,
 // ZeRO-1, padding included), else the shard.
 void grads_zero(ParamStore& st) {
-  if (st.measure_small_batch) ops::fill_zero(st.small_batch_squares, sizeof(float), st.compute);
-  st.small_batch_measured = false;
+  small_batch_reset(st);
   for (UnitState& us : st.units) {
-    us.releases = 0;
     if (st.mode == ShardingMode::ZeRO1)
       ops::fill_zero(us.grad_full, us.padded_numel * sizeof(float), st.compute);
     else ops::fill_zero(us.grad, us.shard_numel * sizeof(float), st.compute);
@@ -337,14 +324,14 @@ void grads_wait(ParamStore& st) {
     ops::stream_wait_event(st.comm, st.comm_idle);
   }
   if (st.embed && st.embed->size > 1) sum_tied_grads(st);
-  if (st.measure_small_batch && st.embed && st.embed->size > 1) small_batch_tied_sum(st);
+  if (st.embed && st.embed->size > 1) small_batch_tied_sum(st);
   if (st.tp->size > 1) sum_partial_grads_over_tp(st);
   if (store_offloaded(st))
     for (size_t u = 0; u < st.units.size(); u++)
       if (summed_at_step_end(st, st.units[u])) offload_grad_to_host(st, (int)u);
   ops::event_record(st.comm_idle, st.comm);
   ops::stream_wait_event(st.compute, st.comm_idle);
-  if (st.measure_small_batch) small_batch_tied_squares(st);
+  small_batch_tied_squares(st);
 }
 
 // Whether every member of `group` holds bit for bit the same master weights of unit u over

@@ -12,12 +12,17 @@
 //     1/dp of each unit only; the bucket is reduce-scattered (each rank needs its shard's sum),
 //     and after the update the new weights are all-gathered.
 //   ZeRO-2 (parallel/zero.cu): ZeRO-1 with the gradients sharded too: each bucket is
-//     reduce-scattered every micro-step into the rank's gradient shard, FSDP's way.
+//     reduce-scattered every micro-step into the rank's gradient shard (parallel/sharded_grads.cu,
+//     FSDP's gradient path too).
 //   FSDP / ZeRO-3 (zero = 3, parallel/fsdp.cu): each rank owns 1/dp of every unit (flat, padded
 //     shards) of the master, m, v, the gradient and the working copy; full weights exist only
 //     between acquire and release.
-// Optimizer offload (ZeRO 1-3, parallel/offload.cu) moves the master and moments of the shard to
-// host memory or a file, and AdamW to the host.
+// The side roads keep their state beside the units, each in its own struct and file: optimizer
+// offload (ZeRO 1-3, Offload, parallel/offload.cu) moves the master and moments of the shard to
+// host memory or a file, and AdamW to the host; compressed reductions (CompressedGrads,
+// parallel/grad_compression.cu) replace the plain bucket reduction once, at init
+// (BucketReduction); the noise scale's measurement (SmallBatchNorm,
+// parallel/small_batch_norm.cu) and DiLoCo's outer state (OuterState, parallel/diloco.cu).
 //
 // All keep the same flat layout (parallel/placement.h) and the same shards, so the optimizer,
 // the gradient norm and the checkpoints work on "this rank's range [shard_offset, shard_offset +
@@ -38,9 +43,11 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/diloco_state.h"
 #include "parallel/grad_compression.h"
 #include "parallel/offload.h"
 #include "parallel/placement.h"
+#include "parallel/small_batch_norm.h"
 
 // The rungs of the ladder, in order: ZeRO stage = (int)mode.
 enum class ShardingMode { Replicated = 0, ZeRO1 = 1, ZeRO2 = 2, FSDP = 3 };
@@ -48,18 +55,27 @@ ShardingMode sharding_mode(int zero);          // [parallel] zero
 const char* sharding_mode_name(ShardingMode m); // "DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)"
 OffloadKind offload_kind(const std::string& s);  // [train] optimizer_offload
 
+// What every mode keeps of a unit: its place (group, ranges, shard), the optimizer state of the
+// shard, and the buffers the model reads and writes. The pointers are the same four roles at
+// every rung; which memory each points into is the mode's (parallel/ddp.cu, zero.cu, fsdp.cu
+// allocate them):
+//   param_shard  the working copy of the shard: DDP the whole unit, ZeRO-1/2 a slice of params,
+//                FSDP a buffer of its own
+//   params       the full working copy: always there under DDP and ZeRO-1/2, under FSDP a pooled
+//                buffer between acquire and release
+//   grad_full    the full gradient the backward writes: always there under DDP and ZeRO-1 (the
+//                micro-steps accumulate in it), a pooled bucket under ZeRO-2 and FSDP
+//   grad         the gradient the optimizer reads: the shard's (DDP: the whole unit)
+// The side roads keep their state beside the units, in their own structs (ParamStore below).
 struct UnitState {
   Comm* group = nullptr;    // sums the unit's gradient; the ZeRO stages shard over it
   size_t numel = 0;         // the unit's flat length (parallel/placement.h)
   size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
   size_t partial_begin = 0; // [partial_begin, numel): partial gradients (sequence parallel)
   // [tp_sum_begin, numel): summed over tp after the dp reduction. partial_begin, except under
-  // grad_compression when the unit mixes tp-specific elements with replicated complete ones
-  // (owner_only_begin < partial_begin): then the replicated complete range
-  // [owner_only_begin, partial_begin) enters the compressed reduction on tp rank 0 only (zeros
-  // elsewhere) and is summed over tp too (parallel/grad_compression.cu says why).
+  // grad_compression when the unit mixes tp-specific elements with replicated complete ones:
+  // then it starts at the first replicated tensor (parallel/grad_compression.cu says why).
   size_t tp_sum_begin = 0;
-  size_t owner_only_begin = 0;
   size_t replicated_begin = 0;  // the first tensor replicated over tp (numel: none)
   size_t padded_numel = 0;  // numel rounded up so that it splits into dp equal aligned shards
   size_t shard_offset = 0;  // first element of the unit this rank owns
@@ -69,38 +85,40 @@ struct UnitState {
   float* master = nullptr;  // fp32 weights, shard_numel
   float* adam_m = nullptr;
   float* adam_v = nullptr;
-  float* grad = nullptr;    // fp32 gradient of the shard (Replicated: of the whole unit)
-  void* param_shard = nullptr;  // the working copy (compute dtype) of the shard: DDP the whole
-                                // unit, ZeRO-1/2 a slice of params, FSDP a buffer of its own
-  void* params = nullptr;   // full compute-dtype weights; valid between acquire and release
-  float* grad_full = nullptr;  // full fp32 gradient during this unit's backward (DDP, ZeRO-1:
-                               // always; it is where the micro-steps accumulate)
-  // FSDP bookkeeping (ZeRO-2 uses the gradient half)
+  float* grad = nullptr;        // fp32 gradient of the shard (Replicated: of the whole unit)
+  void* param_shard = nullptr;  // the working copy (compute dtype) of the shard
+  void* params = nullptr;       // full compute-dtype weights; valid between acquire and release
+  float* grad_full = nullptr;   // full fp32 gradient; valid between acquire and release
   bool whole_step = false;  // acquired once per step; FSDP keeps its own full buffers (the root)
   bool tied = false;        // gradient summed over the embedding group after the step (pp > 1)
-  bool gathered = false;
-  int gather_slot = -1;     // pool slot holding params (blocks only)
-  int grad_slot = -1;       // pool slot holding grad_full (blocks only)
-  ops::Event gather_done = nullptr;  // FSDP, ZeRO-1/2: the all-gather of params is done
-  ops::Event reduce_done = nullptr;
-  // [parallel] grad_compression: what this rank's compressed reductions have not sent yet
-  // (parallel/grad_compression.cu), residual_numel floats; null without compression.
-  float* residual = nullptr;
-  size_t residual_numel = 0;
-  // [parallel] diloco_islands (parallel/diloco.h): the shard's synchronised weights and outer
-  // momentum, fp32 on the device, shard_numel each; null without DiLoCo.
-  float* outer_sync = nullptr;
-  float* outer_m = nullptr;
-  // [log] grad_noise_scale with pp > 1: the tied root's first-micro-batch gradient, kept until
-  // grads_wait sums it over the embedding group (parallel/small_batch_norm.cu); else null.
-  float* small_batch_copy = nullptr;
-  // [parallel] diloco_compression = "int8": what this rank's compressed outer all-reduces have
-  // not sent yet (the error feedback of the outer delta), outer_residual_numel floats on the
-  // device; null without it or with one island.
-  float* outer_residual = nullptr;
-  size_t outer_residual_numel = 0;
-  int releases = 0;  // grads_release calls this step (the first ends its first micro-batch)
+  ops::Event gather_done = nullptr;  // ZeRO-1/2, FSDP: the all-gather of params is done
+  ops::Event reduce_done = nullptr;  // DDP, ZeRO-1: the bucket is complete on the compute stream
 };
+
+// A small pool of full-unit buffers, enough for the unit in use plus the one being prefetched
+// (ParamStore::pool_slots: fsdp_pool_slots): FSDP's gathered weights, and the gradient buckets
+// of ZeRO-2 and FSDP (parallel/sharded_grads.cu). Units take a slot at acquire and give it back
+// at release, in order.
+struct UnitBufferPool {
+  std::vector<void*> buffers;
+  std::vector<int> owner;    // the unit using each slot, -1 if free
+  std::vector<int> slot_of;  // per unit: the slot it holds, -1 if none
+};
+int pool_take(UnitBufferPool& pool, int unit);  // the slot (FATAL when none is free)
+void pool_give_back(UnitBufferPool& pool, int unit);
+
+struct ParamStore;
+// How a gradient bucket is summed over its unit's group, on the comm stream; chosen once by
+// param_store_init: the plain collectives (parallel/comm.h), or with [parallel] grad_compression
+// the compressed ones with error feedback (parallel/grad_compression.cu).
+struct BucketReduction {
+  // bucket: the unit's numel floats, replaced by their sum over the group.
+  void (*all_reduce)(ParamStore& store, int unit, float* bucket) = nullptr;
+  // full: the unit's padded_numel floats; this rank's shard of their sum into shard
+  // (shard_numel floats, which may lie inside full).
+  void (*reduce_scatter)(ParamStore& store, int unit, float* full, float* shard) = nullptr;
+};
+BucketReduction plain_bucket_reduction();
 
 struct ParamStore {
   ShardingMode mode = ShardingMode::Replicated;
@@ -108,45 +126,29 @@ struct ParamStore {
   Comm* tp = nullptr;      // the tensor-parallel group (sums the partial gradients)
   Comm* world = nullptr;   // every rank (the gradient norm)
   Comm* embed = nullptr;   // first and last pipeline stage (the tied root's gradients)
-  Comm* cp = nullptr;      // the context-parallel group ([log] grad_noise_scale only)
   std::vector<UnitState> units;
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
-  // FSDP (ZeRO-2: the gradient half): a small pool of full-unit buffers (weights in the compute
-  // dtype, gradients in fp32), enough for the unit in use plus the one being prefetched
-  // (pool_slots: fsdp_pool_slots).
+  BucketReduction reduction;      // set by param_store_init
+  // FSDP's gathered weights (compute dtype) and the gradient buckets of ZeRO-2 and FSDP (fp32).
   int pool_slots = 2;
-  std::vector<void*> gather_pool;
-  std::vector<int> gather_owner;   // unit using each pool slot, -1 if free
-  std::vector<float*> grad_pool;
-  std::vector<int> grad_owner;
+  UnitBufferPool gather_pool, grad_pool;
+  std::vector<char> gathered;  // FSDP, per unit: its gather is issued and not yet released
   std::vector<ops::Event> grad_slot_reduced;  // the last reduce-scatter out of a slot is done
-  ops::Event issue_point = nullptr;           // "everything queued on compute so far"
-  float* reduce_scratch = nullptr; // one shard-sized buffer the reduce-scatter lands in
+  float* reduce_scratch = nullptr;  // one shard-sized buffer the reduce-scatter lands in
+  ops::Event issue_point = nullptr;  // "everything queued on compute so far"
   float* norm_scratch = nullptr;   // one float on the device
   ops::Event comm_idle = nullptr;  // recorded on the comm stream by grads_wait
   // Device memory: the state (master, m, v, grad, working copy: the bytes the banner and the
   // planner report) and the working buffers (FSDP's full-unit buffers, scratch, events).
   Allocator state_memory, work_memory;
   bool count_only = false;  // set before param_store_init: count the memory, allocate nothing
-  // Optimizer offload: set offload.kind (and offload.dir for nvme) before param_store_init.
-  Offload offload;
-  // Compressed dp reductions (DDP, ZeRO-1/2): set compressor.kind and topk_ratio before
-  // param_store_init.
-  GradCompressor compressor;
-  // [log] grad_noise_scale (training/noise_scale.h): set measure_small_batch before
-  // param_store_init (store_options does), which makes small_batch_squares a zeroed device float
-  // of the working buffers (so the planner counts it). Into it each rank sums the squares of what
-  // it owns of one dp rank's first micro-batch gradient, before the dp reduction: a block's at
-  // its first release, the units used by the whole step (the root) when the first micro-batch's
-  // backward ends (grads_micro_batch_done), the tied root's after grads_wait has summed its two
-  // pipeline halves. Partial sums over cp, tp and the embedding group are summed as vectors
-  // first (parallel/small_batch_norm.cu: how, and the bytes). Every ZeRO stage: the full
-  // gradient (DDP, ZeRO-1) or the unit's bucket before its reduce-scatter (ZeRO-2, FSDP) is the
-  // whole local gradient of the unit. The trainer sums the ranks' values over `world`.
-  bool measure_small_batch = false;
-  float* small_batch_squares = nullptr;
-  bool small_batch_measured = false;
+  // The side roads, each with its state in its own struct and file; store_options sets what
+  // each needs before param_store_init.
+  Offload offload;             // [train] optimizer_offload (parallel/offload.h)
+  CompressedGrads compression; // [parallel] grad_compression (parallel/grad_compression.h)
+  SmallBatchNorm small_batch;  // [log] grad_noise_scale (parallel/small_batch_norm.h)
+  OuterState outer;            // [parallel] diloco_islands (parallel/diloco_state.h)
   // Names the offload file: set it before param_store_init where the store's world is not the
   // job's (DiLoCo islands: each island's ranks count from 0); -1 = the store's world rank.
   int world_rank = -1;
@@ -166,10 +168,6 @@ void param_store_destroy(ParamStore& store);
 ShardingMode store_options(ParamStore& store, const Config& cfg);
 bool store_offloaded(const ParamStore& store);  // optimizer offload is on
 bool store_compressed(const ParamStore& store);  // [parallel] grad_compression is not "none"
-// Compressed reductions under tp: before unit u's bucket (its full gradient, unit-relative)
-// enters the compressed dp reduction, tp ranks other than 0 zero its replicated complete range
-// [owner_only_begin, partial_begin); grads_wait sums it over tp afterwards. On the comm stream.
-void compressed_bucket_owner_only(ParamStore& store, const UnitState& us, float* bucket);
 // The fp32 states a shard carries; checkpoints save and load all of them: the master and Adam's
 // moments always, DiLoCo's synchronised weights and outer momentum with diloco_islands >= 1.
 enum class StateKind { Master, AdamM, AdamV, OuterSync, OuterMomentum };
@@ -209,14 +207,6 @@ float* grads_acquire(ParamStore& store, int unit);
 void grads_release(ParamStore& store, int unit, bool last_micro_step);
 // The backward of a micro-batch is queued (this stage's every contribution, the embedding's too).
 void grads_micro_batch_done(ParamStore& store);
-// [log] grad_noise_scale (parallel/small_batch_norm.cu): buffers (param_store_init), one unit's
-// first-micro-batch bucket summed over the model-parallel partial sums and its owned squares
-// added, and the tied root's halves summed over the embedding group (grads_wait, comm stream)
-// and then squared (compute stream).
-void small_batch_init(ParamStore& store, const CommsByAxis& comms);
-void small_batch_measure(ParamStore& store, int unit);
-void small_batch_tied_sum(ParamStore& store);
-void small_batch_tied_squares(ParamStore& store);
 
 // The optimizer's side (training/optimizer.cu).
 void grads_zero(ParamStore& store);
@@ -252,6 +242,10 @@ void shard_adamw(ParamStore& store, const ShardForUpdate& s, size_t first, size_
 void update_end(ParamStore& store, int unit);
 void updates_done(ParamStore& store);
 
+// A gradient bucket summed over the unit's group by the store's BucketReduction (above).
+void reduce_bucket(ParamStore& store, int unit, float* bucket);
+void reduce_scatter_bucket(ParamStore& store, int unit, float* full, float* shard);
+
 // Per-mode implementations behind the functions above.
 void ddp_init(ParamStore& store);
 void* ddp_params_acquire(ParamStore& store, int unit);
@@ -261,13 +255,14 @@ void zero_init(ParamStore& store);
 void* zero_params_acquire(ParamStore& store, int unit);
 void zero1_grads_release(ParamStore& store, int unit, bool last_micro_step);
 void zero_gather_weights(ParamStore& store);
+// The sharded gradients of ZeRO-2 and FSDP (parallel/sharded_grads.cu).
+void sharded_grads_init(ParamStore& store);
+float* sharded_grads_acquire(ParamStore& store, int unit);
+void sharded_grads_release(ParamStore& store, int unit);
 void fsdp_init(ParamStore& store);
-void fsdp_grad_buffers_init(ParamStore& store);  // the gradient half (ZeRO-2 too)
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);
-float* fsdp_grads_acquire(ParamStore& store, int unit);
-void fsdp_grads_release(ParamStore& store, int unit, bool last_micro_step);
 // Optimizer offload (parallel/offload.cu).
 void offload_init(ParamStore& store);
 void offload_destroy(ParamStore& store);
@@ -278,5 +273,6 @@ void offload_updates_done(ParamStore& store);
 void offload_state_read(ParamStore& store, int unit, StateKind k, size_t first, size_t count,
                         float* host);
 void offload_state_write(ParamStore& store, int unit, StateKind k, const float* host);
+std::string offload_banner(const ParamStore& store);  // the banner's line; empty without offload
 // The comm stream waits for all work queued so far on the compute stream.
 void comm_after_compute(ParamStore& store);

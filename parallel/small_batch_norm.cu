@@ -33,7 +33,7 @@
 // Then every rank sums the squares of what it owns of each bucket, [0, owned_end) on cp rank 0
 // (the tied root's last-stage copy owns nothing), and the trainer adds the ranks' scalars with
 // ONE all-reduce of a double over the (island's) world: the sum over dp ranks of their
-// |G_small|^2 (training: train.cu noise_scale_step divides by the dp ranks).
+// |G_small|^2 (training/noise_scale.cu noise_scale_step divides by the dp ranks).
 //
 // Bytes per step, payload per rank, on top of the step's own traffic (N the rank's local
 // parameters, fp32): cp > 1: 4 N over cp (all-reduce); tp > 1 with sequence parallelism: 4 x
@@ -52,15 +52,18 @@
 // stage's root would hold the head gradients of all micro-batches (measured: |G_small|^2 off by
 // 150%); interleaved and the zero-bubble schedules run chunks or W passes out of that order.
 // Those are refused.
+#include "parallel/small_batch_norm.h"
+
 #include <algorithm>
 
 #include "parallel/param_store.h"
 
 // The model-parallel sums of (c) for one bucket, in place (see the top of the file).
 static void sum_partials(ParamStore& st, UnitState& us) {
-  if (st.cp->size > 1) {
-    all_reduce_sum(*st.cp, us.grad_full, us.numel, DType::F32, st.compute);
-    if (st.cp->rank != 0) ops::fill_zero(us.grad_full, us.numel * sizeof(float), st.compute);
+  Comm* cp = st.small_batch.cp;
+  if (cp->size > 1) {
+    all_reduce_sum(*cp, us.grad_full, us.numel, DType::F32, st.compute);
+    if (cp->rank != 0) ops::fill_zero(us.grad_full, us.numel * sizeof(float), st.compute);
   }
   if (st.tp->size > 1 && us.partial_begin < us.numel) {
     const size_t tail = us.numel - us.partial_begin;
@@ -74,38 +77,68 @@ static bool tied_over_stages(const ParamStore& st, const UnitState& us) {
   return us.tied && st.embed && st.embed->size > 1;
 }
 
-// What this rank owns of one dp rank's summed bucket, squared, into small_batch_squares.
+// What this rank owns of one dp rank's summed bucket, squared, into the squares.
 static void add_owned_squares(ParamStore& st, const float* bucket, const UnitState& us) {
-  if (st.cp->rank == 0 && us.owned_end > 0)
-    ops::sum_squares_accumulate(st.small_batch_squares, bucket, us.owned_end, st.compute);
+  if (st.small_batch.cp->rank == 0 && us.owned_end > 0)
+    ops::sum_squares_accumulate(st.small_batch.squares, bucket, us.owned_end, st.compute);
 }
 
 void small_batch_init(ParamStore& st, const CommsByAxis& comms) {
-  if (!st.measure_small_batch) return;
-  st.cp = comms[Axis::CP];
-  CHECK(st.cp, "param store: the mesh has no cp group");
-  st.small_batch_squares = (float*)allocate_zeroed(st.work_memory, sizeof(float), st.compute);
-  for (UnitState& us : st.units)
-    if (tied_over_stages(st, us))
-      us.small_batch_copy =
-          (float*)allocate_zeroed(st.work_memory, us.numel * sizeof(float), st.compute);
+  SmallBatchNorm& sb = st.small_batch;
+  if (!sb.on) return;
+  sb.cp = comms[Axis::CP];
+  CHECK(sb.cp, "param store: the mesh has no cp group");
+  sb.squares = (float*)allocate_zeroed(st.work_memory, sizeof(float), st.compute);
+  sb.releases.assign(st.units.size(), 0);
+  sb.tied_copy.assign(st.units.size(), nullptr);
+  for (size_t u = 0; u < st.units.size(); u++)
+    if (tied_over_stages(st, st.units[u]))
+      sb.tied_copy[u] = (float*)allocate_zeroed(st.work_memory, st.units[u].numel * sizeof(float),
+                                                st.compute);
 }
 
-void small_batch_measure(ParamStore& st, int unit) {
+void small_batch_reset(ParamStore& st) {
+  SmallBatchNorm& sb = st.small_batch;
+  if (sb.on) ops::fill_zero(sb.squares, sizeof(float), st.compute);
+  sb.measured = false;
+  std::fill(sb.releases.begin(), sb.releases.end(), 0);
+}
+
+// One unit's first-micro-batch bucket: summed over the model-parallel partial sums, then its
+// owned squares added (the tied root's: kept for grads_wait).
+static void measure(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
   sum_partials(st, us);
   if (tied_over_stages(st, us))  // the other half is on the other end stage: grads_wait
-    ops::copy_on_device(us.small_batch_copy, us.grad_full, us.numel * sizeof(float), st.compute);
+    ops::copy_on_device(st.small_batch.tied_copy[unit], us.grad_full, us.numel * sizeof(float),
+                        st.compute);
   else add_owned_squares(st, us.grad_full, us);
 }
 
+void small_batch_on_release(ParamStore& st, int unit) {
+  SmallBatchNorm& sb = st.small_batch;
+  if (sb.on && sb.releases[unit]++ == 0 && !st.units[unit].whole_step) measure(st, unit);
+}
+
+void small_batch_micro_batch_done(ParamStore& st) {
+  SmallBatchNorm& sb = st.small_batch;
+  if (!sb.on || sb.measured) return;
+  sb.measured = true;  // the whole-step units hold the first micro-batch's only
+  for (size_t u = 0; u < st.units.size(); u++)
+    if (st.units[u].whole_step) measure(st, (int)u);
+}
+
 void small_batch_tied_sum(ParamStore& st) {
-  for (UnitState& us : st.units)
-    if (tied_over_stages(st, us))
-      all_reduce_sum(*st.embed, us.small_batch_copy, us.numel, DType::F32, st.comm);
+  if (!st.small_batch.on) return;
+  for (size_t u = 0; u < st.units.size(); u++)
+    if (tied_over_stages(st, st.units[u]))
+      all_reduce_sum(*st.embed, st.small_batch.tied_copy[u], st.units[u].numel, DType::F32,
+                     st.comm);
 }
 
 void small_batch_tied_squares(ParamStore& st) {
-  for (UnitState& us : st.units)
-    if (tied_over_stages(st, us)) add_owned_squares(st, us.small_batch_copy, us);
+  if (!st.small_batch.on) return;
+  for (size_t u = 0; u < st.units.size(); u++)
+    if (tied_over_stages(st, st.units[u]))
+      add_owned_squares(st, st.small_batch.tied_copy[u], st.units[u]);
 }

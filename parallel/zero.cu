@@ -61,7 +61,8 @@
 #include "parallel/param_store.h"
 
 // The full working copy (the shard this rank updates is a slice of it) and, for ZeRO-1, the full
-// gradient (the shard's sum lands in its slice); ZeRO-2 takes FSDP's sharded gradients.
+// gradient (the shard's sum lands in its slice); ZeRO-2's gradients are sharded
+// (parallel/sharded_grads.cu: a shard per unit and a small pool of unit-sized buckets).
 void zero_init(ParamStore& st) {
   const size_t elem = dtype_size(st.dt);
   for (UnitState& us : st.units) {
@@ -74,7 +75,7 @@ void zero_init(ParamStore& st) {
     us.grad = us.grad_full + us.shard_offset;
     us.reduce_done = allocate_event(st.work_memory);
   }
-  if (st.mode == ShardingMode::ZeRO2) fsdp_grad_buffers_init(st);
+  if (st.mode == ShardingMode::ZeRO2) sharded_grads_init(st);
 }
 
 // The weights are always whole; the compute stream waits for this unit's gather only.
@@ -84,21 +85,20 @@ void* zero_params_acquire(ParamStore& st, int unit) {
   return us.params;
 }
 
-// After the last micro-step, the bucket (the whole unit's gradient, padding included) is
-// reduce-scattered in place: rank r's shard of the sum lands in its own slice (us.grad).
+// ZeRO-1: after the last micro-step, the bucket (the whole unit's gradient, padding included) is
+// reduce-scattered in place: rank r's shard of the sum lands in its own slice (us.grad). The
+// store's BucketReduction: one reduce-scatter, or its compressed variant
+// (parallel/grad_compression.cu).
 void zero1_grads_release(ParamStore& st, int unit, bool last_micro_step) {
   if (!last_micro_step) return;
   UnitState& us = st.units[unit];
   ops::event_record(us.reduce_done, st.compute);  // the bucket is complete on the compute stream
   ops::stream_wait_event(st.comm, us.reduce_done);
-  if (store_compressed(st)) {  // parallel/grad_compression.cu
-    compressed_bucket_owner_only(st, us, us.grad_full);
-    compressed_reduce_scatter(st.compressor, *us.group, us.grad_full, us.residual, us.grad,
-                              us.shard_numel, st.comm);
-  } else {
-    reduce_scatter_sum(*us.group, us.grad_full, us.grad, us.shard_numel, DType::F32, st.comm);
-  }
+  reduce_scatter_bucket(st, unit, us.grad_full, us.grad);
 }
+
+// ZeRO-2: every micro-step's buckets are reduce-scattered into the gradient shards
+// (parallel/sharded_grads.cu: sharded_grads_acquire and sharded_grads_release).
 
 // Every rank's updated shard to every rank, in place: each contributes the slice it updated.
 void zero_gather_weights(ParamStore& st) {

@@ -1,4 +1,5 @@
-// training/metrics.cu - step lines, JSONL metrics and the FLOP counts behind MFU (training/metrics.h).
+// training/metrics.cu - step lines, JSONL metrics, the FLOP counts behind MFU and a step's
+// throughput and FP8 snapshot (training/metrics.h).
 #include "training/metrics.h"
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "config/device_peaks.h"
+#include "parallel/param_store.h"
 
 FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r) {
   const double C = g.C, Vp = g.Vp, LTd = (double)g.L * g.T * g.C;
@@ -335,4 +337,55 @@ void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, 
   print_fraction(log.jsonl, "hfu", peak > 0 ? hardware_tflops / peak : -1);
   std::fprintf(log.jsonl, "}}\n");
   flush_checked(log);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The arithmetic of a step's report
+// ---------------------------------------------------------------------------------------------
+void step_throughput(StepReport& r, const RunInfo& info, double tokens) {
+  r.tokens_per_s = tokens / (r.ms / 1000.0);
+  const FlopsPerToken& f = info.flops;
+  const double per_gpu = r.tokens_per_s / info.world_size / 1e12;
+  r.model_tflops_per_gpu = per_gpu * f.causal;
+  r.hardware_tflops_per_gpu = per_gpu * f.hardware;
+  if (info.peak_tflops > 0) {
+    r.mfu = r.model_tflops_per_gpu / info.peak_tflops;
+    r.mfu_full = per_gpu * f.full / info.peak_tflops;
+    r.hfu = r.hardware_tflops_per_gpu / info.peak_tflops;
+  }
+}
+
+std::vector<Fp8Snapshot> fp8_step_snapshot(const GPT& model, const GPTLayout& layout) {
+  if (!model.fp8) return {};
+  const int last_chunk = layout.pp.v - 1;
+  const int first = layout.first_block(0),
+            last = layout.first_block(last_chunk) + layout.blocks(last_chunk) - 1;
+  const int s = kBlockLinears * first;
+  return fp8_snapshot(*model.fp8, {s + kQkvLinear, s + kAttnProjLinear, s + kFcLinear,
+                                   s + kFcProjLinear, kBlockLinears * (last + 1) - 1});
+}
+
+void store_run_info(RunInfo& info, const ParamStore& store) {
+  info.state_bytes = store.state_memory.bytes;
+  info.host_bytes = store.offload.memory.bytes;
+  info.disk_bytes = store.offload.disk_bytes;
+}
+
+void store_step_report(StepReport& r, const ParamStore& store) {
+  r.offload = store_offloaded(store);
+  r.host_bytes = store.offload.memory.bytes;
+  r.offload_stats = store.offload.stats;
+}
+
+void print_flops_banner(const RunInfo& info) {
+  const FlopsPerToken& f = info.flops;
+  std::printf("FLOPs    per token 6N + 6LTd = %.4g (N = %.4g matmul parameters, causal attention "
+              "at half: llm.c, Megatron); 6N + 12LTd = %.4g (PaLM, torchtitan); executed %.4g\n",
+              f.causal, f.matmul_parameters, f.full, f.hardware);
+  if (info.peak_tflops > 0)
+    std::printf("MFU      the step line's MFU = tokens/s x 6N + 6LTd / (%d x %.4g TFLOP/s: %s); "
+                "HFU counts recompute\n", info.world_size, info.peak_tflops,
+                info.peak_source.c_str());
+  else
+    std::printf("MFU      not reported: no peak known for this device (set [log] peak_tflops)\n");
 }

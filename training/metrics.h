@@ -119,3 +119,18 @@ struct RunSummary {
 // model FLOPs per token in both conventions and the hardware count, TFLOP/s per GPU, MFU in both
 // conventions and HFU (null without a peak).
 void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, bool print);
+
+// A step's throughput, from the tokens of its global batch and its time (r.ms): tokens/s, the
+// model and hardware TFLOP/s per GPU (info.flops over info.world_size devices) and, with a known
+// peak, MFU in both conventions and HFU.
+void step_throughput(StepReport& r, const RunInfo& info, double tokens);
+// FP8 runs: the amax and scale of rank 0's first block's linear layers and of its last linear
+// layer, for the metrics; empty without FP8.
+std::vector<Fp8Snapshot> fp8_step_snapshot(const GPT& model, const GPTLayout& layout);
+struct ParamStore;
+// The parameter store's sizes in the run record (state on the device; optimizer offload's pinned
+// host memory and file), and its offload traffic in a step's report.
+void store_run_info(RunInfo& info, const ParamStore& store);
+void store_step_report(StepReport& r, const ParamStore& store);
+// The banner's lines on FLOPs per token and on how MFU is computed (rank 0 prints them).
+void print_flops_banner(const RunInfo& info);

@@ -5,6 +5,7 @@
 #include "training/noise_scale.h"
 
 #include "kernels/common.h"
+#include "parallel/param_store.h"
 
 void noise_scale_update(NoiseScale& ns, double small_sq, double big_sq, double b_small,
                         double b_big) {
@@ -19,4 +20,23 @@ void noise_scale_update(NoiseScale& ns, double small_sq, double big_sq, double b
 
 double noise_scale_simple(const NoiseScale& ns) {
   return ns.steps > 0 && ns.ema_grad_sq != 0 ? ns.ema_trace / ns.ema_grad_sq : 0.0;
+}
+
+// The small batch is each dp rank's first micro-batch (the squares of what each rank owns of it,
+// summed before the dp reduction: parallel/small_batch_norm.cu), the big batch the step (with
+// DiLoCo the island's). One all-reduce of a double over the (island's) world adds the ranks'
+// parts: the sum over the dp ranks of their |G_small|^2. Both gradients carry the loss's
+// 1/(batch) scale, so the small one is scaled up by (batch / micro-batch) = grad_accum x dp to
+// be its own batch's mean.
+bool noise_scale_step(NoiseScale& ns, ParamStore& store, double grad_norm, int micro_batch,
+                      int grad_accum, int dp) {
+  if (!store.small_batch.on) return false;
+  float local = 0;
+  ops::stream_sync(store.compute);
+  ops::copy_to_host(&local, store.small_batch.squares, sizeof(float));
+  const double up = (double)grad_accum * dp;
+  const double small_sq = all_reduce_host_sum(*store.world, (double)local) / dp * up * up;
+  noise_scale_update(ns, small_sq, grad_norm * grad_norm, micro_batch,
+                     (double)micro_batch * grad_accum * dp);
+  return true;
 }

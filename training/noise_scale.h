@@ -45,3 +45,12 @@ void noise_scale_update(NoiseScale& ns, double small_sq, double big_sq, double b
                         double b_big);
 // B_simple from the averages so far, in examples (sequences); 0 before the first update.
 double noise_scale_simple(const NoiseScale& ns);
+
+struct ParamStore;
+// After a step's gradient norm, when the store measured the small batch
+// (parallel/small_batch_norm.h): the ranks' parts of |G_small|^2 summed over the store's world,
+// both batches' sizes (micro_batch; micro_batch x grad_accum x dp, dp the gradient group's:
+// with DiLoCo the island's), and one update. Returns whether the store measured one (collective
+// over the store's world then).
+bool noise_scale_step(NoiseScale& ns, ParamStore& store, double grad_norm, int micro_batch,
+                      int grad_accum, int dp);
