@@ -151,27 +151,27 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
   return inp;
 }
 
+// dX = dout W_i, summed over the ranks (f backward), and dW_i, db_i += from dout and every
+// token's input. A zero-bubble schedule runs the two halves apart (GradPart Input, then Weight,
+// parallel/pipeline_schedule.h): a half leaves the other's pointers null, the path is the same.
 const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm,
                                      const TpBuffers& buf, float* dweight, float* dbias,
                                      const void* dout, const void* inp_mine, bool gathered_kept,
                                      const void* weight, int N, int K, int OC, ops::Stream s,
                                      GradPart part) {
-  if (part == GradPart::Input) {  // dX = dout W_i: no input needed
-    gemm.backward(gemm, buf.dinp_all, nullptr, nullptr, dout, nullptr, weight, nullptr, N, K, OC,
-                  s, part);
-    return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
-  }
+  const bool input_grad = part != GradPart::Weight, weight_grad = part != GradPart::Input;
   // The weight gradient needs the input over all tokens: under SP gather it again, unless the
   // forward's gather is still in buf.gathered.
-  const bool sp = tp.active() && tp.sp;
-  const void* inp = sp && gathered_kept ? buf.gathered
-                                        : all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);
-  if (part == GradPart::Weight) {
-    gemm.backward(gemm, nullptr, dweight, dbias, dout, inp, nullptr, nullptr, N, K, OC, s, part);
-    return nullptr;
-  }
-  gemm.backward(gemm, buf.dinp_all, dweight, dbias, dout, inp, weight, nullptr, N, K, OC, s,
-                part);
+  const void* inp = nullptr;
+  if (weight_grad)
+    inp = tp.active() && tp.sp && gathered_kept
+              ? buf.gathered
+              : all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);
+  else
+    dweight = nullptr, dbias = nullptr;
+  gemm.backward(gemm, input_grad ? buf.dinp_all : nullptr, dweight, dbias, dout, inp,
+                input_grad ? weight : nullptr, nullptr, N, K, OC, s, part);
+  if (!input_grad) return nullptr;
   return sum_partials(tp, buf.dinp_all, buf.dinp, N, K, gemm.dt, s);  // f backward
 }
 
