@@ -113,6 +113,7 @@ COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_
                         parallel/pipeline_simulator.cu parallel/pipeline_file.cu \
                         parallel/pipeline_balance.cu config/device_peaks.cu kernels/common.cpp
 $(BUILD)/test_comm_fake_device: test/test_comm.cpp test/comm_test_support.h test/comm_point_to_point.h \
+                               test/comm_send_recv.h \
                                $(call obj,host,$(COMM_FAKE_DEVICE_SRC))
 	$(CXX) $(CXXFLAGS) -DCOMM_TEST_FAKE_DEVICE -o $@ $< $(filter %.o,$^) $(LDLIBS)
 

@@ -476,30 +476,3 @@ void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, 
     ops::copy_to_device_async(m.slots[slot].tokens, tokens, (size_t)B * T * sizeof(int), s);
   if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
 }
-
-// ---------------------------------------------------------------------------------------------
-// One stage, one micro-batch (pp = 1)
-// ---------------------------------------------------------------------------------------------
-void gpt_forward_backward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B,
-                          int T, float dloss, float loss_scale_for_log, ops::Stream s) {
-  CHECK(m.layout.pp.p() == 1, "gpt_forward_backward runs a one-stage model");
-  StageCall c;
-  c.B = B, c.T = T, c.dloss = dloss, c.loss_scale_for_log = loss_scale_for_log;
-  c.last_micro_step = true;
-  gpt_step_begin(m, store, true);
-  gpt_upload(m, 0, tokens, targets, B, T, s);
-  gpt_stage_forward(m, store, c, s);
-  gpt_stage_backward(m, store, c, s);
-  gpt_step_end(m, store, true);
-}
-
-void gpt_forward(GPT& m, ParamStore& store, const int* tokens, const int* targets, int B, int T,
-                 ops::Stream s) {
-  CHECK(m.layout.pp.p() == 1, "gpt_forward runs a one-stage model");
-  StageCall c;
-  c.B = B, c.T = T, c.with_loss = targets != nullptr;
-  gpt_step_begin(m, store, false);
-  gpt_upload(m, 0, tokens, targets, B, T, s);
-  gpt_stage_forward(m, store, c, s);
-  gpt_step_end(m, store, false);
-}

@@ -301,12 +301,6 @@ void gpt_stage_weight(GPT& model, ParamStore& store, const StageCall& c, ops::St
 // The chunk's output activation in a slot (what stage s+1 receives).
 void* gpt_stage_output(GPT& model, int slot, int chunk);
 
-// One-stage conveniences (pp = 1): a whole micro-batch forward + backward (tests), and a forward
-// (losses in model.losses when targets != nullptr; the logits of row model.logits_row kept).
-void gpt_forward_backward(GPT& model, ParamStore& store, const int* tokens, const int* targets,
-                          int B, int T, float dloss, float loss_scale_for_log, ops::Stream s);
-void gpt_forward(GPT& model, ParamStore& store, const int* tokens, const int* targets, int B,
-                 int T, ops::Stream s);
 // The logits of the token row model.logits_row named before the forward, over the whole
 // vocabulary (first V entries, fp32, on the host), gathered from the tensor-parallel ranks. On
 // the last stage, after its forward.

@@ -13,8 +13,8 @@
 // - Payload bytes are the size of the buffer the caller hands in (see comm.h): the gathered
 //   output of an all-gather, the full input of a reduce-scatter, the send buffer of an
 //   all-to-all (all-to-all-v: the sum of its send counts), the message of a send or a recv (both
-//   sides count it), 0 for a barrier. A send_recv counts as a send (its send side) plus a recv
-//   (its receive side); an absent side counts nothing.
+//   sides count it: each op of a p2p_batch by itself, one with count 0 not at all), 0 for a
+//   barrier.
 // - all_reduce_host_sum/max, all_agree and the other uncounted host helpers are control plane (a
 //   few bytes for logging and for agreeing on success); they go to MPI on the group and are not
 //   counted, so the counters describe only the training data plane.
@@ -121,31 +121,6 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
   if (c.size == 1) return;
   tally(c, CollectiveKind::Broadcast, count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).broadcast(c, buf, count, dt, root, s);
-}
-
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  check_peer(c, peer, "send");
-  const P2POp op{true, const_cast<void*>(buf), count, peer};
-  p2p_batch(c, &op, 1, dt, s);
-}
-
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s) {
-  check_peer(c, peer, "recv");
-  const P2POp op{false, buf, count, peer};
-  p2p_batch(c, &op, 1, dt, s);
-}
-
-// A side is absent when its peer is -1 or its count is 0 (the peer is then still checked); the
-// backends see absent sides as peer -1 and at least one present side.
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s) {
-  if (send_peer != -1) check_peer(c, send_peer, "send_recv (send side)");
-  if (recv_peer != -1) check_peer(c, recv_peer, "send_recv (receive side)");
-  P2POp ops[2];
-  int n = 0;
-  if (send_peer != -1) ops[n++] = {true, const_cast<void*>(send), send_count, send_peer};
-  if (recv_peer != -1) ops[n++] = {false, recv, recv_count, recv_peer};
-  p2p_batch(c, ops, n, dt, s);
 }
 
 void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {

@@ -14,19 +14,17 @@
 //
 // Every call is counted per axis: calls and payload bytes (the size of the buffer the caller
 // hands in: for all-gather the gathered output, for reduce-scatter the full input, for
-// send/recv the message; a paired send_recv counts its send side as a send and its receive side as
-// a recv). Ring algorithms put 2(n-1)/n of an all-reduce's payload and (n-1)/n of
+// a point-to-point send or receive the message, each op of a p2p_batch counted by itself). Ring
+// algorithms put 2(n-1)/n of an all-reduce's payload and (n-1)/n of
 // an all-gather's or reduce-scatter's on the wire per rank; the summary prints both.
 //
-// Point to point. send_to and recv_from are blocking on the MPI backend: two ranks that both
-// send a large message to each other first wait for each other forever. send_recv posts a send
-// and a receive as one operation (NCCL: one group; MPI: Isend + Irecv + Waitall), so a pipeline
-// stage can send its activation forward and receive a gradient backward in one call, whatever
-// order its neighbours reach theirs. All three match each other in posting order per pair of
-// ranks (MPI tag 0; NCCL orders point-to-point per peer): a send_recv's send may be received by
-// a recv_from, and so on. p2p_batch's ops may carry a tag (comm_open_tags): then they match per
-// pair of ranks and tag, each tag one ordered stream (MPI: the tag; NCCL: a communicator per
-// tag), so that a pipeline's activations and gradients need not arrive in one common order.
+// Point to point. p2p_batch posts a batch of sends and receives as one operation (NCCL: one
+// group; MPI: Isend + Irecv + Waitall), so a pipeline stage can send its activation forward and
+// receive a gradient backward in one call, whatever order its neighbours reach theirs. Its ops
+// match in posting order per pair of ranks and tag (comm_open_tags), each tag one ordered stream
+// (MPI: the tag; NCCL: a communicator per tag), so that a pipeline's activations and gradients
+// need not arrive in one common order. (The tests' one- and two-message forms, send_to,
+// recv_from and send_recv: test/comm_send_recv.h.)
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -88,21 +86,12 @@ void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count
 void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                 ops::Stream s);
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
-void send_to(Comm& c, const void* buf, size_t count, DType dt, int peer, ops::Stream s);
-void recv_from(Comm& c, void* buf, size_t count, DType dt, int peer, ops::Stream s);
-// Sends send_count elements to send_peer and receives recv_count elements from recv_peer, both
-// posted before either is waited for. The two peers may be one rank or two different ones (never
-// this rank). A side
-// whose peer is -1 is absent (its buffer and count are ignored), and a side with count 0 posts
-// nothing (its peer is still checked): the matching rank must then skip its side too. Both sides
-// absent: a no-op, also on a one-rank group. Under MPI the call returns when both are complete;
-// under NCCL both are queued on s. send and recv must not overlap.
-void send_recv(Comm& c, const void* send, size_t send_count, int send_peer, void* recv,
-               size_t recv_count, int recv_peer, DType dt, ops::Stream s);
 // A batch of point-to-point transfers, all posted before any is waited for (MPI: the receives,
-// then the sends, then one Waitall; NCCL: one group): the general form of send_recv, for a
-// pipeline stage whose schedule puts several messages between two computes. Each op counts as
-// a send or a recv; ops with count 0 post nothing. Under MPI the call returns when all are done.
+// then the sends, then one Waitall; NCCL: one group), so that two ranks sending to each other do
+// not wait for each other: a pipeline stage posts each run of messages between two computes so.
+// Each op counts as a send or a recv; ops with count 0 post nothing (their peer is still
+// checked); n = 0 is a no-op, also on a one-rank group. Under MPI the call returns when all are
+// done; under NCCL all are queued on s.
 struct P2POp {
   bool is_send = false;
   void* buf = nullptr;  // read for a send, written for a receive
@@ -178,7 +167,7 @@ struct CollectiveBackend {
   void (*all_gather)(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                      ops::Stream s);
   void (*broadcast)(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
-  // n >= 1 ops, each with a peer >= 0 and a count > 0 (send_to and recv_from are one-op batches).
+  // n >= 1 ops, each with a peer >= 0 and a count > 0.
   void (*p2p_batch)(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s);
   void (*all_to_all)(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s);
   void (*all_to_all_v)(Comm& c, const void* send, const size_t* send_counts, void* recv,

@@ -11,9 +11,8 @@
 //
 // All-to-all is c.size send/recv pairs inside one ncclGroupStart/End, which NCCL runs
 // concurrently; all-to-all-v the same with a size per peer, zero sizes left out.
-// p2p_batch (and send_to, recv_from and send_recv, its one- and two-op cases) puts its
-// ncclSends and ncclRecvs in one group: NCCL starts them together, so none waits for another's
-// peer to be ready, and the group occupies the stream until all are done.
+// p2p_batch puts its ncclSends and ncclRecvs in one group: NCCL starts them together, so none
+// waits for another's peer to be ready, and the group occupies the stream until all are done.
 //
 // Every operation is watched against [parallel] timeout_s by a thread (parallel/nccl_watchdog.h).
 #include <nccl.h>

@@ -6,36 +6,48 @@
 // and zb-v: v smaller chunks, see parallel/pipeline_schedule.cu), the first stage also the
 // embedding and the last the head and the loss. A step's batch is cut into m = grad_accum
 // micro-batches; micro-batch i goes forward through stage 0, 1, ..., each stage sending its
-// output activation to the next, and its gradient comes back the same way. Each rank holds 1/pp of the weights, gradients and
-// optimizer state, and of the activations of one micro-batch: what pipelining buys is memory,
-// with only point-to-point traffic between neighbours.
+// output activation to the next, and its gradient comes back the same way. Each rank holds 1/pp
+// of the weights, gradients and optimizer state, and of the activations of one micro-batch: what
+// pipelining buys is memory, with only point-to-point traffic between neighbours.
 //
-// Who talks to whom, bytes. Rank r sends to r+1 and receives from r+1 (and rank pp-1 to rank 0
-// between the chunks of an interleaved schedule; in zb-v's V order the chunks come back up, and
-// rank pp-1's two chunks meet on the rank, by a copy), on the pp communicator, which pairs ranks
-// with the same dp, cp and tp coordinates: each tp rank sends its own part of the boundary (under
-// sequence parallelism B*T/tp tokens). Per micro-batch and boundary one activation forward and
-// one gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and
-// rank at most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
+// Who talks to whom, bytes. Rank r receives its input activations from rank r-1 and sends its
+// output to rank r+1; the gradients go back the other way, from r+1 to r and on to r-1 (between
+// the chunks of an interleaved schedule rank pp-1 also sends to rank 0, and rank 0's gradients
+// go back to rank pp-1; in zb-v's V order the chunks come back up, and rank pp-1's two chunks
+// meet on the rank, by a copy). All of it on the pp communicator, which pairs ranks with the same
+// dp, cp and tp coordinates: each tp rank sends its own part of the boundary (under sequence
+// parallelism B*T/tp tokens). Per micro-batch and boundary one activation forward and one
+// gradient backward, each B*T*C elements (/tp with SP) in the compute dtype: per step and rank at
+// most 2*m*v messages of that size. Compare dp: an all-reduce of every gradient.
 //
 // The schedule (1f1b by default; gpipe; interleaved; the zero-bubble zb-h1 and zb-v, whose
 // backwards are split into B and W; a user's file) is a list of actions per rank, built in
 // parallel/pipeline_schedule.cu (the warm-up, the steady state, the cool-down, the memory bound
 // and the bubble of each) and checked by parallel/pipeline_simulator.cu; docs/PARALLELISM.md
-// derives the bubbles. This file runs the list:
+// derives the bubbles. This file runs the list. Rank 1's for 1f1b at p = 4, m = 4, as
+// pipeline_build writes it ([...]: a run of messages, posted as one p2p_batch; "to r2": the
+// peer), and the step at F = B = W = 1 as the simulator draws it, with its makespan, its bubble
+// and the most chunk activations each rank holds (test/test_pipeline_headers.cpp draws both and
+// checks that this comment shows what the builder makes):
 //
-//   rank 1 of 4, 1f1b, m = 4:   recv-fwd 0, F0, send-fwd 0 | recv-fwd 1, F1, send-fwd 1 |
-//                               recv-bwd 0 ... B0 ...
+//   rank 1: [recv-fwd 0 from r0] F0 [send-fwd 0 to r2, recv-fwd 1 from r0] F1
+//           [send-fwd 1 to r2, recv-fwd 2 from r0] F2 [send-fwd 2 to r2, recv-bwd 0 from r2] B0
+//           [send-bwd 0 to r0, recv-fwd 3 from r0] F3 [send-fwd 3 to r2, recv-bwd 1 from r2] B1
+//           [send-bwd 1 to r0, recv-bwd 2 from r2] B2 [send-bwd 2 to r0, recv-bwd 3 from r2] B3
+//           [send-bwd 3 to r0]
 //
-//   compute  |  F0  |  F1  |     |  B0    |  F2  |  B1    |  F3  |  B2    |  B3    |
-//   p2p     r0>  >r2 r0>  >r2  <r2      >r0  r0> ...
+//   1f1b, p = 4, m = 4, 21 units, bubble 42.9%, peak 4, 3, 2, 1
+//   rank 0 |F0F1F2F3............B0==..B1==..B2==..B3==|
+//   rank 1 |..F0F1F2........B0==F3B1==..B2==..B3==....|
+//   rank 2 |....F0F1....B0==F2B1==F3B2==..B3==........|
+//   rank 3 |......F0B0==F1B1==F2B2==F3B3==............|
 //
 // Activation slots. A forward keeps its activations in a slot until the backward of the same
 // micro-batch and chunk frees it (its weight pass W, when the schedule splits backwards: W reads
-// the activations and the output gradients B kept, model/gpt_backward.cu); the executor takes a
-// free slot at the first action of a (micro-batch, chunk) in the list (the receive of its input,
-// or its forward) and gives it back after the last (the send of its input gradient, its
-// backward or its weight pass). A rank needs as many slots as that rule holds at its peak
+// the activations and the output gradients B kept, model/gpt_backward.cu); the executor lends a
+// free slot to a (micro-batch, chunk) at its first action in the list (the receive of its input,
+// or its forward) and takes it back after the last (the send of its input gradient, its backward
+// or its weight pass). A rank needs as many slots as that rule holds at its peak
 // (pipeline_slots): the schedule's peak of chunk forwards in flight (1f1b: pp - rank at most,
 // whatever m is), plus what the message placement receives early or sends late.
 //
@@ -45,7 +57,8 @@
 // it in) to the send of its input gradient (or its backward on stage 0, or its weight pass
 // there when split: the embedding's backward reads it). So the gradients are a pool of their
 // own, pipeline_grad_buffers of them, lent the same way; the buffer a send in a run of messages
-// frees is lent again only after the run (a receive in the same run must not write it).
+// frees is lent again only after the run (a receive in the same run must not write it). Both
+// pools are keyed by what they hold: a (micro-batch, chunk) of this rank.
 //
 // Point to point. Each run of consecutive sends and receives in the list is posted as one
 // p2p_batch (NCCL: one group; MPI: Isend + Irecv + Waitall), so two neighbours that send to
@@ -64,135 +77,211 @@
 // neighbouring unit.
 //
 // Measured bubble. Every compute action is timed with events (host clock on the CPU backend);
-// pipeline_report gathers the timings of the pp group, compares the idle fraction with the
-// bubble the simulator predicts from those durations (the schedule's own idle time, without
-// communication or ranks sharing cores) and with the formula, and draws the step as an ASCII
-// timeline.
+// pipeline_report (parallel/pipeline_report.cu) gathers the timings of the pp group, compares the
+// idle fraction with the bubble the simulator predicts from those durations and with the
+// formula, and draws the step as an ASCII timeline.
 #include "parallel/pipeline.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <map>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "kernels/common.h"
 
-static bool is_compute(PipeOp op) { return !pipe_op_is_comm(op); }
+namespace {
 
-// The chunk of this rank whose slot (same micro-batch) compute action a uses besides its own:
-// the previous stage's, when it is on this rank too (rank p-1 of the V order, or p = 1). A
-// forward copies its input from that slot's output; a backward copies its input gradient into
-// that slot's gradient, where the previous stage's backward reads it. Either way that slot is
-// held already (its backward comes later). -1: none.
-static int local_neighbour(const PipelineSchedule& s, int rank, const PipeAction& a) {
-  if (a.op != PipeOp::Forward && a.op != PipeOp::Backward) return -1;
-  const int stage = s.stage(rank, a.chunk) - 1;
-  if (stage < 0 || s.owner(stage) != rank) return -1;
-  return s.chunk_of(stage);
-}
-
-// When a (micro-batch, chunk) takes an activation slot and when it gives it back: the one rule
-// the executor follows and the sizing counts with. Taken at the first action of it in the list
-// (the receive of its input, or its forward on stage 0), given back after its last use (the
-// send of its input gradient, its backward, its weight pass when the schedule splits; in a
-// forward-only pass: never, each chunk has its own).
-struct SlotRule {
-  std::vector<char> take, give;  // per action of the list
+// ---------------------------------------------------------------------------------------------
+// What the executor holds: two pools of buffers, each buffer lent to one (micro-batch, chunk)
+// ---------------------------------------------------------------------------------------------
+// A (micro-batch, chunk) of this rank: what an activation slot or a gradient buffer holds.
+struct MicroChunk {
+  int micro = 0, chunk = 0;
+  bool operator<(const MicroChunk& o) const {
+    return chunk != o.chunk ? chunk < o.chunk : micro < o.micro;
+  }
+  bool operator==(const MicroChunk& o) const { return micro == o.micro && chunk == o.chunk; }
 };
-static SlotRule slot_rule(const PipelineSchedule& s, int rank,
-                          const std::vector<PipeAction>& list) {
-  SlotRule rule{std::vector<char>(list.size(), 0), std::vector<char>(list.size(), 0)};
-  std::map<int, int> first, last;  // chunk * m + micro -> action index
-  for (size_t i = 0; i < list.size(); i++) {
-    const PipeAction& a = list[i];
-    const int key = a.chunk * s.m + a.micro;
-    if (!first.count(key)) first[key] = (int)i;
-    last[key] = (int)i;
-  }
-  for (const auto& [key, i] : first) rule.take[i] = 1;
-  for (const auto& [key, i] : last) rule.give[i] = 1;
-  return rule;
-}
+MicroChunk micro_chunk(const PipeAction& a) { return {a.micro, a.chunk}; }
 
-// The most activation sets a list holds at once. A schedule that receives an activation early
-// holds it from then on: more than its peak of forwards in flight.
-static int peak_slots(const PipelineSchedule& s, int rank) {
-  const std::vector<PipeAction>& list = s.ranks[rank];
-  const SlotRule rule = slot_rule(s, rank, list);
-  int live = 0, peak = 1;
-  for (size_t i = 0; i < list.size(); i++) {
-    live += rule.take[i];
-    peak = std::max(peak, live);
-    live -= rule.give[i];
-  }
-  return peak;
-}
-
-// Which (micro-batch, chunk) gradients action i of a list uses (see the top of the file): its
-// own, and a Backward the previous chunk's when that stage is on this rank too (-1: none).
-static std::pair<int, int> grad_users(const PipelineSchedule& s, int rank, const PipeAction& a) {
-  const int stage = s.stage(rank, a.chunk), own = a.chunk * s.m + a.micro;
-  const int other = local_neighbour(s, rank, a);
-  switch (a.op) {
-    case PipeOp::RecvBackward:
-    case PipeOp::SendBackward: return {own, -1};
-    case PipeOp::Forward: return {stage == s.p * s.v - 1 ? own : -1, -1};
-    case PipeOp::Backward: return {own, other >= 0 ? other * s.m + a.micro : -1};
-    case PipeOp::Weight: return {stage == 0 ? own : -1, -1};
-    default: return {-1, -1};
-  }
-}
-
-// Per action of the list, the gradients first used there (taken) and last used there (given).
-struct GradRule {
-  std::vector<std::vector<int>> take, give;  // keys chunk * m + micro
+// Buffers 0..n-1 (the model's activation slots, or its gradient buffers), each lent to one
+// (micro-batch, chunk) at a time.
+struct BufferPool {
+  const char* what = "";  // "activation slot" or "gradient buffer", for the errors
+  std::vector<int> free;  // the last one is lent next
+  std::map<MicroChunk, int> lent;
 };
-static GradRule grad_rule(const PipelineSchedule& s, int rank,
-                          const std::vector<PipeAction>& list) {
-  GradRule rule{std::vector<std::vector<int>>(list.size()),
-                std::vector<std::vector<int>>(list.size())};
-  std::map<int, int> first, last;
-  for (size_t i = 0; i < list.size(); i++) {
-    const auto [a, b] = grad_users(s, rank, list[i]);
-    for (int key : {a, b}) {
-      if (key < 0) continue;
-      if (!first.count(key)) first[key] = (int)i;
-      last[key] = (int)i;
-    }
-  }
-  for (const auto& [key, i] : first) rule.take[i].push_back(key);
-  for (const auto& [key, i] : last) rule.give[i].push_back(key);
-  return rule;
-}
 
-// Calls f(begin, end) for each step of a list in order: a compute action alone, or a run of
-// communication actions (pipeline_comm_runs: the one grouping rule, shared with the simulator).
-template <typename F>
-static void for_each_step(const std::vector<PipeAction>& list, F f) {
+// When each (micro-batch, chunk) takes a buffer of a pool and gives it back: per action of the
+// list, those whose first use is there (take) and those whose last use is there (give).
+struct Lending {
+  std::vector<std::vector<MicroChunk>> take, give;
+};
+
+// Which gradients an action uses: its own (micro-batch, chunk)'s, and a Backward also the
+// previous stage's when that stage is on this rank too (the top of the file).
+struct GradUse {
+  std::optional<MicroChunk> own, local;
+};
+
+// Defined below the executor: the pool's operations and the lending rules.
+BufferPool pool_of(const char* what, int n);
+int held(const BufferPool& pool, MicroChunk k);  // the buffer k holds
+// The buffer of k at action i: taken from the pool when i is k's first use, else the one it holds.
+int lend(BufferPool& pool, const Lending& l, size_t i, MicroChunk k);
+void give_back(BufferPool& pool, const Lending& l, size_t i);  // those whose last use is i
+Lending slot_lending(const std::vector<PipeAction>& list);
+Lending grad_lending(const PipelineSchedule& s, int rank, const std::vector<PipeAction>& list);
+GradUse grad_use(const PipelineSchedule& s, int rank, const PipeAction& a);
+// The chunk of this rank that holds the stage before action a's, or -1 (below).
+int local_neighbour(const PipelineSchedule& s, int rank, const PipeAction& a);
+
+// ---------------------------------------------------------------------------------------------
+// The executor
+// ---------------------------------------------------------------------------------------------
+struct Executor {
+  const PipelineSchedule& sched;
+  const std::vector<PipeAction>& list;  // this rank's actions
+  const PipelineStages& stages;
+  Comm& comm;
+  ops::Stream s;
+  BufferPool slots, grads;
+  Lending slot_lending, grad_lending;  // grad_lending empty: no gradients (a forward-only pass)
+  std::vector<char> last_of_chunk;     // per action: no later action of its op on its chunk
+};
+
+// The steps of a list, in order: a compute action alone, or a run of sends and receives
+// (pipeline_comm_runs: the one grouping rule, shared with the simulator), as [begin, end).
+std::vector<std::pair<size_t, size_t>> steps_of(const std::vector<PipeAction>& list) {
   const std::vector<std::pair<size_t, size_t>> runs = pipeline_comm_runs(list);
+  std::vector<std::pair<size_t, size_t>> steps;
   size_t r = 0;
   for (size_t i = 0; i < list.size();) {
-    if (r < runs.size() && runs[r].first == i) {
-      f(runs[r].first, runs[r].second);
-      i = runs[r++].second;
-    } else {
-      f(i, i + 1);
-      i++;
-    }
+    const bool run = r < runs.size() && runs[r].first == i;
+    steps.push_back(run ? runs[r++] : std::make_pair(i, i + 1));
+    i = steps.back().second;
   }
+  return steps;
 }
 
-// The most gradients a list holds at once: a run of messages takes all it takes before it gives.
-static int peak_grads(const PipelineSchedule& s, int rank) {
-  const std::vector<PipeAction>& list = s.ranks[rank];
-  const GradRule rule = grad_rule(s, rank, list);
-  int live = 0, peak = 1;
-  for_each_step(list, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; i++) live += (int)rule.take[i].size();
-    peak = std::max(peak, live);
-    for (size_t i = begin; i < end; i++) live -= (int)rule.give[i].size();
-  });
-  return peak;
+// The next Forward or Backward after action i (what to prefetch the weights of), or null.
+const PipeAction* next_weighted(const std::vector<PipeAction>& list, size_t i) {
+  for (size_t j = i + 1; j < list.size(); j++)
+    if (list[j].op == PipeOp::Forward || list[j].op == PipeOp::Backward) return &list[j];
+  return nullptr;
+}
+
+std::vector<char> last_of_chunk(const std::vector<PipeAction>& list) {
+  std::vector<char> last(list.size(), 0);
+  std::map<std::pair<int, int>, size_t> at;  // (op, chunk) -> its last action
+  for (size_t i = 0; i < list.size(); i++) at[{(int)list[i].op, list[i].chunk}] = i;
+  for (const auto& [key, i] : at) last[i] = 1;
+  return last;
+}
+
+Executor executor(const PipelineSchedule& sched, const std::vector<PipeAction>& list,
+                  const PipelineStages& stages, Comm& comm, int slots, ops::Stream s) {
+  Executor ex{sched, list, stages, comm, s, pool_of("activation slot", slots), {}, {}, {}, {}};
+  ex.slot_lending = slot_lending(list);
+  ex.last_of_chunk = last_of_chunk(list);
+  return ex;
+}
+
+// Posts the run of communication actions [begin, end) as one p2p_batch, each message on its
+// channel's tag, sends first. A slot whose last use is a send in the run is free for a receive
+// in it: the receive writes a slot's input, never the gradient being sent, and whatever writes
+// that gradient next is ordered after this call. The gradient buffers come back after the run.
+void communicate(Executor& ex, size_t begin, size_t end) {
+  std::vector<P2POp> ops;
+  for (int sends = 1; sends >= 0; sends--)
+    for (size_t j = begin; j < end; j++) {
+      const PipeAction& a = ex.list[j];
+      if (pipe_op_is_send(a.op) != (sends == 1)) continue;
+      const MicroChunk k = micro_chunk(a);
+      const int slot = lend(ex.slots, ex.slot_lending, j, k);
+      const int at =
+          pipe_op_is_forward_message(a.op) ? slot : lend(ex.grads, ex.grad_lending, j, k);
+      ops.push_back({sends == 1, ex.stages.boundary(a, at), ex.stages.boundary_count, a.peer,
+                     pipeline_channel(ex.sched, ex.comm.rank, a)});
+      give_back(ex.slots, ex.slot_lending, j);
+    }
+  p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
+  for (size_t j = begin; j < end; j++) give_back(ex.grads, ex.grad_lending, j);
+}
+
+// A compute action on the slot (and gradient buffers) of its (micro-batch, chunk).
+void compute(Executor& ex, size_t i) {
+  const PipeAction& a = ex.list[i];
+  ComputeCall call;
+  call.action = a;
+  call.slot = lend(ex.slots, ex.slot_lending, i, micro_chunk(a));
+  call.next = next_weighted(ex.list, i);
+  call.split = ex.sched.split;
+  call.last_of_chunk = ex.last_of_chunk[i];
+  const int prev = local_neighbour(ex.sched, ex.comm.rank, a);
+  if (prev >= 0) call.local_slot = held(ex.slots, {a.micro, prev});
+  if (!ex.grad_lending.take.empty()) {
+    const GradUse g = grad_use(ex.sched, ex.comm.rank, a);
+    if (g.own) call.grad = lend(ex.grads, ex.grad_lending, i, *g.own);
+    if (g.local) call.local_grad = lend(ex.grads, ex.grad_lending, i, *g.local);
+  }
+  ex.stages.compute(call);
+  give_back(ex.slots, ex.slot_lending, i);
+  give_back(ex.grads, ex.grad_lending, i);
+}
+
+}  // namespace
+
+// One training step: every step of the list in order, each compute action between two events.
+void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
+  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.comm->rank];
+  Executor ex = executor(pl.schedule, list, stages, *pl.comm, pl.slots, s);
+  ex.grads = pool_of("gradient buffer", pl.grads);
+  ex.grad_lending = grad_lending(pl.schedule, pl.comm->rank, list);
+  const bool timed = !pl.count_only;
+  if (timed) ops::event_record(pl.events[0], s);
+  std::vector<PipeAction> computed;
+  size_t e = 1;
+  for (const auto& [begin, end] : steps_of(list)) {
+    if (pipe_op_is_comm(list[begin].op)) {
+      communicate(ex, begin, end);
+      continue;
+    }
+    if (timed) ops::event_record(pl.events[e++], s);
+    compute(ex, begin);
+    if (timed) ops::event_record(pl.events[e++], s);
+    computed.push_back(list[begin]);
+  }
+  if (!timed) return;
+  ops::event_sync(pl.events[e - 1]);
+  pl.timing.clear();
+  for (size_t k = 0; k < computed.size(); k++)
+    pl.timing.push_back({computed[k], ops::event_elapsed_ms(pl.events[0], pl.events[1 + 2 * k]),
+                         ops::event_elapsed_ms(pl.events[0], pl.events[2 + 2 * k])});
+}
+
+// One micro-batch forward: each chunk receives its input, runs, sends its output, on a slot of
+// its own kept to the end (no backward gives it back).
+void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
+  const PipelineSchedule& sc = pl.schedule;
+  const int r = pl.comm->rank, S = sc.p * sc.v;
+  std::vector<PipeAction> list;
+  for (int c = 0; c < sc.v; c++) {
+    const int stage = sc.stage(r, c);
+    if (stage > 0 && sc.owner(stage - 1) != r)
+      list.push_back({PipeOp::RecvForward, 0, c, sc.owner(stage - 1)});
+    list.push_back({PipeOp::Forward, 0, c, -1});
+    if (stage < S - 1 && sc.owner(stage + 1) != r)
+      list.push_back({PipeOp::SendForward, 0, c, sc.owner(stage + 1)});
+  }
+  CHECK(pl.slots >= sc.v, "pipeline: %d activation slots for %d chunks", pl.slots, sc.v);
+  Executor ex = executor(sc, list, stages, *pl.comm, sc.v, s);
+  ex.slot_lending.give.clear();  // a slot per chunk, kept to the end
+  for (const auto& [begin, end] : steps_of(list)) {
+    if (pipe_op_is_comm(list[begin].op)) communicate(ex, begin, end);
+    else compute(ex, begin);
+  }
 }
 
 void pipeline_init(Pipeline& pl, const std::string& kind, int m, int v, Comm* group) {
@@ -211,268 +300,140 @@ void pipeline_init_with(Pipeline& pl, const PipelineSchedule& schedule, Comm* gr
   comm_open_tags(*group, 2 * schedule.v);  // the message channels (pipeline_channel)
   if (pl.count_only) return;
   size_t computes = 0;
-  for (const PipeAction& a : schedule.ranks[group->rank]) computes += is_compute(a.op);
+  for (const PipeAction& a : schedule.ranks[group->rank]) computes += !pipe_op_is_comm(a.op);
   pl.events.resize(1 + 2 * computes);  // the start; each compute action: 2
   for (ops::Event& e : pl.events) e = ops::event_create();
 }
-
-int pipeline_slots(const PipelineSchedule& s, int rank) { return peak_slots(s, rank); }
-int pipeline_grad_buffers(const PipelineSchedule& s, int rank) { return peak_grads(s, rank); }
 
 void pipeline_destroy(Pipeline& pl) {
   for (ops::Event e : pl.events) ops::event_destroy(e);
   pl.events.clear();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The pools, and when they lend (the one rule the executor follows and the sizing counts with)
+// ---------------------------------------------------------------------------------------------
 namespace {
 
-// Which slot holds the activations of (micro-batch, chunk) while it is in flight.
-struct SlotPool {
-  int m = 1;
-  std::vector<int> free;
-  std::map<int, int> held;  // chunk * m + micro -> slot
+BufferPool pool_of(const char* what, int n) {
+  BufferPool pool;
+  pool.what = what;
+  for (int i = n - 1; i >= 0; i--) pool.free.push_back(i);
+  return pool;
+}
 
-  int key(const PipeAction& a) const { return a.chunk * m + a.micro; }
-  int take(const PipeAction& a) {
-    if (free.empty()) BUG("pipeline: no free activation slot for micro-batch %d", a.micro);
-    const int slot = free.back();
-    free.pop_back();
-    held[key(a)] = slot;
-    return slot;
+int held(const BufferPool& pool, MicroChunk k) {
+  auto it = pool.lent.find(k);
+  if (it == pool.lent.end())
+    BUG("pipeline: micro-batch %d chunk %d holds no %s", k.micro, k.chunk, pool.what);
+  return it->second;
+}
+
+int lend(BufferPool& pool, const Lending& l, size_t i, MicroChunk k) {
+  const std::vector<MicroChunk>& take = l.take[i];
+  if (std::find(take.begin(), take.end(), k) == take.end()) return held(pool, k);
+  if (pool.free.empty())
+    BUG("pipeline: no free %s for micro-batch %d chunk %d", pool.what, k.micro, k.chunk);
+  const int b = pool.free.back();
+  pool.free.pop_back();
+  pool.lent[k] = b;
+  return b;
+}
+
+void give_back(BufferPool& pool, const Lending& l, size_t i) {
+  if (l.give.empty()) return;  // nothing lent (a forward-only pass's gradients)
+  for (const MicroChunk& k : l.give[i]) {
+    pool.free.push_back(held(pool, k));
+    pool.lent.erase(k);
   }
-  int at(const PipeAction& a) const {
-    auto it = held.find(key(a));
-    if (it == held.end()) BUG("pipeline: micro-batch %d chunk %d has no slot", a.micro, a.chunk);
-    return it->second;
-  }
-  void give(const PipeAction& a) {
-    free.push_back(at(a));
-    held.erase(key(a));
-  }
-};
-
-struct Executor {
-  const PipelineSchedule& sched;
-  const std::vector<PipeAction>& list;
-  const PipelineStages& stages;
-  Comm& comm;
-  int rank;
-  ops::Stream s;
-  SlotRule rule;
-  SlotPool pool;
-  GradRule grad_rule;  // empty: no gradients lent (a forward-only pass)
-  SlotPool grads;      // keyed the same way: which gradient buffer a (micro, chunk) holds
-  std::vector<char> last_of_chunk;  // per action: no later action of its op on its chunk
-};
-
-// The next Forward or Backward after action i (what to prefetch the weights of), or null.
-const PipeAction* next_weighted(const std::vector<PipeAction>& list, size_t i) {
-  for (size_t j = i + 1; j < list.size(); j++)
-    if (list[j].op == PipeOp::Forward || list[j].op == PipeOp::Backward) return &list[j];
-  return nullptr;
 }
 
-std::vector<char> last_of_chunk(const std::vector<PipeAction>& list) {
-  std::vector<char> last(list.size(), 0);
-  std::map<std::pair<int, int>, size_t> at;  // (op, chunk) -> its last action
-  for (size_t i = 0; i < list.size(); i++) at[{(int)list[i].op, list[i].chunk}] = i;
-  for (const auto& [key, i] : at) last[i] = 1;
-  return last;
+// The chunk of this rank whose slot (same micro-batch) compute action a uses besides its own:
+// the previous stage's, when it is on this rank too (rank p-1 of the V order, or p = 1). A
+// forward copies its input from that slot's output; a backward copies its input gradient into
+// that slot's gradient, where the previous stage's backward reads it. Either way that slot is
+// held already (its backward comes later). -1: none.
+int local_neighbour(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  if (a.op != PipeOp::Forward && a.op != PipeOp::Backward) return -1;
+  const int stage = s.stage(rank, a.chunk) - 1;
+  if (stage < 0 || s.owner(stage) != rank) return -1;
+  return s.chunk_of(stage);
 }
 
-Executor make_executor(const PipelineSchedule& sched, const std::vector<PipeAction>& list,
-                       const PipelineStages& stages, Comm& comm, int slots, ops::Stream s) {
-  Executor ex{sched, list, stages, comm, comm.rank, s, slot_rule(sched, comm.rank, list), {},
-              {}, {}, {}};
-  ex.pool.m = sched.m;
-  for (int i = slots - 1; i >= 0; i--) ex.pool.free.push_back(i);
-  ex.grads.m = sched.m;
-  ex.last_of_chunk = last_of_chunk(list);
-  return ex;
+GradUse grad_use(const PipelineSchedule& s, int rank, const PipeAction& a) {
+  const bool last_stage = s.stage(rank, a.chunk) == s.p * s.v - 1;
+  const bool first_stage = s.stage(rank, a.chunk) == 0;
+  const int prev = local_neighbour(s, rank, a);
+  GradUse use;
+  const bool own = a.op == PipeOp::RecvBackward || a.op == PipeOp::SendBackward ||
+                   a.op == PipeOp::Backward ||
+                   (a.op == PipeOp::Forward && last_stage) ||  // the head writes it
+                   (a.op == PipeOp::Weight && first_stage);    // the embedding's backward reads it
+  if (own) use.own = micro_chunk(a);
+  if (a.op == PipeOp::Backward && prev >= 0) use.local = MicroChunk{a.micro, prev};
+  return use;
 }
 
-// The gradient buffers of a training step: `grads` of them, lent by the rule.
-void lend_grads(Executor& ex, int grads) {
-  ex.grad_rule = grad_rule(ex.sched, ex.rank, ex.list);
-  for (int i = grads - 1; i >= 0; i--) ex.grads.free.push_back(i);
-}
-// The buffer of gradient `key` (chunk * m + micro), taken from the pool at its first use.
-int grad_buffer(Executor& ex, size_t i, int key) {
-  const PipeAction k{PipeOp::Forward, key % ex.sched.m, key / ex.sched.m, -1};
-  const std::vector<int>& take = ex.grad_rule.take[i];
-  return std::find(take.begin(), take.end(), key) != take.end() ? ex.grads.take(k)
-                                                                 : ex.grads.at(k);
-}
-void give_grads(Executor& ex, size_t i) {
-  if (ex.grad_rule.give.empty()) return;
-  for (int key : ex.grad_rule.give[i])
-    ex.grads.give({PipeOp::Forward, key % ex.sched.m, key / ex.sched.m, -1});
-}
-
-// Posts the run of communication actions [begin, end) as one p2p_batch, each message on its
-// channel's tag. A slot whose last use is a send in the run is free for a receive in it: the
-// receive writes a slot's input, never the gradient being sent, and whatever writes that
-// gradient next is ordered after this call.
-void communicate(Executor& ex, size_t begin, size_t end) {
-  std::vector<P2POp> ops;
-  for (int sends = 1; sends >= 0; sends--)
-    for (size_t j = begin; j < end; j++) {
-      const PipeAction& a = ex.list[j];
-      if (pipe_op_is_send(a.op) != (sends == 1)) continue;
-      const int slot = ex.rule.take[j] ? ex.pool.take(a) : ex.pool.at(a);
-      const bool grad = a.op == PipeOp::RecvBackward || a.op == PipeOp::SendBackward;
-      const int at = grad ? grad_buffer(ex, j, a.chunk * ex.sched.m + a.micro) : slot;
-      ops.push_back({sends == 1, ex.stages.boundary(a, at), ex.stages.boundary_count, a.peer,
-                     pipeline_channel(ex.sched, ex.rank, a)});
-      if (ex.rule.give[j]) ex.pool.give(a);
+// From what each action of a list uses: each (micro-batch, chunk) takes a buffer at its first
+// use and gives it back at its last.
+Lending lending_of(const std::vector<std::vector<MicroChunk>>& uses) {
+  Lending l{std::vector<std::vector<MicroChunk>>(uses.size()),
+            std::vector<std::vector<MicroChunk>>(uses.size())};
+  std::map<MicroChunk, size_t> first, last;
+  for (size_t i = 0; i < uses.size(); i++)
+    for (const MicroChunk& k : uses[i]) {
+      if (!first.count(k)) first[k] = i;
+      last[k] = i;
     }
-  p2p_batch(ex.comm, ops.data(), (int)ops.size(), ex.stages.dt, ex.s);
-  for (size_t j = begin; j < end; j++) give_grads(ex, j);  // after the run (top of the file)
+  for (const auto& [k, i] : first) l.take[i].push_back(k);
+  for (const auto& [k, i] : last) l.give[i].push_back(k);
+  return l;
 }
 
-// A compute action on its slot (slot_rule: taken here on stage 0, given back here when nothing
-// is sent after it).
-void compute(Executor& ex, size_t i) {
-  const PipeAction& a = ex.list[i];
-  ComputeCall call;
-  call.action = a;
-  call.slot = ex.rule.take[i] ? ex.pool.take(a) : ex.pool.at(a);
-  call.next = next_weighted(ex.list, i);
-  call.split = ex.sched.split;
-  call.last_of_chunk = ex.last_of_chunk[i];
-  const int other = local_neighbour(ex.sched, ex.rank, a);
-  if (other >= 0) call.local_slot = ex.pool.at({a.op, a.micro, other, -1});
-  if (!ex.grad_rule.take.empty()) {
-    const auto [own, prev] = grad_users(ex.sched, ex.rank, a);
-    if (own >= 0) call.grad = grad_buffer(ex, i, own);
-    if (prev >= 0) call.local_grad = grad_buffer(ex, i, prev);
+// Activation slots: every action of a (micro-batch, chunk) uses its slot, from the receive of its
+// input (or its forward on stage 0) to the send of its input gradient (or its backward, or its
+// weight pass when split).
+Lending slot_lending(const std::vector<PipeAction>& list) {
+  std::vector<std::vector<MicroChunk>> uses;
+  for (const PipeAction& a : list) uses.push_back({micro_chunk(a)});
+  return lending_of(uses);
+}
+
+Lending grad_lending(const PipelineSchedule& s, int rank, const std::vector<PipeAction>& list) {
+  std::vector<std::vector<MicroChunk>> uses;
+  for (const PipeAction& a : list) {
+    const GradUse g = grad_use(s, rank, a);
+    uses.emplace_back();
+    if (g.own) uses.back().push_back(*g.own);
+    if (g.local) uses.back().push_back(*g.local);
   }
-  ex.stages.compute(call);
-  if (ex.rule.give[i]) ex.pool.give(a);
-  give_grads(ex, i);
+  return lending_of(uses);
+}
+
+// The most buffers lent at once, going through the steps in order: a step takes all it takes
+// before it gives.
+int peak_lent(const Lending& l, const std::vector<std::pair<size_t, size_t>>& steps) {
+  int live = 0, peak = 1;
+  for (const auto& [begin, end] : steps) {
+    for (size_t i = begin; i < end; i++) live += (int)l.take[i].size();
+    peak = std::max(peak, live);
+    for (size_t i = begin; i < end; i++) live -= (int)l.give[i].size();
+  }
+  return peak;
 }
 
 }  // namespace
 
-void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const std::vector<PipeAction>& list = pl.schedule.ranks[pl.comm->rank];
-  Executor ex = make_executor(pl.schedule, list, stages, *pl.comm, pl.slots, s);
-  lend_grads(ex, pl.grads);
-  const bool timed_run = !pl.count_only;
-  if (timed_run) ops::event_record(pl.events[0], s);
-  std::vector<PipeAction> timed;
-  size_t e = 1;
-  for_each_step(list, [&](size_t begin, size_t end) {
-    if (end > begin + 1 || !is_compute(list[begin].op)) return communicate(ex, begin, end);
-    if (timed_run) ops::event_record(pl.events[e++], s);
-    compute(ex, begin);
-    if (timed_run) ops::event_record(pl.events[e++], s);
-    timed.push_back(list[begin]);
-  });
-  if (!timed_run) return;
-  ops::event_sync(pl.events[e - 1]);
-  pl.timing.clear();
-  for (size_t k = 0; k < timed.size(); k++)
-    pl.timing.push_back({timed[k], ops::event_elapsed_ms(pl.events[0], pl.events[1 + 2 * k]),
-                         ops::event_elapsed_ms(pl.events[0], pl.events[2 + 2 * k])});
+// A slot comes back after each action (a receive may reuse the slot a send in its run frees),
+// so the slots peak action by action; the gradient buffers come back after each run.
+int pipeline_slots(const PipelineSchedule& s, int rank) {
+  const std::vector<PipeAction>& list = s.ranks[rank];
+  std::vector<std::pair<size_t, size_t>> each;
+  for (size_t i = 0; i < list.size(); i++) each.push_back({i, i + 1});
+  return peak_lent(slot_lending(list), each);
 }
 
-void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
-  const PipelineSchedule& sc = pl.schedule;
-  const int r = pl.comm->rank, S = sc.p * sc.v;
-  std::vector<PipeAction> list;  // each chunk: receive the input, forward, send the output
-  for (int c = 0; c < sc.v; c++) {
-    const int stage = sc.stage(r, c);
-    if (stage > 0 && sc.owner(stage - 1) != r)
-      list.push_back({PipeOp::RecvForward, 0, c, sc.owner(stage - 1)});
-    list.push_back({PipeOp::Forward, 0, c, -1});
-    if (stage < S - 1 && sc.owner(stage + 1) != r)
-      list.push_back({PipeOp::SendForward, 0, c, sc.owner(stage + 1)});
-  }
-  CHECK(pl.slots >= sc.v, "pipeline: %d activation slots for %d chunks", pl.slots, sc.v);
-  Executor ex = make_executor(sc, list, stages, *pl.comm, sc.v, s);
-  std::fill(ex.rule.give.begin(), ex.rule.give.end(), 0);  // a slot per chunk, kept to the end
-  for_each_step(list, [&](size_t begin, size_t end) {
-    if (end > begin + 1 || !is_compute(list[begin].op)) communicate(ex, begin, end);
-    else compute(ex, begin);
-  });
-}
-
-// ---------------------------------------------------------------------------------------------
-// Report
-// ---------------------------------------------------------------------------------------------
-// One rank's compute actions (in time order) as characters: each at least one column and never
-// on top of the previous one, so every action keeps its letter while there are fewer actions
-// than columns (an action shorter than a column is pushed right by at most the ones before it,
-// and left by at most the ones after it, which each keep a column at the end).
-static std::string draw_rank(const std::vector<double>& t, int n, double span, int width) {
-  std::string line(width, '.');
-  int next_free = 0;
-  for (int k = 0; k < n; k++) {
-    const double* a = &t[5 * k];  // op, micro, chunk, start, end
-    const int last = width - (n - k);  // the columns after it are left to the rest
-    const int c0 = std::min(last, std::max(next_free, (int)(a[3] / span * width)));
-    const int c1 = std::max(c0 + 1, std::min(last + 1, (int)std::lround(a[4] / span * width)));
-    next_free = c1;
-    for (int c = c0; c < c1; c++) line[c] = '=';
-    line[c0] = (a[2] > 0 ? "fbw" : "FBW")[(int)a[0]];  // PipeOp Forward, Backward, Weight
-    if (c1 - c0 >= 2) line[c0 + 1] = "0123456789abcdef"[(int)a[1] % 16];
-  }
-  return line;
-}
-
-// The same actions as numbers, for whoever checks the drawing or the bubbles: each as its op
-// letter (F, B, W), micro-batch, '.', chunk, '@', start and end in ms from the rank's own start.
-static std::string list_rank(const std::vector<double>& t, int n) {
-  std::string out;
-  char buf[96];
-  for (int k = 0; k < n; k++) {
-    const double* a = &t[5 * k];
-    std::snprintf(buf, sizeof(buf), " %c%d.%d@%.6f-%.6f", "FBW"[(int)a[0]], (int)a[1], (int)a[2],
-                  a[3], a[4]);
-    out += buf;
-  }
-  return out;
-}
-
-PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
-  const PipelineSchedule& sch = pl.schedule;
-  const int p = sch.p, n = (int)pl.timing.size();
-  std::vector<double> mine(5 * n), all(5 * (size_t)n * p);
-  for (int k = 0; k < n; k++) {
-    const ActionTiming& t = pl.timing[k];
-    const double row[5] = {(double)t.action.op, (double)t.action.micro, (double)t.action.chunk,
-                           t.start_ms, t.end_ms};
-    std::copy(row, row + 5, &mine[5 * k]);
-  }
-  all_gather_host(*pl.comm, mine.data(), mine.size() * sizeof(double), all.data());
-  PipelineReport rep;
-  rep.busy_ms.assign(p, 0.0);
-  for (int r = 0; r < p; r++)
-    for (int k = 0; k < n; k++) {
-      const double* a = &all[5 * ((size_t)r * n + k)];
-      rep.busy_ms[r] += a[4] - a[3];
-      rep.span_ms = std::max(rep.span_ms, a[4]);
-    }
-  double mean_busy = 0;
-  for (double b : rep.busy_ms) mean_busy += b / p;
-  rep.bubble = rep.span_ms > 0 ? 1.0 - mean_busy / rep.span_ms : 0.0;
-  PipeCosts measured;  // every rank's actions at their measured durations, run by the simulator
-  for (int r = 0; r < p; r++) {
-    measured.measured.emplace_back();
-    for (int k = 0; k < n; k++)
-      measured.measured[r].push_back(all[5 * ((size_t)r * n + k) + 4] -
-                                     all[5 * ((size_t)r * n + k) + 3]);
-  }
-  rep.bubble_predicted = pipeline_simulate(sch, measured, PipeComm::Rendezvous).bubble();
-  rep.bubble_formula = pipeline_schedule_bubble(sch.kind, p, sch.m, sch.v);
-  if (timeline && rep.span_ms > 0)
-    for (int r = 0; r < p; r++) {
-      const std::vector<double> t(all.begin() + 5 * (size_t)r * n,
-                                  all.begin() + 5 * (size_t)(r + 1) * n);
-      rep.timeline += "pp rank " + std::to_string(r) + " |" + draw_rank(t, n, rep.span_ms, width) +
-                      "|\n";
-      rep.actions += "pp rank " + std::to_string(r) + " actions:" + list_rank(t, n) + "\n";
-    }
-  return rep;
+int pipeline_grad_buffers(const PipelineSchedule& s, int rank) {
+  const std::vector<PipeAction>& list = s.ranks[rank];
+  return peak_lent(grad_lending(s, rank, list), steps_of(list));
 }

@@ -78,8 +78,8 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 // One micro-batch forward through every stage (validation, sampling): slot 0, no backward.
 void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 
-// After a step: per rank, the busy time over the step's span and the bubble, gathered over the
-// pp group (on every rank); the bubble the simulator predicts from the measured durations of
+// After a step (parallel/pipeline_report.cu): per rank, the busy time over the step's span and
+// the bubble, gathered over the pp group (on every rank); the bubble the simulator predicts from the measured durations of
 // every action (what the schedule would give if the ranks waited only for each other: ranks
 // that share cores, or communication, make the measured one larger); and the schedule's formula.
 // With `timeline`, also an ASCII picture of the step, one line per rank, `width` columns, and

@@ -59,35 +59,38 @@
 // waits for its busy receiver; on the interleaved schedule's rank 0 the activations it receives
 // early from rank p-1 (floor(log2 p) more for m > p, for every p <= 16 tried).
 //
-// Timelines, p = 4, m = 8, F = B = W = 1 per chunk (one column pair per unit; "B3==": the whole
-// backward of micro-batch 3 when unsplit, lower case for chunk 1):
+// Timelines, p = 4, m = 8 (interleaved: m = 4), F = B = W = 1 per chunk, as the simulator draws
+// them (one column pair per unit; "B3==": the whole backward of micro-batch 3 when unsplit, lower
+// case for chunk 1), each with its makespan, its bubble and the most chunk activations each rank
+// holds ("peak", per rank), and at v = 2 "1f1b:" the makespan of 1f1b on the same model (one
+// stage per rank, F = 2 and B + W = 4 per stage); test/test_pipeline_headers.cpp draws them and
+// checks them here:
 //
-//   gpipe, 35 units, every rank holds 8 micro-batches at the peak
+//   gpipe, 33 units, bubble 27.3%, peak 8, 8, 8, 8
 //   rank 0 |F0F1F2F3F4F5F6F7..................B0==B1==B2==B3==B4==B5==B6==B7==|
 //   rank 1 |..F0F1F2F3F4F5F6F7............B0==B1==B2==B3==B4==B5==B6==B7==....|
 //   rank 2 |....F0F1F2F3F4F5F6F7......B0==B1==B2==B3==B4==B5==B6==B7==........|
 //   rank 3 |......F0F1F2F3F4F5F6F7B0==B1==B2==B3==B4==B5==B6==B7==............|
 //
-//   1f1b, 33 units, rank r holds at most 4 - r micro-batches
+//   1f1b, 33 units, bubble 27.3%, peak 4, 3, 2, 1
 //   rank 0 |F0F1F2F3............B0==F4B1==F5B2==F6B3==F7B4==..B5==..B6==..B7==|
 //   rank 1 |..F0F1F2........B0==F3B1==F4B2==F5B3==F6B4==F7B5==..B6==..B7==....|
 //   rank 2 |....F0F1....B0==F2B1==F3B2==F4B3==F5B4==F6B5==F7B6==..B7==........|
 //   rank 3 |......F0B0==F1B1==F2B2==F3B3==F4B4==F5B5==F6B6==F7B7==............|
 //
-//   zb-h1, 27 units, every rank holds at most 4 micro-batches
+//   zb-h1, 27 units, bubble 11.1%, peak 4, 4, 4, 4
 //   rank 0 |F0F1F2F3......B0W0F4B1W1F5B2W2F6B3W3F7B4W4B5W5B6W6B7W7|
 //   rank 1 |..F0F1F2....B0F3B1W0F4B2W1F5B3W2F6B4W3F7B5W4B6W5B7W6W7|
 //   rank 2 |....F0F1..B0F2B1F3B2W0F4B3W1F5B4W2F6B5W3F7B6W4B7W5W6W7|
 //   rank 3 |......F0B0F1B1F2B2F3B3W0F4B4W1F5B5W2F6B6W3F7B7W4W5W6W7|
 //
-//   interleaved, p = 4, m = 4, v = 2 (chunk 0 upper case, chunk 1 lower case), 33 units; 1f1b
-//   on the same model (F = 2, B + W = 4 per stage) would take 42
+//   interleaved (v = 2, m = 4), 33 units, bubble 27.3%, peak 8, 7, 6, 5; 1f1b: 42 units
 //   rank 0 |F0F1F2F3f0f1f2f3............b0==..b1==..b2==..b3==B0==B1==B2==B3==|
 //   rank 1 |..F0F1F2F3f0f1f2........b0==f3b1==..b2==..b3==B0==B1==B2==B3==....|
 //   rank 2 |....F0F1F2F3f0f1....b0==f2b1==f3b2==..b3==B0==B1==B2==B3==........|
 //   rank 3 |......F0F1F2F3f0b0==f1b1==f2b2==f3b3==B0==B1==B2==B3==............|
 //
-//   zb-v, p = 4, m = 8, v = 2 in the V order, 51 units (1f1b on the same model: 66)
+//   zb-v (v = 2, V order), 51 units, bubble 5.9%, peak 8, 8, 8, 8; 1f1b: 66 units
 //   rank 0 |F0F1F2F3F4F5F6f0b0w0f1b1w1f2b2w2f3b3w3F7B0W0f4b4w4B1W1f5b5w5B2W2f6b6w6B3W3f7b7w7B4W4B5W5B6W6B7W7......|
 //   rank 1 |..F0F1F2F3F4f0F5f1b0w0f2b1w1f3b2w2F6B0W0f4b3w3F7B1W1f5b4w4B2W2f6b5w5B3W3f7b6w6B4b7B5W4B6W5B7W6w7W7....|
 //   rank 2 |....F0F1F2f0F3f1F4f2b0w0f3b1w1F5B0W0f4b2w2F6B1W1f5b3w3F7B2W2f6b4w4B3W3f7b5w5B4b6B5b7B6W4B7W5w6w7W6W7..|

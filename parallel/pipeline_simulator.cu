@@ -4,9 +4,10 @@
 // communication, and draws the result as an ASCII timeline. It checks what the executor relies
 // on - every receive meets the message it expects, every compute has its input, no rank waits for
 // ever - and measures the makespan, each rank's busy time and its peak of live activations. The
-// planner (training/plan.cu), the executor's start-up and report (parallel/pipeline.cu), the
-// message placement (pipeline_messages.cu), a user's schedule's checks (pipeline_file.cu) and
-// the tests use it.
+// planner (training/plan.cu), the executor's start-up (parallel/pipeline.cu), the measured
+// step's report (pipeline_report.cu), the message placement (pipeline_messages.cu), a user's
+// schedule's checks (pipeline_file.cu) and the tests (test/test_pipeline_headers.cpp draws the
+// timelines in the headers of pipeline.cu and pipeline_schedule.cu with it) use it.
 //
 // The rules it runs by. A compute starts at its rank's clock once its input is there (the data on
 // stage 0, a received activation or gradient, or the output of this rank's own neighbouring

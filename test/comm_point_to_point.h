@@ -1,8 +1,9 @@
 // test/comm_point_to_point.h - test/test_comm.cpp's point-to-point checks: blocking send/recv
 // in a ring, send_recv (a ring, a pipeline's steady-state exchange, one-sided warm-up calls,
-// messages past every eager limit) and p2p_batch (four messages to both neighbours in one
-// call; two tagged messages received in the other order). Included once, inside test_comm.cpp's anonymous namespace, after
-// test/comm_test_support.h.
+// messages past every eager limit; these three are test/comm_send_recv.h's forms of p2p_batch)
+// and p2p_batch itself (four messages to both neighbours in one call; two tagged messages
+// received in the other order). Included once, inside test_comm.cpp's anonymous namespace,
+// after test/comm_test_support.h.
 #pragma once
 
 // Every rank sends to the next one and receives from the previous one. The calls block, so even

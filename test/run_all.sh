@@ -41,6 +41,7 @@ run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"
 run pipeline-file "$BUILD/test_pipeline_file"
 run pipeline-balance "$BUILD/test_pipeline_balance"
+run pipeline-headers "$BUILD/test_pipeline_headers"  # the header timelines, drawn again
 run cp-plan     "$BUILD/test_context_parallel_plan"
 run expert-dispatch "$BUILD/test_expert_dispatch_plan"
 run parallel-identity "$BUILD/test_parallel_identity"

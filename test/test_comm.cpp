@@ -56,6 +56,7 @@
 
 #include "parallel/comm_mpi_internal.h"  // the test checks the MPI groups themselves
 #include "parallel/mesh.h"
+#include "test/comm_send_recv.h"
 
 #ifdef COMM_TEST_FAKE_DEVICE
 namespace ops {

@@ -43,6 +43,7 @@
 #include "model/init.h"
 #include "parallel/param_store.h"
 #include "test/check_results.h"
+#include "test/gpt_one_stage.h"
 
 namespace {
 

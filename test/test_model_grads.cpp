@@ -15,6 +15,7 @@
 #include "model/gpt.h"
 #include "model/init.h"
 #include "parallel/param_store.h"
+#include "test/gpt_one_stage.h"
 
 static ModelConfig read_shape(const char* path) {
   int32_t h[256];

@@ -33,6 +33,7 @@
 #include "model/init.h"
 #include "model/moe.h"
 #include "parallel/param_store.h"
+#include "test/gpt_one_stage.h"
 
 namespace {
 

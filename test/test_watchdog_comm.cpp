@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "parallel/mesh.h"
+#include "test/comm_send_recv.h"
 
 int main(int argc, char** argv) {
   int world_rank = 0, world_size = 1, local_rank = 0;
