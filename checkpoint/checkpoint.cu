@@ -241,7 +241,8 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   FileDigest digest;
   const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
-                                                 save_writer_shards(mesh), mesh.shape, &digest);
+                                                 save_writer_shards(mesh), mesh.shape, &digest,
+                                                 world.rank, step);
   save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 
@@ -382,6 +383,7 @@ static void open_index(const std::string& ckpt, const ModelConfig& model, const 
   std::string problem = manifest_read(ckpt, &entries);
   if (problem.empty()) problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
   if (problem.empty()) problem = check_index(*meta, model, layout, entries, ckpt);
+  if (problem.empty()) problem = h5_check_rank_files(ckpt, *meta, world.rank, world.size);
   fail_together(world, problem, "cannot resume: ");
 }
 

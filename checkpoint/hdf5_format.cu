@@ -202,6 +202,8 @@ std::string h5_write_rank_file(const std::string& path, const RankFileContents& 
   quiet_hdf5();
   try {
     H5Id file(create_in_memory(path, c.floats() * sizeof(float) + ((size_t)1 << 20)));
+    if (c.writer >= 0) write_attr_i64(file, "writer", c.writer);
+    if (c.step >= 0) write_attr_i64(file, "step", c.step);
     write_attr_i64(file, "shard_rank", c.shard_rank);
     write_attr_i64(file, "tp_rank", c.tp_rank);
     write_attr_i64(file, "pp_rank", c.pp_rank);
@@ -270,8 +272,10 @@ std::string h5_read_residuals(const std::string& path, ParamStore& store,
 
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards,
-                               const MeshShape& shape, FileDigest* digest) {
-  const RankFileContents c = rank_file_contents(layout, shards, store, shape);
+                               const MeshShape& shape, FileDigest* digest, int64_t writer,
+                               int64_t step) {
+  RankFileContents c = rank_file_contents(layout, shards, store, shape);
+  c.writer = writer, c.step = step;
   size_t largest = 0;
   for (size_t i = 0; i < c.items(); i++) largest = std::max(largest, c.item_floats(i));
   std::vector<float> host(largest);

@@ -83,6 +83,7 @@ run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
 run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
+run long-run    $PY test/test_long_run.py
 # The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
 # sanitized build of the readers is part of the group's time.
 if why=$(test/fuzz/have_engine.sh); then
