@@ -17,6 +17,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
 #include "checkpoint/save_phases.h"
@@ -323,10 +324,12 @@ static std::string resolve(const CheckpointConfig& c, Comm& world) {
 
 // At start-up, before any step: [checkpoint] dir exists and every rank can write into it, and a
 // run that does not resume does not silently replace the checkpoints already there.
-static void prepare_dir(const CheckpointConfig& c, Comm& world) {
+static void prepare_dir(const CheckpointConfig& c, int steps, Comm& world) {
   if (c.dir.empty()) return;
+  std::string problem = checkpoint_dir_path_problem(c.dir, steps, world.size);
+  fail_together(world, problem, "[checkpoint] dir = " + c.dir + " is too long: ");
   if (world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
-  std::string problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
+  problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
   fail_together(world, problem, "[checkpoint] dir = " + c.dir + " cannot hold checkpoints: ");
   std::string held;
   if (world.rank == 0 && c.resume.empty() && !c.overwrite) {
@@ -464,7 +467,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
-  prepare_dir(c, world);
+  prepare_dir(c, cfg.train.steps, world);
   barrier(world);
   if (c.resume.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();

@@ -274,26 +274,25 @@ std::string manifest_read(const std::string& dir, std::vector<ManifestEntry>* en
 
 std::string manifest_verify(const std::string& dir, const std::vector<ManifestEntry>& entries,
                             int offset, int stride) {
-  char msg[1024];
+  char msg[160];
   for (size_t i = 0; i < entries.size(); i++) {
     const ManifestEntry& e = entries[i];
     const std::string path = dir + "/" + e.file;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) return path + " is missing (listed in the manifest)";
     if ((uint64_t)st.st_size != e.digest.bytes) {
-      std::snprintf(msg, sizeof(msg), "%s is %lld bytes but the manifest says %llu (truncated or "
-                    "overwritten)", path.c_str(), (long long)st.st_size,
-                    (unsigned long long)e.digest.bytes);
-      return msg;
+      std::snprintf(msg, sizeof(msg), " is %lld bytes but the manifest says %llu (truncated or "
+                    "overwritten)", (long long)st.st_size, (unsigned long long)e.digest.bytes);
+      return path + msg;
     }
     if ((int)(i % (size_t)stride) != offset) continue;
     FileDigest d;
     std::string problem = digest_file(path, &d);
     if (!problem.empty()) return problem;
     if (d.crc32 != e.digest.crc32) {
-      std::snprintf(msg, sizeof(msg), "%s fails its checksum: crc32 %08x, the manifest says %08x "
-                    "(the file is corrupt)", path.c_str(), d.crc32, e.digest.crc32);
-      return msg;
+      std::snprintf(msg, sizeof(msg), " fails its checksum: crc32 %08x, the manifest says %08x "
+                    "(the file is corrupt)", d.crc32, e.digest.crc32);
+      return path + msg;
     }
   }
   return "";

@@ -349,6 +349,11 @@ void check_values(Checker& c) {
     c.require(c.float_value(id) >= 0 && c.float_value(id) < 1, id, "must be in [0, 1)");
   c.require(cfg.train.eps > 0, "train.eps", "must be > 0");
   c.require(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+  // A weight matrix is told from a vector (LayerNorm gains, biases: no weight decay) by having
+  // more than one column (model/gpt_layout.cu), and d_model is the columns of wte and qkv.
+  if (cfg.model.d_model == 1)
+    c.require(false, "model.d_model", "must be >= 2: with d_model = 1 the embedding and the "
+              "attention matrices have one column and would be taken for vectors");
   if (cfg.model.n_head > 0 && cfg.model.d_model % cfg.model.n_head != 0)
     c.problems.add(mention(cfg, c.origins, "model.n_head") + " does not divide " +
                    mention(cfg, c.origins, "model.d_model"));

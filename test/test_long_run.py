@@ -9,7 +9,20 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
    repair would): resume refuses before any step, naming the file, the rank or step it was
    written by and the place it sits in. (Before each rank file carried its writer and step,
    both loaded silently: the swap trains from another rank's shard.)
+2. Messages that say what is wrong (one rank, random init where no model file is needed):
+   - d_model = 1 is refused by the config checks naming [model] d_model and the rule (>= 2);
+     d_model = 2 trains (it used to stop with "decayed tensors must come first in a unit");
+   - a directory matched by the train glob: "a directory, not a shard" (was "4096 bytes,
+     shorter than the 1024-byte header");
+   - a Hugging Face directory whose model.safetensors is a directory, at a path of ~2100 bytes
+     (the message names it twice, > 4 KiB): "model.safetensors: a directory, not a file", the
+     whole message to its last word (messages were cut at 4 KiB, before their cause);
+   - [checkpoint] dir 4070 bytes long (a rank file of a save would pass PATH_MAX = 4096):
+     refused before the first step with its length, the longest name appended and PATH_MAX,
+     the whole message (~4.4 KiB) printed (it used to pass the probe and fail at the first
+     save with the cause cut off).
 """
+import json
 import os
 import shutil
 import sys
@@ -80,6 +93,68 @@ def test_misplaced_rank_files(tmp, cfg):
         ["rank_00001.h5", "written at step 2", "step 4"])
 
 
+def model_sections(tmp, steps=2, **model):
+    shape = {"n_layer": 1, "n_head": 1, "d_model": 2, "seq_len": 8, "vocab_size": V}
+    shape.update(model)
+    sec = base_sections(tmp, steps, micro_batch=2)
+    del sec["init"]
+    sec["model"] = shape
+    return sec
+
+
+def refused(tmp, what, sec, words, last_words=None):
+    p = run(write_config(tmp, "bad.toml", sec), check=False, timeout=60)
+    text = p.stdout + p.stderr
+    whole = last_words is None or p.stderr.rstrip().endswith(last_words)
+    ok = p.returncode != 0 and all(w in text for w in words) and whole and \
+        not step_lines(p.stdout)
+    checks.check(f"refused: {what}", ok, f"exit {p.returncode}, ends whole {whole}: "
+                 f"{error_line(p)[:200]} ... {p.stderr.rstrip()[-80:]}")
+
+
+def deep_dir(tmp, length):
+    """A directory whose path is `length` bytes (components of <= 200 bytes)."""
+    path = tmp
+    while len(path) < length:
+        path = os.path.join(path, "d" * min(200, length - len(path) - 1))
+    os.makedirs(path, exist_ok=True)
+    assert len(path) == length, len(path)
+    return path
+
+
+def test_messages(tmp):
+    refused(tmp, "d_model = 1", model_sections(tmp, d_model=1), ["[model] d_model", ">= 2"])
+    p = run(write_config(tmp, "d2.toml", model_sections(tmp, d_model=2)), check=False, timeout=60)
+    checks.check("d_model = 2 trains", p.returncode == 0 and len(step_lines(p.stdout)) == 2,
+                 f"exit {p.returncode}: {error_line(p)[:200]}")
+
+    os.makedirs(os.path.join(tmp, "train_dir.bin"))
+    refused(tmp, "a directory among the shards", base_sections(tmp, 2),
+            [os.path.join(tmp, "train_dir.bin"), "a directory, not a shard"])
+    os.rmdir(os.path.join(tmp, "train_dir.bin"))
+
+    hf = deep_dir(tmp, 2100)
+    with open(os.path.join(hf, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                   "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                   "num_key_value_heads": 2, "intermediate_size": 16, "vocab_size": V,
+                   "max_position_embeddings": 16, "tie_word_embeddings": False}, f)
+    os.makedirs(os.path.join(hf, "model.safetensors"))
+    sec = model_sections(tmp)
+    sec["model"] = {"seq_len": 8, "arch": "llama"}
+    sec["init"] = {"from": hf}
+    refused(tmp, "model.safetensors a directory, the message > 4 KiB",
+            sec, ["model.safetensors: a directory, not a file"],
+            last_words="a directory, not a file (a safetensors file was expected)")
+
+    ck = deep_dir(tmp, 4070)
+    sec = model_sections(tmp, steps=4)
+    sec["checkpoint"] = {"dir": ck, "every": 2}
+    refused(tmp, "a checkpoint dir too long for its rank files", sec,
+            ["is too long", "4070 bytes", "PATH_MAX = 4096", "step_000004.tmp/rank_00000.h5"],
+            last_words="choose a dir of at most 4065 bytes")
+
+
 def main():
     rng = seeded_rng("test_long_run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +162,8 @@ def main():
         sec = base_sections(tmp, 8, micro_batch=2)
         sec["checkpoint"] = {"every": 2}
         cfg = write_config(tmp, "c.toml", sec)
-        checks.run_each(lambda: test_misplaced_rank_files(tmp, cfg))
+        checks.run_each(lambda: test_misplaced_rank_files(tmp, cfg),
+                        lambda: test_messages(tmp))
     checks.report()
 
 
