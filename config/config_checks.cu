@@ -379,6 +379,7 @@ void check_values(Checker& c) {
                    "shards), which is not set");
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
+  check_sizes(c);
   check_architecture(c);
   check_attention_kernels(c);
   check_fp8_shapes(c);

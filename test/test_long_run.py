@@ -21,12 +21,22 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
      refused before the first step with its length, the longest name appended and PATH_MAX,
      the whole message (~4.4 KiB) printed (it used to pass the probe and fail at the first
      save with the cause cut off).
+3. Shapes that would exhaust memory, and counts that would run for days, refused before any
+   work (in well under a second: the run's wall time is checked < 3 s, on a loaded machine)
+   naming the key and, for the shapes, the bytes needed: n_layer 10^6 and 10^8, max_seq_len
+   2^31 - 1 (GPT-2, and a Llama's config.json max_position_embeddings), vocab_size 2147483521
+   and 2^31 - 1 (the padded vocabulary's byte count overflowed), sample_tokens and val_batches
+   2^31 - 1; a FIFO, /dev/urandom and a 2 MiB file as the config file. (Before: the shapes
+   grew to gigabytes and died in bad_alloc naming no key, the counts ran for ever, the FIFO
+   and /dev/urandom never returned.)
 """
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -155,6 +165,63 @@ def test_messages(tmp):
             last_words="choose a dir of at most 4065 bytes")
 
 
+def refused_fast(tmp, what, sec, words, config=None, timeout=20):
+    t0 = time.time()
+    try:
+        p = run(config or write_config(tmp, "big.toml", sec), check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        checks.check(f"refused fast: {what}", False, f"still running after {timeout} s")
+        return
+    took = time.time() - t0
+    text = p.stdout + p.stderr
+    ok = p.returncode != 0 and all(w in text for w in words) and took < 3 and \
+        not step_lines(p.stdout)
+    checks.check(f"refused fast: {what}", ok, f"exit {p.returncode} in {took:.2f} s: "
+                 f"{error_line(p)[:240]}")
+
+
+def test_sizes(tmp):
+    big = 2**31 - 1
+    gpt = dict(n_layer=2, n_head=3, d_model=36)
+    for what, model, words in (
+            ("n_layer 1e6", dict(gpt, n_layer=10**6), ["[model] n_layer = 1000000", "bytes"]),
+            ("n_layer 1e8", dict(gpt, n_layer=10**8), ["[model] n_layer = 100000000", "bytes"]),
+            ("max_seq_len 2^31-1", dict(gpt, max_seq_len=big),
+             ["[model] max_seq_len = 2147483647", "bytes"]),
+            ("vocab_size 2147483521", dict(gpt, vocab_size=2147483521),
+             ["[model] vocab_size = 2147483521", "2147483520"]),
+            ("vocab_size 2^31-1", dict(gpt, vocab_size=big), ["[model] vocab_size", "2147483520"])):
+        refused_fast(tmp, what, model_sections(tmp, **model), words)
+    hf = os.path.join(tmp, "hf_long")
+    os.makedirs(hf, exist_ok=True)
+    with open(os.path.join(hf, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                   "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": V,
+                   "max_position_embeddings": big, "tie_word_embeddings": False}, f)
+    sec = model_sections(tmp)
+    sec["model"] = {"seq_len": 8, "arch": "llama", "d_model": 64}
+    sec["init"] = {"from": hf}
+    refused_fast(tmp, "Llama config.json max_position_embeddings 2^31-1", sec,
+                 ["[model] max_seq_len = 2147483647", "rotary tables", "bytes"])
+    for key, words in (("sample_tokens", ["[log] sample_tokens", "<= 65536"]),
+                       ("val_batches", ["[log] val_batches", "<= 1000000"])):
+        sec = model_sections(tmp)
+        sec["log"][key] = big
+        refused_fast(tmp, f"{key} 2^31-1", sec, words)
+    fifo = os.path.join(tmp, "fifo.toml")
+    os.mkfifo(fifo)
+    refused_fast(tmp, "a FIFO as the config", None, ["fifo.toml", "not a regular file"],
+                 config=fifo, timeout=10)
+    refused_fast(tmp, "/dev/urandom as the config", None, ["not a regular file"],
+                 config="/dev/urandom", timeout=10)
+    huge = os.path.join(tmp, "huge.toml")
+    with open(huge, "w") as f:
+        f.write("# padding\n" * 200000)
+    refused_fast(tmp, "a 2 MiB config", None, ["huge.toml", "more than the 1048576"],
+                 config=huge, timeout=10)
+
+
 def main():
     rng = seeded_rng("test_long_run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +230,7 @@ def main():
         sec["checkpoint"] = {"every": 2}
         cfg = write_config(tmp, "c.toml", sec)
         checks.run_each(lambda: test_misplaced_rank_files(tmp, cfg),
-                        lambda: test_messages(tmp))
+                        lambda: test_messages(tmp), lambda: test_sizes(tmp))
     checks.report()
 
 
