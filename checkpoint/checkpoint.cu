@@ -17,6 +17,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "checkpoint/data_record.h"
 #include "checkpoint/dir_lock.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
@@ -176,6 +177,8 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
                                        &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
+  entries.emplace_back();
+  if (problem.empty()) problem = data_record_write(tmp, &entries.back());
   if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
   if (problem.empty()) problem = sync_dir(tmp);
   // Commit: from here on the checkpoint is complete under its final name.
@@ -468,6 +471,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
   prepare_dir(c, cfg.train.steps, world);
+  if (!c.dir.empty() || !c.resume.empty()) data_record_set(train_data, world);
   barrier(world);
   if (c.resume.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -492,6 +496,8 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                 (unsigned long long)meta.seed, (unsigned long long)cfg.train.seed);
   cfg.train.seed = meta.seed;
   train_data.seed = meta.seed;
+  fail_together(world, data_record_resume(ckpt, cfg.data.allow_changed, train_data, &meta.data,
+                                          world), "cannot resume: ");
   dataloader_seek(train_data, meta.data);
   *loss_trend = meta.loss_trend;
   if (world.rank == 0) {

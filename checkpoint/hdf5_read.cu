@@ -105,37 +105,3 @@ ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind, const std:
     }
   };
 }
-
-// "step_000123" -> 123, else -1 (a checkpoint directory renamed by hand is not checked).
-static int64_t step_of_dir_name(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0 ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 20)
-    return -1;
-  return std::stoll(name.substr(5));
-}
-
-std::string h5_check_rank_files(const std::string& ckpt, const CheckpointMeta& meta, int offset,
-                                int stride) {
-  const int64_t named = step_of_dir_name(base_name(ckpt));
-  if (named >= 0 && named != meta.step)
-    return ckpt + "/" + kIndexFileName + " was written at step " + std::to_string(meta.step) +
-           ", but sits in the checkpoint of step " + std::to_string(named);
-  quiet_hdf5();
-  for (int w = offset; w < meta.writers; w += stride) {
-    const std::string path = ckpt + "/" + rank_file_name(w);
-    try {
-      H5Id file(ok(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"));
-      const int64_t writer = read_attr_or(file, "writer", w);
-      const int64_t step = read_attr_or(file, "step", meta.step);
-      if (writer != w)
-        return path + " was written by rank " + std::to_string(writer) + ", but sits in the "
-               "place of rank " + std::to_string(w) + " (files swapped or renamed)";
-      if (step != meta.step)
-        return path + " was written at step " + std::to_string(step) + ", but sits in the "
-               "checkpoint of step " + std::to_string(meta.step) + " (" + ckpt + ")";
-    } catch (const H5Failure& e) {
-      return path + ": " + e.what();
-    }
-  }
-  return "";
-}

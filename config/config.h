@@ -58,6 +58,7 @@ struct DataConfig {       // [data]
   std::string val;        // glob of token shards ("" = no validation)
   bool shuffle = false;   // false: llm.c's unshuffled order
   std::string tokenizer;  // llm.c gpt2_tokenizer.bin for samples ("" = look beside the shards)
+  bool allow_changed = false;  // resume on other train files than the checkpoint's (mapped)
 };
 
 struct TrainConfig {      // [train]

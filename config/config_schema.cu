@@ -71,6 +71,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(model, rope_theta), KEY(model, norm_eps), KEY(model, tie_embeddings),
       KEY(init, from),
       KEY(data, train), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
+      KEY(data, allow_changed),
       KEY(train, micro_batch), KEY(train, grad_accum), KEY(train, steps), KEY(train, lr),
       KEY(train, warmup_steps), KEY(train, lr_schedule, "cosine", "constant"),
       KEY(train, min_lr), KEY(train, weight_decay), KEY(train, grad_clip), KEY(train, beta1),

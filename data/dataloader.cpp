@@ -113,6 +113,19 @@ void read_tokens(DataLoader& dl, int fd, int64_t file, int64_t first, int64_t co
   }
 }
 
+// The shard's header against what it said at start-up: a shard rewritten while training (another
+// token width or count) would otherwise be read with the old width and length.
+void check_header_unchanged(const DataLoader& dl, int fd, int64_t file) {
+  int32_t h[3] = {0, 0, 0};
+  const bool got = pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h);
+  const int tb = h[0] == kMagicU16 ? 2 : h[0] == kMagicU32 ? 4 : 0;
+  if (got && tb == dl.token_bytes[file] && h[2] == dl.num_tokens[file]) return;
+  FATAL("%s: shard '%s' changed while training: it held %lld %s tokens at start-up, its header "
+        "now says %s%lld tokens", dl.what.c_str(), dl.files[file].c_str(),
+        (long long)dl.num_tokens[file], dl.token_bytes[file] == 4 ? "uint32" : "uint16",
+        tb == 4 ? "uint32, " : tb == 2 ? "uint16, " : "(no valid magic) ", (long long)h[2]);
+}
+
 // Token k of dl.buffer (the host is little-endian, like the files).
 int64_t buffer_token(const DataLoader& dl, int64_t file, int64_t k) {
   if (dl.token_bytes[file] == 2) {
@@ -253,6 +266,7 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
     int fd;
     ~Closer() { close(fd); }
   } closer{fd};
+  check_header_unchanged(dl, fd, file);
   int64_t first = dl.pos.row + (int64_t)dl.dp_rank * dl.B;  // this rank's first row in the order
   if (dl.row_order.empty()) {
     read_rows(dl, fd, file, first, dl.B, inputs, targets);

@@ -29,6 +29,13 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
    2^31 - 1; a FIFO, /dev/urandom and a 2 MiB file as the config file. (Before: the shapes
    grew to gigabytes and died in bad_alloc naming no key, the counts ran for ever, the FIFO
    and /dev/urandom never returned.)
+4. The data set is part of the run's identity: np = 2, shuffle = true, two train shards, saves
+   at steps 2 and 4; then between save and resume a shard added, one removed, one rewritten as
+   uint32 (the same tokens): resume refuses, naming the file and what changed ("added",
+   "removed", "uint16 tokens, now uint32"); with [data] allow_changed = true and a shard added it
+   resumes, printing how the position maps, and trains to the end. A shard rewritten as uint32
+   while a run reads it stops the run naming the shard ("changed while training"). (Before, all
+   five resumed or went on silently: losses up to 0.445 off the uninterrupted run.)
 """
 import json
 import os
@@ -40,8 +47,9 @@ import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer import (Checks, base_sections, make_experiment, run, seeded_rng,  # noqa: E402
-                     write_config)
+from gpt2_reference import write_shard  # noqa: E402
+from trainer import (TRAIN_CPU, Checks, base_sections, learnable_tokens,  # noqa: E402
+                     make_experiment, run, seeded_rng, write_config)
 
 checks = Checks("test_long_run")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -222,6 +230,69 @@ def test_sizes(tmp):
                  config=huge, timeout=10)
 
 
+def test_changed_data(tmp, rng):
+    d = os.path.join(tmp, "changed")
+    os.makedirs(d)
+    tokens = [learnable_tokens(rng, 1500, V) for _ in range(3)]
+    for i in range(2):
+        write_shard(os.path.join(d, f"train_00{i}.bin"), tokens[i], 1)
+    sec = base_sections(tmp, 6, micro_batch=2)
+    sec["data"] = {"train": os.path.join(d, "train_*.bin"), "shuffle": True}
+    sec["checkpoint"] = {"every": 2}
+    cfg = write_config(tmp, "changed.toml", sec)
+    original = os.path.join(tmp, "ck_changed")
+    trainer(cfg, original, os.path.join(tmp, "changed.jsonl"), "--train.steps=4", check=True)
+    saved = {f: open(os.path.join(d, f), "rb").read() for f in os.listdir(d)}
+
+    def resumed(name, change, words, allow=False, code=1):
+        for f in os.listdir(d):
+            os.remove(os.path.join(d, f))
+        for f, data in saved.items():
+            open(os.path.join(d, f), "wb").write(data)
+        change()
+        ck = os.path.join(tmp, "ck_" + name)
+        shutil.copytree(original, ck)
+        m = os.path.join(tmp, name + ".jsonl")
+        p = trainer(cfg, ck, m, "--train.steps=6", "--checkpoint.resume=latest",
+                    *(["--data.allow_changed=true"] if allow else []))
+        text = p.stdout + p.stderr
+        steps = len(step_lines(p.stdout))
+        ok = p.returncode == code and all(w in text for w in words) and \
+            steps == (2 if code == 0 else 0)
+        checks.check(f"data {name}: {'continues' if code == 0 else 'resume refused'} naming "
+                     f"{words}", ok, f"exit {p.returncode}, {steps} steps: "
+                     f"{(error_line(p) if code else next((l for l in p.stdout.splitlines() if 'data position' in l), ''))[:300]}")
+
+    shard = lambda i: os.path.join(d, f"train_00{i}.bin")  # noqa: E731
+    resumed("added", lambda: write_shard(shard(2), tokens[2], 1), ["added:", shard(2)])
+    resumed("removed", lambda: os.remove(shard(1)), ["removed:", shard(1)])
+    resumed("uint32", lambda: write_shard(shard(1), tokens[1], 7),
+            ["changed:", shard(1), "uint16 tokens, now uint32"])
+    resumed("added_allowed", lambda: write_shard(shard(2), tokens[2], 1),
+            ["added:", shard(2), "data position (epoch 0, shard"], allow=True, code=0)
+
+    # Rewritten while a run reads it: the next read of the shard stops the run.
+    for f, data in saved.items():
+        open(os.path.join(d, f), "wb").write(data)
+    p = subprocess.Popen([TRAIN_CPU, cfg, "--train.steps=100000",
+                          f"--log.metrics={tmp}/midrun.jsonl"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for line in p.stdout:
+        if line.startswith("step "):
+            break
+    for i in range(2):
+        write_shard(shard(i) + ".new", tokens[i], 7)
+        os.rename(shard(i) + ".new", shard(i))
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    ok = p.returncode not in (0, None, -9) and "changed while training" in err and "uint32" in err
+    checks.check("a shard rewritten as uint32 mid-run stops the run naming it", ok,
+                 f"exit {p.returncode}: {(err.strip().splitlines() or ['no error'])[-1][:260]}")
+
+
 def main():
     rng = seeded_rng("test_long_run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +301,8 @@ def main():
         sec["checkpoint"] = {"every": 2}
         cfg = write_config(tmp, "c.toml", sec)
         checks.run_each(lambda: test_misplaced_rank_files(tmp, cfg),
-                        lambda: test_messages(tmp), lambda: test_sizes(tmp))
+                        lambda: test_messages(tmp), lambda: test_sizes(tmp),
+                        lambda: test_changed_data(tmp, rng))
     checks.report()
 
 
