@@ -326,14 +326,18 @@ static std::string resolve(const CheckpointConfig& c, Comm& world) {
 }
 
 // At start-up, before any step: [checkpoint] dir exists and every rank can write into it, and a
-// run that does not resume does not silently replace the checkpoints already there.
-static void prepare_dir(const CheckpointConfig& c, int steps, Comm& world) {
-  if (c.dir.empty()) return;
-  std::string problem = checkpoint_dir_path_problem(c.dir, steps, world.size);
+// run that does not resume does not silently replace the checkpoints already there; the
+// directory and the metrics file are this job's alone (dir_lock.h) before anything is removed.
+static void prepare_dir(const Config& cfg, Comm& world) {
+  const CheckpointConfig& c = cfg.checkpoint;
+  std::string problem;
+  if (!c.dir.empty()) problem = checkpoint_dir_path_problem(c.dir, cfg.train.steps, world.size);
   fail_together(world, problem, "[checkpoint] dir = " + c.dir + " is too long: ");
-  if (world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
-  problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
+  if (!c.dir.empty()) problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
   fail_together(world, problem, "[checkpoint] dir = " + c.dir + " cannot hold checkpoints: ");
+  job_locks_take(cfg, world);
+  if (c.dir.empty()) return;
+  if (world.rank == 0) remove_stale_temporaries(c.dir);
   std::string held;
   if (world.rank == 0 && c.resume.empty() && !c.overwrite) {
     for (int64_t s : checkpoint_steps(c.dir)) held += (held.empty() ? "" : ", ") + step_dir_name(s);
@@ -470,7 +474,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
-  prepare_dir(c, cfg.train.steps, world);
+  prepare_dir(cfg, world);
   if (!c.dir.empty() || !c.resume.empty()) data_record_set(train_data, world);
   barrier(world);
   if (c.resume.empty()) return 0;

@@ -330,7 +330,7 @@ void check_values(Checker& c) {
                          "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history",
                          "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
-  for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
+  for (const char* id : {"train.warmup_steps", "checkpoint.every", "checkpoint.lock_wait_s", "log.val_every",
                          "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",

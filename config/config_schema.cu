@@ -94,6 +94,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(kernels, attention, "auto", "flash", "cudnn"),
       KEY(checkpoint, dir), KEY(checkpoint, every), KEY(checkpoint, keep),
       KEY(checkpoint, resume), KEY(checkpoint, overwrite), KEY(checkpoint, async),
+      KEY(checkpoint, lock_wait_s),
       KEY(log, every), KEY(log, metrics), KEY(log, val_every), KEY(log, val_batches),
       KEY(log, sample_every), KEY(log, sample_tokens), KEY(log, peak_tflops),
       KEY(log, pipeline_timeline), KEY(log, check_tied), KEY(log, check_replicas),

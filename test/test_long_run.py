@@ -36,20 +36,34 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
    resumes, printing how the position maps, and trains to the end. A shard rewritten as uint32
    while a run reads it stops the run naming the shard ("changed while training"). (Before, all
    five resumed or went on silently: losses up to 0.445 off the uninterrupted run.)
+5. One job at a time: four jobs on one checkpoint directory and one metrics file, the same
+   command (resume = "latest"), two started together, one 1 s and one 3 s later, waiting at
+   most 1 s for a lock: exactly one trains (until SIGUSR1 stops it with a checkpoint), with
+   every step once in the metrics file, every checkpoint valid and `latest` its last; each other one stops before any step naming the
+   holder (this host, "pid"). Then a job killed with kill -9 of mpirun alone (its ranks live on
+   for a moment) and resumed at once: the resume starts only when every rank of the killed job
+   is gone (checked by watching their processes), and ends with each step once in the
+   metrics file, every checkpoint valid and `latest` its own. (Before, all four trained into
+   the one directory, overwriting each other's checkpoints and records.)
 """
+import glob
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_reference import write_shard  # noqa: E402
-from trainer import (TRAIN_CPU, Checks, base_sections, learnable_tokens,  # noqa: E402
-                     make_experiment, run, seeded_rng, write_config)
+from trainer import (MPIRUN, TRAIN_CPU, Checks, base_sections, json_records,  # noqa: E402
+                     kill_job, learnable_tokens, make_experiment, rank_pids, run, seeded_rng,
+                     verify_manifest, write_config)
 
 checks = Checks("test_long_run")
 L, NH, C, T, V = 2, 3, 36, 16, 101
@@ -293,6 +307,112 @@ def test_changed_data(tmp, rng):
                  f"exit {p.returncode}: {(err.strip().splitlines() or ['no error'])[-1][:260]}")
 
 
+def lock_sections(tmp, d, steps):
+    sec = base_sections(tmp, steps, micro_batch=2)
+    sec["checkpoint"] = {"dir": d, "every": 50, "resume": "latest", "lock_wait_s": 1}
+    sec["log"]["metrics"] = d + ".jsonl"
+    return write_config(tmp, os.path.basename(d) + ".toml", sec)
+
+
+def launch(cfg, *extra):
+    return subprocess.Popen([*MPIRUN, "-np", "2", TRAIN_CPU, cfg, *LAYOUT, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def steps_once(metrics, last):
+    seen = [r["step"] for r in json_records(metrics) if "loss" in r and "val_loss" not in r]
+    return sorted(seen) == list(range(1, last + 1)), len(seen)
+
+
+def all_valid(d):
+    bad = [s for s in glob.glob(os.path.join(d, "step_*")) if verify_manifest(s)]
+    return not bad and not glob.glob(os.path.join(d, "*.tmp"))
+
+
+def test_two_jobs(tmp):
+    d = os.path.join(tmp, "ck_two_jobs")
+    cfg = lock_sections(tmp, d, 100000)  # the winner trains until told to stop (SIGUSR1)
+    jobs = [launch(cfg), launch(cfg)]
+    time.sleep(1)
+    jobs.append(launch(cfg))
+    time.sleep(2)
+    jobs.append(launch(cfg))
+    deadline = time.time() + 60
+    while time.time() < deadline and sum(j.poll() is None for j in jobs) > 1:
+        time.sleep(0.05)
+    for j in jobs:
+        if j.poll() is None:
+            os.kill(j.pid, signal.SIGUSR1)  # mpirun forwards it: a checkpoint, then exit 75
+    outs = [j.communicate(timeout=120) for j in jobs]
+    won = [i for i, j in enumerate(jobs) if j.returncode == 75]
+    host = socket.gethostname()
+    refused = [i for i, (o, e) in enumerate(outs) if jobs[i].returncode == 1 and
+               "is in use by another job" in e and host in e and "pid" in e and
+               not step_lines(o)]
+    last = max([r["step"] for r in json_records(d + ".jsonl") if "loss" in r] or [0])
+    once, n = steps_once(d + ".jsonl", last)
+    ok = len(won) == 1 and len(refused) == 3 and once and last > 0 and all_valid(d) and \
+        open(os.path.join(d, "latest")).read() == f"step_{last:06d}\n"
+    detail = next((l for i, (o, e) in enumerate(outs) if i in refused for l in e.splitlines()
+                   if "in use" in l), "no refusal")
+    checks.check("four jobs on one directory (0, 0, 1, 3 s): one trains, three refused naming "
+                 "the holder", ok, f"exits {[j.returncode for j in jobs]}, {n} step records to "
+                 f"step {last}, each once {once}: {detail[:240]}")
+
+
+def alive(pid):
+    """Running (not gone, and not a zombie: a zombie has closed its files and writes nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_resume_after_kill(tmp):
+    d = os.path.join(tmp, "ck_killed")
+    steps = 60
+    cfg = lock_sections(tmp, d, steps)
+    old = launch(cfg, "--checkpoint.every=1")
+    marker = os.path.basename(d) + ".toml"
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.exists(os.path.join(d, "step_000004")):
+        time.sleep(0.05)
+    old_ranks = set(rank_pids(marker).values())
+    os.kill(old.pid, signal.SIGKILL)  # mpirun alone: its ranks live on for a moment
+    killed_at = time.time()
+    new = launch(cfg, "--checkpoint.lock_wait_s=60")
+    stamped = []  # (time, line) of the new job's stdout
+
+    def read():
+        for line in new.stdout:
+            stamped.append((time.time(), line))
+    reader = threading.Thread(target=read)
+    reader.start()
+    gone_at = None
+    while gone_at is None and time.time() < killed_at + 60:
+        if not any(alive(pid) for pid in old_ranks):
+            gone_at = time.time()
+        time.sleep(0.01)
+    new.wait(timeout=180)
+    reader.join()
+    err = new.stderr.read()
+    kill_job(old, marker)
+    once, n = steps_once(d + ".jsonl", steps)
+    took = next((t for t, l in stamped if "taking over" in l), None)
+    after = took is not None and gone_at is not None and took >= gone_at - 0.05
+    ok = new.returncode == 0 and once and after and all_valid(d) and \
+        open(os.path.join(d, "latest")).read() == f"step_{steps:06d}\n"
+    lines = [l.strip() for t, l in stamped if l.startswith("lock ")]
+    checks.check("resume right after kill -9 of mpirun: starts after the old ranks are gone, "
+                 "each step once", ok,
+                 f"exit {new.returncode}, {len(old_ranks)} old ranks gone "
+                 f"{(gone_at or 0) - killed_at:.2f} s after the kill, lock taken "
+                 f"{(took or 0) - killed_at:.2f} s after, {n} step records, each once {once}: "
+                 f"{lines[:2]} {err.strip()[-200:]}")
+
+
 def main():
     rng = seeded_rng("test_long_run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +422,8 @@ def main():
         cfg = write_config(tmp, "c.toml", sec)
         checks.run_each(lambda: test_misplaced_rank_files(tmp, cfg),
                         lambda: test_messages(tmp), lambda: test_sizes(tmp),
-                        lambda: test_changed_data(tmp, rng))
+                        lambda: test_changed_data(tmp, rng), lambda: test_two_jobs(tmp),
+                        lambda: test_resume_after_kill(tmp))
     checks.report()
 
 
