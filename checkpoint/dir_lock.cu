@@ -3,6 +3,7 @@
 #include "checkpoint/dir_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -157,7 +158,9 @@ void job_locks_take(const Config& cfg, Comm& world) {
     agree_or_stop(world, problem);
     if (all_agree(world, world.rank != 0 || fd >= 0)) take_rank_lock(dir + "/lock", world);
   }
-  if (!cfg.log.metrics.empty() && world.rank == 0)
+  struct stat st;  // metrics into a device (/dev/stdout) or a FIFO: nothing to protect
+  const bool regular = stat(cfg.log.metrics.c_str(), &st) != 0 || S_ISREG(st.st_mode);
+  if (!cfg.log.metrics.empty() && regular && world.rank == 0)
     problem = take_job_lock(cfg.log.metrics + ".lock", "[log] metrics = " + cfg.log.metrics,
                             wait_s, world.size, false, &fd);
   agree_or_stop(world, problem);
