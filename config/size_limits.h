@@ -26,8 +26,9 @@
 // each divided by every degree that could split it (tp, pp, cp, ep), so the real figure is
 // larger. A bound above the device's free memory (or, for what lives on the host, the host's
 // MemAvailable; on the CPU backend the device is the host) is refused naming the keys that
-// make the shape large and the bytes needed; a shape that passes may still not fit, and then
-// the allocator's own message names the allocation.
+// make the shape large and the bytes needed. This bound is cheap arithmetic, so that absurd
+// shapes never reach the planner; train.cu then runs the planner (training/plan.h: the step
+// dry, a fraction of a second) and checks its exact figures the same way (plan_memory_problem).
 #pragma once
 #include <cstddef>
 #include <string>

@@ -26,7 +26,9 @@ Tiny GPT-2 (L=2, NH=3, C=36, T=16, V=101), np = 2 FSDP, global batch 4, saves ev
    naming the key and, for the shapes, the bytes needed: n_layer 10^6 and 10^8, max_seq_len
    2^31 - 1 (GPT-2, and a Llama's config.json max_position_embeddings), vocab_size 2147483521
    and 2^31 - 1 (the padded vocabulary's byte count overflowed), sample_tokens and val_batches
-   2^31 - 1; a FIFO, /dev/urandom and a 2 MiB file as the config file. (Before: the shapes
+   2^31 - 1; a FIFO, /dev/urandom and a 2 MiB file as the config file. Past that cheap bound,
+   the planner's figures (the step run dry, training/plan.h): a micro-batch whose logits alone
+   take twice this host's MemAvailable is refused naming the bytes. (Before: the shapes
    grew to gigabytes and died in bad_alloc naming no key, the counts ran for ever, the FIFO
    and /dev/urandom never returned.)
 4. The data set is part of the run's identity: np = 2, shuffle = true, two train shards, saves
@@ -226,6 +228,18 @@ def test_sizes(tmp):
     sec["init"] = {"from": hf}
     refused_fast(tmp, "Llama config.json max_position_embeddings 2^31-1", sec,
                  ["[model] max_seq_len = 2147483647", "rotary tables", "bytes"])
+    # Past the cheap bound, the planner's figures: a micro-batch whose step needs twice this
+    # host's available memory (the bytes per row measured with --plan at 1000 rows).
+    available = int(next(l for l in open("/proc/meminfo") if l.startswith("MemAvailable"))
+                    .split()[1]) * 1024
+    sec = model_sections(tmp, vocab_size=50257, seq_len=8, **gpt)
+    sec["train"]["micro_batch"] = 1000
+    out = run(write_config(tmp, "plan1000.toml", sec), ["--plan"], timeout=60).stdout
+    peak_mib = float(out.split("device MiB\n")[1].split()[7])
+    rows = int(2 * available / (peak_mib * 2**20 / 1000)) + 1
+    sec["train"]["micro_batch"] = rows
+    refused_fast(tmp, f"micro_batch {rows} (the planner's peak)", sec,
+                 ["run dry by the planner", "bytes", "of host memory"])
     for key, words in (("sample_tokens", ["[log] sample_tokens", "<= 65536"]),
                        ("val_batches", ["[log] val_batches", "<= 1000000"])):
         sec = model_sections(tmp)
