@@ -24,6 +24,7 @@
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "config/config.h"
+#include "config/size_limits.h"
 #include "training/evaluate.h"
 #include "training/health.h"
 #include "model/fp8.h"
@@ -114,6 +115,13 @@ static void setup(Run& r, int world_rank, int local_rank) {
   CommBackend backend = cfg.parallel.backend == "nccl" ? CommBackend::NCCL : CommBackend::MPI;
   r.mesh.watch.timeout_s = cfg.parallel.timeout_s;
   mesh_init(r.mesh, mesh_shape(cfg), world_rank, local_rank, backend);
+  const std::string too_large = memory_bound_problem(  // before the model is laid out
+      cfg, r.device.free_memory, host_available_memory(), ops::device_memory_is_host());
+  CHECK(too_large.empty(), "%s", too_large.c_str());
+  const std::string no_room = plan_memory_problem(  // the planner's figures: the step run dry
+      plan_layout(cfg, PlanScope::Stages), r.device.free_memory, host_available_memory(),
+      ops::device_memory_is_host());
+  CHECK(no_room.empty(), "%s", no_room.c_str());
   const DType dt = compute_dtype(cfg.precision);
   const bool fp8 = cfg.precision.compute == "fp8";
   CHECK_ALL(!fp8 || ops::device_supports_fp8(),

@@ -27,6 +27,7 @@ double async_save_begin(AsyncSave& a, const Config& cfg, int step, const GPTLayo
   async_save_poll(a, cfg, layout, world, /*wait=*/true);  // one save in flight at a time
   a.target = save_begin(cfg, step, run, world);
   a.contents = rank_file_contents(layout, save_writer_shards(mesh), store, mesh.shape);
+  a.contents.writer = world.rank, a.contents.step = step;
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   a.parts.assign(a.contents.items(), {});  // the parts, then the residuals (hdf5_format.h)
   for (size_t i = 0; i < a.parts.size(); i++) {

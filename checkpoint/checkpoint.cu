@@ -17,6 +17,8 @@
 #include <fstream>
 #include <tuple>
 
+#include "checkpoint/data_record.h"
+#include "checkpoint/dir_lock.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
 #include "checkpoint/save_phases.h"
@@ -175,6 +177,8 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
                                        &entries[0].digest);
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
+  entries.emplace_back();
+  if (problem.empty()) problem = data_record_write(tmp, &entries.back());
   if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
   if (problem.empty()) problem = sync_dir(tmp);
   // Commit: from here on the checkpoint is complete under its final name.
@@ -241,7 +245,8 @@ void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, Param
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   FileDigest digest;
   const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
-                                                 save_writer_shards(mesh), mesh.shape, &digest);
+                                                 save_writer_shards(mesh), mesh.shape, &digest,
+                                                 world.rank, step);
   save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 
@@ -321,12 +326,18 @@ static std::string resolve(const CheckpointConfig& c, Comm& world) {
 }
 
 // At start-up, before any step: [checkpoint] dir exists and every rank can write into it, and a
-// run that does not resume does not silently replace the checkpoints already there.
-static void prepare_dir(const CheckpointConfig& c, Comm& world) {
-  if (c.dir.empty()) return;
-  if (world.rank == 0 && is_directory(c.dir)) remove_stale_temporaries(c.dir);
-  std::string problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
+// run that does not resume does not silently replace the checkpoints already there; the
+// directory and the metrics file are this job's alone (dir_lock.h) before anything is removed.
+static void prepare_dir(const Config& cfg, Comm& world) {
+  const CheckpointConfig& c = cfg.checkpoint;
+  std::string problem;
+  if (!c.dir.empty()) problem = checkpoint_dir_path_problem(c.dir, cfg.train.steps, world.size);
+  fail_together(world, problem, "[checkpoint] dir = " + c.dir + " is too long: ");
+  if (!c.dir.empty()) problem = probe_dir(c.dir, ".write_probe_rank_" + std::to_string(world.rank));
   fail_together(world, problem, "[checkpoint] dir = " + c.dir + " cannot hold checkpoints: ");
+  job_locks_take(cfg, world);
+  if (c.dir.empty()) return;
+  if (world.rank == 0) remove_stale_temporaries(c.dir);
   std::string held;
   if (world.rank == 0 && c.resume.empty() && !c.overwrite) {
     for (int64_t s : checkpoint_steps(c.dir)) held += (held.empty() ? "" : ", ") + step_dir_name(s);
@@ -382,6 +393,7 @@ static void open_index(const std::string& ckpt, const ModelConfig& model, const 
   std::string problem = manifest_read(ckpt, &entries);
   if (problem.empty()) problem = h5_open_index(ckpt + "/" + kIndexFileName, index, meta);
   if (problem.empty()) problem = check_index(*meta, model, layout, entries, ckpt);
+  if (problem.empty()) problem = h5_check_rank_files(ckpt, *meta, world.rank, world.size);
   fail_together(world, problem, "cannot resume: ");
 }
 
@@ -465,7 +477,8 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                       DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
-  prepare_dir(c, world);
+  prepare_dir(cfg, world);
+  if (!c.dir.empty() || !c.resume.empty()) data_record_set(train_data, world);
   barrier(world);
   if (c.resume.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -490,6 +503,8 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                 (unsigned long long)meta.seed, (unsigned long long)cfg.train.seed);
   cfg.train.seed = meta.seed;
   train_data.seed = meta.seed;
+  fail_together(world, data_record_resume(ckpt, cfg.data.allow_changed, train_data, &meta.data,
+                                          world), "cannot resume: ");
   dataloader_seek(train_data, meta.data);
   *loss_trend = meta.loss_trend;
   if (world.rank == 0) {

@@ -15,6 +15,7 @@
 //                                     tensor as a virtual dataset of its logical shape:
 //                                     model/wte, model/h.3/attn/qkv/weight, optim/m/...,
 //                                     optim/v/... (diloco/... with DiLoCo)
+//   data.txt                          the train files it was trained on (checkpoint/data_record.h)
 //   manifest.txt                      size and CRC32 of every file above (checkpoint/files.h)
 // and dir/latest, a one-line text file naming the newest complete checkpoint.
 //
@@ -60,7 +61,9 @@
 // path (the directory or its checkpoint.h5). The ranks share the verification: every rank checks
 // that every manifest entry exists with its size, and the CRC32 of every world_size-th file; any
 // problem stops the job with a message naming the file. A model shape other than the config's
-// is refused naming both shapes. Then every rank loads its shard of the master, m and v through
+// is refused naming both shapes, and so is a rank file in another rank's place or from another
+// step, or a train glob that matches other files than data.txt lists (unless [data]
+// allow_changed). Then every rank loads its shard of the master, m and v through
 // the index, and the step, seed and data position (data/dataloader.h: epoch, shard, row - global,
 // so valid at any dp) are restored. The same layout continues bit for bit: the fp32 master and
 // moments are exact, the bf16 working copy is recomputed from the master by the same rounding,

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/syscall.h>
@@ -274,27 +275,58 @@ std::string manifest_read(const std::string& dir, std::vector<ManifestEntry>* en
 
 std::string manifest_verify(const std::string& dir, const std::vector<ManifestEntry>& entries,
                             int offset, int stride) {
-  char msg[1024];
+  char msg[160];
   for (size_t i = 0; i < entries.size(); i++) {
     const ManifestEntry& e = entries[i];
     const std::string path = dir + "/" + e.file;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) return path + " is missing (listed in the manifest)";
     if ((uint64_t)st.st_size != e.digest.bytes) {
-      std::snprintf(msg, sizeof(msg), "%s is %lld bytes but the manifest says %llu (truncated or "
-                    "overwritten)", path.c_str(), (long long)st.st_size,
-                    (unsigned long long)e.digest.bytes);
-      return msg;
+      std::snprintf(msg, sizeof(msg), " is %lld bytes but the manifest says %llu (truncated or "
+                    "overwritten)", (long long)st.st_size, (unsigned long long)e.digest.bytes);
+      return path + msg;
     }
     if ((int)(i % (size_t)stride) != offset) continue;
     FileDigest d;
     std::string problem = digest_file(path, &d);
     if (!problem.empty()) return problem;
     if (d.crc32 != e.digest.crc32) {
-      std::snprintf(msg, sizeof(msg), "%s fails its checksum: crc32 %08x, the manifest says %08x "
-                    "(the file is corrupt)", path.c_str(), d.crc32, e.digest.crc32);
-      return msg;
+      std::snprintf(msg, sizeof(msg), " fails its checksum: crc32 %08x, the manifest says %08x "
+                    "(the file is corrupt)", d.crc32, e.digest.crc32);
+      return path + msg;
     }
   }
   return "";
+}
+
+// The holder line of a lock file (checkpoint/dir_lock.h).
+std::string lock_holder_text(int ranks) {
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const time_t now = time(nullptr);
+  char when[64] = "?";
+  struct tm tm;
+  if (gmtime_r(&now, &tm)) strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  char text[512];
+  std::snprintf(text, sizeof(text), "host %s pid %d started %s (unix %lld), %d rank(s)\n", host,
+                (int)getpid(), when, (long long)now, ranks);
+  return text;
+}
+
+std::string lock_holder_describe(const std::string& text) {
+  char host[256] = "", when[128] = "";
+  int pid = 0, ranks = 0, used = 0;
+  long long unix_s = 0;
+  const std::string line = text.substr(0, text.find('\n'));
+  if (line.size() < 400 &&
+      std::sscanf(line.c_str(), "host %255s pid %d started %127[^(](unix %lld), %d rank(s)%n",
+                  host, &pid, when, &unix_s, &ranks, &used) == 5 && used == (int)line.size()) {
+    std::string w = when;
+    while (!w.empty() && w.back() == ' ') w.pop_back();
+    return "host " + std::string(host) + ", pid " + std::to_string(pid) + ", started " + w +
+           ", " + std::to_string(ranks) + " rank(s)";
+  }
+  std::string shown;
+  for (char ch : line.substr(0, 80)) shown += (ch >= 32 && ch < 127) ? ch : '?';
+  return "an unknown holder (the lock file says \"" + shown + "\")";
 }

@@ -58,6 +58,13 @@ std::vector<std::string> list_dir(const std::string& dir);  // names, without . 
 // the old content is left at `from`.
 std::string rename_replacing(const std::string& from, const std::string& to);
 
+// A lock file's holder line (checkpoint/dir_lock.h): "host <h> pid <p> started <time> (unix
+// <s>), <n> rank(s)", written by the job that takes the lock; and its description for a message,
+// "host h, pid p, started t, n rank(s)", or, for text that is not such a line (a damaged or
+// foreign file), what it says (printable characters only, at most 80). Never fails.
+std::string lock_holder_text(int ranks);
+std::string lock_holder_describe(const std::string& text);
+
 // The manifest.
 struct ManifestEntry {
   std::string file;  // name inside the checkpoint directory

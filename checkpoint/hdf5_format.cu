@@ -202,6 +202,8 @@ std::string h5_write_rank_file(const std::string& path, const RankFileContents& 
   quiet_hdf5();
   try {
     H5Id file(create_in_memory(path, c.floats() * sizeof(float) + ((size_t)1 << 20)));
+    if (c.writer >= 0) write_attr_i64(file, "writer", c.writer);
+    if (c.step >= 0) write_attr_i64(file, "step", c.step);
     write_attr_i64(file, "shard_rank", c.shard_rank);
     write_attr_i64(file, "tp_rank", c.tp_rank);
     write_attr_i64(file, "pp_rank", c.pp_rank);
@@ -270,8 +272,10 @@ std::string h5_read_residuals(const std::string& path, ParamStore& store,
 
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards,
-                               const MeshShape& shape, FileDigest* digest) {
-  const RankFileContents c = rank_file_contents(layout, shards, store, shape);
+                               const MeshShape& shape, FileDigest* digest, int64_t writer,
+                               int64_t step) {
+  RankFileContents c = rank_file_contents(layout, shards, store, shape);
+  c.writer = writer, c.step = step;
   size_t largest = 0;
   for (size_t i = 0; i < c.items(); i++) largest = std::max(largest, c.item_floats(i));
   std::vector<float> host(largest);
@@ -446,3 +450,36 @@ std::string h5_write_index(const std::string& path, const WriterUnits& units,
   }
 }
 
+// "step_000123" -> 123, else -1 (a checkpoint directory renamed by hand is not checked).
+static int64_t step_of_dir_name(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 20)
+    return -1;
+  return std::stoll(name.substr(5));
+}
+
+std::string h5_check_rank_files(const std::string& ckpt, const CheckpointMeta& meta, int offset,
+                                int stride) {
+  const int64_t named = step_of_dir_name(base_name(ckpt));
+  if (named >= 0 && named != meta.step)
+    return ckpt + "/" + kIndexFileName + " was written at step " + std::to_string(meta.step) +
+           ", but sits in the checkpoint of step " + std::to_string(named);
+  quiet_hdf5();
+  for (int w = offset; w < meta.writers; w += stride) {
+    const std::string path = ckpt + "/" + rank_file_name(w);
+    try {
+      H5Id file(ok(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open"));
+      const int64_t writer = read_attr_or(file, "writer", w);
+      const int64_t step = read_attr_or(file, "step", meta.step);
+      if (writer != w)
+        return path + " was written by rank " + std::to_string(writer) + ", but sits in the "
+               "place of rank " + std::to_string(w) + " (files swapped or renamed)";
+      if (step != meta.step)
+        return path + " was written at step " + std::to_string(step) + ", but sits in the "
+               "checkpoint of step " + std::to_string(meta.step) + " (" + ckpt + ")";
+    } catch (const H5Failure& e) {
+      return path + ": " + e.what();
+    }
+  }
+  return "";
+}

@@ -21,7 +21,9 @@
 // moments, and island 0 also writes the outer state (diloco/sync, diloco/m: the same in every
 // island), so that each element of each island's tensors is written exactly once.
 //
-// rank_00003.h5 (writer 3), one 1-D float32 dataset per state and unit, attribute `first`:
+// rank_00003.h5 (writer 3), attributes writer (3: its world rank) and step (the checkpoint's;
+// both absent in older checkpoints) and its place: shard_rank, tp_rank, pp_rank, ep_rank; one
+// 1-D float32 dataset per state and unit, attribute `first`:
 //   /model/unit_0, /model/unit_1, ..., /optim/m/unit_0, ..., /optim/v/unit_0, ...
 //   (with DiLoCo, island 0's writers also /diloco/sync/unit_0, ..., /diloco/m/unit_0, ...;
 //   with compressed reductions every writer also its /residual/... : residual_layout below)
@@ -138,6 +140,7 @@ struct RankFileResidual {
 // Whether the store holds residuals of compressed reductions (gradients or DiLoCo's meetings).
 bool store_has_residuals(const ParamStore& store);
 struct RankFileContents {
+  int64_t writer = -1, step = -1;  // its world rank and the checkpoint's step (-1: not written)
   int64_t shard_rank = 0, tp_rank = 0, pp_rank = 0, ep_rank = 0;
   std::vector<RankFilePart> parts;  // the non-empty ranges, by state then unit
   std::string residual_layout;      // residual_layout(); "" without compression
@@ -162,10 +165,11 @@ void copy_item(ParamStore& store, const RankFileContents& c, size_t i, float* ds
 // naming the file and HDF5 never holds a file it could not close. Returns "" or the problem.
 std::string h5_write_rank_file(const std::string& path, const RankFileContents& contents,
                                const PartSource& source, FileDigest* digest);
-// The synchronous case: every item copied from the store.
+// The synchronous case: every item copied from the store; `writer` and `step` as above.
 std::string h5_write_rank_file(const std::string& path, ParamStore& store,
                                const GPTLayout& layout, const WriterShards& shards,
-                               const MeshShape& shape, FileDigest* digest);
+                               const MeshShape& shape, FileDigest* digest, int64_t writer = -1,
+                               int64_t step = -1);
 
 // The residuals of the compressed reductions ([parallel] grad_compression, parallel/
 // grad_compression.cu, and diloco_compression, parallel/diloco.h) are this rank's own state, not
@@ -207,6 +211,13 @@ struct CheckpointIndex {
 // Opens the index and reads its metadata. Returns "" or a message naming the file.
 std::string h5_open_index(const std::string& path, CheckpointIndex* index, CheckpointMeta* meta);
 void h5_close_index(CheckpointIndex& index);
+// Each rank file w of the checkpoint directory `ckpt` (with w % stride == offset, so the ranks
+// share the reading) carries writer = w and step = meta.step, and the index's step is the one
+// the directory's name (step_000123) says: a file swapped with another rank's or copied from
+// another checkpoint is refused, naming the file, who wrote it and where it sits (a file without
+// the attributes, from an older trainer, is not checked). Returns "" or the problem.
+std::string h5_check_rank_files(const std::string& ckpt, const CheckpointMeta& meta, int offset,
+                                int stride);
 // Exits naming the file and tensor if a tensor is missing or has another shape.
 ParamFill h5_index_fill(const CheckpointIndex& index, StateKind kind,
                         const std::string& prefix = "");

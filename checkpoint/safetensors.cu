@@ -99,6 +99,11 @@ size_t SafetensorsTensor::numel() const {
 }
 
 std::string safetensors_open_file(const std::string& path, SafetensorsSet* set) {
+  struct stat st;  // before opening: a FIFO would block the open
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return path + ": a directory, not a file (a safetensors file was expected)";
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return path + ": not a regular file (a device, FIFO or socket), not a safetensors file";
   const int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) return path + ": cannot open: " + std::strerror(errno);
   set->files.push_back({path, fd});

@@ -41,6 +41,7 @@
 
 #include "kernels/common.h"
 #include "config/config_schema.h"
+#include "config/size_limits.h"
 
 using namespace config_detail;
 
@@ -208,9 +209,15 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
   if (args.empty() || args[0].compare(0, 2, "--") == 0)
     FATAL_ALL("the first argument must be the config file%s (--help: the usage)",
               args.empty() ? "" : (", got '" + args[0] + "'").c_str());
-  struct stat st;
+  struct stat st;  // before opening: a FIFO would block the open, /dev/urandom never end
   if (stat(args[0].c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     FATAL_ALL("cannot read the config file '%s': it is a directory", args[0].c_str());
+  if (stat(args[0].c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    FATAL_ALL("cannot read the config file '%s': not a regular file (a device, FIFO or socket)",
+              args[0].c_str());
+  if (stat(args[0].c_str(), &st) == 0 && st.st_size > kMaxConfigBytes)
+    FATAL_ALL("cannot read the config file '%s': %lld bytes, more than the %lld a config may "
+              "have", args[0].c_str(), (long long)st.st_size, (long long)kMaxConfigBytes);
   std::ifstream in(args[0], std::ios::binary);
   if (!in) FATAL_ALL("cannot read the config file '%s': %s", args[0].c_str(), std::strerror(errno));
   std::ostringstream text;

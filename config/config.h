@@ -58,6 +58,7 @@ struct DataConfig {       // [data]
   std::string val;        // glob of token shards ("" = no validation)
   bool shuffle = false;   // false: llm.c's unshuffled order
   std::string tokenizer;  // llm.c gpt2_tokenizer.bin for samples ("" = look beside the shards)
+  bool allow_changed = false;  // resume on other train files than the checkpoint's (mapped)
 };
 
 struct TrainConfig {      // [train]
@@ -138,6 +139,7 @@ struct CheckpointConfig { // [checkpoint]
   std::string resume;     // "" | "latest" | a checkpoint path
   bool overwrite = false; // a run that does not resume may replace the checkpoints in dir
   bool async = false;     // written by a background thread from a host copy (async_save.h)
+  int lock_wait_s = 10;   // how long a job waits for another job's lock (checkpoint/dir_lock.h)
 };
 
 struct LogConfig {        // [log]

@@ -330,7 +330,7 @@ void check_values(Checker& c) {
                          "log.val_batches", "log.sample_tokens", "precision.fp8_amax_history",
                          "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
-  for (const char* id : {"train.warmup_steps", "checkpoint.every", "log.val_every",
+  for (const char* id : {"train.warmup_steps", "checkpoint.every", "checkpoint.lock_wait_s", "log.val_every",
                          "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
@@ -349,6 +349,11 @@ void check_values(Checker& c) {
     c.require(c.float_value(id) >= 0 && c.float_value(id) < 1, id, "must be in [0, 1)");
   c.require(cfg.train.eps > 0, "train.eps", "must be > 0");
   c.require(cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+  // A weight matrix is told from a vector (LayerNorm gains, biases: no weight decay) by having
+  // more than one column (model/gpt_layout.cu), and d_model is the columns of wte and qkv.
+  if (cfg.model.d_model == 1)
+    c.require(false, "model.d_model", "must be >= 2: with d_model = 1 the embedding and the "
+              "attention matrices have one column and would be taken for vectors");
   if (cfg.model.n_head > 0 && cfg.model.d_model % cfg.model.n_head != 0)
     c.problems.add(mention(cfg, c.origins, "model.n_head") + " does not divide " +
                    mention(cfg, c.origins, "model.d_model"));
@@ -374,6 +379,7 @@ void check_values(Checker& c) {
                    "shards), which is not set");
   if (cfg.checkpoint.resume == "latest" && cfg.checkpoint.dir.empty())
     c.problems.add(mention(cfg, c.origins, "checkpoint.resume") + " needs [checkpoint] dir");
+  check_sizes(c);
   check_architecture(c);
   check_attention_kernels(c);
   check_fp8_shapes(c);

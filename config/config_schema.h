@@ -99,6 +99,7 @@ struct Checker {
   }
 };
 void check_values(Checker& c);                // the values, alone and against each other
+void check_sizes(Checker& c);                 // sizes and counts (config/size_limits.cu)
 void check_files(Checker& c);                 // against this machine (the files it names)
 
 }  // namespace config_detail

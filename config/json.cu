@@ -3,6 +3,8 @@
 // and caught at the top, so the rules stay short.
 #include "config/json.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -258,6 +260,11 @@ std::string json_parse(const std::string& text, JsonValue* out, size_t base) {
 }
 
 std::string json_parse_file(const std::string& path, JsonValue* out, size_t max_bytes) {
+  struct stat st;  // before opening: a FIFO would block the open
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return path + ": a directory, not a JSON file";
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return path + ": not a regular file (a device, FIFO or socket), not a JSON file";
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return path + ": cannot open: " + std::strerror(errno);
   std::string text;

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <climits>
 #include <cstdio>
 
@@ -112,6 +113,19 @@ void read_tokens(DataLoader& dl, int fd, int64_t file, int64_t first, int64_t co
   }
 }
 
+// The shard's header against what it said at start-up: a shard rewritten while training (another
+// token width or count) would otherwise be read with the old width and length.
+void check_header_unchanged(const DataLoader& dl, int fd, int64_t file) {
+  int32_t h[3] = {0, 0, 0};
+  const bool got = pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h);
+  const int tb = h[0] == kMagicU16 ? 2 : h[0] == kMagicU32 ? 4 : 0;
+  if (got && tb == dl.token_bytes[file] && h[2] == dl.num_tokens[file]) return;
+  FATAL("%s: shard '%s' changed while training: it held %lld %s tokens at start-up, its header "
+        "now says %s%lld tokens", dl.what.c_str(), dl.files[file].c_str(),
+        (long long)dl.num_tokens[file], dl.token_bytes[file] == 4 ? "uint32" : "uint16",
+        tb == 4 ? "uint32, " : tb == 2 ? "uint16, " : "(no valid magic) ", (long long)h[2]);
+}
+
 // Token k of dl.buffer (the host is little-endian, like the files).
 int64_t buffer_token(const DataLoader& dl, int64_t file, int64_t k) {
   if (dl.token_bytes[file] == 2) {
@@ -163,47 +177,51 @@ std::vector<std::string> glob_files(const std::string& pattern) {
   return files;
 }
 
+// printf into a std::string of any length (messages name paths up to PATH_MAX).
+__attribute__((format(printf, 1, 2))) static std::string format(const char* fmt, ...) {
+  va_list args, again;
+  va_start(args, fmt);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, args);
+  std::string text(n > 0 ? (size_t)n : 0, '\0');
+  if (n > 0) std::vsnprintf(&text[0], (size_t)n + 1, fmt, again);
+  va_end(again);
+  va_end(args);
+  return text;
+}
+
 std::string shard_check(const std::string& path, int64_t* num_tokens, int* token_bytes) {
-  char msg[1024];
+  struct stat st;  // before opening: a FIFO would block the open
+  if (stat(path.c_str(), &st) != 0)
+    return format("shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return format("shard '%s': a directory, not a shard", path.c_str());
+  if (!S_ISREG(st.st_mode))
+    return format("shard '%s': not a regular file (a device, FIFO or socket), not a shard",
+                  path.c_str());
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) {
-    std::snprintf(msg, sizeof(msg), "shard '%s': cannot open (%s)", path.c_str(),
-                  std::strerror(errno));
-    return msg;
-  }
+  if (!f) return format("shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
   int32_t header[256] = {0};
   size_t got = std::fread(header, 1, sizeof(header), f);
-  struct stat st;
   int64_t size = fstat(fileno(f), &st) == 0 ? (int64_t)st.st_size : -1;
   std::fclose(f);
-  if (got != sizeof(header)) {
-    std::snprintf(msg, sizeof(msg), "shard '%s': %lld bytes, shorter than the 1024-byte header",
-                  path.c_str(), (long long)size);
-    return msg;
-  }
+  if (got != sizeof(header))
+    return format("shard '%s': %lld bytes, shorter than the 1024-byte header", path.c_str(),
+                  (long long)size);
   int32_t magic = header[0], version = header[1];
   int tb = magic == kMagicU16 ? 2 : magic == kMagicU32 ? 4 : 0;
-  if (tb == 0) {
-    std::snprintf(msg, sizeof(msg),
-                  "shard '%s': bad magic %d, expected %d (uint16 tokens) or %d (uint32 tokens)",
+  if (tb == 0)
+    return format("shard '%s': bad magic %d, expected %d (uint16 tokens) or %d (uint32 tokens)",
                   path.c_str(), magic, kMagicU16, kMagicU32);
-    return msg;
-  }
   int32_t expected_version = tb == 2 ? kVersionU16 : kVersionU32;
-  if (version != expected_version) {
-    std::snprintf(msg, sizeof(msg), "shard '%s': bad version %d, expected %d for magic %d",
-                  path.c_str(), version, expected_version, magic);
-    return msg;
-  }
+  if (version != expected_version)
+    return format("shard '%s': bad version %d, expected %d for magic %d", path.c_str(), version,
+                  expected_version, magic);
   int64_t ntok = header[2];
   int64_t expected_size = kHeaderBytes + ntok * tb;
-  if (ntok < 0 || size != expected_size) {
-    std::snprintf(
-        msg, sizeof(msg),
-        "shard '%s': %lld bytes, expected %lld (1024-byte header + %lld tokens of %d bytes)",
-        path.c_str(), (long long)size, (long long)expected_size, (long long)ntok, tb);
-    return msg;
-  }
+  if (ntok < 0 || size != expected_size)
+    return format("shard '%s': %lld bytes, expected %lld (1024-byte header + %lld tokens of %d "
+                  "bytes)", path.c_str(), (long long)size, (long long)expected_size,
+                  (long long)ntok, tb);
   if (num_tokens) *num_tokens = ntok;
   if (token_bytes) *token_bytes = tb;
   return "";
@@ -248,6 +266,7 @@ void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
     int fd;
     ~Closer() { close(fd); }
   } closer{fd};
+  check_header_unchanged(dl, fd, file);
   int64_t first = dl.pos.row + (int64_t)dl.dp_rank * dl.B;  // this rank's first row in the order
   if (dl.row_order.empty()) {
     read_rows(dl, fd, file, first, dl.B, inputs, targets);
@@ -272,13 +291,10 @@ void dataloader_seek(DataLoader& dl, const DataPosition& pos) {
 }
 
 std::string dataloader_span(const DataLoader& dl, const DataPosition& from) {
-  char text[1024];
-  std::snprintf(text, sizeof(text), "%s rows (epoch %lld, shard %lld, row %lld) to (epoch %lld, "
-                "shard %lld = '%s', row %lld)", dl.what.c_str(), (long long)from.epoch,
-                (long long)from.shard, (long long)from.row, (long long)dl.pos.epoch,
-                (long long)dl.pos.shard, dl.files[current_file(dl)].c_str(),
-                (long long)dl.pos.row);
-  return text;
+  return format("%s rows (epoch %lld, shard %lld, row %lld) to (epoch %lld, shard %lld = '%s', "
+                "row %lld)", dl.what.c_str(), (long long)from.epoch, (long long)from.shard,
+                (long long)from.row, (long long)dl.pos.epoch, (long long)dl.pos.shard,
+                dl.files[current_file(dl)].c_str(), (long long)dl.pos.row);
 }
 
 int64_t dataloader_num_batches(const DataLoader& dl) {

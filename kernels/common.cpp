@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace {
 struct FatalHandler {
@@ -17,6 +18,18 @@ struct FatalHandler {
 FatalHandler& fatal_handler() {
   static FatalHandler handler;
   return handler;
+}
+
+// The whole formatted message, however long (a message naming a path near PATH_MAX twice, with
+// the system's reason at its end, is longer than any fixed buffer).
+std::string format_message(const char* fmt, va_list args) {
+  va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, args);
+  std::string msg(n > 0 ? (size_t)n : 0, '\0');
+  if (n > 0) std::vsnprintf(&msg[0], (size_t)n + 1, fmt, again);
+  va_end(again);
+  return msg;
 }
 }  // namespace
 
@@ -34,14 +47,13 @@ void set_shared_error_handler(void (*finish_job)(), bool prints) {
 
 void fatal_error(const char* file, int line, const char* fmt, ...) {
   FatalHandler& h = fatal_handler();
-  char msg[4096];
   va_list args;
   va_start(args, fmt);
-  std::vsnprintf(msg, sizeof(msg), fmt, args);
+  const std::string msg = format_message(fmt, args);
   va_end(args);
   std::fflush(stdout);
-  if (file) std::fprintf(stderr, "%serror: %s (%s:%d)\n", h.prefix, msg, file, line);
-  else std::fprintf(stderr, "%serror: %s\n", h.prefix, msg);
+  if (file) std::fprintf(stderr, "%serror: %s (%s:%d)\n", h.prefix, msg.c_str(), file, line);
+  else std::fprintf(stderr, "%serror: %s\n", h.prefix, msg.c_str());
   std::fflush(stderr);
   if (h.abort_job) h.abort_job(1);
   std::exit(1);
@@ -87,12 +99,11 @@ void fatal_all_ranks(const char* fmt, ...) {
   FatalHandler& h = fatal_handler();
   std::fflush(stdout);
   if (h.prints_shared) {
-    char msg[4096];
     va_list args;
     va_start(args, fmt);
-    std::vsnprintf(msg, sizeof(msg), fmt, args);
+    const std::string msg = format_message(fmt, args);
     va_end(args);
-    std::fprintf(stderr, "error: %s\n", msg);
+    std::fprintf(stderr, "error: %s\n", msg.c_str());
     std::fflush(stderr);
   }
   if (h.finish_job) h.finish_job();

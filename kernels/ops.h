@@ -40,6 +40,7 @@ struct StreamOptions {
 struct DeviceInfo {
   char name[256];       // e.g. "NVIDIA H100 80GB HBM3" or "cpu (2 threads)"
   size_t total_memory;  // bytes
+  size_t free_memory;   // bytes free at device_init (the host's MemAvailable on the CPU backend)
   int multiprocessors;  // SMs, or CPU threads
 };
 

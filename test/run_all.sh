@@ -87,6 +87,7 @@ run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
 run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
+run long-run    $PY test/test_long_run.py
 run docs        $PY test/test_docs.py  # README and docs/ against the schema, the tree, this file
 # The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
 # sanitized build of the readers is part of the group's time.

@@ -197,7 +197,7 @@ def test_kill(tmp, rng):
     checks.check("kill -9 while saving: latest always resumes, bit-exact",
                  not bad and mid_save >= 2 and not mismatched and
                  seen == set(range(1, steps + 1)) and
-                 left == ["latest", f"step_{steps - 1:06d}", f"step_{steps:06d}"],
+                 left == ["latest", "lock", f"step_{steps - 1:06d}", f"step_{steps:06d}"],
                  f"{attempt} kills, {mid_save} of them inside a save; latest after each: "
                  f"{latest_after}; problems {bad}; steps differing {sorted(mismatched)}; "
                  f"at the end {left}")

@@ -148,7 +148,7 @@ def test_probe(tmp, cfg):
     p = trainer(cfg, ck, os.path.join(tmp, "probe_ok.jsonl"), "--train.steps=1",
                 "--checkpoint.every=1000", "--train.steps=1")
     ok = p.returncode == 0 and os.path.isdir(ck) and sorted(os.listdir(ck)) == \
-        ["latest", "step_000001"]
+        ["latest", "lock", "step_000001"]  # lock: the job's (checkpoint/dir_lock.h)
     checks.check("a checkpoint dir that does not exist yet is created; the probe leaves nothing",
                  ok, f"exit {p.returncode}: {sorted(os.listdir(ck)) if os.path.isdir(ck) else None}")
 

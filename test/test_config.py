@@ -37,7 +37,7 @@ ONLY = Filter()
 DEFAULTS = {
     "model": {},
     "init": {"from": ""},
-    "data": {"train": None, "val": "", "shuffle": False, "tokenizer": ""},
+    "data": {"train": None, "val": "", "shuffle": False, "tokenizer": "", "allow_changed": False},
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
@@ -53,7 +53,7 @@ DEFAULTS = {
                   "fp8_margin": 0},
     "kernels": {"attention": "auto"},
     "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": "", "overwrite": False,
-                   "async": False},
+                   "async": False, "lock_wait_s": 10},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
             "sample_tokens": 64, "peak_tflops": 0.0, "pipeline_timeline": False,
             "check_tied": False, "check_replicas": False, "straggler_every": 100,

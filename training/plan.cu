@@ -194,6 +194,30 @@ Plan plan_layout(const Config& c, PlanScope scope) {
   return plan;
 }
 
+std::string plan_memory_problem(const Plan& plan, size_t device_free, size_t host_free,
+                                bool device_is_host) {
+  for (const RankPlan& r : plan.ranks) {
+    // Free memory is measured with this process's CUDA context already made: not counted twice.
+    const double device = device_is_host ? (double)r.peak_bytes + (double)r.host_bytes
+                                         : (double)r.device_peak_bytes - (double)r.gpu.context;
+    const double host = device_is_host ? 0.0 : (double)r.host_bytes;
+    const bool on_device = device_free > 0 && device > (double)device_free;
+    if (!on_device && !(host_free > 0 && host > (double)host_free)) continue;
+    const bool is_host = !on_device || device_is_host;
+    const double need = on_device ? device : host;
+    const size_t free = on_device ? device_free : host_free;
+    char msg[400];
+    std::snprintf(msg, sizeof(msg), "this layout's training step, run dry by the planner "
+                  "(training/plan.h; --plan shows it), needs %.0f bytes (%.3g GiB) of %s memory "
+                  "on rank %d, but %s has %zu bytes (%.3g GiB) free: make the model or [train] "
+                  "micro_batch smaller, or shard more ([parallel] zero, tp, pp; [train] "
+                  "optimizer_offload)", need, need / 1073741824.0, is_host ? "host" : "device",
+                  r.rank, is_host ? "the host" : "the device", free, free / 1073741824.0);
+    return msg;
+  }
+  return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // The command line
 // ---------------------------------------------------------------------------------------------

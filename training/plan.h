@@ -60,6 +60,12 @@ enum class PlanScope { EveryRank, Stages };
 // Plans cfg's layout; cfg must have passed layout_problems (config/config.h).
 Plan plan_layout(const Config& cfg, PlanScope scope = PlanScope::EveryRank);
 void plan_print(const Plan& plan, const Config& cfg, FILE* out);
+// At start-up, before anything is allocated (train.cu, after config/size_limits.h's cheap
+// bound): "" or why a rank of the plan cannot fit - its device peak (on the CPU backend, where
+// the device is the host, its peak plus its pinned host bytes) against `device_free`, and its
+// optimizer offload's host bytes against `host_free` (0: unknown, not checked).
+std::string plan_memory_problem(const Plan& plan, size_t device_free, size_t host_free,
+                                bool device_is_host);
 // The plan as JSON, with the metrics file's names: {"layout": {"dp", "pp", "cp", "tp", "ep",
 // "zero", "fsdp", "optimizer_offload", "sp", "pp_schedule", "pp_virtual", "micro_batch",
 // "grad_accum"}, "ranks": [{"rank", "state_bytes", "activation_bytes", "peak_bytes",

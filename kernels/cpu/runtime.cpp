@@ -60,6 +60,14 @@ DeviceInfo device_init(int local_rank) {
   std::snprintf(info.name, sizeof(info.name), "cpu (%d thread%s)", threads,
                 threads == 1 ? "" : "s");
   info.total_memory = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
+  unsigned long long available_kib = 0;  // MemAvailable: free plus what the page cache gives back
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[128];
+    while (std::fgets(line, sizeof(line), f))
+      if (std::sscanf(line, "MemAvailable: %llu kB", &available_kib) == 1) break;
+    std::fclose(f);
+  }
+  info.free_memory = (size_t)available_kib * 1024;
   info.multiprocessors = threads;
   return info;
 }

@@ -75,6 +75,8 @@ DeviceInfo device_init(int local_rank) {
   DeviceInfo info;
   std::snprintf(info.name, sizeof(info.name), "%s", prop.name);
   info.total_memory = prop.totalGlobalMem;
+  size_t free_bytes = 0, total_bytes = 0;
+  info.free_memory = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess ? free_bytes : 0;
   info.multiprocessors = prop.multiProcessorCount;
   return info;
 }

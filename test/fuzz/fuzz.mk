@@ -14,9 +14,10 @@ FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS   := -std=c++17 -g -O1 -MMD -MP -fno-omit-frame-pointer $(FUZZ_SAN) -I. $(MPI_CFLAGS) \
                 $(HDF5_CFLAGS) $(TOML_CFLAGS)
 FUZZ_TARGETS ?= config llmc_model token_shard tokenizer manifest checkpoint_resume schedule_file \
-                safetensors hf_config
+                safetensors hf_config data_manifest lock_file
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/fuzz_%,config llmc_model token_shard tokenizer \
-                  manifest checkpoint_resume checkpoint_index schedule_file safetensors hf_config)
+                  manifest checkpoint_resume checkpoint_index schedule_file safetensors hf_config \
+                  data_manifest lock_file)
 
 # The readers, compiled with the sanitizers and fuzzer coverage.
 $(BUILD)/fuzz/obj/%.o: %
@@ -25,7 +26,7 @@ $(BUILD)/fuzz/obj/%.o: %
 fuzz_obj = $(patsubst %,$(BUILD)/fuzz/obj/%.o,$(1) kernels/common.cpp)
 CONFIG_READER := config/config.cu config/config_schema.cu config/config_checks.cu \
                  config/layout_rules.cu config/config_hf.cu config/json.cu \
-                 config/device_peaks.cu
+                 config/device_peaks.cu config/size_limits.cu
 # The schedule file reader, with the builder, message placement and simulator it runs (and
 # pipeline_rules, which the builder calls).
 SCHEDULE_READER := parallel/pipeline_file.cu parallel/pipeline_schedule.cu \
@@ -44,6 +45,9 @@ $(BUILD)/fuzz/fuzz_checkpoint_resume: $(call fuzz_obj,test/fuzz/fuzz_checkpoint_
                                                checkpoint/files.cu checkpoint/hdf5_read.cu)
 $(BUILD)/fuzz/fuzz_checkpoint_index: \
     $(call fuzz_obj,test/fuzz/fuzz_checkpoint_index.cpp checkpoint/hdf5_read.cu)
+$(BUILD)/fuzz/fuzz_lock_file: $(call fuzz_obj,test/fuzz/fuzz_lock_file.cpp checkpoint/files.cu)
+$(BUILD)/fuzz/fuzz_data_manifest: \
+    $(call fuzz_obj,test/fuzz/fuzz_data_manifest.cpp data/data_manifest.cpp data/dataloader.cpp)
 $(BUILD)/fuzz/fuzz_schedule_file: \
     $(call fuzz_obj,test/fuzz/fuzz_schedule_file.cpp $(SCHEDULE_READER))
 $(FUZZ_BINS):
