@@ -21,8 +21,10 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    such 1e-7 differences flip a bf16 or FP8 code now and then, and Adam carries it on). A backward
    that casts with the last forward's scale (another micro-batch's) moves the fp8 norms by 3e-3
    from step 1. dp2 x pp2 with FSDP and with DDP,
-   tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8 within 3e-6 (LAYOUT_TOL:
-   about 10x the worst measured over 2 seeds, 2.1e-7 here and 2.7e-7 in test_context_parallel).
+   tp2 x pp2 with sequence parallelism, and dp2 x tp2 x pp2 at np = 8, and the split schedules
+   with dp, tp, cp (zb-h1, zb-v), within 1e-5 (LAYOUT_TOL: the gradient norms' reduction order;
+   measured up to 1.6e-6 for tp2 x pp2 zb-v sp over 12 seeds, 8.6e-7 for cp2 x pp2; 3e-6 failed
+   on one seed of 20).
 4. Checkpoints reshard across pp: a dp2 x pp2 FSDP save at step 10 resumed on one rank, and a
    one-rank save resumed at pp4 x tp2 (np = 8), continue within 1e-5 of the uninterrupted runs.
 5. The measured bubble report and the ASCII timeline ([log] pipeline_timeline), 1f1b and zb-h1 at
@@ -68,7 +70,8 @@ checks = Checks("test_pipeline")
 NH, C, T, V = 2, 32, 16, 101
 Vp = 128
 GLOBAL_ROWS, STEPS = 8, 20
-LAYOUT_TOL = 3e-6  # layouts vs one rank, fp32: measured <= 2.1e-7 over 2 seeds
+LAYOUT_TOL = 1e-5  # layouts vs one rank, fp32: gradient norms measured <= 1.6e-6 over 12 seeds
+                   # (tp2 x pp2 zb-v sp; cp2 x pp2 <= 8.6e-7, dp2 x pp2 <= 2.6e-7)
 
 
 def round_up(x, m):
@@ -183,7 +186,7 @@ def test_split_with_other_axes(tmp):
             ("dp2 x pp2 interleaved FSDP", dict(dp=2, fsdp=True, schedule="interleaved", v=2))]
     for what, kw in runs:
         got = train(tmp, what.replace(" ", "_"), L, m, B // kw.get("dp", 1), pp=2, **kw)
-        compare_runs(checks, what, got, ref, tol=1e-6)
+        compare_runs(checks, what, got, ref, tol=LAYOUT_TOL)
     moe = {"n_experts": 4, "top_k": 2, "d_expert": 48, "moe_every": 2}
     ref = reference(tmp, L, m, B, moe=moe)
     got = train(tmp, "moe_dp2ep2pp2_zbv", L, m, B // 2, pp=2, dp=2, ep=2, schedule="zb-v", v=2,
@@ -191,11 +194,15 @@ def test_split_with_other_axes(tmp):
     compare_runs(checks, "MoE dp2 x ep2 x pp2 zb-v", got, ref, tol=1e-6)
     ref = reference(tmp, L, 4, 2, dtype="fp8")
     got = train(tmp, "pp2_fp8_zbh1", L, 4, 2, pp=2, schedule="zb-h1", dtype="fp8")
+    # Step 1 starts from the same weights; later steps may quantise a value one FP8 step apart
+    # once fp32 rounding has moved the weights (measured up to 3.6e-4 on the first 6 norms)
+    first = max_rel([got[0][0]["grad_norm"]], [ref[0][0]["grad_norm"]])
     norms = max_rel([s["grad_norm"] for s in got[0][:6]], [s["grad_norm"] for s in ref[0][:6]])
     loss = max_rel([s["loss"] for s in got[0]], [s["loss"] for s in ref[0]])
-    checks.check(f"fp8 pp=2 zb-h1: first 6 gradient norms, {STEPS} losses (as test_with_other_axes)",
-                 norms < 1e-6 and loss < 2e-3,
-                 f"max rel err {norms:.1e}, {loss:.1e} vs one-rank fp8 (tolerances 1e-6, 2e-3)")
+    checks.check(f"fp8 pp=2 zb-h1: step 1's gradient norm, the first 6, {STEPS} losses (as "
+                 "test_with_other_axes)", first < 1e-6 and norms < 2e-3 and loss < 2e-3,
+                 f"max rel err {first:.1e}, {norms:.1e}, {loss:.1e} vs one-rank fp8 "
+                 "(tolerances 1e-6, 2e-3, 2e-3)")
 
 
 def test_uneven_stages(tmp):
