@@ -64,12 +64,8 @@ void fsdp_init(ParamStore& st) {
     if (us.whole_step) us.params = allocate(work, us.padded_numel * elem);  // the root's own
     else largest_block = std::max(largest_block, us.padded_numel);
   }
-  st.gather_pool.slot_of.assign(st.units.size(), -1);
+  pool_init(st.gather_pool, st.pool_slots, largest_block * elem, st.units.size(), work);
   st.gathered.assign(st.units.size(), 0);
-  for (int i = 0; i < st.pool_slots; i++) {
-    st.gather_pool.buffers.push_back(allocate(work, largest_block * elem));
-    st.gather_pool.owner.push_back(-1);
-  }
   sharded_grads_init(st);
 }
 

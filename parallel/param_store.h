@@ -104,6 +104,8 @@ struct UnitBufferPool {
   std::vector<int> owner;    // the unit using each slot, -1 if free
   std::vector<int> slot_of;  // per unit: the slot it holds, -1 if none
 };
+// `slots` buffers of `bytes` each from `memory`, for a store of `units` units, all free.
+void pool_init(UnitBufferPool& pool, int slots, size_t bytes, size_t units, Allocator& memory);
 int pool_take(UnitBufferPool& pool, int unit);  // the slot (FATAL when none is free)
 void pool_give_back(UnitBufferPool& pool, int unit);
 

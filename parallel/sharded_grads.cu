@@ -28,6 +28,14 @@
 
 #include <algorithm>
 
+void pool_init(UnitBufferPool& pool, int slots, size_t bytes, size_t units, Allocator& memory) {
+  pool.slot_of.assign(units, -1);
+  for (int i = 0; i < slots; i++) {
+    pool.buffers.push_back(allocate(memory, bytes));
+    pool.owner.push_back(-1);
+  }
+}
+
 int pool_take(UnitBufferPool& pool, int unit) {
   for (size_t i = 0; i < pool.owner.size(); i++)
     if (pool.owner[i] < 0) {
@@ -35,7 +43,8 @@ int pool_take(UnitBufferPool& pool, int unit) {
       pool.slot_of[unit] = (int)i;
       return (int)i;
     }
-  FATAL("FSDP: no free buffer for unit %d: units must be acquired and released in order", unit);
+  FATAL("param store: no free unit buffer for unit %d: units must be acquired and released "
+        "in order", unit);
 }
 
 void pool_give_back(UnitBufferPool& pool, int unit) {
@@ -55,12 +64,8 @@ void sharded_grads_init(ParamStore& st) {
     if (us.whole_step) us.grad_full = (float*)allocate(work, us.padded_numel * sizeof(float));
     else largest_block = std::max(largest_block, us.padded_numel);
   }
-  st.grad_pool.slot_of.assign(st.units.size(), -1);
-  for (int i = 0; i < st.pool_slots; i++) {
-    st.grad_pool.buffers.push_back(allocate(work, largest_block * sizeof(float)));
-    st.grad_pool.owner.push_back(-1);
-    st.grad_slot_reduced.push_back(allocate_event(work));
-  }
+  pool_init(st.grad_pool, st.pool_slots, largest_block * sizeof(float), st.units.size(), work);
+  for (int i = 0; i < st.pool_slots; i++) st.grad_slot_reduced.push_back(allocate_event(work));
   st.reduce_scratch = (float*)allocate(work, largest_shard * sizeof(float));
 }
 
