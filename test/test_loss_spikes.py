@@ -68,18 +68,21 @@ def experiment(tmp, rng, bad_first, bad_steps):
 def run_clean_draw(tmp, rng, bad_steps, args):
     """Draws G and an experiment with bad_steps bad steps from G, and trains it; a draw whose
     clean steps diverge at lr 1e-2 before the bad batch (spikes before G: about 1 run in 12, every
-    later step then skipped until max_skips stops the run) is drawn again, up to 3 times.
+    later step then skipped until max_skips stops the run), or that saw no spike at all (SEED
+    2195655532: the bad batch did not stand out), is drawn again, up to 3 times.
     Checkpoints go to tmp/ck."""
     for draw in range(3):
         G = int(rng.integers(60, 71))
         cfg, params, tokens = experiment(tmp, rng, G, bad_steps)
         shutil.rmtree(os.path.join(tmp, "ck"), ignore_errors=True)  # a draw's checkpoints
+        if os.path.exists(os.path.join(tmp, "metrics.jsonl")):  # and metrics
+            os.remove(os.path.join(tmp, "metrics.jsonl"))
         r = run(cfg, args, check=False, timeout=300)
         early = [s for s in spikes(r.stdout) if s < G]
-        if not early:
+        if spikes(r.stdout) and not early:
             break
-        print(f"note: draw {draw + 1} diverged before its bad batch (spikes at steps "
-              f"{early[:3]}, bad batch at {G}): drawing again")
+        print(f"note: draw {draw + 1} diverged before its bad batch or saw no spike (spikes at "
+              f"steps {early[:3]}, bad batch at {G}): drawing again")
     return G, cfg, params, tokens, r
 
 
