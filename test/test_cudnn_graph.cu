@@ -4,13 +4,32 @@
 // extent 1, types), and that needs no device. So CI builds the forward and backward graphs for
 // several shapes, awkward ones included, and requires every descriptor to finalize.
 //
-// What it cannot check here: that an engine accepts the whole graph (that needs a cuDNN handle,
-// hence a GPU) and that the numbers are right (test/gpu/test_attention.cu does both on a GPU).
-// A negative control proves the validation is live on this machine: a matmul whose inner
-// dimensions disagree must be rejected, or the positive results would mean nothing.
+// Then cuDNN's own verdict on the whole graph, still without a GPU. Since cuDNN 9.8 its
+// heuristics accept a device-properties descriptor in place of a handle, so they run here against
+// a described device: test/cudnn_devices/ holds an H100 SXM and an H200 SXM description (the
+// cudaDeviceProp fields cuDNN reads, from NVIDIA's published figures for those parts: 132 SMs,
+// compute capability 9.0, 227 KiB of opt-in shared memory per block, 50 MiB of L2). For every
+// shape below, heuristics mode A must offer an engine for both directions: cuDNN has then run
+// each engine's support check (does it recognise the graph as attention, take these strides,
+// types and head size, fit the device's shared memory) and kept only those that pass. On this
+// cuDNN (9.19) the forward gets the sm90 flash engine 2 and the backward engine 6.
+//
+// cuDNN's engines load the CUDA driver even to check support; with no driver installed the test
+// loads the CUDA toolkit's stub libcuda (whose calls all fail: nothing here runs a kernel).
+// Building an execution plan, which compiles and loads the kernel, does need a GPU, as do the
+// numbers (test/gpu/test_attention.cu checks both on a GPU).
+//
+// Negative controls prove each check is live: a matmul whose inner dimensions disagree must be
+// rejected by finalization; a forward graph with the causal mask and the row-max subtraction
+// swapped (equal in exact arithmetic, not the pattern the flash engines implement) and a Volta
+// description (no flash engine before compute capability 8.0) must get no engine.
 #include <cudnn.h>
+#include <dlfcn.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,6 +71,32 @@ bool matmul_finalizes(int64_t k) {
   return ok;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The CUDA driver cuDNN's engines load: the real one where a GPU is installed, else the
+// toolkit's stub, loaded first under the soname cuDNN asks for.
+bool load_cuda_driver(std::string* which) {
+  if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+    *which = "the installed driver";
+    return true;
+  }
+  const char* home = std::getenv("CUDA_HOME");
+  const std::string stub = std::string(home ? home : "/usr/local/cuda") + "/lib64/stubs/libcuda.so";
+  *which = "the toolkit's stub " + stub;
+  return dlopen(stub.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr;
+}
+
+std::string engine_list(const std::vector<int64_t>& engines) {
+  std::string list;
+  for (int64_t e : engines) list += (list.empty() ? "" : ",") + std::to_string(e);
+  return list.empty() ? "none" : list;
+}
+
 }  // namespace
 
 int main() {
@@ -83,6 +128,50 @@ int main() {
       if (!ok) std::printf("    cuDNN: %s\n", error.c_str());
     }
   }
+
+  // cuDNN's verdict on described devices. The shapes: GPT-2 124M and its micro-batches, head
+  // sizes 40 (not a power of two), 64 and 128, odd lengths, one token, and Llama-3 8B's 32 heads
+  // of 128 at 8K tokens.
+  std::string driver;
+  const bool driver_loaded = load_cuda_driver(&driver);
+  expect(driver_loaded, "a CUDA driver library to load (" + driver + ")");
+  std::printf("  cuDNN %zu\n", cudnnGetVersion());
+  using ops::cudnn_sdpa::GraphVariant;
+  const std::string dir = "test/cudnn_devices/";
+  for (const char* device : {"h100_sxm.json", "h200_sxm.json"}) {
+    const std::string json = read_text(dir + device);
+    expect(!json.empty(), std::string("read ") + dir + device);
+    for (Shape sh : {Shape{1, 200, 5, 40}, Shape{8, 1024, 12, 64}, Shape{2, 2048, 16, 128},
+                     Shape{2, 37, 3, 64}, Shape{2, 333, 3, 128}, Shape{1, 1, 12, 64},
+                     Shape{1, 8192, 32, 128}}) {
+      for (bool backward : {false, true}) {
+        if (backward && sh.T == 1) continue;  // the trainer never asks cuDNN (attention.cu)
+        std::string error;
+        std::vector<int64_t> engines = ops::cudnn_sdpa::engines_for_described_device(
+            backward, sh.B, sh.T, sh.NH, sh.HS, json, GraphVariant::AsTrained, &error);
+        char what[160];
+        std::snprintf(what, sizeof(what), "%s: %s B=%d T=%d NH=%d HS=%d: engines %s", device,
+                      backward ? "backward" : "forward", sh.B, sh.T, sh.NH, sh.HS,
+                      engine_list(engines).c_str());
+        expect(!engines.empty(), what);
+        if (engines.empty()) std::printf("    cuDNN: %s\n", error.c_str());
+      }
+    }
+    std::string error;
+    std::vector<int64_t> broken = ops::cudnn_sdpa::engines_for_described_device(
+        false, 4, 1024, 12, 64, json, GraphVariant::MaskAndMaxSwapped, &error);
+    expect(broken.empty(), std::string(device) + ": control: mask and max swapped gets no engine (" +
+                               engine_list(broken) + ")");
+  }
+  std::string volta = read_text(dir + "h100_sxm.json"), error;
+  const std::string cc = "\"deviceVer\": 900";
+  expect(volta.find(cc) != std::string::npos, "control: the H100 description says " + cc);
+  if (volta.find(cc) != std::string::npos) volta.replace(volta.find(cc), cc.size(), "\"deviceVer\": 700");
+  std::vector<int64_t> on_volta = ops::cudnn_sdpa::engines_for_described_device(
+      false, 4, 1024, 12, 64, volta, GraphVariant::AsTrained, &error);
+  expect(on_volta.empty(), "control: a compute capability 7.0 description gets no engine (" +
+                               engine_list(on_volta) + ")");
+
   std::printf("test_cudnn_graph: %d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

@@ -29,7 +29,9 @@
 // are built once per (direction, shape) and cached on the stream; a call then only assembles a
 // variant pack (the pointers) and executes. If no engine accepts the graph (an older GPU, an
 // unsupported head size), forward/backward return false with cuDNN's message and the caller falls
-// back to the hand-written kernels.
+// back to the hand-written kernels. Without a GPU, test/test_cudnn_graph.cu asks cuDNN's own
+// heuristics (engines_for_described_device) whether its engines take these graphs on an H100 and
+// an H200; cuDNN older than that test's version, and a one-token backward, are not asked at all.
 #include <cudnn.h>
 
 #include <cmath>
@@ -65,6 +67,14 @@ struct Tensor {
   int64_t uid = 0;
 };
 using Dims = std::vector<int64_t>;
+
+// What an execution plan is built for: the device of a live cuDNN handle or, with no GPU at all,
+// a device described by a cuDNN device-properties descriptor (cuDNN >= 9.8 accepts one in place
+// of the handle for its heuristics; test/test_cudnn_graph.cu uses that).
+struct PlanTarget {
+  cudnnHandle_t handle = nullptr;
+  cudnnBackendDescriptor_t device = nullptr;
+};
 
 // Builds one operation graph and its execution plan. Every descriptor it creates is owned here
 // (the plan is only valid while they live). The first failing cuDNN call is remembered in
@@ -207,54 +217,97 @@ struct GraphBuilder {
     return masked;
   }
 
-  // The operation graph, the engines cuDNN's heuristics propose for it, and the first of them
-  // that finalizes into an execution plan.
-  cudnnBackendDescriptor_t build_plan(cudnnHandle_t handle, int64_t* workspace_bytes) {
+  // The operation graph, finalized.
+  cudnnBackendDescriptor_t operation_graph(const PlanTarget& target) {
     cudnnBackendDescriptor_t graph = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    if (target.handle)
+      set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
     set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
         (int64_t)operations.size(), operations.data());
     finalize(graph, "operation graph");
+    return graph;
+  }
+
+  // The engine configurations cuDNN's heuristics in `mode` propose for the graph, best first.
+  // cuDNN has already run each engine's support check on them (does the engine recognise the
+  // graph's pattern, take these shapes, strides and types, fit this device); those that failed
+  // are left out.
+  std::vector<cudnnBackendDescriptor_t> engine_configs(const PlanTarget& target,
+                                                       cudnnBackendDescriptor_t graph,
+                                                       cudnnBackendHeurMode_t mode) {
+    cudnnBackendDescriptor_t heuristics = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    set_desc(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (target.device) set_desc(heuristics, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, target.device);
+    finalize(heuristics, "engine heuristics");
+    const int kMaxConfigs = 8;
+    std::vector<cudnnBackendDescriptor_t> configs(kMaxConfigs);
+    for (auto& c : configs) c = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t found = 0;
+    if (ok())
+      check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &found,
+                                     configs.data()),
+            "heuristics results");
+    configs.resize(ok() ? (size_t)found : 0);
+    return configs;
+  }
+
+  // The first engine, from heuristics mode A then the fallback list, whose execution plan
+  // finalizes on the handle's device.
+  cudnnBackendDescriptor_t build_plan(cudnnHandle_t handle, int64_t* workspace_bytes) {
+    const PlanTarget target{handle, nullptr};
+    cudnnBackendDescriptor_t graph = operation_graph(target);
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
       if (!ok()) return nullptr;
-      cudnnBackendDescriptor_t heuristics = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-      set_desc(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-      set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-      finalize(heuristics, "engine heuristics");
-      const int kMaxConfigs = 8;
-      std::vector<cudnnBackendDescriptor_t> configs(kMaxConfigs);
-      for (auto& c : configs) c = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-      int64_t found = 0;
-      if (ok())
-        check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &found,
-                                       configs.data()),
-              "heuristics results");
-      for (int64_t i = 0; ok() && i < found; i++) {
-        cudnnBackendDescriptor_t plan = nullptr;
-        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) !=
-            CUDNN_STATUS_SUCCESS)
-          continue;
-        bool built =
-            cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                     &handle) == CUDNN_STATUS_SUCCESS &&
-            cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                     &configs[i]) == CUDNN_STATUS_SUCCESS &&
-            cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
-        int64_t count = 0;
-        built = built && cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                  CUDNN_TYPE_INT64, 1, &count,
-                                                  workspace_bytes) == CUDNN_STATUS_SUCCESS;
-        if (built) {
-          owned.push_back(plan);
-          return plan;
-        }
-        cudnnBackendDestroyDescriptor(plan);
+      for (cudnnBackendDescriptor_t config : engine_configs(target, graph, mode)) {
+        cudnnBackendDescriptor_t plan = try_plan(handle, config, workspace_bytes);
+        if (!plan) continue;
+        owned.push_back(plan);
+        return plan;
       }
     }
     if (ok()) error = "no cuDNN engine accepts the attention graph: " + last_error();
     return nullptr;
+  }
+
+  // An execution plan of one engine configuration, or null if the engine refuses the graph.
+  static cudnnBackendDescriptor_t try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t config,
+                                           int64_t* workspace_bytes) {
+    cudnnBackendDescriptor_t plan = nullptr;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) !=
+        CUDNN_STATUS_SUCCESS)
+      return nullptr;
+    bool built =
+        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                 &handle) == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config) ==
+            CUDNN_STATUS_SUCCESS &&
+        cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
+    int64_t count = 0;
+    built = built && cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                              CUDNN_TYPE_INT64, 1, &count,
+                                              workspace_bytes) == CUDNN_STATUS_SUCCESS;
+    if (built) return plan;
+    cudnnBackendDestroyDescriptor(plan);
+    return nullptr;
+  }
+
+  // The global index of the engine an engine configuration runs (-1 if cuDNN will not say).
+  static int64_t engine_index(cudnnBackendDescriptor_t config) {
+    cudnnBackendDescriptor_t engine = nullptr;
+    int64_t index = -1, count = 0;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) !=
+        CUDNN_STATUS_SUCCESS)
+      return -1;
+    if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &engine) ==
+        CUDNN_STATUS_SUCCESS)
+      cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                               &count, &index);
+    cudnnBackendDestroyDescriptor(engine);
+    return index;
   }
 
   ~GraphBuilder() {
@@ -266,6 +319,7 @@ struct GraphBuilder {
 // order the call supplies their pointers, plus where the fp32 workspace tensors sit.
 struct Plan {
   bool backward = false;
+  GraphVariant variant = GraphVariant::AsTrained;
   int B = 0, T = 0, NH = 0, HS = 0;
   std::unique_ptr<GraphBuilder> graph;  // owns the plan and every descriptor it refers to
   cudnnBackendDescriptor_t plan = nullptr;
@@ -325,11 +379,16 @@ void add_forward_operations(Plan& p) {
   g.matmul(q, kt, s);
   Tensor scaled = g.scratch(l.bhtt, l.scores_strides);
   g.binary(CUDNN_POINTWISE_MUL, s, scale, scaled);
-  Tensor masked = g.causal_mask(scaled, l.bhtt, l.scores_strides, minus_infinity);
+  // The negative test's variant masks after subtracting the row max instead of before: the same
+  // probabilities in exact arithmetic, but not the pattern cuDNN's flash engines recognise.
+  const bool swapped = p.variant == GraphVariant::MaskAndMaxSwapped;
+  Tensor masked =
+      swapped ? scaled : g.causal_mask(scaled, l.bhtt, l.scores_strides, minus_infinity);
   Tensor row_max = g.scratch(l.bht1, l.rows_strides);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
   Tensor shifted = g.scratch(l.bhtt, l.scores_strides);
   g.binary(CUDNN_POINTWISE_SUB, masked, row_max, shifted);
+  if (swapped) shifted = g.causal_mask(shifted, l.bhtt, l.scores_strides, minus_infinity);
   Tensor e = g.scratch(l.bhtt, l.scores_strides);
   g.pointwise(CUDNN_POINTWISE_EXP, shifted, e);
   Tensor row_sum = g.scratch(l.bht1, l.rows_strides);
@@ -419,9 +478,11 @@ void add_backward_operations(Plan& p) {
 
 // The tensors and operations of one direction's graph, each descriptor finalized (which is
 // where cuDNN checks shapes, strides and types). Needs no GPU.
-std::unique_ptr<Plan> describe(bool backward, int B, int T, int NH, int HS) {
+std::unique_ptr<Plan> describe(bool backward, int B, int T, int NH, int HS,
+                               GraphVariant variant = GraphVariant::AsTrained) {
   auto p = std::make_unique<Plan>();
   p->backward = backward;
+  p->variant = variant;
   p->B = B, p->T = T, p->NH = NH, p->HS = HS;
   p->graph = std::make_unique<GraphBuilder>();
   if (backward)
@@ -506,6 +567,24 @@ struct Columns {
   }
 };
 
+// The oldest cuDNN this path is taken with: the version test/test_cudnn_graph.cu was run against
+// (older ones gave NaNs in the backward at T not a multiple of 128).
+const size_t kOldestCudnn = 91900;
+
+// Why cuDNN is not asked at all for this call, or null.
+const char* refusal(bool backward, int T) {
+  if (cudnnGetVersion() < kOldestCudnn)
+    return "cuDNN older than 9.19.0, the oldest version this path is tested with";
+  // cudnn-frontend refuses a one-token backward, and no GPU test has shown this graph right there.
+  if (backward && T == 1) return "a one-token backward (T = 1) is left to the flash kernels";
+  return nullptr;
+}
+
+bool refuse(const char* reason, std::string* why) {
+  if (why) *why = reason;
+  return false;
+}
+
 }  // namespace
 
 bool applies(int HS, DType dt, std::initializer_list<const void*> pointers) {
@@ -514,6 +593,7 @@ bool applies(int HS, DType dt, std::initializer_list<const void*> pointers) {
 
 bool forward(Stream s, void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
              std::string* why) {
+  if (const char* reason = refusal(false, T)) return refuse(reason, why);
   Plan* p = ready_plan(s, false, B, T, NH, HS, why);
   if (!p) return false;
   const Columns x(qkv, (size_t)NH * HS);
@@ -524,6 +604,7 @@ bool forward(Stream s, void* out, float* lse, const void* qkv, int B, int T, int
 
 bool backward(Stream s, void* dqkv, const void* dout, const void* qkv, const void* out,
               const float* lse, int B, int T, int NH, int HS, std::string* why) {
+  if (const char* reason = refusal(true, T)) return refuse(reason, why);
   Plan* p = ready_plan(s, true, B, T, NH, HS, why);
   if (!p) return false;
   const Columns x(qkv, (size_t)NH * HS), dx(dqkv, (size_t)NH * HS);
@@ -531,8 +612,9 @@ bool backward(Stream s, void* dqkv, const void* dout, const void* qkv, const voi
   char* workspace = (char*)stream_scratch(s, engine_bytes + p->extra_workspace);
   char* delta = workspace + engine_bytes;
   char* dq_accum = delta + p->dq_accum_offset;
-  // cuDNN >= 9.6 clears the dQ accumulator itself; clearing it here too costs one memset and
-  // keeps the result right whatever the engine assumes.
+  // The engine adds every key block's share of dQ into this fp32 accumulator, so it must start at
+  // zero. cudnn-frontend zero-fills it before every execution too, and no cuDNN version documents
+  // that the engine does it itself, so the memset stays (its cost: 4 x B x NH x T x HS bytes).
   CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, p->extra_workspace - p->dq_accum_offset, s->stream));
   return execute(s, *p,
                  {x.q, x.k, x.v, (void*)out, (void*)dout, (void*)lse, dx.q, dx.k, dx.v, delta,
@@ -546,6 +628,25 @@ bool describe_graph(bool backward, int B, int T, int NH, int HS, int* operations
   *operations = (int)p->graph->operations.size();
   *error = p->graph->error;
   return p->graph->ok();
+}
+
+std::vector<int64_t> engines_for_described_device(bool backward, int B, int T, int NH, int HS,
+                                                  const std::string& device_json,
+                                                  GraphVariant variant, std::string* error) {
+  std::unique_ptr<Plan> p = describe(backward, B, T, NH, HS, variant);
+  GraphBuilder& g = *p->graph;
+  cudnnBackendDescriptor_t device = g.create(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  g.set(device, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+        (int64_t)device_json.size(), device_json.data());
+  g.finalize(device, "device properties");
+  const PlanTarget target{nullptr, device};
+  std::vector<int64_t> engines;
+  cudnnBackendDescriptor_t graph = g.operation_graph(target);
+  for (cudnnBackendDescriptor_t config : g.engine_configs(target, graph, CUDNN_HEUR_MODE_A))
+    engines.push_back(GraphBuilder::engine_index(config));
+  *error = g.ok() && engines.empty() ? "heuristics mode A offers no engine: " + last_error()
+                                     : g.error;
+  return engines;
 }
 
 void release_stream_state(StreamImpl* s) {

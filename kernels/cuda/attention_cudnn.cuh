@@ -3,7 +3,9 @@
 // run this shape on this device (no engine accepts the graph); `why` then says what cuDNN
 // reported, and the caller falls back to the hand-written kernels.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -24,6 +26,17 @@ bool backward(Stream s, void* dqkv, const void* dout, const void* qkv, const voi
 // how many operations the graph has, *error cuDNN's complaint otherwise.
 bool describe_graph(bool backward, int B, int T, int NH, int HS, int* operations,
                     std::string* error);
+
+// cuDNN's own verdict, without a GPU, on one direction's graph for a device described by
+// `device_json` (the JSON form of a cuDNN device-properties descriptor; cuDNN >= 9.8 runs its
+// heuristics and each engine's support check against one in place of a handle). Returns the
+// global indices of the engines heuristics mode A offers, best first, having dropped those whose
+// support check failed; empty with *error saying why if none. `variant` builds a deliberately
+// altered forward graph for the negative test.
+enum class GraphVariant { AsTrained, MaskAndMaxSwapped };
+std::vector<int64_t> engines_for_described_device(bool backward, int B, int T, int NH, int HS,
+                                                  const std::string& device_json,
+                                                  GraphVariant variant, std::string* error);
 
 // Frees the stream's cached execution plans and its cuDNN handle (called by stream_destroy).
 void release_stream_state(StreamImpl* s);

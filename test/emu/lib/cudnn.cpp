@@ -3,8 +3,8 @@
 // GPU whose cuDNN has no engine for its graph, that cuDNN cannot run attention here, so that
 // attention "auto" (and "cudnn", with a warning) takes the hand-written flash kernels.
 //
-// What it does: cudnnCreate, cudnnDestroy and cudnnSetStream succeed (the emulated device is a
-// device). Descriptors of every type can be created, given attributes and destroyed; tensor,
+// What it does: cudnnGetVersion gives the headers' version; cudnnCreate, cudnnDestroy and
+// cudnnSetStream succeed (the emulated device is a device). Descriptors of every type can be created, given attributes and destroyed; tensor,
 // pointwise, reduction, matmul, reshape and operation descriptors finalize (without checking
 // their attributes: the real library's validation of these graphs is test/test_cudnn_graph.cu's
 // job, with the real libcudnn). Finalizing an operation graph - or any later step: heuristics,
@@ -85,6 +85,10 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
     return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnSetStream: not a handle");
   return CUDNN_STATUS_SUCCESS;
 }
+
+// The version of the headers it is built against, so the caller's version gate passes and the
+// refusal comes where a GPU without an engine would give it: at the graph.
+size_t cudnnGetVersion() { return CUDNN_VERSION; }
 
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {
