@@ -46,6 +46,7 @@ struct StreamImpl {
   void* scratch = nullptr;         // reductions' partial results; grows on demand
   size_t scratch_bytes = 0;
   void* cudnn_plans = nullptr;     // cuDNN handle and attention plans (attention_cudnn.cu)
+  void* gemm_signatures = nullptr; // cuBLASLt descriptors and algorithm per GEMM (matmul.cu)
   // What StreamOptions::attention turned into at the first forward and the first backward call
   // (Auto: whichever was faster there), and a line saying so for the log.
   AttentionImpl attention_forward_impl = AttentionImpl::Auto;
@@ -58,6 +59,8 @@ struct EventImpl {
 
 // Scratch memory of at least `bytes` on stream s, valid until the next call on the same stream.
 void* stream_scratch(Stream s, size_t bytes);
+// Frees the stream's cached cuBLASLt descriptors (matmul.cu; called by stream_destroy).
+void release_gemm_signatures(StreamImpl* s);
 
 }  // namespace ops
 

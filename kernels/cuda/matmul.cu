@@ -39,9 +39,10 @@
 // rounds the GEMM's result to bf16 before the bias/GELU (one extra rounding, no scratch memory).
 //
 // Algorithm choice. cublasLtMatmulAlgoGetHeuristic runs once per GEMM signature (shape, leading
-// dims, types, compute type, epilogue, pointer alignments, workspace size, device); its answer,
-// including "none", is kept in a function-local cache (a map behind a mutex, for the process's
-// life). Descriptors are created per call: host-only work of a few microseconds. Pointer
+// dims, types, compute type, epilogue, pointer alignments, workspace size, device) and stream;
+// its answer, including "none", is kept with the signature's descriptor and matrix layouts in
+// the stream's cache (StreamImpl::gemm_signatures, freed with the stream), so a call builds no
+// descriptor: it finds its signature and sets the pointer attributes (bias, aux, scales). Pointer
 // alignments are passed to the heuristic (cuBLASLt otherwise assumes 256 bytes, and our weights
 // sit at arbitrary offsets inside one parameter buffer). Split-K is restricted to fp32 partials
 // reduced in a fixed order, so results are deterministic and bf16 outputs are rounded once.
@@ -66,7 +67,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <map>
-#include <mutex>
+#include <memory>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -235,10 +236,6 @@ uint32_t alignment_of(const void* p) {
 }
 
 typedef std::array<int64_t, 26> AlgoKey;
-struct CachedAlgo {
-  bool found = false;
-  cublasLtMatmulAlgo_t algo = {};
-};
 
 AlgoKey algo_key(const Gemm& g, size_t workspace_bytes) {
   int device = 0;
@@ -251,110 +248,121 @@ AlgoKey algo_key(const Gemm& g, size_t workspace_bytes) {
                  g.c != nullptr, g.a_scale != nullptr || g.b_scale != nullptr, 0};
 }
 
+// The cuBLASLt objects of one GEMM signature (an AlgoKey): the matmul descriptor, the four matrix
+// layouts and the heuristic's algorithm (or its "none"). Built at a signature's first call on a
+// stream and kept until the stream is destroyed; a call sets only the descriptor's pointer
+// attributes (bias, aux, FP8 scales) again.
+struct LtSignature {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo = {};
+  bool found = false;
+
+  LtSignature(const Gemm& g, Stream s);
+  ~LtSignature() {
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  LtSignature(const LtSignature&) = delete;
+  LtSignature& operator=(const LtSignature&) = delete;
+
+  template <typename V>
+  void set(cublasLtMatmulDescAttributes_t attribute, const V& value) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+  }
+  void set_pointers(const Gemm& g) {
+    // Bias and aux types are left at their defaults, the type of D: bf16 bias and pre-activation
+    // in the bf16 forward, an fp32 bias gradient next to the fp32 dweight.
+    if (g.bias) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    if (g.aux) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    if (g.a_scale) set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale);
+    if (g.b_scale) set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale);
+  }
+  void ask_heuristic(const Gemm& g, Stream s);
+};
+
+// A stream's signatures (StreamImpl::gemm_signatures).
+using SignatureCache = std::map<AlgoKey, std::unique_ptr<LtSignature>>;
+
+LtSignature::LtSignature(const Gemm& g, Stream s) {
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, g.compute, CUDA_R_32F));
+  set(CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)g.op_a);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, (int32_t)g.op_b);
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, (uint32_t)g.epilogue);
+  if (g.aux) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
+  set_pointers(g);  // the heuristic may look at which pointers are set
+  bool a_n = g.op_a == CUBLAS_OP_N, b_n = g.op_b == CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, g.a_type, a_n ? g.m : g.k, a_n ? g.k : g.m, g.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, g.b_type, b_n ? g.k : g.n, b_n ? g.n : g.k, g.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, g.cd_type, g.m, g.n, g.c ? g.ldc : g.ldd));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, g.cd_type, g.m, g.n, g.ldd));
+  ask_heuristic(g, s);
+}
+
+// The heuristic's first choice for this signature.
+void LtSignature::ask_heuristic(const Gemm& g, Stream s) {
+  cublasLtMatmulPreference_t preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  uint64_t workspace = s->workspace_bytes;
+  uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b);
+  uint32_t align_c = alignment_of(g.c ? g.c : g.d), align_d = alignment_of(g.d);
+  auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+  };
+  // Split-K only with fp32 partial sums in the workspace, reduced in a fixed order: INPLACE and
+  // OUTPUT_TYPE would sum the parts in bf16 for bf16 outputs (and INPLACE orders them at run time).
+  uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // unsplit algorithms always pass
+  prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace);
+  prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions);
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+  cublasLtMatmulHeuristicResult_t result = {};
+  int returned = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(s->lt, desc, a, b, c, d, preference, 1,
+                                                         &result, &returned);
+  cublasLtMatmulPreferenceDestroy(preference);
+  found = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  algo = result.algo;
+  if (!found && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    std::fprintf(stderr,
+                 "matmul: cuBLASLt has no algorithm for epilogue %d (m=%d n=%d k=%d, status %d);"
+                 " using the hand-written epilogue\n",
+                 (int)g.epilogue, g.m, g.n, g.k, (int)status);
+}
+
+// One call of a GEMM: its signature's cached objects, the call's pointers set on them.
 class LtGemm {
  public:
   LtGemm(const Gemm& g, Stream s) : g_(g), s_(s) {
     CHECK(s && s->lt, "matmul: the stream has no cuBLASLt handle");
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, g.compute, CUDA_R_32F));
-    set(CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)g.op_a);
-    set(CUBLASLT_MATMUL_DESC_TRANSB, (int32_t)g.op_b);
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE, (uint32_t)g.epilogue);
-    // Bias and aux types are left at their defaults, the type of D: bf16 bias and pre-activation
-    // in the bf16 forward, an fp32 bias gradient next to the fp32 dweight.
-    if (g.bias) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-    if (g.aux) {
-      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
-      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
-    }
-    if (g.a_scale) set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale);
-    if (g.b_scale) set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale);
-    bool a_n = g.op_a == CUBLAS_OP_N, b_n = g.op_b == CUBLAS_OP_N;
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&a_, g.a_type, a_n ? g.m : g.k, a_n ? g.k : g.m, g.lda));
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&b_, g.b_type, b_n ? g.k : g.n, b_n ? g.n : g.k, g.ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, g.cd_type, g.m, g.n, g.c ? g.ldc : g.ldd));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, g.cd_type, g.m, g.n, g.ldd));
-    found_ = find_algorithm();
+    if (!s->gemm_signatures) s->gemm_signatures = new SignatureCache;
+    SignatureCache& cache = *static_cast<SignatureCache*>(s->gemm_signatures);
+    std::unique_ptr<LtSignature>& entry = cache[algo_key(g, s->workspace_bytes)];
+    if (!entry) entry = std::make_unique<LtSignature>(g, s);
+    signature_ = entry.get();
+    if (signature_->found) signature_->set_pointers(g);
   }
-  ~LtGemm() {
-    cublasLtMatrixLayoutDestroy(d_);
-    cublasLtMatrixLayoutDestroy(c_);
-    cublasLtMatrixLayoutDestroy(b_);
-    cublasLtMatrixLayoutDestroy(a_);
-    cublasLtMatmulDescDestroy(desc_);
-  }
-  LtGemm(const LtGemm&) = delete;
-  LtGemm& operator=(const LtGemm&) = delete;
 
-  bool available() const { return found_; }
+  bool available() const { return signature_->found; }
   void run() const {
+    const LtSignature& sig = *signature_;
     float alpha = 1.0f, beta = g_.beta;
     const void* c = g_.c ? g_.c : g_.d;
-    CUBLAS_CHECK(cublasLtMatmul(s_->lt, desc_, &alpha, g_.a, a_, g_.b, b_, &beta, c, c_, g_.d,
-                                d_, &algo_, s_->workspace, s_->workspace_bytes, s_->stream));
+    CUBLAS_CHECK(cublasLtMatmul(s_->lt, sig.desc, &alpha, g_.a, sig.a, g_.b, sig.b, &beta, c,
+                                sig.c, g_.d, sig.d, &sig.algo, s_->workspace,
+                                s_->workspace_bytes, s_->stream));
   }
 
  private:
-  template <typename V>
-  void set(cublasLtMatmulDescAttributes_t attribute, const V& value) {
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof(value)));
-  }
-
-  // The heuristic's first choice for this GEMM's signature, asked once per process.
-  bool find_algorithm() {
-    static std::mutex mutex;                      // guards `cache`
-    static std::map<AlgoKey, CachedAlgo> cache;   // every signature seen, with its answer
-    AlgoKey key = algo_key(g_, s_->workspace_bytes);
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, ask_heuristic()).first;
-    algo_ = it->second.algo;
-    return it->second.found;
-  }
-
-  CachedAlgo ask_heuristic() const {
-    cublasLtMatmulPreference_t preference;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    uint64_t workspace = s_->workspace_bytes;
-    uint32_t align_a = alignment_of(g_.a), align_b = alignment_of(g_.b);
-    uint32_t align_c = alignment_of(g_.c ? g_.c : g_.d), align_d = alignment_of(g_.d);
-    auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value,
-                                                        sizeof(value)));
-    };
-    // Split-K only with fp32 partial sums in the workspace, reduced in a fixed order: INPLACE and
-    // OUTPUT_TYPE would sum the parts in bf16 for bf16 outputs (and INPLACE orders them at run time).
-    uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // unsplit algorithms always pass
-    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace);
-    prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    cublasLtMatmulHeuristicResult_t result = {};
-    int returned = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(s_->lt, desc_, a_, b_, c_, d_,
-                                                           preference, 1, &result, &returned);
-    cublasLtMatmulPreferenceDestroy(preference);
-    CachedAlgo answer;
-    answer.found = status == CUBLAS_STATUS_SUCCESS && returned > 0 &&
-                   result.state == CUBLAS_STATUS_SUCCESS;
-    answer.algo = result.algo;
-    if (!answer.found && g_.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-      std::fprintf(stderr,
-                   "matmul: cuBLASLt has no algorithm for epilogue %d (m=%d n=%d k=%d, status %d);"
-                   " using the hand-written epilogue\n",
-                   (int)g_.epilogue, g_.m, g_.n, g_.k, (int)status);
-    return answer;
-  }
-
   Gemm g_;
   Stream s_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr, d_ = nullptr;
-  cublasLtMatmulAlgo_t algo_ = {};
-  bool found_ = false;
+  LtSignature* signature_ = nullptr;
 };
 
 // A GEMM without epilogue: cuBLASLt always has one; not finding it is a bug worth stopping for.
@@ -501,6 +509,11 @@ void check_shape(const char* op, int N, int C, int OC) {
 }
 
 }  // namespace
+
+void release_gemm_signatures(StreamImpl* s) {
+  delete static_cast<SignatureCache*>(s->gemm_signatures);
+  s->gemm_signatures = nullptr;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The ops

@@ -193,6 +193,7 @@ void stream_destroy(Stream s) {
   if (!s || is_dry(s)) return;
   stream_sync(s);
   cudnn_sdpa::release_stream_state(s);
+  release_gemm_signatures(s);
   release(s->scratch);
   release(s->workspace);
   CUBLAS_CHECK(cublasLtDestroy(s->lt));
