@@ -107,7 +107,7 @@ $(BUILD)/test_%: $(BUILD)/host/test/test_%.cpp.o $(filter-out $(BUILD)/host/trai
 	$(CXX) -o $@ $^ $(LDLIBS)
 # The communicator's test again, over a pretend GPU whose memory only ops::copy_* may touch:
 # proves the MPI backend stages device buffers through the host.
-COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_runtime.cu \
+COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_runtime.cu parallel/host_threads.cu \
                         parallel/comm_nccl_absent.cu config/layout_rules.cu parallel/mesh.cu \
                         parallel/pipeline_schedule.cu parallel/pipeline_messages.cu \
                         parallel/pipeline_simulator.cu parallel/pipeline_file.cu \

@@ -36,6 +36,7 @@
 #include "training/plan.h"
 #include "training/preemption.h"
 #include "parallel/diloco.h"
+#include "parallel/host_threads.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -204,6 +205,9 @@ static void print_banner(const Run& r) {
   const MeshShape& mesh = r.mesh.shape;
   std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
               ops::backend_name(), mesh.world(), c.parallel.backend.c_str());
+  const HostThreads& threads = host_threads();  // rank 0's; each rank chose its own
+  std::printf("threads  %d OpenMP thread%s on rank 0: %s\n", threads.threads,
+              threads.threads == 1 ? "" : "s", threads.why.c_str());
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
