@@ -82,6 +82,7 @@ run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
 run preemption  $PY test/test_preemption.py
+run slurm       $PY test/test_slurm.py  # a private Slurm: srun, the job script's requeue, threads
 run async-checkpoint $PY test/test_async_checkpoint.py
 run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
