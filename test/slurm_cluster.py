@@ -111,10 +111,12 @@ class SlurmCluster:
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
         os.chmod(key, 0o400)
-        subprocess.run([self._tool("munged"), "--force", f"--socket={d}/munge.sock",
-                        f"--key-file={key}", f"--log-file={d}/log/munged.log",
-                        f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed"],
-                       check=True, capture_output=True, timeout=30)
+        r = subprocess.run([self._tool("munged"), "--force", f"--socket={d}/munge.sock",
+                            f"--key-file={key}", f"--log-file={d}/log/munged.log",
+                            f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise SlurmUnavailable(f"munged did not start: {r.stderr.strip()[-300:]}")
         with open(self.conf, "w") as f:
             f.write(_config(d, socket.gethostname().split(".")[0], os.cpu_count(),
                             self.task_plugin))
