@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """tools/plot_trace.py - draws one traced step of a trace (tools/trace_merge.py's file, or one
 rank's DIR/rank_<r>.json) as a PNG: one band per rank, split into its host, compute-stream and
-comm-stream lanes; each span a bar coloured by its kind (pipeline F/B/W, optimizer, comm, data,
+comm-stream lanes; each span a bar coloured by its kind (pipeline F/B/W, optimizer, comm, control
+(the loss's host messages), data,
 checkpoint), nested spans drawn thinner on top, the pipeline's bars labelled with their action
 and micro-batch.
 
@@ -17,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLOURS = {"pipeline": "#4c72b0", "optimizer": "#55a868", "comm": "#dd8452", "data": "#8172b3",
-           "checkpoint": "#c44e52", "step": "#dddddd"}
+           "checkpoint": "#c44e52", "control": "#937860", "step": "#dddddd"}
 LANES = ["host", "compute", "comm"]
 
 
