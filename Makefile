@@ -49,7 +49,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 # Sources. Above the seam: every .cu/.cpp in these folders; comm_nccl.cu (with its watchdog
 # thread, nccl_watchdog.cu) is the NCCL backend, comm_nccl_absent.cu stands in for it in the CPU
 # binary.
-SHARED_SRC := train.cu kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp kernels/allocator.cpp \
+SHARED_SRC := train.cu kernels/common.cpp kernels/host_adamw.cpp kernels/host_diloco.cpp kernels/allocator.cpp kernels/trace.cpp \
               $(filter-out parallel/comm_nccl.cu parallel/nccl_watchdog.cu parallel/comm_nccl_absent.cu, \
                 $(wildcard config/*.cu parallel/*.cu model/*.cu training/*.cu checkpoint/*.cu data/*.cpp))
 CPU_SRC    := $(wildcard kernels/cpu/*.cpp) parallel/comm_nccl_absent.cu
@@ -107,11 +107,11 @@ $(BUILD)/test_%: $(BUILD)/host/test/test_%.cpp.o $(filter-out $(BUILD)/host/trai
 	$(CXX) -o $@ $^ $(LDLIBS)
 # The communicator's test again, over a pretend GPU whose memory only ops::copy_* may touch:
 # proves the MPI backend stages device buffers through the host.
-COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_runtime.cu \
+COMM_FAKE_DEVICE_SRC := parallel/comm.cu parallel/comm_mpi.cu parallel/comm_mpi_runtime.cu parallel/host_threads.cu \
                         parallel/comm_nccl_absent.cu config/layout_rules.cu parallel/mesh.cu \
                         parallel/pipeline_schedule.cu parallel/pipeline_messages.cu \
                         parallel/pipeline_simulator.cu parallel/pipeline_file.cu \
-                        parallel/pipeline_balance.cu config/device_peaks.cu kernels/common.cpp
+                        parallel/pipeline_balance.cu config/device_peaks.cu kernels/common.cpp kernels/trace.cpp
 $(BUILD)/test_comm_fake_device: test/test_comm.cpp test/comm_test_support.h test/comm_point_to_point.h \
                                test/comm_send_recv.h \
                                $(call obj,host,$(COMM_FAKE_DEVICE_SRC))

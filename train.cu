@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "data/tokenizer.h"
 #include "config/config.h"
 #include "config/size_limits.h"
+#include "kernels/trace.h"
 #include "training/evaluate.h"
 #include "training/health.h"
 #include "model/fp8.h"
@@ -36,6 +38,7 @@
 #include "training/plan.h"
 #include "training/preemption.h"
 #include "parallel/diloco.h"
+#include "parallel/host_threads.h"
 #include "parallel/mesh.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -204,6 +207,9 @@ static void print_banner(const Run& r) {
   const MeshShape& mesh = r.mesh.shape;
   std::printf("device   %s (%s backend), %d rank(s), collectives over %s\n", r.device.name,
               ops::backend_name(), mesh.world(), c.parallel.backend.c_str());
+  const HostThreads& threads = host_threads();  // rank 0's; each rank chose its own
+  std::printf("threads  %d OpenMP thread%s on rank 0: %s\n", threads.threads,
+              threads.threads == 1 ? "" : "s", threads.why.c_str());
   char maxT[48] = "";  // a run may train at fewer positions than the model has
   if (r.layout.maxT != r.layout.T)
     std::snprintf(maxT, sizeof(maxT), " (of max_seq_len %d)", r.layout.maxT);
@@ -292,7 +298,10 @@ static StepReport train_step(Run& r, int step) {
   const DataPosition batch_start = r.train_data.pos;
   comm_stats_reset(r.mesh.stats);
   store_stats_reset(r.store);
-  read_step_batch(r);
+  {
+    trace::Span span(trace::Lane::Host, "data", "data", nullptr);
+    read_step_batch(r);
+  }
   // The loss is the mean over the global batch, so each token's gradient is scaled by
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
   // The mean over the batch of the group that reduces it (an island's, with DiLoCo).
@@ -303,21 +312,29 @@ static StepReport train_step(Run& r, int step) {
   StepReport rep;
   rep.step = step;
   rep.steps = c.train.steps;
-  rep.grad_norm = grad_norm(r.store);
+  {
+    trace::Span span(trace::Lane::Compute, "optimizer", "grad norm", r.compute);
+    rep.grad_norm = grad_norm(r.store);
+  }
   rep.noise = noise_scale_step(r.noise, r.store, rep.grad_norm, B, accum, r.mesh[Axis::DP].size);
   rep.noise_scale = r.noise;
   rep.lr = learning_rate(c.train, step);
   float local_loss = 0;
-  ops::stream_sync(r.compute);
-  ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
-  rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
+  {  // the loss to every rank: host messages the comm accounting leaves out (control plane)
+    trace::Span span(trace::Lane::Comm, "control", "loss", r.compute);
+    ops::stream_sync(r.compute);
+    ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
+    rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
+  }
   const SpikeVerdict spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
       dataloader_span(r.train_data, batch_start), r.rank0);
-  if (!spike.skip)  // Adam counts the updates applied (training/health.h)
+  if (!spike.skip) {  // Adam counts the updates applied (training/health.h)
+    trace::Span span(trace::Lane::Compute, "optimizer", "optimizer", r.compute);
     optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr,
                    clip_factor(c.train, rep.grad_norm));
-  else
+  } else {
     rep.note = "update skipped: loss spike";
+  }
   diloco_after_step(r.diloco, r.store, step);  // every diloco_every steps (parallel/diloco.h)
   if (r.model.moe) {
     rep.moe = true;
@@ -393,7 +410,11 @@ static int train_steps(Run& r) {
   const auto start = std::chrono::steady_clock::now();
   for (int step = r.resumed_step + 1; step <= r.cfg.train.steps; step++) {
     r.mesh.watch.step = step;  // named by the watchdog (parallel/watchdog.h)
+    trace::step_begin(step);  // [log] trace_steps (kernels/trace.h)
+    std::optional<trace::Span> step_span(std::in_place, trace::Lane::Host, "step", "step",
+                                         nullptr);
     StepReport rep = train_step(r, step);
+    step_span.reset();
     const RunState state{r.train_data.pos, r.loss_trend};  // what a checkpoint keeps of the run
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
                                                      state, r.mesh);
@@ -419,6 +440,7 @@ static int train_steps(Run& r) {
     const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
     const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store, state,
                                              r.mesh, stop != 0);
+    trace::step_end(step);
     if (!stop) continue;
     if (r.rank0) {
       char where[512] = "no [checkpoint] dir: nothing saved";
@@ -465,6 +487,9 @@ int main(int argc, char** argv) {
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
   setup(r, world_rank, local_rank);
   print_banner(r);
+  if (!r.cfg.log.trace.empty())  // the traced steps' timelines (kernels/trace.h)
+    trace::configure(r.cfg.log.trace, r.cfg.log.trace_steps[0], r.cfg.log.trace_steps[1],
+                     world_rank, r.compute);
   const int first = r.resumed_step;
   const int stopped_by = train_steps(r);
   metrics_summary(r.metrics, r.summary, r.info, r.rank0);
@@ -475,6 +500,7 @@ int main(int argc, char** argv) {
   }
 
   metrics_close(r.metrics);
+  trace::shutdown();
   gpt_destroy(r.model);
   pipeline_destroy(r.pipeline);
   param_store_destroy(r.store);

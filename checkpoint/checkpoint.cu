@@ -15,6 +15,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <tuple>
 
 #include "checkpoint/data_record.h"
@@ -22,6 +23,7 @@
 #include "checkpoint/files.h"
 #include "checkpoint/hdf5_format.h"
 #include "checkpoint/save_phases.h"
+#include "kernels/trace.h"
 
 static const StateKind kStates[] = {StateKind::Master, StateKind::AdamM, StateKind::AdamV};
 
@@ -241,12 +243,17 @@ void save_finish(const Config& cfg, const GPTLayout& layout, const SaveTarget& t
 void checkpoint_save(const Config& cfg, int step, const GPTLayout& layout, ParamStore& store,
                      const RunState& run, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
+  trace::Span whole(trace::Lane::Host, "checkpoint", "checkpoint save", nullptr);
+  std::optional<trace::Span> phase(std::in_place, trace::Lane::Host, "checkpoint", "save begin",
+                                   nullptr);  // the phases of checkpoint/save_phases.h
   const SaveTarget t = save_begin(cfg, step, run, world);
+  phase.emplace(trace::Lane::Host, "checkpoint", "rank file", nullptr);
   ops::stream_sync(store.compute);  // the optimizer step has landed in the shards
   FileDigest digest;
   const std::string problem = h5_write_rank_file(save_rank_file(t, world.rank), store, layout,
                                                  save_writer_shards(mesh), mesh.shape, &digest,
                                                  world.rank, step);
+  phase.emplace(trace::Lane::Host, "checkpoint", "save finish", nullptr);
   save_finish(cfg, layout, t, world, problem, digest, seconds_since(t.start), "");
 }
 

@@ -157,6 +157,8 @@ struct LogConfig {        // [log]
   int straggler_every = 100;      // report the slowest and fastest rank every this many steps
   float straggler_factor = 1.25f; // name a rank whose step is this many times the median's
   bool grad_noise_scale = false;  // the gradient noise scale B_simple (training/noise_scale.h)
+  std::string trace;              // "" = none; DIR: per-rank Chrome traces (kernels/trace.h)
+  std::vector<int> trace_steps = {2, 2};  // [first, last] step traced, inclusive
 };
 
 struct PlanConfig {       // [plan]: the device model of ./train --plan (H100 SXM defaults)

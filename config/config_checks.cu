@@ -339,6 +339,9 @@ void check_values(Checker& c) {
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
   c.require(cfg.log.straggler_factor > 1, "log.straggler_factor", "must be > 1");
+  const std::vector<int>& traced = cfg.log.trace_steps;
+  c.require(traced.size() == 2 && traced[0] >= 1 && traced[1] >= traced[0], "log.trace_steps",
+            "must be [first, last] with 1 <= first <= last");
   c.require(device_peak_by_name(cfg.plan.device) != nullptr, "plan.device",
             "must be one of " + device_peak_names());
   for (const char* id : {"plan.matmul_efficiency", "plan.hbm_gbs",

@@ -22,10 +22,14 @@
 //   every rank of the group were this one (a sum is size times this rank's value, an all-to-all
 //   hands back this rank's own block from everyone), which is what the planner's balanced,
 //   identical ranks would see.
+// - Tracing ([log] trace, kernels/trace.h): every counted call is a span on the trace's comm
+//   lane, named by its kind, with its axis, group size and the bytes it counts (a p2p batch: one
+//   span listing each message's direction, peer and bytes), so a trace and the accounting agree.
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "kernels/trace.h"
 #include "parallel/comm.h"
 
 const char* axis_name(Axis a) {
@@ -62,6 +66,18 @@ static void tally(Comm& c, CollectiveKind kind, size_t bytes) {
   k.bytes[(int)kind] += bytes;
 }
 
+// The trace span of a counted call (inactive outside traced steps), on the call's stream.
+#define COMM_SPAN(kind, bytes) \
+  trace::Span span(trace::Lane::Comm, "comm", kind_name(kind), s); \
+  span_args(span, c, bytes)
+
+static void span_args(trace::Span& span, const Comm& c, size_t bytes) {
+  if (!span.active()) return;
+  span.arg("axis", axis_name(c.axis));
+  span.arg("group", (long long)c.size);
+  span.arg("bytes", (long long)bytes);
+}
+
 static void check_peer(const Comm& c, int peer, const char* what) {
   CHECK(peer >= 0 && peer < c.size && peer != c.rank,
         "%s on axis %s: peer %d is not another rank of the group (rank %d of %d)", what,
@@ -92,12 +108,14 @@ static const CollectiveBackend& backend_of(const Comm& c) {
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, count * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::AllReduce, count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).all_reduce_sum(c, buf, count, dt, s);
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, count * sizeof(float));
+  COMM_SPAN(CollectiveKind::AllReduce, count * sizeof(float));
   if (moves_data(c)) backend_of(c).all_reduce_max(c, buf, count, s);
 }
 
@@ -105,6 +123,7 @@ void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count
                         ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, recv_count * dtype_size(dt), s);
   tally(c, CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).reduce_scatter_sum(c, send, recv, recv_count, dt, s);
 }
 
@@ -112,6 +131,7 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
                 ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, send_count * dtype_size(dt), s);
   tally(c, CollectiveKind::AllGather, c.size * send_count * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::AllGather, c.size * send_count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).all_gather(c, send, recv, send_count, dt, s);
 }
 
@@ -120,6 +140,7 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
         axis_name(c.axis), root, c.size);
   if (c.size == 1) return;
   tally(c, CollectiveKind::Broadcast, count * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::Broadcast, count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).broadcast(c, buf, count, dt, root, s);
 }
 
@@ -134,13 +155,24 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
           ops[i].count * dtype_size(dt));
     posted.push_back(ops[i]);
   }
-  if (!posted.empty() && moves_data(c))
-    backend_of(c).p2p_batch(c, posted.data(), (int)posted.size(), dt, s);
+  if (posted.empty()) return;
+  trace::Span span(trace::Lane::Comm, "comm", "p2p", s);
+  if (span.active()) {
+    std::string list = "[";
+    for (const P2POp& op : posted)
+      list += (list.size() > 1 ? "," : "") + std::string("{\"op\":\"") +
+              (op.is_send ? "send" : "recv") + "\",\"peer\":" + std::to_string(op.peer) +
+              ",\"bytes\":" + std::to_string(op.count * dtype_size(dt)) + "}";
+    span.arg("axis", axis_name(c.axis));
+    span.arg_list("messages", list + "]");
+  }
+  if (moves_data(c)) backend_of(c).p2p_batch(c, posted.data(), (int)posted.size(), dt, s);
 }
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, count * dtype_size(dt), s);
   tally(c, CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
   if (moves_data(c)) backend_of(c).all_to_all(c, send, recv, count, dt, s);
 }
 
@@ -159,6 +191,7 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
     return copy_if_distinct(recv, send, send_counts[0] * dtype_size(dt), s);
   }
   tally(c, CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
+  COMM_SPAN(CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
   if (moves_data(c)) backend_of(c).all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
 }
 
@@ -169,13 +202,18 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
 void barrier(Comm& c) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::Barrier, 0);
+  ops::Stream s = nullptr;  // a host barrier: the host clock
+  COMM_SPAN(CollectiveKind::Barrier, 0);
   if (moves_data(c)) mpi_host::barrier(c);
 }
 
 void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
   if (c.size > 1) tally(c, CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
-  if (c.size > 1 && moves_data(c))
+  if (c.size > 1 && moves_data(c)) {
+    ops::Stream s = nullptr;  // on the host: the host clock
+    COMM_SPAN(CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
     return mpi_host::all_to_all(c, send, per_peer, recv, HostType::Int);
+  }
   for (int j = 0; j < c.size; j++)  // every rank (here: this one) sends this rank its block
     std::memcpy(recv + (size_t)j * per_peer, send + (size_t)c.rank * per_peer,
                 (size_t)per_peer * sizeof(int));
@@ -184,6 +222,8 @@ void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
 void all_reduce_host_sum(Comm& c, int* x, int n) {
   if (c.size == 1) return;
   tally(c, CollectiveKind::AllReduce, (size_t)n * sizeof(int));
+  ops::Stream s = nullptr;  // on the host: the host clock
+  COMM_SPAN(CollectiveKind::AllReduce, (size_t)n * sizeof(int));
   if (moves_data(c)) return mpi_host::all_reduce(c, x, n, HostType::Int, HostOp::Sum);
   for (int i = 0; i < n; i++) x[i] *= c.size;
 }

@@ -20,6 +20,11 @@
 // Groups: MPI_Comm_split over MPI_COMM_WORLD, where ranks with equal "color" form a group ordered
 // by "key": the color of a group is its first member's world rank (unique to it), the key the
 // rank's place in the member list (parallel/mesh.cu works the lists out).
+//
+// Threads: runtime_init gathers the affinity masks of the node's ranks (sizeof(cpu_set_t) bytes
+// each, over the node's communicator) and sets this rank's OpenMP threads to its share of its
+// cores (parallel/host_threads.h), so no launcher oversubscribes them.
+#include <omp.h>
 #include <sched.h>
 #include <time.h>
 
@@ -31,6 +36,7 @@
 #include <string>
 
 #include "parallel/comm_mpi_internal.h"
+#include "parallel/host_threads.h"
 
 namespace {
 
@@ -75,6 +81,27 @@ void on_mpi_error(MPI_Comm*, int* error_code, ...) {
   FATAL("%s", what.c_str());
 }
 
+// This rank's OpenMP threads: its share of the cores of its affinity mask among the ranks of its
+// node (`node`: their communicator), or OMP_NUM_THREADS (parallel/host_threads.h).
+void choose_host_threads(MPI_Comm node) {
+  int node_rank = 0, node_size = 1;
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_size(node, &node_size);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0)
+    for (int cpu = 0; cpu < omp_get_num_procs() && cpu < CPU_SETSIZE; cpu++) CPU_SET(cpu, &mine);
+  std::vector<cpu_set_t> all(node_size);
+  MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, node);
+  std::vector<std::vector<int>> masks(node_size);
+  for (int r = 0; r < node_size; r++)
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+      if (CPU_ISSET(cpu, &all[r])) masks[r].push_back(cpu);
+  const HostThreads chosen = host_threads_choose(masks, node_rank, std::getenv("OMP_NUM_THREADS"));
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(chosen.threads);
+  host_threads_set(chosen);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -102,6 +129,7 @@ void runtime_init(int* argc, char*** argv, int* world_rank, int* world_size, int
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *world_rank, MPI_INFO_NULL, &node);
   MPI_Comm_rank(node, local_rank);
+  choose_host_threads(node);
   MPI_Comm_free(&node);
 }
 

@@ -89,6 +89,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/trace.h"
 
 namespace {
 
@@ -226,7 +227,12 @@ void compute(Executor& ex, size_t i) {
     if (g.own) call.grad = lend(ex.grads, ex.grad_lending, i, *g.own);
     if (g.local) call.local_grad = lend(ex.grads, ex.grad_lending, i, *g.local);
   }
-  ex.stages.compute(call);
+  {
+    trace::Span span(trace::Lane::Compute, "pipeline", pipe_op_name(a.op), ex.s);  // kernels/trace.h
+    span.arg("micro", a.micro);
+    span.arg("chunk", a.chunk);
+    ex.stages.compute(call);
+  }
   give_back(ex.slots, ex.slot_lending, i);
   give_back(ex.grads, ex.grad_lending, i);
 }

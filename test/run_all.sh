@@ -82,9 +82,11 @@ run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run watchdog    $PY test/test_watchdog.py
 run preemption  $PY test/test_preemption.py
+run slurm       $PY test/test_slurm.py  # a private Slurm: srun, the job script's requeue, threads
 run async-checkpoint $PY test/test_async_checkpoint.py
 run loss-spikes $PY test/test_loss_spikes.py
 run stragglers  $PY test/test_stragglers.py
+run trace       $PY test/test_trace.py  # [log] trace: the files against the step, comm, schedule
 run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
 run long-run    $PY test/test_long_run.py

@@ -11,6 +11,9 @@
 #        counts it (test/suite.sh): what it names is installed here, so CI skips only what
 #        cannot run on it (the CUDA groups without the toolkit).
 # Plots: python3-matplotlib (tools/plot.py, the demo's loss.png).
+# Slurm: slurm-wlm (slurmctld, slurmd, srun, sbatch; its PMIx plugin pulls libpmix2, which
+#        Debian's Open MPI uses too) and munge: the slurm group starts a private single-node
+#        Slurm (test/slurm_cluster.py), bench/launchers.py times srun against mpirun.
 # Fuzz:  clang with libFuzzer and the sanitizers' runtimes (libclang-rt-dev): `make fuzz` and
 #        the saved-corpus group of `make test` (test/fuzz/README.md).
 # The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian package here; without it only
@@ -19,7 +22,7 @@ set -euo pipefail
 packages=(g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           libtomlplusplus-dev fortunes fortunes-min curl ca-certificates
           python3 python3-torch python3-numpy python3-h5py python3-regex python3-matplotlib
-          util-linux clang libclang-rt-dev)
+          util-linux clang libclang-rt-dev slurm-wlm munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
