@@ -336,7 +336,8 @@ void check_values(Checker& c) {
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
                          "log.peak_tflops", "plan.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
-                         "parallel.timeout_s", "train.skip_spikes", "log.sample_temperature"})
+                         "parallel.timeout_s", "train.skip_spikes",
+                         "log.sample_temperature"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
   c.require(cfg.eval.every == 0 || !cfg.eval.file.empty(), "eval.every",
