@@ -9,8 +9,9 @@ the cached passes switch off) and pp 2, for GPT-2 (learned positions) and Llama 
 cache's position, grouped-query attention). At temperature 1 with the same seed they draw the
 same uniform numbers, so the tokens agree too (a draw within ~1e-7 of a boundary between two
 tokens could part them: not seen). top_k = 1 is greedy whatever the temperature. A sample longer
-than the window makes the cache start again from the window's last half (it must run). Bad
-values of the sample keys are refused before any work.
+than the window makes the cache start again from the window's last half (it must run). --sample
+resumes a checkpoint and samples from its weights. Bad values of the sample keys are refused
+before any work.
 
 The model is a random tiny GPT-2 (llm.c file) or a random Llama; without a tokenizer the sample
 prints token ids, which is what is compared.
@@ -87,6 +88,16 @@ def main():
         long = sample_of(tmp, gpt2_sections(tmp), [f"--log.sample_tokens={2 * T + 3}"])
         checks.check("a sample longer than the window (the cache restarts)",
                      len(long) == 2 * T + 3 and long[:TOKENS] == greedy, f"{len(long)}")
+        # --sample from a checkpoint: 2 steps saved, then resumed for a sample (no training)
+        sec = gpt2_sections(tmp)
+        sec["train"]["steps"] = 2
+        sec["checkpoint"] = {"dir": os.path.join(tmp, "ckpt"), "every": 2}
+        run(write_config(tmp, "train.toml", sec))
+        sec["checkpoint"]["resume"] = "latest"
+        resumed = sample_of(tmp, sec)
+        checks.check("--sample from a checkpoint: KV cache = recompute, not the initial model's",
+                     resumed == sample_of(tmp, sec, ["--log.sample_kv_cache=false"]) and
+                     resumed != greedy, f"{resumed}")
         for key, value in (("sample_temperature", -0.5), ("sample_top_k", -1)):
             bad = gpt2_sections(tmp)
             bad["log"][key] = value
