@@ -27,7 +27,9 @@
 #include "config/config.h"
 #include "config/size_limits.h"
 #include "kernels/trace.h"
+#include "training/eval.h"
 #include "training/evaluate.h"
+#include "training/sample.h"
 #include "training/health.h"
 #include "model/fp8.h"
 #include "model/gpt.h"
@@ -57,6 +59,7 @@ struct Run {
   std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T/cp each
   std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
   DataLoader train_data, val_data;
+  std::vector<ChoiceExample> eval_set;  // [eval] file's examples (data/eval_file.h)
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
   LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
   StragglerWatch stragglers;
@@ -72,11 +75,13 @@ struct Run {
 };
 
 static const char kUsage[] =
-    "usage: %s config.toml [--section.key=value ...] [--check-config]\n"
+    "usage: %s config.toml [--section.key=value ...] [--check-config | --sample]\n"
     "       %s config.toml [--section.key=value ...] --plan [--plan-json FILE]\n"
     "       %s config.toml [--section.key=value ...] --plan-search N\n"
     "  --section.key=value  override a key of the config (docs/CONFIG.md)\n"
     "  --check-config       print the resolved config after checking it and the data shards\n"
+    "  --sample             print a sample ([log] sample_*) from the model as set up (a resumed\n"
+    "                       checkpoint, [init] from) instead of training\n"
     "  --plan               plan the config's layout: memory and communication per rank, step\n"
     "                       time (one process, no GPU; training/plan.h)\n"
     "  --plan-json FILE     the plan as JSON\n"
@@ -107,6 +112,8 @@ static void check_data(const Config& cfg) {
                   cfg.train.seed, cfg.model.vocab_size);
   if (!cfg.data.val.empty())
     dataloader_init(val, cfg.data.val, "[data] val", B, T, 0, dp, false, 0, cfg.model.vocab_size);
+  if (!cfg.eval.file.empty())
+    eval_file_read(cfg.eval.file, "[eval] file", cfg.model.vocab_size, T, cfg.eval.examples);
 }
 
 // Everything a step needs: device, mesh, weights, activations, data, logs.
@@ -182,6 +189,8 @@ static void setup_data_and_logs(Run& r) {
                   cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
     dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp_rank, r.mesh.shape.dp, false, 0, V);
+  if (!cfg.eval.file.empty())  // every record checked before any work
+    r.eval_set = eval_file_read(cfg.eval.file, "[eval] file", V, T, cfg.eval.examples);
   const std::string tokenizer = tokenizer_path(cfg, r.train_data);
   if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
     std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
@@ -348,6 +357,25 @@ static StepReport train_step(Run& r, int step) {
   return rep;
 }
 
+// The token samples start from: the tokenizer's end-of-text, else the last id.
+static int sample_eot(const Run& r) {
+  const bool own_eot = r.tokenizer.loaded && r.tokenizer.eot < r.layout.V;
+  return own_eot ? r.tokenizer.eot : r.layout.V - 1;
+}
+
+// --sample: a sample from the model as set up (a resumed checkpoint, [init] from), no training.
+static void sample_only(Run& r) {
+  const Config& c = r.cfg;
+  const SampleSettings st = sample_settings(c, c.train.seed + r.resumed_step);
+  const std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP],
+                                       r.tokenizer, sample_eot(r), st, r.compute);
+  if (r.rank0)
+    std::printf("sample   %d tokens after step %d (%s, temperature %g, top_k %d):\n%s\n---\n",
+                st.tokens, r.resumed_step, st.kv_cache ? "KV cache" : "recompute",
+                st.temperature, st.top_k, text.c_str());
+  std::fflush(stdout);
+}
+
 // Validation and samples, every so many steps (and after the last).
 static void evaluate(Run& r, int step) {
   const Config& c = r.cfg;
@@ -358,12 +386,20 @@ static void evaluate(Run& r, int step) {
     if (r.rank0) std::printf("step %5d | val loss %.6f\n", step, v);
     metrics_val(r.metrics, step, v);
   }
+  if (c.eval.every > 0 && (step % c.eval.every == 0 || last)) {
+    const int dp_rank = mesh_coords(r.mesh.shape, r.mesh.world_rank).dp;
+    const EvalResult e = eval_multiple_choice(r.model, r.store, r.pipeline, r.eval_set,
+                                              r.mesh[Axis::World], r.mesh.shape.dp, dp_rank,
+                                              sample_eot(r), r.compute);
+    if (r.rank0)
+      std::printf("step %5d | eval acc %.4f (%d of %d, %s)\n", step, e.accuracy(), e.correct,
+                  e.examples, c.eval.file.c_str());
+    metrics_eval(r.metrics, step, e.correct, e.examples);
+  }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
-    const bool own_eot = r.tokenizer.loaded && r.tokenizer.eot < r.layout.V;
-    const int eot = own_eot ? r.tokenizer.eot : r.layout.V - 1;
-    std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer, eot,
-                                   c.log.sample_tokens, c.train.seed + step, c.model.seq_len,
-                                   r.compute);
+    const int eot = sample_eot(r);
+    std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer,
+                                   eot, sample_settings(c, c.train.seed + step), r.compute);
     if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
   }
   std::fflush(stdout);
@@ -486,6 +522,12 @@ int main(int argc, char** argv) {
   }
   if (r.rank0) std::printf("# config %s\n%s\n", r.cfg.path.c_str(), r.cfg.toml_text.c_str());
   setup(r, world_rank, local_rank);
+  if (has_flag(argc, argv, "--sample")) {  // generate from the model as set up, and stop
+    sample_only(r);
+    gpt_destroy(r.model);
+    runtime_finalize();
+    return 0;
+  }
   print_banner(r);
   if (!r.cfg.log.trace.empty())  // the traced steps' timelines (kernels/trace.h)
     trace::configure(r.cfg.log.trace, r.cfg.log.trace_steps[0], r.cfg.log.trace_steps[1],

@@ -205,7 +205,8 @@ Config load_config(int argc, char** argv, int world_size, const char* default_ba
                    const LayoutCheck& more) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; i++)
-    if (std::string(argv[i]) != "--check-config") args.push_back(argv[i]);  // the caller's flag
+    if (std::string(argv[i]) != "--check-config" && std::string(argv[i]) != "--sample")
+      args.push_back(argv[i]);  // the caller's flags
   if (args.empty() || args[0].compare(0, 2, "--") == 0)
     FATAL_ALL("the first argument must be the config file%s (--help: the usage)",
               args.empty() ? "" : (", got '" + args[0] + "'").c_str());

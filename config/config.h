@@ -142,6 +142,12 @@ struct CheckpointConfig { // [checkpoint]
   int lock_wait_s = 10;   // how long a job waits for another job's lock (checkpoint/dir_lock.h)
 };
 
+struct EvalConfig {       // [eval] multiple-choice evaluation (training/eval.h)
+  std::string file;       // an llm.c eval file (HellaSwag's format, data/eval_file.h); "" = none
+  int every = 0;          // every this many steps and after the last; 0 = never
+  int examples = 0;       // score the first this many examples (0 = all)
+};
+
 struct LogConfig {        // [log]
   int every = 1;          // print a step line every this many steps
   std::string metrics;    // JSONL path ("" = none)
@@ -149,6 +155,9 @@ struct LogConfig {        // [log]
   int val_batches = 10;
   int sample_every = 0;   // 0 = never
   int sample_tokens = 64;
+  double sample_temperature = 1.0;  // 0 = greedy (the most likely token)
+  int sample_top_k = 0;             // sample among the k most likely tokens (0 = all)
+  bool sample_kv_cache = true;      // prefill once, then one token at a time (model/kv_cache.h)
   double peak_tflops = 0; // override of the device's dense peak for MFU (0 = detect)
   bool pipeline_timeline = false;  // pp > 1: print the last step as an ASCII timeline per rank
   bool check_tied = false;  // pp > 1: after every step, compare the two wte copies bit for bit
@@ -184,6 +193,7 @@ struct Config {
   KernelsConfig kernels;
   CheckpointConfig checkpoint;
   LogConfig log;
+  EvalConfig eval;
   PlanConfig plan;
   std::string path;       // the config file
   std::string toml_text;  // the resolved config as TOML (printed at start, saved in checkpoints)

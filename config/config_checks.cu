@@ -331,13 +331,17 @@ void check_values(Checker& c) {
                          "parallel.pp_virtual", "plan.gpus_per_node"})
     c.require(c.int_value(id) > 0, id, "must be positive");
   for (const char* id : {"train.warmup_steps", "checkpoint.every", "checkpoint.lock_wait_s", "log.val_every",
-                         "log.sample_every", "precision.fp8_margin", "log.straggler_every"})
+                         "log.sample_every", "precision.fp8_margin", "log.straggler_every",
+                         "log.sample_top_k", "eval.every", "eval.examples"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
                          "log.peak_tflops", "plan.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
-                         "parallel.timeout_s", "train.skip_spikes"})
+                         "parallel.timeout_s", "train.skip_spikes",
+                         "log.sample_temperature"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");
   c.require(cfg.train.max_skips >= 1, "train.max_skips", "must be >= 1");
+  c.require(cfg.eval.every == 0 || !cfg.eval.file.empty(), "eval.every",
+            "needs [eval] file (the examples to score)");
   c.require(cfg.log.straggler_factor > 1, "log.straggler_factor", "must be > 1");
   const std::vector<int>& traced = cfg.log.trace_steps;
   c.require(traced.size() == 2 && traced[0] >= 1 && traced[1] >= traced[0], "log.trace_steps",

@@ -96,11 +96,14 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(checkpoint, resume), KEY(checkpoint, overwrite), KEY(checkpoint, async),
       KEY(checkpoint, lock_wait_s),
       KEY(log, every), KEY(log, metrics), KEY(log, val_every), KEY(log, val_batches),
-      KEY(log, sample_every), KEY(log, sample_tokens), KEY(log, peak_tflops),
+      KEY(log, sample_every), KEY(log, sample_tokens),
+      KEY(log, sample_temperature), KEY(log, sample_top_k), KEY(log, sample_kv_cache),
+      KEY(log, peak_tflops),
       KEY(log, pipeline_timeline), KEY(log, check_tied), KEY(log, check_replicas),
       KEY(log, straggler_every),
       KEY(log, straggler_factor), KEY(log, grad_noise_scale), KEY(log, trace),
       KEY(log, trace_steps),
+      KEY(eval, file), KEY(eval, every), KEY(eval, examples),
       KEY(plan, device), KEY(plan, peak_tflops), KEY(plan, matmul_efficiency), KEY(plan, hbm_gbs),
       KEY(plan, intra_node_gbs), KEY(plan, inter_node_gbs), KEY(plan, gpus_per_node),
       KEY(plan, memory_gib), KEY(plan, pcie_gbs), KEY(plan, nvme_gbs),
@@ -112,7 +115,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
 const std::vector<const char*>& sections() {
   static const std::vector<const char*> names = {"model", "init", "data", "train", "parallel",
                                                  "precision", "kernels", "checkpoint", "log",
-                                                 "plan"};
+                                                 "eval", "plan"};
   return names;
 }
 

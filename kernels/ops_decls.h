@@ -198,6 +198,15 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int NKV, int HS, bool causal, DType dt, Stream s);
+// Sampling with a KV cache (model/kv_cache.h): the attention of n new tokens of one sequence,
+// at positions pos .. pos+n-1, against the cached keys and values of positions 0 .. pos+n-1.
+// qkv (n,(NH+2NKV)HS) packed as attention_forward's (its k, v already copied into the cache);
+// cache (pos+n, 2 NKV HS) rows [k heads | v heads] (k of kv head g at columns g*HS, v at
+// (NKV+g)*HS, as attention_block_forward's kv). Query i sees cache rows 0 .. pos+i; query head h
+// uses kv head h / (NH/NKV). out (n, NH*HS), math in fp32, rounded once to dt. Prefill is n =
+// the prompt's length at pos 0; each step after is n = 1. No lse (forward only).
+void attention_cached_forward(void* out, const void* qkv, const void* cache, int n, int pos,
+                              int NH, int NKV, int HS, DType dt, Stream s);
 // Strided column copy with a cast: for r < rows, j < width:
 //   dst[r * dst_cols + j] = src[r * src_cols + j]   (src_dt -> dst_dt, rounded to nearest even)
 // The caller offsets dst and src to the first column (ring attention: k,v out of qkv; dq, dk, dv

@@ -29,6 +29,10 @@
 // backward; "block" keeps only each block's input and reruns the whole block forward before its
 // backward. Recomputed buffers point into one shared set of activations instead of per-layer ones.
 //
+// Sampling with a KV cache (model/kv_cache.h) takes three detours while model.kv is set: the
+// embedding's and RoPE's positions start at the cache's position, and attention appends the new
+// keys and values to the cache and attends over it.
+//
 // Tensor parallelism (layout.tp, parallel/tensor_parallel.cu) shows up here only as local shapes
 // (this rank's heads, MLP columns and vocabulary rows) and as the calls of the parallel layers:
 // a block is column_parallel_forward (qkv), attention, row_parallel_forward (proj),
@@ -46,6 +50,7 @@
 
 #include "model/fp8.h"
 #include "model/gpt_parts.h"
+#include "model/kv_cache.h"
 #include "model/rope.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param_store.h"
@@ -312,13 +317,15 @@ void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const
 // context parallelism at its global positions, else one chunk (B, T) at positions 0 .. T-1.
 void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const int chunks = g.cp->size > 1 ? 2 : 1, len = T / chunks;
+  const int chunks = g.cp->size > 1 && !m.kv ? 2 : 1, len = T / chunks;
   CHECK(chunks == 1 || T == m.T, "context parallelism: a micro-batch of %d positions per rank, "
         "the model's positions are for %d", T, m.T);
   const size_t row = (size_t)g.qkv_local() * dtype_size(m.dt);
   for (int k = 0; k < chunks; k++) {
     char* x = (char*)qkv + (size_t)k * B * len * row;
-    const int* positions = m.positions ? m.positions + k * len : nullptr;
+    const int* positions = m.kv          ? m.kv->positions + m.kv->pos  // sampling: from pos
+                           : m.positions ? m.positions + k * len
+                                         : nullptr;
     if (backward)
       ops::rope_backward(x, m.rope_cos, m.rope_sin, positions, B, len, g.NH_local, g.NKV_local,
                          g.HS, m.dt, s);
@@ -376,7 +383,10 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
   column_parallel_forward(tp, gemm(kQkvLinear), buf, a.qkv, nullptr, a.ln1, w[kQkvW], w[kQkvB],
                           N, C, g.qkv_local(), s);
   if (g.llama) rope_apply(m, a.qkv, B, T, false, s);
-  cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
+  if (m.kv)  // sampling: the new tokens against the cached keys and values
+    kv_cache_attention(m, l, a.atty, a.qkv, N, s);
+  else
+    cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
   row_parallel_forward(tp, gemm(kAttnProjLinear), buf, a.r2, a.atty, w[kAttnProjW],
                        w[kAttnProjB], x, N, Cl, C, s);
   norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, s);
@@ -431,8 +441,9 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
   ops::range_push("forward");
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
-                         root_weight(m, kWpe), token_positions(g, c), g.C, g.vocab_first,
-                         g.Vp_local, g.V, m.dt, s);
+                         root_weight(m, kWpe),
+                         m.kv ? kv_cache_positions(*m.kv, c.T) : token_positions(g, c), g.C,
+                         g.vocab_first, g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk))  // model/gpt_head.cu
     gpt_head(m, sl, gpt_stage_output(m, c.slot, c.chunk), c, s);

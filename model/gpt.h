@@ -79,6 +79,7 @@ struct PipelinePlace {
   int rank() const { return group->rank; }
 };
 struct ContextParallel;
+struct KvCache;
 struct MoeActs;
 struct MoeState;
 
@@ -239,6 +240,7 @@ struct GPT {
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
   MoeRouteSource moe_route_source = moe_route_from_device;  // model/moe.h
+  KvCache* kv = nullptr;          // set while a sampler's cached forward runs (model/kv_cache.h)
 };
 
 // T: the positions of a sequence this rank holds (seq_len / cp). fp8: the FP8 recipe of the block

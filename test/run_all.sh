@@ -50,6 +50,8 @@ run attention-block $PY test/test_attention_block.py
 run ring-gqa    bash -c 'mpirun -np 2 "$BUILD/test_ring_gqa" && mpirun -np 3 "$BUILD/test_ring_gqa"'
 run moe-router  $PY test/test_moe_router.py
 run moe-dispatch $PY test/test_moe_dispatch.py
+run sample      $PY test/test_sample.py
+run eval        $PY test/test_eval.py
 run tokenize    $PY test/test_tokenize.py
 run tokenizer-json $PY test/test_tokenizer_json.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py

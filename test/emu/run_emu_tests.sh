@@ -38,7 +38,7 @@ case "$mode" in
     export ASAN_OPTIONS=detect_stack_use_after_return=0:detect_leaks=0
     if [ -n "${3:-}" ]; then "$3" || status=1; fi
     for t in layernorm rmsnorm rope swiglu sum_ add_ cast fp8_amax gelu attention_awkward attention_ragged \
-             attention_block copy_columns classifier moe_ encoder_backward grad_compression; do
+             attention_block attention_cached copy_columns classifier moe_ encoder_backward grad_compression; do
       EMU_ORDER=forward GPU_TEST_EMULATED=1 "$bin" "$t" || status=1
     done
     exit $status
