@@ -120,6 +120,11 @@ T* chunk(T* base, int local, int B, const ContextParallel& cp, int width, size_t
   return (T*)((char*)base + (size_t)local * B * cp.Tc * width * elem);
 }
 
+// The document ids (B,Tc) of global chunk g out of the full rows' (2cp,B,Tc) (null: none).
+const int* chunk_docs(const int* docs, int g, int B, const ContextParallel& cp) {
+  return docs ? docs + (size_t)g * B * cp.Tc : nullptr;
+}
+
 // Which of the two chunks of `holder` (in its local order) global chunk `g` is.
 int local_of(const ContextParallel& cp, int holder, int g) {
   int first, second;
@@ -161,9 +166,9 @@ static void check_shape(const ContextParallel& cp, int B, int T) {
 }
 
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          int T_local, ops::Stream s) {
+                          int T_local, ops::Stream s, const int* docs) {
   if (!cp.active()) {  // every position is here: causal attention over the whole sequence
-    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s);
+    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s, docs);
     return;
   }
   check_shape(cp, B, T_local);
@@ -184,13 +189,16 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
       const void* q = chunk(qkv, qi, B, cp, C + 2 * Ckv, e);
       const void* kv = chunk((const void*)held, ki, B, cp, 2 * Ckv, e);
       const bool causal = blk.mask == CpMask::Causal;
+      const int* q_docs = chunk_docs(docs, blk.q_chunk, B, cp);
+      const int* k_docs = chunk_docs(docs, blk.kv_chunk, B, cp);
       if (!written[qi]) {
-        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.NKV, cp.HS, causal, cp.dt, s);
+        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.NKV, cp.HS, causal, cp.dt, s,
+                                     q_docs, k_docs);
         written[qi] = true;
         continue;
       }
       ops::attention_block_forward(cp.block_out, cp.block_lse, q, kv, B, T, cp.NH, cp.NKV, cp.HS,
-                                   causal, cp.dt, s);
+                                   causal, cp.dt, s, q_docs, k_docs);
       ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
     }
     if (step + 1 < cp.size()) ops::stream_wait_event(s, cp.arrived);
@@ -199,10 +207,10 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
 
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, int B, int T_local,
-                           ops::Stream s) {
+                           ops::Stream s, const int* docs) {
   if (!cp.active()) {
     ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt,
-                            s);
+                            s, docs);
     return;
   }
   check_shape(cp, B, T_local);
@@ -226,7 +234,8 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
           chunk(out, qi, B, cp, C, e), chunk(lse, qi, B, cp, cp.NH, sizeof(float)),
           chunk(qkv, qi, B, cp, C + 2 * Ckv, e),
           chunk((const void*)cp.kv[cur], ki, B, cp, 2 * Ckv, e), B, T, cp.NH, cp.NKV, cp.HS,
-          blk.mask == CpMask::Causal, cp.dt, s);
+          blk.mask == CpMask::Causal, cp.dt, s, chunk_docs(docs, blk.q_chunk, B, cp),
+          chunk_docs(docs, blk.kv_chunk, B, cp));
     }
     if (more) ops::stream_wait_event(s, cp.arrived);
     // dK, dV of the chunks in hand, this rank's blocks added, go on (the last hop: home)

@@ -5,6 +5,7 @@
 // tokens; causal attention keeps them from influencing the position we read.
 #include "training/evaluate.h"
 
+#include "model/documents.h"
 #include "parallel/context_parallel.h"
 
 #include <cmath>
@@ -14,6 +15,15 @@
 double last_stage_mean(const GPT& m, Comm& world, double local, int dp) {
   const bool counts = gpt_holds_output(m) && m.layout.tp.rank() == 0;  // tp ranks hold copies
   return all_reduce_host_sum(world, counts ? local : 0.0) / dp;
+}
+
+// [data] document_mask: the documents of B full rows of T tokens for this rank (else empty).
+static DocumentBatch documents_of(const GPT& m, const int* tokens, int B, int T) {
+  if (!m.document_mask) return {};
+  return document_batch(tokens, B, T, m.eot_token, m.layout.cp->size, m.layout.cp->rank);
+}
+static const int* docs_or_null(const GPT& m, const std::vector<int>& v) {
+  return m.document_mask ? v.data() : nullptr;
 }
 
 double validation_loss(GPT& m, ParamStore& store, const Pipeline& pl, DataLoader& val,
@@ -27,7 +37,10 @@ double validation_loss(GPT& m, ParamStore& store, const Pipeline& pl, DataLoader
     dataloader_next(val, inputs.data(), targets.data());
     cp_select_tokens(local_in.data(), inputs.data(), cp, m.layout.cp->rank, B, T);
     cp_select_tokens(local_tg.data(), targets.data(), cp, m.layout.cp->rank, B, T);
-    gpt_pipeline_forward(m, store, pl, {local_in.data(), local_tg.data(), 1, B, Tl}, s);
+    const DocumentBatch d = documents_of(m, inputs.data(), B, T);
+    gpt_pipeline_forward(m, store, pl, {local_in.data(), local_tg.data(), 1, B, Tl,
+                                        docs_or_null(m, d.ids), docs_or_null(m, d.positions)},
+                         s);
     if (gpt_holds_output(m))
       ops::sum_accumulate(m.loss_sum, m.losses, (size_t)B * Tl, 1.0f / ((float)B * T * batches),
                           s);
@@ -64,6 +77,7 @@ std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
     const int len = std::min((int)generated.size(), T);
     for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
     cp_select_tokens(local.data(), window.data(), cp.size, cp.rank, 1, T);
+    const DocumentBatch d = documents_of(m, window.data(), 1, T);
     // The last stage's cp rank holding position len-1 samples (its head keeps that row's
     // logits); control plane (one token id): to the other cp ranks of the last stage, then from
     // the last stage to the others.
@@ -72,7 +86,9 @@ std::string sample_text(GPT& m, ParamStore& store, const Pipeline& pl, Comm& pp,
       if (cp_local_index(cp.size, r, 1, T, 0, len - 1) >= 0) owner = r;
     const int row = cp_local_index(cp.size, cp.rank, 1, T, 0, len - 1);
     m.logits_row = row;
-    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size}, s);
+    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size,
+                                        docs_or_null(m, d.ids), docs_or_null(m, d.positions)},
+                         s);
     m.logits_row = -1;
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     if (gpt_holds_output(m) && row >= 0) next = sample_from_logits(gpt_logits_row(m, s), u01);
