@@ -29,6 +29,15 @@
 // passes them on; after the last step they take one more hop, home. dQ stays local. The final
 // output and lse of the forward are all a block's backward needs (P = exp(S - lse)).
 //
+// Packed documents ([data] document_mask, model/documents.h). Every rank holds the document ids
+// of the full rows (B*T ints, chunk-major: chunk g's B rows are one (B, Tc) block), numbered
+// along the whole sequence, so a block's queries and keys find theirs by chunk index whatever
+// rank the K, V came from; only K and V travel. Each block masks keys of other documents (and
+// the kernels skip tiles that hold none of the queries' documents); a query whose document does
+// not reach a block gets lse = -inf there, which the merge ignores, and its own diagonal block
+// always holds it, so every row ends finite. The zigzag's balance is the causal one: with short
+// documents the far-off blocks are mostly skipped and the ranks' work evens out further.
+//
 // Who talks to whom, bytes, per layer and micro-batch (B sequences, Ckv = NKV*HS = this tp
 // rank's key (or value) channels, b bytes per element): rank r sends to r+1 and receives from r-1
 // on the cp group.
