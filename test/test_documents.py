@@ -16,7 +16,10 @@ its document's start (GPT-2: the wpe row; Llama: the RoPE angle), else its row p
 as the trainer's, so the per-step losses of a few steps must agree:
   1. GPT-2 with document positions, GPT-2 with row positions, Llama (grouped-query attention,
      n_kv_head 2) with document positions: one rank vs float64, relative error < REF_TOL.
-     Document masking must change the loss (against the plain causal run): the test sees it.
+     The mask alone must change the losses by more than 10 REF_TOL (against the plain causal
+     run), so these comparisons can tell. (Llama's positions restarting is invisible by design:
+     RoPE scores depend on the distance between two positions, which is the same within a
+     document either way; GPT-2's learned positions are what checks them.)
   2. Every layout equals the one-rank run (losses and gradient norms per step, LAYOUT_TOL):
      dp 2 (against one rank with grad_accum 2), tp 2, pp 2, cp 2 and cp 4 (ring attention over
      the zigzag chunks, whose blocks carry the chunks' document ids). TEST_FULL=1 adds them for
@@ -182,11 +185,12 @@ def against_float64(tmp, tokens):
         checks.check(f"vs float64: {what}", len(ours) == STEPS and r < REF_TOL,
                      f"max rel err {r:.2e} over {STEPS} steps, loss {ours[0]:.5f} -> "
                      f"{ours[-1]:.5f}")
-    if checks.wanted("the mask changes the loss"):
-        plain = train(tmp, "plain", "gpt2", mask=False)
-        docs = read_metrics(os.path.join(tmp, "ref_gpt2_True.jsonl"))[0]
-        d = abs(plain[0]["loss"] - docs[0]["loss"]) / docs[0]["loss"]
-        checks.check("the mask changes the loss", d > 1e-3, f"relative change {d:.2e}")
+    if checks.wanted("the mask changes the losses"):  # so the comparisons above can see it
+        plain = [s["loss"] for s in train(tmp, "plain", "gpt2", mask=False)]
+        docs = [s["loss"] for s in train(tmp, "masked", "gpt2", doc_positions=False)]
+        d = max_rel(plain, docs)
+        checks.check("the mask changes the losses", d > 10 * REF_TOL,
+                     f"max relative change {d:.2e} (row positions, the mask alone)")
 
 
 def layouts(tmp, arch):
