@@ -32,6 +32,7 @@
 #include "training/sample.h"
 #include "training/health.h"
 #include "model/fp8.h"
+#include "model/documents.h"
 #include "model/gpt.h"
 #include "model/gpt_pipeline.h"
 #include "model/init.h"
@@ -58,6 +59,10 @@ struct Run {
   Pipeline pipeline;
   std::vector<int> tokens, targets;  // the step's micro-batches, grad_accum x B x T/cp each
   std::vector<int> batch_tokens, batch_targets;  // one micro-batch as read (B x T)
+  // [data] document_mask: the step's document ids (grad_accum x B x T) and this rank's
+  // positions inside the documents (grad_accum x B x T/cp), model/documents.h
+  std::vector<int> docs, doc_positions;
+  double attention_fraction = 1.0;  // this step's sum len^2 / (rows T^2) (training/metrics.h)
   DataLoader train_data, val_data;
   std::vector<ChoiceExample> eval_set;  // [eval] file's examples (data/eval_file.h)
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
@@ -271,15 +276,26 @@ static void read_step_batch(Run& r) {
   const int B = r.cfg.train.micro_batch, T = r.cfg.model.seq_len;
   const int cp = r.mesh.shape.cp;
   const size_t n = (size_t)B * (T / cp);
+  const int cp_rank = r.mesh[Axis::CP].rank;
+  double squares = 0;  // sum over the step's documents of len^2
   for (int micro = 0; micro < r.cfg.train.grad_accum; micro++) {
     if (cp == 1) {  // the micro-batch as read
       dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
-      continue;
+    } else {
+      dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
+      cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
+      cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
     }
-    dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
-    const int cp_rank = r.mesh[Axis::CP].rank;
-    cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
-    cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
+    if (!r.cfg.data.document_mask) continue;
+    const int* full = cp == 1 ? &r.tokens[micro * n] : r.batch_tokens.data();
+    const DocumentBatch d = document_batch(full, B, T, r.cfg.data.eot_token, cp, cp_rank);
+    for (int len : document_lengths(full, B, T, r.cfg.data.eot_token))
+      squares += (double)len * len;
+    r.attention_fraction = squares / ((double)(micro + 1) * B * T * T);
+    r.docs.resize((size_t)r.cfg.train.grad_accum * B * T);
+    r.doc_positions.resize(r.tokens.size());
+    std::copy(d.ids.begin(), d.ids.end(), r.docs.begin() + micro * (size_t)B * T);
+    std::copy(d.positions.begin(), d.positions.end(), r.doc_positions.begin() + micro * n);
   }
 }
 
@@ -290,7 +306,8 @@ static void report_step_costs(Run& r, StepReport& rep, double ms) {
   rep.ms = ms;
   step_throughput(rep, r.info,
                   (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum *
-                      r.mesh.shape.dp);
+                      r.mesh.shape.dp,
+                  r.attention_fraction);
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
   store_step_report(rep, r.store);
@@ -316,7 +333,10 @@ static StepReport train_step(Run& r, int step) {
   // The mean over the batch of the group that reduces it (an island's, with DiLoCo).
   const float dloss = 1.0f / ((float)B * T * accum * (r.mesh.shape.dp / r.mesh.shape.islands));
   gpt_train_step(r.model, r.store, r.pipeline,
-                 {r.tokens.data(), r.targets.data(), accum, B, T / r.mesh.shape.cp}, dloss,
+                 {r.tokens.data(), r.targets.data(), accum, B, T / r.mesh.shape.cp,
+                  c.data.document_mask ? r.docs.data() : nullptr,
+                  c.data.document_mask ? r.doc_positions.data() : nullptr},
+                 dloss,
                  1.0f / ((float)B * T * accum), r.compute);
   StepReport rep;
   rep.step = step;

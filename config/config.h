@@ -59,6 +59,9 @@ struct DataConfig {       // [data]
   bool shuffle = false;   // false: llm.c's unshuffled order
   std::string tokenizer;  // llm.c gpt2_tokenizer.bin for samples ("" = look beside the shards)
   bool allow_changed = false;  // resume on other train files than the checkpoint's (mapped)
+  bool document_mask = false;  // attention block-causal over documents (model/documents.h)
+  int eot_token = 50256;       // the token that starts each document (GPT-2's end-of-text)
+  bool document_positions = true;  // with document_mask: positions restart at each document
 };
 
 struct TrainConfig {      // [train]

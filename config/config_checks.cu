@@ -288,6 +288,17 @@ static void check_attention_kernels(Checker& c) {
                    "\"auto\"");
 }
 
+// [data] document_mask's end-of-text token must be a token of the vocabulary.
+static void check_documents(Checker& c) {
+  const Config& cfg = c.cfg;
+  if (!cfg.data.document_mask || cfg.model.vocab_size <= 0) return;
+  if (cfg.data.eot_token < 0 || cfg.data.eot_token >= cfg.model.vocab_size)
+    c.problems.add(mention(cfg, c.origins, "data.eot_token") + strf(" is outside the vocabulary "
+                   "[0, %d) of ", cfg.model.vocab_size) + mention(cfg, c.origins,
+                   "model.vocab_size") + ": with [data] document_mask each document starts at "
+                   "this token, so it must be a token id the data can hold");
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -389,6 +400,7 @@ void check_values(Checker& c) {
   check_sizes(c);
   check_architecture(c);
   check_attention_kernels(c);
+  check_documents(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);

@@ -76,14 +76,19 @@ void range_pop();
 // Every token must be in [0, vocab_size): the data loader checks each id on the host before any
 // kernel sees it (data/dataloader.h); the CPU backend checks again and stops naming the token,
 // the CUDA backend does in a build with GPT5D_DEBUG_CHECKS (make DEBUG_CHECKS=1).
+// positions (B,T) int32, when given, replaces t by each token's own row of wpe (packed documents:
+// positions restart at each document, model/documents.h).
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
                      int C, DType dt, Stream s, int vocab_first = 0,
-                     int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows);
+                     int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows,
+                     const int* positions = nullptr);
 // dwte[tokens[b,t] - vocab_first,:] += dout[b,t,:] for tokens in the range (above);
-// dwpe[t,:] += sum_b dout[b,t,:] when dwpe != nullptr.                  (deterministic order)
+// dwpe[t,:] += sum_b dout[b,t,:] when dwpe != nullptr (dwpe[positions[b,t],:] += dout[b,t,:]
+// with positions).                                                      (deterministic order)
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
                       int C, DType dt, Stream s, int vocab_first = 0,
-                      int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows);
+                      int vocab_rows = kAllVocabRows, int vocab_size = kAllVocabRows,
+                      const int* positions = nullptr);
 
 // out = inp + bias + residual, summed in fp32 and rounded once. bias (C) and residual (N,C) may
 // each be nullptr; out may be inp. What a GEMM epilogue does, for the row-parallel GEMMs of
@@ -114,17 +119,20 @@ void rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* 
 // not touched. Hugging Face's rotate_half form: for each head and j < HS/2, with
 // x1 = x[j], x2 = x[j + HS/2], c = cos_table[p*HS/2 + j], s = sin_table[p*HS/2 + j]:
 //   x[j] = x1 c - x2 s,   x[j + HS/2] = x2 c + x1 s          (fp32, each output rounded once)
-// where p = positions[t] (int32 on the device, the token's global position in its sequence;
-// context parallelism's zigzag chunks are not contiguous), or p = t when positions is nullptr.
+// where p = positions[b * positions_row_stride + t] (int32 on the device: the token's global
+// position in its sequence - context parallelism's zigzag chunks are not contiguous - shared by
+// the B sequences with stride 0, or per token with stride T: positions inside packed documents,
+// model/documents.h), or p = t when positions is nullptr.
 // The tables (maxT, HS/2) fp32 are made on the host (model/rope_tables: angle = p * inv_freq[j],
 // inv_freq[j] = theta^(-2j/HS), in double, then rounded), so both backends use the same bits.
 void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
-                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s);
+                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s,
+                  int positions_row_stride = 0);
 // Its backward, in place on the q and k gradient columns of dqkv (same layout): the rotation's
 // transpose, x1' = x1 c + x2 s, x2' = x2 c - x1 s.
 void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
                    const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
-                   Stream s);
+                   Stream s, int positions_row_stride = 0);
 // SwiGLU: inp (N, 2F) holds per row [gate (F) | up (F)] (the fused gate/up GEMM's output: under
 // tensor parallelism this rank's F columns of each); out (N,F) = silu(gate) * up, with
 // silu(x) = x / (1 + exp(-x)), fp32 math, rounded once.
@@ -160,13 +168,16 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DTyp
 // copied). out (B,T,C), C = NH*HS, with head h at columns h*HS; lse (B,NH,T) fp32 is each query
 // row's log-sum-exp of the scaled scores (natural log), which ring attention needs to merge
 // blocks. Scores are scaled by 1/sqrt(HS). No (T,T) matrix is ever stored.
+// Packed documents (model/documents.h): docs (B,T) int32, each token's document index in its
+// sequence, non-decreasing along it; query i then sees key j iff j <= i and docs agree (a
+// block-causal mask), and kernels skip the tiles it masks whole. docs == nullptr: plain causal.
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
-                       int HS, DType dt, Stream s);
+                       int HS, DType dt, Stream s, const int* docs = nullptr);
 // dqkv (B,T,(NH+2NKV)HS) is written (not accumulated); dk, dv of a kv head are the sums over its
 // NH/NKV query heads.
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
-                        Stream s);
+                        Stream s, const int* docs = nullptr);
 // Ring attention's merge (parallel/context_parallel_plan.h): folds a partial attention result
 // over one block of keys, out_b (B,T,C) with its log-sum-exp lse_b (B,NH,T), into the result
 // accumulated over other, disjoint keys, out (B,T,C) and lse (B,NH,T), in place. For every
@@ -189,15 +200,22 @@ void attention_merge(void* out, float* lse, const void* out_b, const float* lse_
 // causal: the two blocks are one chunk (key j visible to query i iff j <= i); else every key is
 // visible. Writes this block's own output out (B,T,C) and log-sum-exp lse (B,NH,T) (natural log
 // of the scaled scores), which attention_merge folds into the running ones. C = NH*HS.
+// Packed documents: q_docs and k_docs (B,T) int32, the document ids of the two blocks' tokens
+// (numbered along the whole sequence, so non-decreasing within a block and from an earlier block
+// to a later one); key j is then visible only if its id equals the query's. A query that sees no
+// key of the block gets out = 0 and lse = -inf (attention_merge leaves it alone). Both null:
+// no document mask.
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
-                             int NH, int NKV, int HS, bool causal, DType dt, Stream s);
+                             int NH, int NKV, int HS, bool causal, DType dt, Stream s,
+                             const int* q_docs = nullptr, const int* k_docs = nullptr);
 // Its backward, given the final output out (B,T,C) and log-sum-exp lse (B,NH,T) of these queries
 // over every block (after all merges) and dout (B,T,C): accumulates (+=, fp32) the block's
 // contribution to dq (B,T,C) and to dkv (B,T,2 NKV HS) (dk of kv head g at columns g*HS, dv at
 // (NKV+g)*HS; each the sum over the kv head's NH/NKV query heads).
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
-                              int NH, int NKV, int HS, bool causal, DType dt, Stream s);
+                              int NH, int NKV, int HS, bool causal, DType dt, Stream s,
+                              const int* q_docs = nullptr, const int* k_docs = nullptr);
 // Sampling with a KV cache (model/kv_cache.h): the attention of n new tokens of one sequence,
 // at positions pos .. pos+n-1, against the cached keys and values of positions 0 .. pos+n-1.
 // qkv (n,(NH+2NKV)HS) packed as attention_forward's (its k, v already copied into the cache);

@@ -110,6 +110,8 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   ActivationSlot sl;
   sl.input = new_buffer<void*>(m, Nt * g.C * a);
   sl.tokens = new_buffer<int*>(m, N * 4);
+  if (m.document_mask) sl.docs = new_buffer<int*>(m, N * g.cp->size * 4);  // the full rows'
+  if (m.document_mask && m.document_positions) sl.doc_positions = new_buffer<int*>(m, N * 4);
   for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
     bool dense = false, moe = false;
@@ -217,6 +219,9 @@ void gpt_create_from_config(GPT& m, const GPTLayout& layout, const Config& cfg,
   recipe.margin = p.fp8_margin;
   recipe.amax_group = amax_group;
   m.moe_aux_loss = cfg.train.moe_aux_loss;
+  m.document_mask = cfg.data.document_mask;
+  m.document_positions = cfg.data.document_mask && cfg.data.document_positions;
+  m.eot_token = cfg.data.eot_token;
   m.moe_z_loss = cfg.train.moe_z_loss;
   gpt_create(m, layout, compute_dtype(p), parse_recompute(cfg.train.recompute),
              cfg.train.micro_batch, cfg.model.seq_len / layout.cp->size, s,
@@ -315,7 +320,8 @@ void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const
 // Llama's rotary embedding on the q and k heads of a packed qkv (N tokens of this rank's heads),
 // or its backward on their gradients, chunk by chunk: each zigzag chunk (B, T/(2cp)) under
 // context parallelism at its global positions, else one chunk (B, T) at positions 0 .. T-1.
-void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s) {
+void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s,
+                const int* doc_positions) {
   const GPTLayout& g = m.layout;
   const int chunks = g.cp->size > 1 && !m.kv ? 2 : 1, len = T / chunks;
   CHECK(chunks == 1 || T == m.T, "context parallelism: a micro-batch of %d positions per rank, "
@@ -326,12 +332,14 @@ void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Strea
     const int* positions = m.kv          ? m.kv->positions + m.kv->pos  // sampling: from pos
                            : m.positions ? m.positions + k * len
                                          : nullptr;
+    int row_stride = 0;  // positions shared by the B sequences
+    if (doc_positions && !m.kv) positions = doc_positions + (size_t)k * B * len, row_stride = len;
     if (backward)
       ops::rope_backward(x, m.rope_cos, m.rope_sin, positions, B, len, g.NH_local, g.NKV_local,
-                         g.HS, m.dt, s);
+                         g.HS, m.dt, s, row_stride);
     else
       ops::rope_forward(x, m.rope_cos, m.rope_sin, positions, B, len, g.NH_local, g.NKV_local,
-                        g.HS, m.dt, s);
+                        g.HS, m.dt, s, row_stride);
   }
 }
 
@@ -382,11 +390,11 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
   norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, x, w[kLn1W], w[kLn1B], Nt, s);
   column_parallel_forward(tp, gemm(kQkvLinear), buf, a.qkv, nullptr, a.ln1, w[kQkvW], w[kQkvB],
                           N, C, g.qkv_local(), s);
-  if (g.llama) rope_apply(m, a.qkv, B, T, false, s);
+  if (g.llama) rope_apply(m, a.qkv, B, T, false, s, sl.doc_positions);
   if (m.kv)  // sampling: the new tokens against the cached keys and values
     kv_cache_attention(m, l, a.atty, a.qkv, N, s);
-  else
-    cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s);  // ring over the cp ranks
+  else  // ring over the cp ranks; block-causal over the documents with [data] document_mask
+    cp_attention_forward(*m.cp, a.atty, a.lse, a.qkv, B, T, s, sl.docs);
   row_parallel_forward(tp, gemm(kAttnProjLinear), buf, a.r2, a.atty, w[kAttnProjW],
                        w[kAttnProjB], x, N, Cl, C, s);
   norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, s);
@@ -431,8 +439,11 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
 
 // Where this rank's tokens of the micro-batch sit in their sequences (the zigzag chunks under
 // context parallelism).
-TokenPositions token_positions(const GPTLayout& g, const StageCall& c) {
-  return cp_positions_of(g.cp->size, g.cp->rank, c.B, c.T * g.cp->size);
+TokenPositions token_positions(const GPT& m, const StageCall& c) {
+  const GPTLayout& g = m.layout;
+  TokenPositions p = cp_positions_of(g.cp->size, g.cp->rank, c.B, c.T * g.cp->size);
+  p.per_token = m.slots[c.slot].doc_positions;
+  return p;
 }
 
 void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -442,7 +453,7 @@ void gpt_stage_forward(GPT& m, ParamStore& store, const StageCall& c, ops::Strea
   if (g.first_stage(c.chunk))
     tp_embedding_forward(g.tp, sl.input, m.partial, sl.tokens, root_weight(m, kWte),
                          root_weight(m, kWpe),
-                         m.kv ? kv_cache_positions(*m.kv, c.T) : token_positions(g, c), g.C,
+                         m.kv ? kv_cache_positions(*m.kv, c.T) : token_positions(m, c), g.C,
                          g.vocab_first, g.Vp_local, g.V, m.dt, s);
   chunk_forward(m, store, c, s);
   if (g.last_stage(c.chunk))  // model/gpt_head.cu
@@ -481,9 +492,15 @@ void gpt_step_end(GPT& m, ParamStore& store, bool training) {
 }
 
 void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, int T,
-                ops::Stream s) {
+                ops::Stream s, const int* docs, const int* doc_positions) {
   CHECK(B <= m.B && T <= m.T, "batch %dx%d exceeds the model's buffers %dx%d", B, T, m.B, m.T);
-  if (tokens)
-    ops::copy_to_device_async(m.slots[slot].tokens, tokens, (size_t)B * T * sizeof(int), s);
+  ActivationSlot& sl = m.slots[slot];
+  if (tokens) ops::copy_to_device_async(sl.tokens, tokens, (size_t)B * T * sizeof(int), s);
   if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
+  if (ops::is_dry(s)) return;  // the planner's step: nothing is copied or read
+  CHECK(!m.document_mask || docs, "document_mask: a micro-batch came without its document ids");
+  if (sl.docs)
+    ops::copy_to_device_async(sl.docs, docs, (size_t)B * T * m.layout.cp->size * sizeof(int), s);
+  if (sl.doc_positions)
+    ops::copy_to_device_async(sl.doc_positions, doc_positions, (size_t)B * T * sizeof(int), s);
 }

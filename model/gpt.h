@@ -167,6 +167,11 @@ struct ActivationSlot {
                           // pipeline lends them apart from the slots (parallel/pipeline.h)
   std::vector<LayerActs> layers;  // the chunk's blocks; the last one's r3 is the chunk's output
   int* tokens = nullptr;  // (B,T) on the device (the first stage's embedding backward reads them)
+  // [data] document_mask (model/documents.h), on every stage: the document ids of the full rows
+  // (B, T*cp), chunk-major, and with document_positions this rank's tokens' positions inside
+  // their documents (B,T); else null.
+  int* docs = nullptr;
+  int* doc_positions = nullptr;
 };
 
 // Where the host learns the MoE router's choices (each of `pairs` token slots' expert, 0..E-1)
@@ -241,6 +246,9 @@ struct GPT {
   float moe_z_loss = 0;
   MoeRouteSource moe_route_source = moe_route_from_device;  // model/moe.h
   KvCache* kv = nullptr;          // set while a sampler's cached forward runs (model/kv_cache.h)
+  bool document_mask = false;     // set before gpt_create: [data] document_mask (the slots hold
+  bool document_positions = false;  // document ids) and document_positions (and positions)
+  int eot_token = 50256;          // [data] eot_token: validation and sampling find documents
 };
 
 // T: the positions of a sequence this rank holds (seq_len / cp). fp8: the FP8 recipe of the block
@@ -274,9 +282,10 @@ void gpt_step_begin(GPT& model, ParamStore& store, bool training);
 // reduce-scatters them: once per step).
 void gpt_step_end(GPT& model, ParamStore& store, bool training);
 // Copies a micro-batch (host, B*T each) to the device: tokens into the slot (first stage),
-// targets for the loss (last stage). Either may be null.
+// targets for the loss (last stage). Either may be null. With document_mask, on every stage, the
+// document ids (B*T*cp) and positions (B*T) of model/documents.h into the slot.
 void gpt_upload(GPT& model, int slot, const int* tokens, const int* targets, int B, int T,
-                ops::Stream s);
+                ops::Stream s, const int* docs = nullptr, const int* doc_positions = nullptr);
 
 struct StageCall {
   int chunk = 0, slot = 0, B = 0, T = 0;  // T: this rank's positions per sequence (seq_len/cp)

@@ -105,8 +105,9 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   if (split) keep(a.r2, dres, (size_t)Nt * C, m.dt, s);
   row_parallel_backward(tp, gemm(kAttnProjLinear), buf, m.datty, grad(kAttnProjW),
                         grad(kAttnProjB), dres, a.atty, w[kAttnProjW], nullptr, N, Cl, C, s, part);
-  cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s);
-  if (lay.llama) rope_apply(m, m.dqkv, B, T, true, s);  // d(qkv before its rotation)
+  cp_attention_backward(*m.cp, m.dqkv, m.datty, a.qkv, a.atty, a.lse, B, T, s, sl.docs);
+  if (lay.llama)  // d(qkv before its rotation)
+    rope_apply(m, m.dqkv, B, T, true, s, sl.doc_positions);
   if (split) keep(a.qkv, m.dqkv, (size_t)N * lay.qkv_local(), m.dt, s);
   const void* dln1 = column_parallel_backward(tp, gemm(kQkvLinear), buf, grad(kQkvW), grad(kQkvB),
                                               m.dqkv, a.ln1, false, w[kQkvW], N, C,
@@ -151,7 +152,7 @@ static void embedding_backward(GPT& m, const StageCall& c, ops::Stream s) {
   const GPTLayout& g = m.layout;
   const ActivationSlot& sl = m.slots[c.slot];
   tp_embedding_backward(g.tp, root_grad(m, kWte), root_grad(m, kWpe), m.gathered, sl.grad,
-                        sl.tokens, token_positions(g, c), g.C, g.vocab_first, g.Vp_local, g.V,
+                        sl.tokens, token_positions(m, c), g.C, g.vocab_first, g.Vp_local, g.V,
                         m.dt, s);
 }
 

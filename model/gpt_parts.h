@@ -33,8 +33,10 @@ void norm_backward(const GPT& m, void* dinp, float* dweight, float* dbias, const
                    const void* inp, const void* weight, const float* mean, const float* rstd,
                    int N, ops::Stream s);
 // Llama's rotary embedding on a packed qkv of B sequences of T local positions (backward: on its
-// gradient, the rotation's transpose), at this rank's global positions.
-void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s);
+// gradient, the rotation's transpose), at this rank's global positions, or with doc_positions
+// (the slot's, [data] document_positions) at each token's position inside its document.
+void rope_apply(const GPT& m, void* qkv, int B, int T, bool backward, ops::Stream s,
+                const int* doc_positions = nullptr);
 // The GEMM of linear layer `site` (BlockLinear numbering): compute dtype, or FP8 (model/fp8.h).
 LinearGemm block_gemm(const GPT& m, int site);
 // The model's scratch that the tensor-parallel layers work in (null where tp or SP is off).
@@ -47,8 +49,9 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
                    int T, bool write_output, float dloss, ops::Stream s);
 // Starts fetching unit `next` while unit `current` computes (nothing when they are the same).
 void prefetch(ParamStore& store, int current, int next);
-// Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp).
-TokenPositions token_positions(const GPTLayout& g, const StageCall& c);
+// Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp), or inside
+// their documents ([data] document_positions: the slot's doc_positions).
+TokenPositions token_positions(const GPT& m, const StageCall& c);
 
 // The head (model/gpt_head.cu): its buffers but the logits (in gpt_create, which sets
 // model.head_chunk), the bytes of its logits (in the backward's scratch), and on the last stage after its

@@ -51,7 +51,10 @@ static PipelineStages stages_of(GPT& m, ParamStore& store, const MicroBatches& m
     const int* tokens = g.first_stage(a.chunk) ? mb.tokens + a.micro * n : nullptr;
     const int* targets =
         g.last_stage(a.chunk) && mb.targets ? mb.targets + a.micro * n : nullptr;
-    gpt_upload(m, call.slot, tokens, targets, mb.B, mb.T, s);
+    const size_t full = n * g.cp->size;  // a micro-batch's document ids cover the full rows
+    gpt_upload(m, call.slot, tokens, targets, mb.B, mb.T, s,
+               mb.docs ? mb.docs + a.micro * full : nullptr,
+               mb.doc_positions ? mb.doc_positions + a.micro * n : nullptr);
     if (call.local_slot >= 0) local_input(m, call, elems, s);
     gpt_stage_forward(m, store, c, s);
   };

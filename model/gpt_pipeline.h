@@ -14,6 +14,11 @@ struct MicroBatches {
   const int* tokens = nullptr;
   const int* targets = nullptr;
   int m = 1, B = 0, T = 0;
+  // [data] document_mask (model/documents.h): per micro-batch the document ids of the full rows
+  // (B*T*cp) and this rank's positions inside the documents (B*T; null without
+  // document_positions). Every stage uploads them.
+  const int* docs = nullptr;
+  const int* doc_positions = nullptr;
 };
 
 // A training step's forward and backward: the gradients and model.loss_sum zeroed, every

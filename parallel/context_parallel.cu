@@ -29,6 +29,15 @@
 // passes them on; after the last step they take one more hop, home. dQ stays local. The final
 // output and lse of the forward are all a block's backward needs (P = exp(S - lse)).
 //
+// Packed documents ([data] document_mask, model/documents.h). Every rank holds the document ids
+// of the full rows (B*T ints, chunk-major: chunk g's B rows are one (B, Tc) block), numbered
+// along the whole sequence, so a block's queries and keys find theirs by chunk index whatever
+// rank the K, V came from; only K and V travel. Each block masks keys of other documents (and
+// the kernels skip tiles that hold none of the queries' documents); a query whose document does
+// not reach a block gets lse = -inf there, which the merge ignores, and its own diagonal block
+// always holds it, so every row ends finite. The zigzag's balance is the causal one: with short
+// documents the far-off blocks are mostly skipped and the ranks' work evens out further.
+//
 // Who talks to whom, bytes, per layer and micro-batch (B sequences, Ckv = NKV*HS = this tp
 // rank's key (or value) channels, b bytes per element): rank r sends to r+1 and receives from r-1
 // on the cp group.
@@ -120,6 +129,11 @@ T* chunk(T* base, int local, int B, const ContextParallel& cp, int width, size_t
   return (T*)((char*)base + (size_t)local * B * cp.Tc * width * elem);
 }
 
+// The document ids (B,Tc) of global chunk g out of the full rows' (2cp,B,Tc) (null: none).
+const int* chunk_docs(const int* docs, int g, int B, const ContextParallel& cp) {
+  return docs ? docs + (size_t)g * B * cp.Tc : nullptr;
+}
+
 // Which of the two chunks of `holder` (in its local order) global chunk `g` is.
 int local_of(const ContextParallel& cp, int holder, int g) {
   int first, second;
@@ -161,9 +175,9 @@ static void check_shape(const ContextParallel& cp, int B, int T) {
 }
 
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          int T_local, ops::Stream s) {
+                          int T_local, ops::Stream s, const int* docs) {
   if (!cp.active()) {  // every position is here: causal attention over the whole sequence
-    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s);
+    ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s, docs);
     return;
   }
   check_shape(cp, B, T_local);
@@ -184,13 +198,16 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
       const void* q = chunk(qkv, qi, B, cp, C + 2 * Ckv, e);
       const void* kv = chunk((const void*)held, ki, B, cp, 2 * Ckv, e);
       const bool causal = blk.mask == CpMask::Causal;
+      const int* q_docs = chunk_docs(docs, blk.q_chunk, B, cp);
+      const int* k_docs = chunk_docs(docs, blk.kv_chunk, B, cp);
       if (!written[qi]) {
-        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.NKV, cp.HS, causal, cp.dt, s);
+        ops::attention_block_forward(o, l, q, kv, B, T, cp.NH, cp.NKV, cp.HS, causal, cp.dt, s,
+                                     q_docs, k_docs);
         written[qi] = true;
         continue;
       }
       ops::attention_block_forward(cp.block_out, cp.block_lse, q, kv, B, T, cp.NH, cp.NKV, cp.HS,
-                                   causal, cp.dt, s);
+                                   causal, cp.dt, s, q_docs, k_docs);
       ops::attention_merge(o, l, cp.block_out, cp.block_lse, B, T, cp.NH, cp.HS, cp.dt, s);
     }
     if (step + 1 < cp.size()) ops::stream_wait_event(s, cp.arrived);
@@ -199,10 +216,10 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
 
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, int B, int T_local,
-                           ops::Stream s) {
+                           ops::Stream s, const int* docs) {
   if (!cp.active()) {
     ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt,
-                            s);
+                            s, docs);
     return;
   }
   check_shape(cp, B, T_local);
@@ -226,7 +243,8 @@ void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, co
           chunk(out, qi, B, cp, C, e), chunk(lse, qi, B, cp, cp.NH, sizeof(float)),
           chunk(qkv, qi, B, cp, C + 2 * Ckv, e),
           chunk((const void*)cp.kv[cur], ki, B, cp, 2 * Ckv, e), B, T, cp.NH, cp.NKV, cp.HS,
-          blk.mask == CpMask::Causal, cp.dt, s);
+          blk.mask == CpMask::Causal, cp.dt, s, chunk_docs(docs, blk.q_chunk, B, cp),
+          chunk_docs(docs, blk.kv_chunk, B, cp));
     }
     if (more) ops::stream_wait_event(s, cp.arrived);
     // dK, dV of the chunks in hand, this rank's blocks added, go on (the last hop: home)

@@ -59,10 +59,12 @@ void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int NKV, 
 // chunks): out (B*T_local,C) and lse for the queries of qkv (B*T_local,C+2Ckv), against the
 // keys and values of every position before them. cp > 1: the ring over the group, out (2,B,Tc,C) and lse
 // (2,B,NH,Tc) chunk-major. One rank: ops::attention_forward, out (B,T,C), lse (B,NH,T).
+// docs (model/documents.h): the document ids of the full rows, chunk-major ((2cp, B, Tc), or
+// (B,T) with one rank), for a block-causal mask; null: causal.
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
-                          int T_local, ops::Stream s);
+                          int T_local, ops::Stream s, const int* docs = nullptr);
 // Its backward: dqkv, written, from dout and the forward's out and lse (the ring again, or
 // ops::attention_backward with one rank).
 void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, int B, int T_local,
-                           ops::Stream s);
+                           ops::Stream s, const int* docs = nullptr);

@@ -225,10 +225,12 @@ void tp_embedding_forward(const TensorParallel& tp, void* out, void* partial, co
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
   for (int k = 0; k < pos.chunks; k++) {
+    const size_t first_row = pos.per_token ? 0 : (size_t)pos.first[k];  // per token: own rows
     const void* wpe_k =  // (no wpe: Llama's positions are rotary, in the attention)
-        tp.rank() == 0 && wpe ? (const char*)wpe + (size_t)pos.first[k] * C * e : nullptr;
+        tp.rank() == 0 && wpe ? (const char*)wpe + first_row * C * e : nullptr;
     ops::encoder_forward((char*)all + chunk_token(pos, k) * C * e, tokens + chunk_token(pos, k),
-                         wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows, V);
+                         wte, wpe_k, pos.B, pos.len, C, dt, s, vocab_first, vocab_rows, V,
+                         pos.per_token ? pos.per_token + chunk_token(pos, k) : nullptr);
   }
   sum_partials(tp, all, out, pos.tokens(), C, dt, s);  // g forward
 }
@@ -240,11 +242,14 @@ void tp_embedding_backward(const TensorParallel& tp, float* dwte, float* dwpe, v
   const void* dout = all_tokens(tp, all, dout_mine, pos.tokens(), C, dt, s);  // g backward
   const size_t e = dtype_size(dt);
   if (!tp.active()) vocab_first = 0, vocab_rows = kAllVocabRows;
-  for (int k = 0; k < pos.chunks; k++)
-    ops::encoder_backward(dwte, dwpe ? dwpe + (size_t)pos.first[k] * C : nullptr,
+  for (int k = 0; k < pos.chunks; k++) {
+    const size_t first_row = pos.per_token ? 0 : (size_t)pos.first[k];  // per token: own rows
+    ops::encoder_backward(dwte, dwpe ? dwpe + first_row * C : nullptr,
                           (const char*)dout + chunk_token(pos, k) * C * e,
                           tokens + chunk_token(pos, k), pos.B, pos.len, C, dt, s, vocab_first,
-                          vocab_rows, V);
+                          vocab_rows, V,
+                          pos.per_token ? pos.per_token + chunk_token(pos, k) : nullptr);
+  }
 }
 
 void tp_cross_entropy(const TensorParallel& tp, void* logits, float* losses, float* stats,

@@ -134,10 +134,13 @@ void row_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm, con
 // Where a rank's N tokens sit in their sequences: for each of B sequences, `chunks` runs of
 // `len` consecutive positions, laid out chunk-major (chunk 0 of every sequence, then chunk 1),
 // chunk k starting at position first[k]. Without context parallelism: one chunk of T from 0;
-// with it, the two zigzag chunks of parallel/context_parallel.cu.
+// with it, the two zigzag chunks of parallel/context_parallel.cu. per_token, when set (a device
+// array of the N tokens in that layout), gives each token's own position instead: packed
+// documents whose positions restart at each document (model/documents.h).
 struct TokenPositions {
   int B = 0, chunks = 1, len = 0;
   int first[2] = {0, 0};
+  const int* per_token = nullptr;
   int tokens() const { return B * chunks * len; }
 };
 

@@ -69,6 +69,7 @@ run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
+run documents   $PY test/test_documents.py  # [data] document_mask vs float64, every layout
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py

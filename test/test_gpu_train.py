@@ -30,6 +30,9 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    before squaring, parallel/small_batch_norm.cu) within FP32_TOL of the one-rank CPU run's.
    The cp=2 run's log names the ring block kernels as its attention. Skipped, saying so, without
    mpirun.
+   Packed documents ([data] document_mask, the data's most frequent token as end-of-text):
+   ./train on one rank (the generic attention kernels walk each query's document) and at cp=2
+   (the ring-block kernels with the chunks' document ids) within FP32_TOL of the one-rank CPU.
 5. Recompute through the trainer: gelu and block give bitwise the losses and gradient norms of
    recompute none (fp32; bf16 "block"); bf16 "gelu" within 1e-2, since it is not bitwise by
    design (bitwise_expected).
@@ -374,6 +377,28 @@ def test_layouts(rng):
                              "ok" if named else (notes or ["no attention note"])[0])
 
 
+def test_documents(rng):
+    """[data] document_mask: the CUDA trainer's block-causal attention (the generic kernels with
+    one rank, the ring-block kernels at cp = 2) and per-document positions against the CPU's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, steps = SIZES["rows"], STEPS["layouts"]
+        sec = small_experiment(tmp, rng, steps)
+        tokens = np.fromfile(os.path.join(tmp, "train_000.bin"), dtype=np.uint16, offset=1024)
+        values, counts = np.unique(tokens[:rows * SIZES["T"]], return_counts=True)
+        sec["data"].update(document_mask=True, eot_token=int(values[np.argmax(counts)]))
+        cpu = train_records(TRAIN_CPU, tmp, "doc_cpu", sec)
+        cases = [("one rank", 0, {}), ("cp=2", 2, {"cp": 2, "backend": collective_backend("")})]
+        for label, np_ranks, parallel in cases:
+            if np_ranks and no_mpirun("documents at cp = 2"):
+                continue
+            sec["parallel"] = parallel
+            gpu = train_records(TRAIN, tmp, f"doc_gpu{np_ranks}", sec, np_ranks=np_ranks)
+            r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
+            checks.check(f"documents {label} vs one-rank CPU", max(r, rn) < FP32_TOL,
+                         f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
+                         f"(tol {FP32_TOL:.0e})")
+
+
 # --- 5. recompute through the trainer ------------------------------------------------------------
 
 def test_recompute_train(rng):
@@ -583,7 +608,7 @@ def main():
     rng = seeded_rng("test_gpu_train", f"; TRAIN={TRAIN} TRAIN_CPU={TRAIN_CPU} BUILD={BUILD}"
                      f"{' (emulated sizes)' if EMULATED else ''}")
     tests = [test_model_grads, test_precisions_vs_cpu, test_bf16_follows_fp32, test_layouts,
-             test_recompute_train, test_moe, test_checkpoint_crossing, test_plan, test_llama]
+             test_documents, test_recompute_train, test_moe, test_checkpoint_crossing, test_plan, test_llama]
     only = sys.argv[1:]  # test names (or parts of them) to run; all by default
     for test in tests:
         if only and not any(o in test.__name__ for o in only):

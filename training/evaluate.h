@@ -3,10 +3,17 @@
 // FSDP each forward gathers weights from all dp ranks).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "data/dataloader.h"
+#include "model/documents.h"
 #include "model/gpt_pipeline.h"
 #include "parallel/comm.h"
+
+// [data] document_mask: the documents of B full rows of T tokens for this rank (empty without
+// it), and an array of them as a micro-batch field (null without it).
+DocumentBatch documents_of(const GPT& m, const int* tokens, int B, int T);
+const int* docs_or_null(const GPT& m, const std::vector<int>& v);
 
 // The value the last pipeline stage holds (`local` there, ignored elsewhere), averaged over the
 // dp group, on every rank of `world`.

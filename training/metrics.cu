@@ -22,9 +22,11 @@ FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r) {
   f.causal = 6.0 * f.matmul_parameters + 6.0 * LTd;
   f.full = 6.0 * f.matmul_parameters + 12.0 * LTd;
   f.hardware = f.causal;
+  f.attention = f.hardware_attention = 6.0 * LTd;
   if (r == Recompute::Block) {  // the blocks' forward again: N but the root's parameters
     const double root = g.llama ? Vp * C + C : (Vp + g.maxT) * C + 2.0 * C;  // head, ln_f, wpe
     f.hardware += 2.0 * (f.matmul_parameters - root) + 2.0 * LTd;
+    f.hardware_attention += 2.0 * LTd;
   }
   return f;
 }
@@ -350,9 +352,14 @@ void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, 
 // ---------------------------------------------------------------------------------------------
 // The arithmetic of a step's report
 // ---------------------------------------------------------------------------------------------
-void step_throughput(StepReport& r, const RunInfo& info, double tokens) {
+void step_throughput(StepReport& r, const RunInfo& info, double tokens,
+                     double attention_fraction) {
   r.tokens_per_s = tokens / (r.ms / 1000.0);
-  const FlopsPerToken& f = info.flops;
+  FlopsPerToken f = info.flops;  // attention within documents only: its share (Megatron's count)
+  const double skipped = 1.0 - attention_fraction;
+  f.causal -= skipped * f.attention;
+  f.full -= skipped * 2.0 * f.attention;
+  f.hardware -= skipped * f.hardware_attention;
   const double per_gpu = r.tokens_per_s / info.world_size / 1e12;
   r.model_tflops_per_gpu = per_gpu * f.causal;
   r.hardware_tflops_per_gpu = per_gpu * f.hardware;

@@ -13,6 +13,11 @@
 // stay in N (llm.c's count; they are < 1% of it). L T d: per layer and token, QK^T and AV over
 // T keys cost 2 T d FLOPs each forward (d = n_head * head_dim = d_model), times 3 for the
 // backward; causal masking skips half of them. For GPT-2 `causal` is llm.c's 6N + 6LCT exactly.
+// Packed documents ([data] document_mask): attention runs within each document only, so, as
+// Megatron-LM counts packed sequences, its FLOPs are those of the documents: a row's L T d terms
+// become L d (sum over its documents of len^2) / T, i.e. the attention terms are scaled by the
+// step's fraction sum len^2 / (rows T^2) (step_throughput's attention_fraction, measured on the
+// reporting rank's rows; 1 without documents).
 // HFU counts what runs: `hardware` = causal plus the forward that "block" recompute runs again
 // (2 N_blocks + 2 L T d; "gelu" recompute adds no matmul FLOPs).
 // MFU = achieved model FLOP/s over the dense peak of all devices in the run (config/
@@ -35,6 +40,8 @@ struct FlopsPerToken {
   double full = 0;      // 6 N + 12 L T d
   double hardware = 0;  // causal + recompute's second forward
   double matmul_parameters = 0;  // N
+  double attention = 0;           // 6 L T d: causal's attention part (full has twice it)
+  double hardware_attention = 0;  // hardware's attention part (recompute's forward adds a third)
 };
 FlopsPerToken flops_per_token(const GPTLayout& g, Recompute r);
 // `,"comm":{axis:{collective:{"calls":n,"bytes":n}...}...}`: the counters of the axes used, as
@@ -124,8 +131,10 @@ void metrics_summary(MetricsLog& log, const RunSummary& s, const RunInfo& info, 
 
 // A step's throughput, from the tokens of its global batch and its time (r.ms): tokens/s, the
 // model and hardware TFLOP/s per GPU (info.flops over info.world_size devices) and, with a known
-// peak, MFU in both conventions and HFU.
-void step_throughput(StepReport& r, const RunInfo& info, double tokens);
+// peak, MFU in both conventions and HFU. attention_fraction: the share of the attention FLOPs
+// that packed documents leave (sum len^2 / (rows T^2), above; 1 without documents).
+void step_throughput(StepReport& r, const RunInfo& info, double tokens,
+                     double attention_fraction = 1.0);
 // FP8 runs: the amax and scale of rank 0's first block's linear layers and of its last linear
 // layer, for the metrics; empty without FP8.
 std::vector<Fp8Snapshot> fp8_step_snapshot(const GPT& model, const GPTLayout& layout);

@@ -1,6 +1,8 @@
 // training/sample.cu - generating text from the model (training/sample.h).
 #include "training/sample.h"
 
+#include "training/evaluate.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -74,7 +76,10 @@ static std::vector<int> sample_recompute(GPT& m, ParamStore& store, const Pipeli
       if (cp_local_index(cp.size, r, 1, T, 0, len - 1) >= 0) owner = r;
     const int row = cp_local_index(cp.size, cp.rank, 1, T, 0, len - 1);
     m.logits_row = row;
-    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size}, s);
+    const DocumentBatch d = documents_of(m, window.data(), 1, T);
+    gpt_pipeline_forward(m, store, pl, {local.data(), nullptr, 1, 1, T / cp.size,
+                                        docs_or_null(m, d.ids), docs_or_null(m, d.positions)},
+                         s);
     m.logits_row = -1;
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     int next = 0;

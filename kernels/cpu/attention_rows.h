@@ -1,7 +1,7 @@
 // kernels/cpu/attention_rows.h - the attention arithmetic of one (batch, head) that causal
 // self-attention (attention.cpp) and ring attention's block (attention_block.cpp) share: the
 // head's rows gathered into contiguous fp32 arrays, then a forward and a backward per query row
-// against the first n keys (n = t + 1 for a causal mask, n = T for a full block).
+// against the keys its mask lets it see (KeyRange below).
 //
 // The layout trick: q, k, v (and in the backward out, dout) are copied into contiguous fp32
 // arrays, k and v also transposed, so that every inner loop is a vectorised axpy over contiguous
@@ -22,6 +22,12 @@
 // Every (batch, head) is one sequential task, so results are bitwise the same for any thread
 // count.
 //
+// Which keys a row sees (KeyRange): keys 0..t with a causal mask, all T without one; with
+// document ids (packed documents, kernels/ops_decls.h) only the keys of the row's own document,
+// which are one contiguous run [lo, hi) because the ids never decrease along a sequence (found
+// by binary search; with lo = 0 the arithmetic is exactly the unmasked one). A row that sees no
+// key (a ring block of another document) gets out = 0 and lse = -inf, which the merge ignores.
+//
 // Grouped-query attention: NH query heads share NKV kv heads, query head h using kv head
 // h / (NH/NKV). The forward is one task per (batch, query head) that gathers its kv head; the
 // backward one task per (batch, kv head) that gathers k, v once and walks the group's query
@@ -29,6 +35,9 @@
 // NKV = NH exactly the multi-head arithmetic).
 #pragma once
 #include <omp.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/vector_math.h"
 
@@ -113,7 +122,8 @@ inline void add_head(float* rows, size_t row_width, int col0, const float* src, 
   }
 }
 
-// s[j] = scale * (q . k_j) for j < n. Forward and backward share it, so they see the same s.
+// s[j] = scale * (q . k_j) for j < n (kt: the first key's column). Forward and backward share
+// it, so they see the same s.
 inline void row_scores(float* s, const float* q, const float* kt, int T, int n, int HS,
                        float scale) {
   for (int j = 0; j < n; j++) s[j] = 0.0f;
@@ -121,48 +131,78 @@ inline void row_scores(float* s, const float* q, const float* kt, int T, int n, 
   for (int j = 0; j < n; j++) s[j] *= scale;
 }
 
-// Query row t against keys 0..n-1 (n >= 1): writes a.out's row t, returns the row's lse.
+// The keys [lo, hi) a query row sees.
+struct KeyRange {
+  int lo, hi;
+  int n() const { return hi - lo; }
+};
+
+// The mask of one (query block, key block) of T rows each: causal (key j <= query i) or not,
+// and with document ids (q_docs, k_docs, T each; null: none) only keys of the query's document.
+struct RowMask {
+  bool causal;
+  const int* q_docs = nullptr;
+  const int* k_docs = nullptr;
+  KeyRange keys(int t, int T) const {
+    KeyRange r{0, causal ? t + 1 : T};
+    if (q_docs) {
+      const int doc = q_docs[t];
+      r.lo = (int)(std::lower_bound(k_docs, k_docs + T, doc) - k_docs);
+      r.hi = std::min(r.hi, (int)(std::upper_bound(k_docs, k_docs + T, doc) - k_docs));
+      r.hi = std::max(r.hi, r.lo);
+    }
+    return r;
+  }
+};
+
+// Query row t against keys [k.lo, k.hi) (n >= 1): writes a.out's row t, returns the row's lse.
 // Reads a.q, a.kt, a.v.
-inline float forward_row(HeadArrays& a, int t, int n, int T, int HS, float scale) {
+inline float forward_row(HeadArrays& a, int t, KeyRange k, int T, int HS, float scale) {
   float* s = a.scores;
-  row_scores(s, a.q + (size_t)t * HS, a.kt, T, n, HS, scale);
+  float* o = a.out + (size_t)t * HS;
+  for (int d = 0; d < HS; d++) o[d] = 0.0f;
+  const int n = k.n();
+  if (n <= 0) return -INFINITY;  // no key of this row's document in the block
+  row_scores(s, a.q + (size_t)t * HS, a.kt + k.lo, T, n, HS, scale);
   const float max = max_span(s, n);
   exp_shifted(s, s, max, n);
   const double sum = sum_span(s, n);
-  float* o = a.out + (size_t)t * HS;
-  for (int d = 0; d < HS; d++) o[d] = 0.0f;
-  accumulate_rows(o, s, a.v, HS, n, HS);
+  accumulate_rows(o, s, a.v + (size_t)k.lo * HS, HS, n, HS);
   const float inv_sum = (float)(1.0 / sum);
   for (int d = 0; d < HS; d++) o[d] *= inv_sum;
   return max + (float)std::log(sum);
 }
 
-// Query row t against keys 0..n-1, given its lse: writes a.dq's row t and adds to a.dk, a.dv
-// (rows 0..n-1). Reads a.q, a.k, a.kt, a.vt, a.out, a.dout.
-inline void backward_row(HeadArrays& a, int t, int n, float lse, int T, int HS, float scale) {
+// Query row t against keys [k.lo, k.hi), given its lse: writes a.dq's row t and adds to a.dk,
+// a.dv (rows lo..hi-1). Reads a.q, a.k, a.kt, a.vt, a.out, a.dout.
+inline void backward_row(HeadArrays& a, int t, KeyRange k, float lse, int T, int HS,
+                         float scale) {
   const float* q = a.q + (size_t)t * HS;
   const float* dout_t = a.dout + (size_t)t * HS;
   float* p = a.scores;
   float* dp = a.dscores;
   float* ds = a.dscores;  // ds[j] overwrites dp[j] once dp[j] is used
-  row_scores(p, q, a.kt, T, n, HS, scale);
-  exp_shifted(p, p, lse, n);
-  for (int j = 0; j < n; j++) dp[j] = 0.0f;
-  accumulate_rows(dp, dout_t, a.vt, T, HS, n);
-  double D = 0.0;
-  for (int d = 0; d < HS; d++) D += (double)dout_t[d] * a.out[(size_t)t * HS + d];
   float* dq = a.dq + (size_t)t * HS;
   for (int d = 0; d < HS; d++) dq[d] = 0.0f;
+  const int n = k.n(), lo = k.lo;
+  if (n <= 0) return;
+  row_scores(p, q, a.kt + lo, T, n, HS, scale);
+  exp_shifted(p, p, lse, n);
+  for (int j = 0; j < n; j++) dp[j] = 0.0f;
+  accumulate_rows(dp, dout_t, a.vt + lo, T, HS, n);
+  double D = 0.0;
+  for (int d = 0; d < HS; d++) D += (double)dout_t[d] * a.out[(size_t)t * HS + d];
   for (int j = 0; j < n; j++) ds[j] = p[j] * (dp[j] - (float)D) * scale;
-  accumulate_rows(dq, ds, a.k, HS, n, HS);
-  add_outer(a.dk, ds, q, n, HS);
-  add_outer(a.dv, p, dout_t, n, HS);
+  accumulate_rows(dq, ds, a.k + (size_t)lo * HS, HS, n, HS);
+  add_outer(a.dk + (size_t)lo * HS, ds, q, n, HS);
+  add_outer(a.dv + (size_t)lo * HS, p, dout_t, n, HS);
 }
 
-// Every query row of the head: a.out and lse[t] (t < T). causal: row t sees keys 0..t, else all.
-inline void forward_rows(HeadArrays& a, float* lse, int T, int HS, bool causal) {
+// Every query row of the head: a.out and lse[t] (t < T), each row against the keys `mask` lets
+// it see.
+inline void forward_rows(HeadArrays& a, float* lse, int T, int HS, const RowMask& mask) {
   const float scale = 1.0f / std::sqrt((float)HS);
-  for (int t = 0; t < T; t++) lse[t] = forward_row(a, t, causal ? t + 1 : T, T, HS, scale);
+  for (int t = 0; t < T; t++) lse[t] = forward_row(a, t, mask.keys(t, T), T, HS, scale);
 }
 
 // Zeroes a.dk and a.dv, which backward_rows then sums into (over a kv head's query heads).
@@ -172,9 +212,9 @@ inline void clear_kv_grads(HeadArrays& a, int T, int HS) {
 }
 
 // Every query row of the head: a.dq written, the rows' shares added to a.dk and a.dv.
-inline void backward_rows(HeadArrays& a, const float* lse, int T, int HS, bool causal) {
+inline void backward_rows(HeadArrays& a, const float* lse, int T, int HS, const RowMask& mask) {
   const float scale = 1.0f / std::sqrt((float)HS);
-  for (int t = 0; t < T; t++) backward_row(a, t, causal ? t + 1 : T, lse[t], T, HS, scale);
+  for (int t = 0; t < T; t++) backward_row(a, t, mask.keys(t, T), lse[t], T, HS, scale);
 }
 
 }  // namespace cpu

@@ -31,25 +31,26 @@ void rotate_row(T* row, const float* cos_p, const float* sin_p, int heads, int H
 
 template <typename T>
 void rope_typed(T* qkv, const float* cos_table, const float* sin_table, const int* positions,
-                int B, int T_, int NH, int NKV, int HS, float sign) {
+                int row_stride, int B, int T_, int NH, int NKV, int HS, float sign) {
   const size_t row_size = (size_t)(NH + 2 * NKV) * HS;
   const int half = HS / 2;
 #pragma omp parallel for schedule(static) if ((size_t)B * T_ * row_size > CPU_PARALLEL_MIN)
   for (int bt = 0; bt < B * T_; bt++) {
     const int t = bt % T_;
-    const size_t p = positions ? (size_t)positions[t] : (size_t)t;
+    const size_t p =
+        positions ? (size_t)positions[(size_t)(bt / T_) * row_stride + t] : (size_t)t;
     // q heads then k heads are contiguous: NH + NKV heads from the row's start.
     rotate_row(qkv + bt * row_size, cos_table + p * half, sin_table + p * half, NH + NKV, HS,
                sign);
   }
 }
 
-void rope(void* qkv, const float* cos_table, const float* sin_table, const int* positions, int B,
-          int T, int NH, int NKV, int HS, DType dt, float sign) {
+void rope(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
+          int row_stride, int B, int T, int NH, int NKV, int HS, DType dt, float sign) {
   if (HS % 2 != 0) FATAL("rope: head size %d is odd", HS);
   dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
-    rope_typed((S*)qkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, sign);
+    rope_typed((S*)qkv, cos_table, sin_table, positions, row_stride, B, T, NH, NKV, HS, sign);
   });
 }
 
@@ -57,16 +58,17 @@ void rope(void* qkv, const float* cos_table, const float* sin_table, const int* 
 }  // namespace cpu
 
 void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
-                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s) {
+                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s,
+                  int positions_row_stride) {
   if (is_dry(s)) return;
-  cpu::rope(qkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, 1.0f);
+  cpu::rope(qkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, 1.0f);
 }
 
 void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
                    const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
-                   Stream s) {
+                   Stream s, int positions_row_stride) {
   if (is_dry(s)) return;
-  cpu::rope(dqkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, -1.0f);
+  cpu::rope(dqkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, -1.0f);
 }
 
 }  // namespace ops

@@ -19,6 +19,10 @@
 // can run, and "auto" times both at the stream's first forward and first backward call and keeps
 // the faster for each direction (they are interchangeable: both produce the same lse). The choice
 // and the timings are in attention_impl_name(s), which the trainer logs.
+//
+// Packed documents (docs, [data] document_mask): a block-causal mask. The generic kernels walk
+// each query's own document only; the flash kernels and the cuDNN graph here have no document
+// mask yet, so such calls take the generic kernels ("auto" notes that cuDNN cannot run them).
 #include <cmath>
 #include <cstdio>
 
@@ -38,6 +42,7 @@ using attention_tiles::bf16;
 
 struct Shape {
   int B, T, NH, NKV, HS;
+  const int* docs = nullptr;  // packed documents' ids (B,T), or null: causal
   attention_generic::QkvLayout layout() const { return {NH, NKV, HS}; }
 };
 
@@ -54,8 +59,9 @@ void check_shape(const Shape& sh) {
 
 // The flash kernels read 16-byte rows with cp.async and store bf16 pairs; row starts are multiples
 // of HS elements, so aligned base pointers are enough.
+// With packed documents the generic kernels run (their loops walk each document's run of keys).
 bool flash_applies(const Shape& sh, DType dt, std::initializer_list<const void*> pointers) {
-  return dt == DType::BF16 && (sh.HS == 64 || sh.HS == 128) && aligned16(pointers);
+  return !sh.docs && dt == DType::BF16 && (sh.HS == 64 || sh.HS == 128) && aligned16(pointers);
 }
 
 // Kernels with more than 48 KB of dynamic shared memory must opt in, once per kernel (and device:
@@ -93,7 +99,7 @@ void generic_forward(void* out, float* lse, const void* qkv, const Shape& sh, fl
     using T = decltype(tag);
     attention_generic::generic_forward_kernel<T>
         <<<generic_grid(sh, sh.NH), kGenericThreads, 0, st>>>((T*)out, lse, (const T*)qkv, sh.T,
-                                                             sh.layout(), scale);
+                                                             sh.layout(), scale, sh.docs);
   });
   LAUNCH_CHECK();
 }
@@ -136,10 +142,12 @@ void generic_backward(void* dqkv, const void* dout, const void* qkv, const float
     using T = decltype(tag);
     attention_generic::generic_backward_dq_kernel<T>
         <<<generic_grid(sh, sh.NH), kGenericThreads, 0, st>>>(
-            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale);
+            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale,
+            sh.docs);
     attention_generic::generic_backward_dkdv_kernel<T>
         <<<generic_grid(sh, sh.NKV), kGenericThreads, 0, st>>>(
-            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale);
+            (T*)dqkv, (const T*)dout, (const T*)qkv, lse, delta, sh.T, sh.layout(), scale,
+            sh.docs);
   });
   LAUNCH_CHECK();
 }
@@ -243,6 +251,7 @@ void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const 
 
 // Why cuDNN cannot take a call (for the log), given whether its dtype, head size and pointers suit.
 const char* cudnn_refusal(const Shape& sh) {
+  if (sh.docs) return "packed documents: the cuDNN graph here has no document mask";
   return sh.NKV != sh.NH ? "grouped-query attention: the cuDNN graph is built for NKV = NH"
                          : "not bf16 with a head size that is a multiple of 8 up to 128";
 }
@@ -250,16 +259,16 @@ const char* cudnn_refusal(const Shape& sh) {
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
-                       int HS, DType dt, Stream s) {
+                       int HS, DType dt, Stream s, const int* docs) {
   if (is_dry(s)) return;
-  Shape sh{B, T, NH, NKV, HS};
+  Shape sh{B, T, NH, NKV, HS, docs};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   auto run_flash = [&] { hand_written_forward(out, lse, qkv, sh, dt, scale, s->stream); };
   auto run_cudnn = [&](std::string* why) {
     return cudnn_sdpa::forward(s, out, lse, qkv, B, T, NH, HS, why);
   };
-  const bool cudnn_applies = NKV == NH && cudnn_sdpa::applies(HS, dt, {out, qkv});
+  const bool cudnn_applies = !docs && NKV == NH && cudnn_sdpa::applies(HS, dt, {out, qkv});
   AttentionImpl impl = choose(s, &s->attention_forward_impl, "forward", cudnn_applies,
                               cudnn_refusal(sh), run_cudnn, run_flash);
   // A later shape cuDNN cannot run (or a dtype it does not take) falls back per call.
@@ -269,16 +278,17 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
-                        Stream s) {
+                        Stream s, const int* docs) {
   if (is_dry(s)) return;
-  Shape sh{B, T, NH, NKV, HS};
+  Shape sh{B, T, NH, NKV, HS, docs};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   auto run_flash = [&] { hand_written_backward(dqkv, dout, qkv, out, lse, sh, dt, scale, s); };
   auto run_cudnn = [&](std::string* why) {
     return cudnn_sdpa::backward(s, dqkv, dout, qkv, out, lse, B, T, NH, HS, why);
   };
-  const bool cudnn_applies = NKV == NH && cudnn_sdpa::applies(HS, dt, {dqkv, dout, qkv, out});
+  const bool cudnn_applies =
+      !docs && NKV == NH && cudnn_sdpa::applies(HS, dt, {dqkv, dout, qkv, out});
   AttentionImpl impl = choose(s, &s->attention_backward_impl, "backward", cudnn_applies,
                               cudnn_refusal(sh), run_cudnn, run_flash);
   if (impl == AttentionImpl::Cudnn && cudnn_applies && run_cudnn(nullptr)) return;

@@ -9,6 +9,12 @@
 //     the final lse and D = rowsum(dout * out):  dS = p (dP - D), dP = dout V^T,
 //     dq += scale dS K,  dk += scale dS^T Q,  dv += P^T dout.
 //
+// Packed documents (q_docs, k_docs: the two chunks' document ids, numbered along the whole
+// sequence; null: none): key j is visible to query i only if their ids agree (and j <= i when
+// causal). A tile whose keys' ids all differ from the block's queries' is skipped whole (the ids
+// never decrease, so the first and last of each side decide), so the work falls with the
+// documents' lengths; a query row that sees no key of the block gets out = 0, lse = -inf.
+//
 // Not yet run on a GPU. They run on the CPU emulator in every `make test` (test/emu/README.md):
 // test/gpu/test_attention_block.cu compares them with the CPU backend (kernels/cpu/
 // attention_block.cpp, itself tested against float64 by test/test_attention_block.py) under two
@@ -161,10 +167,30 @@ __device__ __forceinline__ void accumulate_tile(float (&acc)[4][kMaxD / kLanes],
   }
 }
 
-// Key j (of the block's keys) visible to query i? Keys and queries past T never are.
-__device__ __forceinline__ bool visible(int query, int key, int T, bool causal) {
-  return query < T && key < T && (!causal || key <= query);
-}
+// The block's mask: causal or not, and the document ids of one sequence's queries and keys
+// (null: no document mask).
+struct BlockMask {
+  bool causal;
+  const int* q_docs;
+  const int* k_docs;
+  // The mask of sequence b (its T ids of each side).
+  __device__ BlockMask of_sequence(int b, int T) const {
+    if (!q_docs) return *this;
+    return {causal, q_docs + (size_t)b * T, k_docs + (size_t)b * T};
+  }
+  // Key `key` visible to query `query`? Keys and queries past T never are.
+  __device__ __forceinline__ bool visible(int query, int key, int T) const {
+    return query < T && key < T && (!causal || key <= query) &&
+           (!q_docs || q_docs[query] == k_docs[key]);
+  }
+  // Whether no query of rows [q0, q0 + nq) shares a document with a key of [k0, k0 + nk)
+  // (block-uniform: the whole tile is skipped).
+  __device__ __forceinline__ bool tile_masked(int q0, int nq, int k0, int nk, int T) const {
+    if (!q_docs) return false;
+    const int q_last = min(q0 + nq, T) - 1, k_last = min(k0 + nk, T) - 1;
+    return k_docs[k_last] < q_docs[q0] || k_docs[k0] > q_docs[q_last];
+  }
+};
 
 // Where a head lies: q of query head h in the qkv rows [q | k | v] (NH, NKV, NKV heads), k and v
 // of kv head g in the kv rows [k | v] (NKV, NKV heads).
@@ -216,7 +242,7 @@ template <typename Elem, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     block_forward_kernel(Elem* __restrict__ out, float* __restrict__ lse,
                          const Elem* __restrict__ qkv, const Elem* __restrict__ kv, int T,
-                         BlockLayout lay, bool causal, float scale, bool vec) {
+                         BlockLayout lay, BlockMask mask, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -229,10 +255,11 @@ __global__ void __launch_bounds__(kThreads)
   const int NH = lay.NH, HS = lay.HS;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
+  const BlockMask mk = mask.of_sequence(b, T);
   const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + lay.kv_head(h) * HS;
   load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * lay.q_ld() + h * HS, lay.q_ld(), m0, T, HS,
                           vec);
-  const int key_end = causal ? min(T, m0 + kRows) : T;  // no row of the block sees keys beyond
+  const int key_end = mk.causal ? min(T, m0 + kRows) : T;  // no row of the block sees beyond
 
   const int row0 = m0 + row_group() * 4;
   float o[4][kCols] = {}, m[4], l[4];
@@ -242,6 +269,7 @@ __global__ void __launch_bounds__(kThreads)
     l[i] = 0.f;
   }
   for (int n0 = 0; n0 < key_end; n0 += kInner) {
+    if (mk.tile_masked(m0, kRows, n0, kInner, T)) continue;  // another document's keys
     __syncthreads();  // the previous tile's K, V and P are no longer read
     load_tile<kInner, kMaxD>(sK, k_src, lay.kv_ld(), n0, T, HS, vec);
     load_tile<kInner, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), n0, T, HS, vec);
@@ -253,8 +281,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kJ; j++) {
         const int key = n0 + lane16() + j * kLanes, query = row0 + i;
-        // Rows past T keep key 0..T-1 visible (their output is dropped): no empty rows.
-        const bool seen = key < T && (!causal || key <= query);
+        // Rows past T keep key 0..T-1 visible (their output is dropped); a row may see no key
+        // only with documents.
+        const bool seen = key < T && (!mk.causal || key <= query) &&
+                          (!mk.q_docs || query >= T || mk.q_docs[query] == mk.k_docs[key]);
         s[i][j] = seen ? s[i][j] * scale : -INFINITY;
       }
     online_softmax<kMaxD>(s, o, m, l, sP);
@@ -268,13 +298,14 @@ __global__ void __launch_bounds__(kThreads)
     const float sum = group_sum(l[i]);  // every lane: the shuffles need the whole warp
     const int row = row0 + i;
     if (row >= T) continue;
-    const float inv = 1.f / sum;
+    const bool empty = sum == 0.f;  // no key of the row's document in this block
+    const float inv = empty ? 0.f : 1.f / sum;
 #pragma unroll
     for (int k = 0; k < kCols; k++) {
       const int d = lane16() + k * kLanes;
       if (d < HS) o_dst[(size_t)row * C + d] = from_float<Elem>(o[i][k] * inv);
     }
-    if (lane16() == 0) lse[(size_t)bh * T + row] = m[i] + logf(sum);
+    if (lane16() == 0) lse[(size_t)bh * T + row] = empty ? -INFINITY : m[i] + logf(sum);
   }
 }
 
@@ -287,7 +318,7 @@ __global__ void __launch_bounds__(kThreads)
     block_backward_dq_kernel(float* __restrict__ dq, const Elem* __restrict__ dout,
                              const Elem* __restrict__ qkv, const Elem* __restrict__ kv,
                              const float* __restrict__ lse, const float* __restrict__ delta, int T,
-                             BlockLayout lay, bool causal, float scale, bool vec) {
+                             BlockLayout lay, BlockMask mask, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -301,11 +332,12 @@ __global__ void __launch_bounds__(kThreads)
   const int NH = lay.NH, HS = lay.HS;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
+  const BlockMask mk = mask.of_sequence(b, T);
   const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + lay.kv_head(h) * HS;
   load_tile<kRows, kMaxD>(sQ, qkv + (size_t)b * T * lay.q_ld() + h * HS, lay.q_ld(), m0, T, HS,
                           vec);
   load_tile<kRows, kMaxD>(sdO, dout + (size_t)b * T * C + h * HS, C, m0, T, HS, vec);
-  const int key_end = causal ? min(T, m0 + kRows) : T;
+  const int key_end = mk.causal ? min(T, m0 + kRows) : T;
 
   const int row0 = m0 + row_group() * 4;
   float row_lse[4], row_delta[4];
@@ -317,6 +349,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   float acc[4][kCols] = {};
   for (int n0 = 0; n0 < key_end; n0 += kInner) {
+    if (mk.tile_masked(m0, kRows, n0, kInner, T)) continue;  // another document's keys
     __syncthreads();
     load_tile<kInner, kMaxD>(sK, k_src, lay.kv_ld(), n0, T, HS, vec);
     load_tile<kInner, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), n0, T, HS, vec);
@@ -329,7 +362,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kJ; j++) {
         const int key = n0 + lane16() + j * kLanes;
-        const float p = visible(row0 + i, key, T, causal) ? expf(s[i][j] * scale - row_lse[i]) : 0.f;
+        const float p = mk.visible(row0 + i, key, T) ? expf(s[i][j] * scale - row_lse[i]) : 0.f;
         sdS[(row_group() * 4 + i) * Cfg::kPStride + lane16() + j * kLanes] =
             p * (dp[i][j] - row_delta[i]);
       }
@@ -357,7 +390,7 @@ __global__ void __launch_bounds__(kThreads)
     block_backward_dkdv_kernel(float* __restrict__ dkv, const Elem* __restrict__ dout,
                                const Elem* __restrict__ qkv, const Elem* __restrict__ kv,
                                const float* __restrict__ lse, const float* __restrict__ delta,
-                               int T, BlockLayout lay, bool causal, float scale, bool vec) {
+                               int T, BlockLayout lay, BlockMask mask, float scale, bool vec) {
   using Cfg = Tiles<kMaxD>;
   constexpr int kInner = Cfg::kInner, kJ = Cfg::kJ, kCols = Cfg::kCols;
   extern __shared__ float block_smem[];
@@ -374,11 +407,12 @@ __global__ void __launch_bounds__(kThreads)
   const int NH = lay.NH, HS = lay.HS, group = NH / lay.NKV;
   const int b = blockIdx.y / lay.NKV, kv_head = blockIdx.y % lay.NKV;
   const int C = NH * HS;
+  const BlockMask mk = mask.of_sequence(b, T);
   const Elem* k_src = kv + (size_t)b * T * lay.kv_ld() + kv_head * HS;
   load_tile<kRows, kMaxD>(sK, k_src, lay.kv_ld(), key0, T, HS, vec);
   load_tile<kRows, kMaxD>(sV, k_src + lay.v_offset(), lay.kv_ld(), key0, T, HS, vec);
   // Causal: queries before key0 see none of these keys.
-  const int query_begin = causal ? key0 / kInner * kInner : 0;
+  const int query_begin = mk.causal ? key0 / kInner * kInner : 0;
 
   const int my_key0 = key0 + row_group() * 4;
   float dk[4][kCols] = {}, dv[4][kCols] = {};
@@ -387,6 +421,7 @@ __global__ void __launch_bounds__(kThreads)
     const Elem* q_src = qkv + (size_t)b * T * lay.q_ld() + h * HS;
     const Elem* do_src = dout + (size_t)b * T * C + h * HS;
     for (int q0 = query_begin; q0 < T; q0 += kInner) {
+      if (mk.tile_masked(q0, kInner, key0, kRows, T)) continue;  // another document's queries
       __syncthreads();
       load_tile<kInner, kMaxD>(sQ, q_src, lay.q_ld(), q0, T, HS, vec);
       load_tile<kInner, kMaxD>(sdO, do_src, C, q0, T, HS, vec);
@@ -401,7 +436,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < kJ; j++) {
           const int qi = lane16() + j * kLanes;
-          const float p = visible(q0 + qi, my_key0 + i, T, causal)
+          const float p = mk.visible(q0 + qi, my_key0 + i, T)
                               ? expf(s[i][j] * scale - sLse[qi]) : 0.f;
           const int at = (row_group() * 4 + i) * Cfg::kPStride + qi;
           sP[at] = p;
@@ -476,20 +511,20 @@ void dispatch_head_size(int HS, Fn&& fn) {
 
 template <typename Elem, int kMaxD>
 void launch_forward(void* out, float* lse, const void* qkv, const void* kv, const Shape& sh,
-                    bool causal, float scale, cudaStream_t st) {
+                    BlockMask mask, float scale, cudaStream_t st) {
   using Cfg = Tiles<kMaxD>;
   static const bool smem_ready =
       (allow_smem(block_forward_kernel<Elem, kMaxD>, Cfg::kFwdSmem), true);
   (void)smem_ready;
   const bool vec = vector_loads<Elem>(sh, {qkv, kv});
   block_forward_kernel<Elem, kMaxD><<<grid_of(sh, sh.NH), kThreads, Cfg::kFwdSmem, st>>>(
-      (Elem*)out, lse, (const Elem*)qkv, (const Elem*)kv, sh.T, sh.layout(), causal, scale, vec);
+      (Elem*)out, lse, (const Elem*)qkv, (const Elem*)kv, sh.T, sh.layout(), mask, scale, vec);
   LAUNCH_CHECK();
 }
 
 template <typename Elem, int kMaxD>
 void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, const void* kv,
-                     const float* lse, const float* delta, const Shape& sh, bool causal,
+                     const float* lse, const float* delta, const Shape& sh, BlockMask mask,
                      float scale, cudaStream_t st) {
   using Cfg = Tiles<kMaxD>;
   static const bool smem_ready =
@@ -499,20 +534,22 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
   const bool vec = vector_loads<Elem>(sh, {dout, qkv, kv});
   block_backward_dq_kernel<Elem, kMaxD><<<grid_of(sh, sh.NH), kThreads, Cfg::kDqSmem, st>>>(
       dq, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.layout(),
-      causal, scale, vec);
+      mask, scale, vec);
   LAUNCH_CHECK();
   block_backward_dkdv_kernel<Elem, kMaxD><<<grid_of(sh, sh.NKV), kThreads, Cfg::kDkDvSmem, st>>>(
       dkv, (const Elem*)dout, (const Elem*)qkv, (const Elem*)kv, lse, delta, sh.T, sh.layout(),
-      causal, scale, vec);
+      mask, scale, vec);
   LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
-                             int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
+                             int NH, int NKV, int HS, bool causal, DType dt, Stream s,
+                             const int* q_docs, const int* k_docs) {
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
+  const BlockMask mask{causal, q_docs, k_docs};
   check_shape(sh);
   // What the trainer logs as the attention used (ops::attention_impl_name): with ring attention
   // these kernels, never the attention_forward choice between flash and cuDNN.
@@ -522,7 +559,7 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
   dispatch_dtype(dt, [&](auto tag) {
     using Elem = decltype(tag);
     dispatch_head_size(HS, [&](auto max_d) {
-      launch_forward<Elem, decltype(max_d)::value>(out, lse, qkv, kv, sh, causal, scale,
+      launch_forward<Elem, decltype(max_d)::value>(out, lse, qkv, kv, sh, mask, scale,
                                                    s->stream);
     });
   });
@@ -530,9 +567,11 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
 
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
-                              int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
+                              int NH, int NKV, int HS, bool causal, DType dt, Stream s,
+                              const int* q_docs, const int* k_docs) {
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
+  const BlockMask mask{causal, q_docs, k_docs};
   check_shape(sh);
   const float scale = 1.0f / std::sqrt((float)HS);
   float* delta = (float*)stream_scratch(s, (size_t)B * NH * T * sizeof(float));
@@ -545,7 +584,7 @@ void attention_block_backward(float* dq, float* dkv, const void* dout, const voi
     LAUNCH_CHECK();
     dispatch_head_size(HS, [&](auto max_d) {
       launch_backward<Elem, decltype(max_d)::value>(dq, dkv, dout, qkv, kv, lse, delta, sh,
-                                                    causal, scale, s->stream);
+                                                    mask, scale, s->stream);
     });
   });
 }

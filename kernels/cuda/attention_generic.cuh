@@ -14,6 +14,13 @@
 // the causal triangle one row at a time: forward with the online softmax (running max and sum,
 // expf), backward recomputing P = exp(s - lse) from the saved log-sum-exp. All math in fp32.
 // Also here: the backward preprocessing Delta = rowsum(dO * O), shared with the flash path.
+//
+// Packed documents (docs, (B,T) document ids, non-decreasing along a sequence; null: plain
+// causal): a query sees only the earlier keys of its own document, one contiguous run, so each
+// warp walks just that run - from its document's first row (a binary search) to itself, or for
+// dK/dV from itself to its document's last row - and the work falls with the documents' lengths.
+// The keys it walks, and their order, are the causal ones restricted to the run: with docs null
+// the loops are exactly the causal loops.
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -63,6 +70,35 @@ __device__ __forceinline__ RowCoords row_coords(int heads) {
   return c;
 }
 
+// The first row of row t's document in one sequence's ids (0 without ids).
+__device__ __forceinline__ int document_first(const int* docs, int t) {
+  if (!docs) return 0;
+  const int doc = docs[t];
+  int lo = 0, hi = t;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (docs[mid] < doc) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+// One past the last row of row t's document (seq_len without ids).
+__device__ __forceinline__ int document_end(const int* docs, int t, int seq_len) {
+  if (!docs) return seq_len;
+  const int doc = docs[t];
+  int lo = t + 1, hi = seq_len;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (docs[mid] <= doc) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+// Sequence b's ids (null stays null).
+__device__ __forceinline__ const int* sequence_docs(const int* docs, int b, int seq_len) {
+  return docs ? docs + (size_t)b * seq_len : nullptr;
+}
+
 // Where the heads lie in a packed qkv row (B,T,(NH+2NKV)HS) = [q heads | k heads | v heads].
 struct QkvLayout {
   int NH, NKV, HS;
@@ -77,9 +113,10 @@ struct QkvLayout {
 template <typename T>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                           int seq_len, QkvLayout lay, float scale) {
+                           int seq_len, QkvLayout lay, float scale, const int* __restrict__ docs) {
   RowCoords c = row_coords(lay.NH);
   if (c.row >= seq_len) return;  // whole warp: no collective follows for it
+  const int first = document_first(sequence_docs(docs, c.b, seq_len), c.row);
   const int HS = lay.HS, C = lay.NH * HS, g = c.h / lay.group();
   const size_t ld = lay.ld();
   const T* rows = qkv + (size_t)c.b * seq_len * ld;
@@ -88,7 +125,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   float q[kPerLane], acc[kPerLane] = {};
   load_row(q, rows + c.row * ld + lay.q(c.h), HS);
   float m = -INFINITY, l = 0.f;
-  for (int j = 0; j <= c.row; j++) {
+  for (int j = first; j <= c.row; j++) {
     float k[kPerLane], v[kPerLane];
     load_row(k, k_base + j * ld, HS);
     float s = dot(q, k) * scale;
@@ -126,10 +163,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
                                const T* __restrict__ qkv, const float* __restrict__ lse,
                                const float* __restrict__ delta, int seq_len, QkvLayout lay,
-                               float scale) {
+                               float scale, const int* __restrict__ docs) {
   RowCoords c = row_coords(lay.NH);
   const int i = c.row;
   if (i >= seq_len) return;
+  const int first = document_first(sequence_docs(docs, c.b, seq_len), i);
   const int HS = lay.HS, C = lay.NH * HS, kv_head = c.h / lay.group();
   const size_t ld = lay.ld();
   const T* rows = qkv + (size_t)c.b * seq_len * ld;
@@ -138,7 +176,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   load_row(g, dout + ((size_t)c.b * seq_len + i) * C + c.h * HS, HS);
   const float row_lse = lse[(size_t)c.bh * seq_len + i];
   const float row_delta = delta[(size_t)c.bh * seq_len + i];
-  for (int j = 0; j <= i; j++) {
+  for (int j = first; j <= i; j++) {
     float k[kPerLane], v[kPerLane];
     load_row(k, rows + j * ld + lay.k(kv_head), HS);
     load_row(v, rows + j * ld + lay.v(kv_head), HS);
@@ -158,10 +196,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     generic_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
                                  const T* __restrict__ qkv, const float* __restrict__ lse,
                                  const float* __restrict__ delta, int seq_len, QkvLayout lay,
-                                 float scale) {
+                                 float scale, const int* __restrict__ docs) {
   RowCoords c = row_coords(lay.NKV);
   const int j = c.row, kv_head = c.h;
   if (j >= seq_len) return;
+  const int end = document_end(sequence_docs(docs, c.b, seq_len), j, seq_len);
   const int HS = lay.HS, C = lay.NH * HS;
   const size_t ld = lay.ld();
   const T* rows = qkv + (size_t)c.b * seq_len * ld;
@@ -171,7 +210,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   for (int h = kv_head * lay.group(); h < (kv_head + 1) * lay.group(); h++) {
     const T* dout_base = dout + (size_t)c.b * seq_len * C + h * HS;
     const size_t stats = ((size_t)c.b * lay.NH + h) * seq_len;  // lse, delta of query head h
-    for (int i = j; i < seq_len; i++) {
+    for (int i = j; i < end; i++) {
       float q[kPerLane], g[kPerLane];
       load_row(q, rows + i * ld + lay.q(h), HS);
       load_row(g, dout_base + (size_t)i * C, HS);

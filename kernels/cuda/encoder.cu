@@ -9,6 +9,8 @@
 // (its run of the sorted order is simply not written); wpe / dwpe == nullptr leave the positions
 // out. The defaults (first 0, rows kAllVocabRows) make every token local.
 //
+// With per-token positions (packed documents: positions[n] restarts at each document) the
+// forward reads wpe[positions[n]] and the backward adds dout[n] to that row, by the dwte method.
 // Backward, deterministic and without float atomics:
 //   dwpe[t,:] += sum_b dout[b,t,:]   one thread per (t, pack of channels), summing b = 0..B-1 in
 //                                    order, then one read-modify-write of dwpe.
@@ -68,14 +70,15 @@ struct VocabRange {
 template <typename T, int W>
 __global__ void encoder_forward_kernel(T* __restrict__ out, const int* __restrict__ tokens,
                                        const T* __restrict__ wte, const T* __restrict__ wpe,
-                                       int N, int seq_len, int C, VocabRange vocab) {
+                                       const int* __restrict__ positions, int N, int seq_len,
+                                       int C, VocabRange vocab) {
   const size_t packs_per_row = C / W;
   const size_t total = (size_t)N * packs_per_row;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t n = i / packs_per_row;
     int c = (int)(i % packs_per_row) * W;
-    int t = (int)(n % seq_len);
+    int t = positions ? positions[n] : (int)(n % seq_len);
     const int token = tokens[n];
     float a[W] = {};
     if (vocab.holds(token)) load_floats<W>(a, wte + (size_t)(token - vocab.first) * C + c);
@@ -206,33 +209,45 @@ SortScratch sort_scratch(Stream s, int N) {
   return sc;
 }
 
+// table[keys[n] - first,:] += dout[n,:] over the N rows, deterministically: the rows sorted by
+// key, one block per run of equal keys (dwte by token; dwpe by position inside a document).
 template <typename T, int W>
-void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* tokens, int B,
-                            int seq_len, int C, VocabRange vocab, Stream s) {
+void add_rows_by_key(float* table, const T* dout, const int* keys, int N, int C,
+                     VocabRange vocab, Stream s) {
+  SortScratch sc = sort_scratch(s, N);
+  iota_kernel<<<grid_for(N, kThreads), kThreads, 0, s->stream>>>(sc.rows, N);
+  LAUNCH_CHECK();
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sc.cub_temp, sc.cub_temp_bytes, keys,
+                                             sc.sorted_tokens, sc.rows, sc.sorted_rows, N, 0, 32,
+                                             s->stream));
+  const int blocks = N < kWteMaxBlocks ? N : kWteMaxBlocks;
+  encoder_backward_wte_kernel<T, W><<<blocks, kWteThreads, 0, s->stream>>>(
+      table, dout, sc.sorted_tokens, sc.sorted_rows, N, C, vocab);
+  LAUNCH_CHECK();
+}
+
+template <typename T, int W>
+void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* tokens,
+                            const int* positions, int B, int seq_len, int C, VocabRange vocab,
+                            Stream s) {
   const int N = B * seq_len;
-  if (dwpe) {
+  if (dwpe && positions) {  // positions inside documents: rows of dwpe hit by many tokens
+    add_rows_by_key<T, W>(dwpe, dout, positions, N, C, VocabRange{0, kAllVocabRows, kAllVocabRows},
+                          s);
+  } else if (dwpe) {
     const size_t wpe_work = (size_t)seq_len * (C / W);
     encoder_backward_wpe_kernel<T, W><<<grid_for(wpe_work, kThreads), kThreads, 0, s->stream>>>(
         dwpe, dout, B, seq_len, C);
     LAUNCH_CHECK();
   }
-
-  SortScratch sc = sort_scratch(s, N);
-  iota_kernel<<<grid_for(N, kThreads), kThreads, 0, s->stream>>>(sc.rows, N);
-  LAUNCH_CHECK();
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sc.cub_temp, sc.cub_temp_bytes, tokens,
-                                             sc.sorted_tokens, sc.rows, sc.sorted_rows, N, 0, 32,
-                                             s->stream));
-  const int blocks = N < kWteMaxBlocks ? N : kWteMaxBlocks;
-  encoder_backward_wte_kernel<T, W><<<blocks, kWteThreads, 0, s->stream>>>(
-      dwte, dout, sc.sorted_tokens, sc.sorted_rows, N, C, vocab);
-  LAUNCH_CHECK();
+  add_rows_by_key<T, W>(dwte, dout, tokens, N, C, vocab, s);
 }
 
 }  // namespace
 
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
-                     int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size) {
+                     int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size,
+                     const int* positions) {
   if (is_dry(s)) return;
   const int N = B * T;
   if (N == 0 || C == 0) return;
@@ -247,11 +262,11 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
     if (vec) {
       size_t work = (size_t)N * (C / P);
       encoder_forward_kernel<S, P><<<grid_for(work, kThreads), kThreads, 0, s->stream>>>(
-          o, tokens, e, p, N, T, C, vocab);
+          o, tokens, e, p, positions, N, T, C, vocab);
     } else {
       size_t work = (size_t)N * C;
       encoder_forward_kernel<S, 1><<<grid_for(work, kThreads), kThreads, 0, s->stream>>>(
-          o, tokens, e, p, N, T, C, vocab);
+          o, tokens, e, p, positions, N, T, C, vocab);
     }
     LAUNCH_CHECK();
   });
@@ -259,7 +274,7 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
                       int C, DType dt, Stream s, int vocab_first, int vocab_rows,
-                      int vocab_size) {
+                      int vocab_size, const int* positions) {
   if (is_dry(s)) return;
   if (B * T == 0 || C == 0) return;
   const VocabRange vocab{vocab_first, vocab_rows, vocab_size};
@@ -269,8 +284,8 @@ void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tok
     // The vector path reads 16-byte packs of dout and W consecutive floats of dwte/dwpe.
     const bool vec = C % P == 0 && aligned16(dout);
     auto* d = static_cast<const S*>(dout);
-    if (vec) encoder_backward_typed<S, P>(dwte, dwpe, d, tokens, B, T, C, vocab, s);
-    else encoder_backward_typed<S, 1>(dwte, dwpe, d, tokens, B, T, C, vocab, s);
+    if (vec) encoder_backward_typed<S, P>(dwte, dwpe, d, tokens, positions, B, T, C, vocab, s);
+    else encoder_backward_typed<S, 1>(dwte, dwpe, d, tokens, positions, B, T, C, vocab, s);
   });
 }
 

@@ -2,7 +2,7 @@
 // backward, in place on the q and k heads of a packed qkv (B, T, (NH + 2 NKV) HS); the contract
 // is in kernels/ops_decls.h.
 //
-// For each token (b, t) at position p = positions[t] (or t), each of its NH q heads and NKV k
+// For each token (b, t) at position p = positions[b * row_stride + t] (or t), each of its NH q heads and NKV k
 // heads (contiguous at the row's start; v follows and is never touched) and each j < HS/2:
 //   x[j] = x1 c - x2 s,  x[j + HS/2] = x2 c + x1 s,   x1 = x[j], x2 = x[j + HS/2]
 // with c, s from the host-made fp32 tables (maxT, HS/2) at row p. The backward is the same
@@ -27,7 +27,8 @@ constexpr size_t kMaxBlocks = 65536;
 template <typename T, int W>
 __global__ void rope_kernel(T* qkv, const float* __restrict__ cos_table,
                             const float* __restrict__ sin_table, const int* __restrict__ positions,
-                            int T_, int heads, int row_size, int half, float sign, size_t total) {
+                            int row_stride, int T_, int heads, int row_size, int half, float sign,
+                            size_t total) {
   const int groups = half / W;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -35,7 +36,8 @@ __global__ void rope_kernel(T* qkv, const float* __restrict__ cos_table,
     const size_t head = i / groups;  // over (token, head)
     const size_t token = head / heads;
     const int t = (int)(token % T_);
-    const size_t p = positions ? (size_t)positions[t] : (size_t)t;
+    const size_t p =
+        positions ? (size_t)positions[(token / T_) * row_stride + t] : (size_t)t;
     T* x = qkv + token * row_size + (head % heads) * (size_t)(2 * half) + j;
     float x1[W], x2[W], c[W], s[W];
     load_floats<W>(x1, x);
@@ -55,8 +57,8 @@ __global__ void rope_kernel(T* qkv, const float* __restrict__ cos_table,
   }
 }
 
-void rope(void* qkv, const float* cos_table, const float* sin_table, const int* positions, int B,
-          int T, int NH, int NKV, int HS, DType dt, float sign, Stream s) {
+void rope(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
+          int row_stride, int B, int T, int NH, int NKV, int HS, DType dt, float sign, Stream s) {
   CHECK(HS % 2 == 0, "rope: head size %d is odd", HS);
   const int half = HS / 2, heads = NH + NKV, row_size = (NH + 2 * NKV) * HS;
   if ((size_t)B * T * heads * half == 0) return;
@@ -69,8 +71,8 @@ void rope(void* qkv, const float* cos_table, const float* sin_table, const int* 
     const int blocks = (int)std::min(ceil_div(total, kThreads), kMaxBlocks);
     auto launch = [&](auto kernel) {
       kernel<<<blocks, kThreads, 0, s->stream>>>(static_cast<S*>(qkv), cos_table, sin_table,
-                                                  positions, T, heads, row_size, half, sign,
-                                                  total);
+                                                  positions, row_stride, T, heads, row_size,
+                                                  half, sign, total);
     };
     if (vec) launch(rope_kernel<S, P>);
     else launch(rope_kernel<S, 1>);
@@ -81,16 +83,17 @@ void rope(void* qkv, const float* cos_table, const float* sin_table, const int* 
 }  // namespace
 
 void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
-                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s) {
+                  int B, int T, int NH, int NKV, int HS, DType dt, Stream s,
+                  int positions_row_stride) {
   if (is_dry(s)) return;
-  rope(qkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, 1.0f, s);
+  rope(qkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, 1.0f, s);
 }
 
 void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
                    const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
-                   Stream s) {
+                   Stream s, int positions_row_stride) {
   if (is_dry(s)) return;
-  rope(dqkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, -1.0f, s);
+  rope(dqkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, -1.0f, s);
 }
 
 }  // namespace ops

@@ -20,6 +20,11 @@
 // dv each against the CPU backend (itself checked against float64 by test_ops.py), the backward
 // deterministic, and "cudnn" / "auto" must resolve to the hand-written kernels (cuDNN's graph
 // here is built for NKV = NH).
+// Packed documents (docs: per-token document ids; rows of 1, 2 and 5 documents, and a row that
+// starts with an end-of-text): out, lse and dq, dk, dv against the CPU backend's block-causal
+// attention, fp32 and bf16, each implementation asked for (all must take the generic kernels,
+// the only ones with a document mask here), the backward deterministic.
+#include <cmath>
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -195,7 +200,78 @@ void run_case(TestContext& ctx, const Shape& sh, DType dt, bool extras = false) 
     check_impl(ctx, sh, dt, impl, e, extras);
 }
 
+// Document ids of B rows of T: row b % 3 holds 1, 2 or 5 documents (the last starting at 0).
+std::vector<int> document_ids(int B, int T) {
+  std::vector<int> ids((size_t)B * T);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const int kind = b % 3;
+      ids[(size_t)b * T + t] = kind == 0 ? 0 : kind == 1 ? (t >= T / 2) : (5 * t) / T;
+    }
+  return ids;
+}
+
+void check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl) {
+  const std::vector<int> ids = document_ids(sh.B, sh.T);
+  Expected e;
+  e.qkv = rounded(random_vector(ctx, sh.qkv()), dt);
+  e.dout = rounded(random_vector(ctx, sh.out()), dt);
+  e.out.assign(sh.out(), 0.f);
+  e.lse.assign(sh.lse(), 0.f);
+  e.dqkv.assign(sh.qkv(), 0.f);
+  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NKV,
+                         sh.HS, DType::F32, ctx.ref_stream, ids.data());
+  ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
+                          sh.B, sh.T, sh.NH, sh.NKV, sh.HS, DType::F32, ctx.ref_stream,
+                          ids.data());
+  e.out = rounded(e.out, dt);
+  StreamOptions options;
+  options.attention = impl;
+  ops::Stream s = ops::stream_create(options);
+  DeviceBuffers d = upload(sh, e, dt);
+  int* docs = (int*)ops::alloc(ids.size() * sizeof(int));
+  ops::copy_to_device(docs, ids.data(), ids.size() * sizeof(int));
+  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, dt, s, docs);
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NKV,
+                          sh.HS, dt, s, docs);
+  ops::stream_sync(s);
+  const bool f32 = dt == DType::F32;
+  char label[96];
+  std::snprintf(label, sizeof(label), "documents %s %s->%s", dtype_name(dt), impl_label(impl),
+                ops::attention_impl_name(s));
+  const std::string tag = label;
+  check_close(ctx, tag + " out", to_host(d.out, sh.out(), dt).data(), e.out.data(), sh.out(),
+              f32 ? 1e-5 : 1e-2);
+  check_close_floor(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(),
+                    e.lse.data(), sh.lse(), f32 ? 1e-5 : 1e-4, 1.0);
+  const std::vector<float> dqkv = to_host(d.dqkv, sh.qkv(), dt);
+  const char* names[3] = {" dq", " dk", " dv"};
+  for (int part = 0; part < 3; part++) {
+    std::vector<float> got = qkv_part(dqkv, sh, part), want = qkv_part(e.dqkv, sh, part);
+    check_close(ctx, tag + names[part], got.data(), want.data(), got.size(), f32 ? 1e-5 : 1e-2);
+  }
+  std::vector<unsigned char> again(sh.qkv() * dtype_size(dt)), first(again.size());
+  ops::copy_to_host(first.data(), d.dqkv, first.size());
+  poison(d.dqkv, again.size());
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NKV,
+                          sh.HS, dt, s, docs);
+  ops::stream_sync(s);
+  ops::copy_to_host(again.data(), d.dqkv, again.size());
+  expect(ctx, std::memcmp(first.data(), again.data(), again.size()) == 0,
+         tag + " dqkv deterministic");
+  ops::release(docs);
+  release(d);
+  ops::stream_destroy(s);
+}
+
 }  // namespace
+
+GPU_TEST(attention_documents) {  // block-causal over packed documents: the generic kernels
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Auto}) {
+    check_documents(ctx, {3, 37, 4, 2, 20}, DType::F32, impl);
+    check_documents(ctx, {3, 70, 2, 2, 64}, DType::BF16, impl);  // a flash shape without docs
+  }
+}
 
 GPU_TEST(attention_awkward) {
   for (DType dt : {DType::F32, DType::BF16}) run_case(ctx, {2, 37, 3, 3, 20}, dt);

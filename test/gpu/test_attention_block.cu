@@ -20,9 +20,15 @@
 // configurations, causal and full, fp32 and bf16, the same checks; dk, dv are the sums over each
 // kv head's query heads (the CPU backend's, itself checked against float64 by
 // test_attention_block.py).
+// Packed documents: document ids of the queries' and the keys' chunks (numbered along the
+// sequence): a causal block of one chunk (rows of 1, 2 and 5 documents) and a full block whose
+// keys' chunk comes earlier (its last document continues into the queries' chunk, so many query
+// rows see no key: out 0 and lse -inf on both sides, compared as a large negative number), fp32
+// and bf16, against the CPU backend's block with the same ids.
 // copy_columns: every pair of fp32/bf16, the vector path (widths and strides multiples of 8) and
 // the scalar one, bitwise against ref::copy_columns over the whole destination (columns outside
 // the range must keep their values).
+#include <cmath>
 #include <cstring>
 
 #include "test/gpu/harness.h"
@@ -176,6 +182,75 @@ const Shape kShapes[] = {{3, 1, 2, 2, 64},   {2, 37, 3, 3, 20}, {1, 70, 2, 2, 64
 const Shape kGqaShapes[] = {{2, 37, 6, 3, 20}, {1, 70, 4, 1, 64}, {2, 1, 4, 2, 64},
                             {1, 67, 4, 2, 128}};
 
+// --- packed documents ---------------------------------------------------------------------------
+
+int* ints_to_device(const std::vector<int>& v) {
+  int* d = (int*)ops::alloc(v.size() * sizeof(int));
+  ops::copy_to_device(d, v.data(), v.size() * sizeof(int));
+  return d;
+}
+
+// -inf (a row that sees no key of the block) as -1e4, so that both sides compare.
+std::vector<float> finite(std::vector<float> v) {
+  for (float& x : v)
+    if (std::isinf(x) && x < 0) x = -1e4f;
+  return v;
+}
+
+void check_documents(TestContext& ctx, const Shape& sh, bool causal, DType dt) {
+  std::vector<int> q_ids((size_t)sh.B * sh.T), k_ids(q_ids.size());
+  for (int b = 0; b < sh.B; b++)
+    for (int t = 0; t < sh.T; t++) {
+      const int per = b % 3 == 0 ? sh.T : b % 3 == 1 ? sh.T / 2 + 1 : sh.T / 5 + 1;  // doc length
+      k_ids[(size_t)b * sh.T + t] = t / per;
+      q_ids[(size_t)b * sh.T + t] = causal ? t / per : (sh.T - 1) / per + t / per;
+    }
+  const size_t C = sh.C(), Ckv = sh.Ckv(), rows = sh.rows();
+  std::vector<float> qkv = rounded(random_vector(ctx, rows * (C + 2 * Ckv), 1.5f), dt);
+  std::vector<float> kv = rounded(random_vector(ctx, rows * 2 * Ckv, 1.5f), dt);
+  std::vector<float> out(rows * C), lse(sh.lse());
+  ref::attention_block_forward(out.data(), lse.data(), qkv.data(), kv.data(), sh.B, sh.T, sh.NH,
+                               sh.NKV, sh.HS, causal, DType::F32, ctx.ref_stream, q_ids.data(),
+                               k_ids.data());
+  // The backward's final lse: this block's where it saw a key, else a finite stand-in (another
+  // block held the row's document).
+  std::vector<float> given_lse = finite(lse), dout = rounded(random_vector(ctx, rows * C), dt);
+  out = rounded(out, dt);
+  std::vector<float> dq(rows * C, 0.f), dkv(rows * 2 * Ckv, 0.f);
+  ref::attention_block_backward(dq.data(), dkv.data(), dout.data(), out.data(), given_lse.data(),
+                                qkv.data(), kv.data(), sh.B, sh.T, sh.NH, sh.NKV, sh.HS, causal,
+                                DType::F32, ctx.ref_stream, q_ids.data(), k_ids.data());
+  int* q_docs = ints_to_device(q_ids);
+  int* k_docs = ints_to_device(k_ids);
+  void *d_qkv = to_device(qkv, dt), *d_kv = to_device(kv, dt), *d_dout = to_device(dout, dt);
+  void* d_given = to_device(out, dt);
+  float* d_given_lse = (float*)to_device(given_lse, DType::F32);
+  void* d_out = ops::alloc(rows * C * dtype_size(dt));
+  float* d_lse = (float*)ops::alloc(sh.lse() * sizeof(float));
+  float* d_dq = (float*)to_device(std::vector<float>(rows * C, 0.f), DType::F32);
+  float* d_dkv = (float*)to_device(std::vector<float>(rows * 2 * Ckv, 0.f), DType::F32);
+  ops::attention_block_forward(d_out, d_lse, d_qkv, d_kv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS,
+                               causal, dt, ctx.stream, q_docs, k_docs);
+  ops::attention_block_backward(d_dq, d_dkv, d_dout, d_given, d_given_lse, d_qkv, d_kv, sh.B,
+                                sh.T, sh.NH, sh.NKV, sh.HS, causal, dt, ctx.stream, q_docs,
+                                k_docs);
+  ops::stream_sync(ctx.stream);
+  const bool f32 = dt == DType::F32;
+  const std::string tag = std::string("block documents ") + dtype_name(dt) +
+                          (causal ? " causal" : " full");
+  check_close(ctx, tag + " out", to_host(d_out, rows * C, dt).data(), out.data(), out.size(),
+              f32 ? 1e-5 : 1e-2);
+  check_close_floor(ctx, tag + " lse", finite(to_host(d_lse, sh.lse(), DType::F32)).data(),
+                    given_lse.data(), sh.lse(), f32 ? 1e-5 : 1e-4, 1.0);
+  check_close(ctx, tag + " dq", to_host(d_dq, rows * C, DType::F32).data(), dq.data(), dq.size(),
+              f32 ? 1e-5 : 1e-4);
+  check_close(ctx, tag + " dk, dv", to_host(d_dkv, rows * 2 * Ckv, DType::F32).data(),
+              dkv.data(), dkv.size(), f32 ? 1e-5 : 1e-4);
+  for (void* p : {(void*)q_docs, (void*)k_docs, d_qkv, d_kv, d_dout, d_given, (void*)d_given_lse,
+                  d_out, (void*)d_lse, (void*)d_dq, (void*)d_dkv})
+    ops::release(p);
+}
+
 // --- copy_columns ------------------------------------------------------------------------------
 
 // Host bytes of values stored as dt (bf16: rounded).
@@ -238,6 +313,10 @@ void check_shapes(TestContext& ctx, const Shape (&shapes)[N]) {
 
 GPU_TEST(attention_block) { check_shapes(ctx, kShapes); }
 GPU_TEST(attention_block_gqa) { check_shapes(ctx, kGqaShapes); }
+GPU_TEST(attention_block_documents) {  // ids in both chunks; tiles of other documents skipped
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool causal : {true, false}) check_documents(ctx, {3, 70, 4, 2, 20}, causal, dt);
+}
 
 GPU_TEST(attention_block_timing) {  // one ring block of GPT-2 124M at T = 4096 over cp = 4
   if (ctx.emulated) {
