@@ -38,7 +38,8 @@ EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wa
                 -Wno-unused-parameter -I. $(EMU_CUDA_INC)
 
 EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
-                   test/emu/runtime.cpp test/emu/shared.cpp test/emu/warps.cpp
+                   test/emu/runtime.cpp test/emu/shared.cpp test/emu/streams.cpp \
+                   test/emu/warps.cpp
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
 
 emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))

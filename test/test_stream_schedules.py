@@ -1,0 +1,160 @@
+"""test/test_stream_schedules.py - the CUDA trainer's streams run out of program order: every
+layout of the emulated trainer gives bitwise the same losses, gradient norms and checkpoint
+tensors under schedules that run each rank's streams late or in a random order as under the
+synchronous one (EMU_STREAMS, test/emu/streams.cpp).
+
+On a GPU a rank's streams (compute, communication, copies) run at the same time, ordered only by
+the events and waits the code declares; a missing wait is a silent, run-to-run different
+corruption. The emulated runtime queues each stream's work and runs it only when the host waits,
+in an order the schedule picks among those the declared dependencies allow:
+  late          only what the host waits for, as late as possible;
+  others-first  every other stream before the one waited for;
+  random:SEED   a random runnable stream each time.
+Under every schedule a program whose dependencies are complete computes the same bits (the
+kernels and the NCCL stand-in's reductions are deterministic), so each layout's run is compared
+bit for bit with its run under `sync` (every piece of work run when it is queued, as before).
+
+Layouts (two ranks, NCCL stand-in unless said): DDP, ZeRO-1 with the optimizer in pinned host
+memory, ZeRO-2 with it in a file, FSDP (MPI backend: device buffers staged through the host),
+int8 and top-k compressed DDP gradients, tp = 2 with and without SP, pp = 2 1F1B and zb-v,
+cp = 2 ring attention, MoE dp2 x ep2, Llama cp2, DiLoCo (2 islands), and DDP saving
+asynchronous checkpoints (their tensors compared too). In `make test` (the emu-streams group)
+the core layouts (DDP, ZeRO-2 offload, tp sp, pp 1F1B, cp, async checkpoints) run under `late`
+and one `random` seed; TEST_FULL=1 runs every layout under late, others-first and two random
+seeds. Each schedule's name is printed by the runtime ("emu: stream schedule late").
+
+Environment: TRAIN (./train_emu), TEST_FULL, SEED (the data and the random schedules' seeds).
+"""
+import glob
+import os
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainer import (MPIRUN, Checks, base_sections, make_experiment, read_metrics,  # noqa: E402
+                     seeded_rng, write_config)
+import subprocess  # noqa: E402
+
+TRAIN = os.environ.get("TRAIN", "./train_emu")
+FULL = os.environ.get("TEST_FULL") == "1"
+STEPS = 3
+checks = Checks("test_stream_schedules")
+
+# (label, [parallel] and [train] overrides, extra sections, core)
+LAYOUTS = [
+    ("DDP dp=2", {"dp": 2}, {}, True),
+    ("ZeRO-1 dp=2 offload cpu", {"dp": 2, "zero": 1}, {"optimizer_offload": "cpu"}, False),
+    ("ZeRO-2 dp=2 offload nvme", {"dp": 2, "zero": 2}, {"optimizer_offload": "nvme"}, True),
+    ("FSDP dp=2 (MPI)", {"dp": 2, "fsdp": True, "backend": "mpi"}, {}, False),
+    ("DDP int8 compression", {"dp": 2, "grad_compression": "int8"}, {}, False),
+    ("DDP top-k compression", {"dp": 2, "grad_compression": "topk", "topk_ratio": 0.1}, {}, False),
+    ("tp=2 sp", {"tp": 2, "sp": True}, {"grad_accum": 2}, True),
+    ("tp=2 no sp", {"tp": 2, "sp": False}, {}, False),
+    ("pp=2 1f1b", {"pp": 2}, {"grad_accum": 2}, True),
+    ("pp=2 zb-v", {"pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2}, {"grad_accum": 2}, False),
+    ("cp=2 ring attention", {"cp": 2}, {"grad_accum": 2}, True),
+    ("MoE dp=2 ep=2", {"dp": 2, "ep": 2}, {"moe": True}, False),
+    ("Llama cp=2", {"cp": 2}, {"llama": True}, False),
+    ("DiLoCo 2 islands", {"dp": 2, "diloco_islands": 2, "diloco_every": 2}, {}, False),
+    ("DDP async checkpoints", {"dp": 2}, {"checkpoint": True}, True),
+]
+
+
+def schedules(seed):
+    if FULL:
+        return ["late", "others-first", f"random:{seed}", f"random:{seed + 1}"]
+    return ["late", "others-first"]
+
+
+def sections_for(tmp, name, parallel, extra):
+    """The config of one layout's run: the tiny model, 2 ranks, every step logged."""
+    sec = base_sections(tmp, STEPS, lr=1e-3, micro_batch=2, weight_decay=0.1, grad_clip=1.0)
+    if extra.get("moe") or extra.get("llama"):
+        del sec["init"]
+        model = {"n_layer": 2, "n_head": 2, "d_model": 128, "seq_len": 32, "vocab_size": 101}
+        if extra.get("moe"):
+            model.update(n_experts=4, top_k=2, moe_every=2, d_expert=64)
+        else:
+            model.update(arch="llama", n_kv_head=1, d_ff=176, rope_theta=10000.0)
+        sec["model"] = model
+    sec["train"]["grad_accum"] = extra.get("grad_accum", 1)
+    if "optimizer_offload" in extra:
+        sec["train"]["optimizer_offload"] = extra["optimizer_offload"]
+        if extra["optimizer_offload"] == "nvme":
+            os.makedirs(os.path.join(tmp, name + "_offload"), exist_ok=True)
+            sec["train"]["offload_dir"] = os.path.join(tmp, name + "_offload")
+    sec["parallel"] = dict({"backend": "nccl"}, **parallel)
+    if extra.get("checkpoint"):
+        sec["checkpoint"] = {"dir": os.path.join(tmp, name + "_ckpt"), "every": 1, "keep": 10,
+                             "async": True}
+    sec["log"]["metrics"] = os.path.join(tmp, name + ".jsonl")
+    return sec
+
+
+def run_layout(tmp, label, parallel, extra, schedule):
+    """Runs the layout under one schedule; returns (records, {checkpoint tensor: array})."""
+    name = "".join(c if c.isalnum() else "_" for c in label) + "_" + schedule.replace(":", "")
+    sec = sections_for(tmp, name, parallel, extra)
+    cmd = MPIRUN + ["-np", "2", TRAIN, write_config(tmp, name + ".toml", sec)]
+    env = dict(os.environ, EMU_STREAMS=schedule, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    if r.returncode != 0:
+        return None, None, (r.stdout + r.stderr)[-2000:]
+    if f"emu: stream schedule {schedule}" not in r.stderr:
+        return None, None, "the runtime did not print the schedule"
+    records = [{k: rec[k] for k in ("step", "loss", "grad_norm")}
+               for rec in read_metrics(sec["log"]["metrics"])[0]]
+    return records, checkpoint_tensors(sec), ""
+
+
+def checkpoint_tensors(sec):
+    out = {}
+    if "checkpoint" not in sec:
+        return out
+    for index in sorted(glob.glob(os.path.join(sec["checkpoint"]["dir"], "step_*",
+                                               "checkpoint.h5"))):
+        step = os.path.basename(os.path.dirname(index))
+        with h5py.File(index, "r") as f:
+            def grab(name, obj):
+                if isinstance(obj, h5py.Dataset) and name != "config":
+                    out[f"{step}/{name}"] = obj[...]
+            f.visititems(grab)
+    return out
+
+
+def same_tensors(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_layouts(rng):
+    seed = int(rng.integers(1, 2**31))
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=2, NH=2, C=128, T=32, V=101, n_tokens=STEPS * 4 * 32 + 1)
+        for label, parallel, extra, core in LAYOUTS:
+            if not (core or FULL) or not checks.wanted(label):
+                continue
+            want, want_ckpt, why = run_layout(tmp, label, parallel, extra, "sync")
+            if want is None:
+                checks.check(f"{label}: sync run", False, why)
+                continue
+            for schedule in schedules(seed):
+                got, got_ckpt, why = run_layout(tmp, label, parallel, extra, schedule)
+                ok = got is not None and got == want and len(got) == STEPS and \
+                    same_tensors(got_ckpt, want_ckpt)
+                detail = why or (f"{len(got)} steps, {len(got_ckpt)} checkpoint tensors" if ok
+                                 else f"got {got} want {want}"
+                                 if got != want else "checkpoint tensors differ")
+                checks.check(f"{label}: {schedule} bitwise equal to sync", ok, detail)
+
+
+def main():
+    rng = seeded_rng("test_stream_schedules", f"; TRAIN={TRAIN}; full matrix: {FULL}")
+    checks.run_each(lambda: test_layouts(rng))
+    checks.report()
+
+
+if __name__ == "__main__":
+    main()
