@@ -15,13 +15,19 @@ kernels and the NCCL stand-in's reductions are deterministic), so each layout's 
 bit for bit with its run under `sync` (every piece of work run when it is queued, as before).
 
 Layouts (two ranks, NCCL stand-in unless said): DDP, ZeRO-1 with the optimizer in pinned host
-memory, ZeRO-2 with it in a file, FSDP (MPI backend: device buffers staged through the host),
+memory, ZeRO-2 with it in a file, FSDP (over NCCL, and over MPI: device buffers staged through
+the host),
 int8 and top-k compressed DDP gradients, tp = 2 with and without SP, pp = 2 1F1B and zb-v,
 cp = 2 ring attention, MoE dp2 x ep2, Llama cp2, DiLoCo (2 islands), and DDP saving
-asynchronous checkpoints (their tensors compared too). In `make test` (the emu-streams group)
-the core layouts (DDP, ZeRO-2 offload, tp sp, pp 1F1B, cp, async checkpoints) run under `late`
-and one `random` seed; TEST_FULL=1 runs every layout under late, others-first and two random
-seeds. Each schedule's name is printed by the runtime ("emu: stream schedule late").
+asynchronous checkpoints (their tensors compared too). In `make test` (the emu-streams group) the
+core layouts (ZeRO-2 offloaded to a file, pp 1F1B, cp ring, DDP with asynchronous checkpoints)
+run under `late` and `others-first`, which run each pair of streams both ways round;
+TEST_FULL=1 runs every layout under those and two random seeds.
+
+Sabotage: copies of ./train_emu with one dependency broken (SABOTAGES: one source file changed,
+recompiled and linked with ./train_emu's other objects) must differ from their own sync run under
+at least one schedule - the check that the schedules can fail. `make test` runs the DDP one,
+TEST_FULL=1 all five.
 
 Environment: TRAIN (./train_emu), TEST_FULL, SEED (the data and the random schedules' seeds).
 """
@@ -39,22 +45,25 @@ from trainer import (MPIRUN, Checks, base_sections, make_experiment, read_metric
 import subprocess  # noqa: E402
 
 TRAIN = os.environ.get("TRAIN", "./train_emu")
+BUILD = os.environ.get("BUILD", "build")
 FULL = os.environ.get("TEST_FULL") == "1"
 STEPS = 3
 checks = Checks("test_stream_schedules")
 
 # (label, [parallel] and [train] overrides, extra sections, core)
 LAYOUTS = [
-    ("DDP dp=2", {"dp": 2}, {}, True),
+    ("DDP dp=2", {"dp": 2}, {}, False),
     ("ZeRO-1 dp=2 offload cpu", {"dp": 2, "zero": 1}, {"optimizer_offload": "cpu"}, False),
     ("ZeRO-2 dp=2 offload nvme", {"dp": 2, "zero": 2}, {"optimizer_offload": "nvme"}, True),
+    ("FSDP dp=2", {"dp": 2, "fsdp": True}, {}, False),
     ("FSDP dp=2 (MPI)", {"dp": 2, "fsdp": True, "backend": "mpi"}, {}, False),
     ("DDP int8 compression", {"dp": 2, "grad_compression": "int8"}, {}, False),
     ("DDP top-k compression", {"dp": 2, "grad_compression": "topk", "topk_ratio": 0.1}, {}, False),
-    ("tp=2 sp", {"tp": 2, "sp": True}, {"grad_accum": 2}, True),
+    ("tp=2 sp", {"tp": 2, "sp": True}, {"grad_accum": 2}, False),
     ("tp=2 no sp", {"tp": 2, "sp": False}, {}, False),
     ("pp=2 1f1b", {"pp": 2}, {"grad_accum": 2}, True),
-    ("pp=2 zb-v", {"pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2}, {"grad_accum": 2}, False),
+    ("pp=2 zb-v", {"pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2},
+     {"grad_accum": 2, "layers": 4}, False),
     ("cp=2 ring attention", {"cp": 2}, {"grad_accum": 2}, True),
     ("MoE dp=2 ep=2", {"dp": 2, "ep": 2}, {"moe": True}, False),
     ("Llama cp=2", {"cp": 2}, {"llama": True}, False),
@@ -72,9 +81,9 @@ def schedules(seed):
 def sections_for(tmp, name, parallel, extra):
     """The config of one layout's run: the tiny model, 2 ranks, every step logged."""
     sec = base_sections(tmp, STEPS, lr=1e-3, micro_batch=2, weight_decay=0.1, grad_clip=1.0)
-    if extra.get("moe") or extra.get("llama"):
+    if extra.get("moe") or extra.get("llama") or extra.get("layers"):
         del sec["init"]
-        model = {"n_layer": 2, "n_head": 2, "d_model": 128, "seq_len": 32, "vocab_size": 101}
+        model = {"n_layer": extra.get("layers", 2), "n_head": 2, "d_model": 128, "seq_len": 32, "vocab_size": 101}
         if extra.get("moe"):
             model.update(n_experts=4, top_k=2, moe_every=2, d_expert=64)
         else:
@@ -94,11 +103,11 @@ def sections_for(tmp, name, parallel, extra):
     return sec
 
 
-def run_layout(tmp, label, parallel, extra, schedule):
+def run_layout(tmp, label, parallel, extra, schedule, binary=TRAIN):
     """Runs the layout under one schedule; returns (records, {checkpoint tensor: array})."""
     name = "".join(c if c.isalnum() else "_" for c in label) + "_" + schedule.replace(":", "")
     sec = sections_for(tmp, name, parallel, extra)
-    cmd = MPIRUN + ["-np", "2", TRAIN, write_config(tmp, name + ".toml", sec)]
+    cmd = MPIRUN + ["-np", "2", binary, write_config(tmp, name + ".toml", sec)]
     env = dict(os.environ, EMU_STREAMS=schedule, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if r.returncode != 0:
@@ -150,9 +159,93 @@ def test_layouts(rng):
                 checks.check(f"{label}: {schedule} bitwise equal to sync", ok, detail)
 
 
+# --- sabotage: broken copies of ./train_emu that the schedules must catch --------------------
+# (name, layout label, file, [(text, replacement)], what it breaks). Each replacement must match
+# exactly once. The copy is built from ./train_emu's objects with the one file recompiled.
+SABOTAGES = [
+    ("ddp-no-wait", "DDP dp=2", "parallel/ddp.cu",
+     [("  ops::stream_wait_event(st.comm, us.reduce_done);\n", "")],
+     "the comm stream's wait for the finished bucket before DDP's all-reduce removed"),
+    ("fsdp-no-gather-wait", "FSDP dp=2", "parallel/fsdp.cu",
+     [("  ops::stream_wait_event(st.compute, us.gather_done);\n", "")],
+     "FSDP's compute stream uses a gathered weight without waiting for its all-gather"),
+    ("cp-event-before-producer", "cp=2 ring attention", "parallel/context_parallel.cu",
+     [("  ops::event_record(cp.ready, s);\n  ops::stream_wait_event(cp.ring, cp.ready);",
+       "  ops::stream_wait_event(cp.ring, cp.ready);"),
+      ("  local_kv(cp, cp.kv[0], qkv, B, s);\n  bool written",
+       "  ops::event_record(cp.ready, s);\n  local_kv(cp, cp.kv[0], qkv, B, s);\n  bool written")],
+     "ring attention's send event recorded before the copy that produces the K/V it sends"),
+    ("offload-slot-before-copy", "ZeRO-1 dp=2 offload cpu", "parallel/offload.cu",
+     [("    ops::event_sync(o.sent[s]);         // the copy up out of this slot (unit u-2) is done\n",
+       "")],
+     "the optimizer offload rewrites its pinned staging slot before the copy out of it (the "
+     "copy's event) is done"),
+    ("cp-ring-overwrites", "cp=2 ring attention", "parallel/context_parallel.cu",
+     [("  ops::event_record(cp.ready, s);\n  ops::stream_wait_event(cp.ring, cp.ready);\n", "")],
+     "ring attention's ring stream receives the next K/V without waiting for the compute "
+     "stream: the receive overwrites the buffer the previous blocks still read"),
+]
+CORE_SABOTAGES = ("ddp-no-wait",)
+
+
+def link_info():
+    out = subprocess.run(["make", "-s", f"BUILD={BUILD}", "emu-train-link-info"],
+                         capture_output=True, text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def build_sabotaged(name, path, replacements):
+    """A copy of ./train_emu with `path` changed; returns the binary's path (or raises)."""
+    info = link_info()
+    with open(path) as f:
+        text = f.read()
+    for old, new in replacements:
+        if text.count(old) != 1:
+            raise RuntimeError(f"sabotage {name}: '{old.strip()}' occurs {text.count(old)} times "
+                               f"in {path} (the code moved: update SABOTAGES)")
+        text = text.replace(old, new)
+    work = os.path.join(BUILD, "sabotage", name)
+    os.makedirs(work, exist_ok=True)
+    src, obj = os.path.join(work, os.path.basename(path)), os.path.join(work, "changed.o")
+    with open(src, "w") as f:
+        f.write(text)
+    cxx = info["CXX"].split()
+    subprocess.run(cxx + info["CXXFLAGS"].split() + ["-I.", "-x", "c++", "-c", src, "-o", obj],
+                   check=True)
+    original = os.path.join(BUILD, "host", path + ".o")
+    objects = [obj if o == original else o for o in info["OBJ"].split()]
+    if obj not in objects:
+        raise RuntimeError(f"sabotage {name}: {original} is not among ./train_emu's objects")
+    binary = os.path.join(work, "train_emu")
+    subprocess.run(cxx + ["-o", binary] + objects + info["LDLIBS"].split(), check=True)
+    return binary
+
+
+def test_sabotage(rng):
+    seed = int(rng.integers(1, 2**31))
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=2, NH=2, C=128, T=32, V=101, n_tokens=STEPS * 4 * 32 + 1)
+        layouts = {label: (parallel, extra) for label, parallel, extra, _ in LAYOUTS}
+        for name, label, path, replacements, what in SABOTAGES:
+            if not (FULL or name in CORE_SABOTAGES) or not checks.wanted(f"sabotage {name}"):
+                continue
+            binary = build_sabotaged(name, path, replacements)
+            parallel, extra = layouts[label]
+            want, _, why = run_layout(tmp, label, parallel, extra, "sync", binary)
+            found = []
+            for schedule in schedules(seed)[:3]:
+                got, _, err = run_layout(tmp, label, parallel, extra, schedule, binary)
+                if got != want or err:
+                    found.append(schedule)
+            checks.check(f"sabotage {name} fails ({what}; {label})",
+                         want is not None and len(found) > 0,
+                         f"found by {', '.join(found)}" if found else
+                         why or "every schedule gave sync's bits")
+
+
 def main():
     rng = seeded_rng("test_stream_schedules", f"; TRAIN={TRAIN}; full matrix: {FULL}")
-    checks.run_each(lambda: test_layouts(rng))
+    checks.run_each(lambda: test_layouts(rng), lambda: test_sabotage(rng))
     checks.report()
 
 

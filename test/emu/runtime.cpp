@@ -6,10 +6,9 @@
 // 256-byte aligned host allocation filled with 0xFF bytes (so that reading memory nobody wrote
 // gives NaN; AddressSanitizer builds then catch any access past its end), and a device pointer is
 // a host pointer that the library stand-ins and the kernels use directly.
-// Streams and events run synchronously: a kernel launch, a copy or a library call has finished
-// when it returns, so stream and event synchronisation have nothing to wait for, and an event's
-// time is the host clock when it was recorded (timings mean nothing here). Streams and events are
-// still real handles: a destroyed or made-up one is an error, as on a GPU.
+// Copies and memsets are checked when called and queued on their stream (streams.cpp has the
+// streams, events and the schedule that runs their work); allocating and freeing first run every
+// stream's queued work, as CUDA's implicit synchronisation orders them.
 // Copies check their direction: the device side of a copy must lie inside one live cudaMalloc
 // allocation, or the copy fails with cudaErrorInvalidValue and a message saying why.
 #include <unistd.h>

@@ -3,14 +3,16 @@
 // host memory). This file: unique ids and communicators, ncclGroupStart/End, ncclSend/ncclRecv,
 // the error strings. The collectives are in nccl_collectives.cpp.
 //
-// Streams. Emulated streams run synchronously, so every call completes before it returns and
-// the stream argument is ignored - except inside ncclGroupStart/End, where NCCL's semantics are
-// kept: sends and receives are only queued, and the outermost ncclGroupEnd posts them all at once
-// (receives, then sends, non-blocking) and waits for all. A pipeline stage that sends to one
-// neighbour and receives from the other in one group therefore cannot deadlock, whatever the
-// message sizes. Outside a group, ncclSend/ncclRecv block until their MPI transfer completes;
-// a real GPU would let the host go on while the stream waits, so the stand-in can hang where a
-// GPU would not (never the reverse), and a send to oneself outside a group is refused.
+// Streams. Every call is queued on its stream (test/emu/include/emu_streams.h) as work that
+// posts non-blocking MPI transfers and finishes once they complete, so the emulated runtime can
+// run the rank's other streams while it waits for the other ranks, as a GPU runs them beside it.
+// Messages match by tag: each communicator counts its collectives, and its sends to and receives
+// from each peer, when they are called (the order NCCL requires every member to keep), and the
+// tag carries that serial number, whatever order the streams run them in. Inside
+// ncclGroupStart/End sends and receives are only queued; the outermost ncclGroupEnd queues, per
+// stream, one piece of work posting the receives, then the sends, finished once all complete: a
+// pipeline stage that sends to one neighbour and receives from the other in one group therefore
+// cannot deadlock, whatever the message sizes. A send to oneself outside a group is refused.
 //
 // Communicators from a unique id, with nothing collective over MPI_COMM_WORLD (only the members
 // call ncclCommInitRank: a middle pipeline stage never joins the "embed" group of the first and
