@@ -29,10 +29,15 @@ recompiled and linked with ./train_emu's other objects) must differ from their o
 at least one schedule - the check that the schedules can fail. `make test` runs the DDP one,
 TEST_FULL=1 all five.
 
+Host synchronisations: a non-logging step waits on the host at most the number HOST_SYNCS
+states (EMU_HOST_SYNCS=1 counts them; the reasons are given there): DDP in `make test`, DDP,
+ZeRO-2 offloaded to a file, pp 1F1B and cp ring with TEST_FULL=1.
+
 Environment: TRAIN (./train_emu), TEST_FULL, SEED (the data and the random schedules' seeds).
 """
 import glob
 import os
+import re
 import sys
 import tempfile
 
@@ -243,9 +248,54 @@ def test_sabotage(rng):
                          why or "every schedule gave sync's bits")
 
 
+# --- host synchronisations of a non-logging step ---------------------------------------------
+# The runtime counts every call that makes the host wait (EMU_HOST_SYNCS=1: in all and by call).
+# A step's count is the difference between a 5-step and a 4-step run logging only at the end
+# (the extra step is a non-logging one). Stated numbers, measured 2026-11-28, held as ceilings
+# so that no new host wait slips in; the goal is zero. Every layout: the loss and the gradient
+# norm read back through ops::copy_to_host (a cudaDeviceSynchronize and a cudaMemcpy each) and
+# two cudaStreamSynchronize (the clip factor needs the norm on the host: param_store.cu); the
+# cudaEventSynchronize calls, 5 plus 4 with the pipeline's timing events (pipeline.cu), 6 with
+# the offload's slots (offload.cu), 4 in the ring layouts.
+HOST_SYNCS = {"DDP dp=2": 11, "ZeRO-2 dp=2 offload nvme": 17, "pp=2 1f1b": 15,
+              "cp=2 ring attention": 15}
+
+
+def host_syncs(tmp, label, parallel, extra, steps):
+    """(rank 0's host synchronisations, by call) of a run of `steps` steps logging at the end."""
+    name = "".join(c if c.isalnum() else "_" for c in label) + f"_syncs{steps}"
+    sec = sections_for(tmp, name, parallel, extra)
+    sec["train"]["steps"], sec["log"]["every"] = steps, 1000
+    cmd = MPIRUN + ["-np", "2", TRAIN, write_config(tmp, name + ".toml", sec)]
+    env = dict(os.environ, EMU_STREAMS="late", EMU_HOST_SYNCS="1", OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    found = re.findall(r"emu: host synchronisations (\d+) \((.*)\)", r.stderr)
+    if r.returncode != 0 or not found:
+        raise RuntimeError(f"{label}: {steps} steps: {(r.stdout + r.stderr)[-1500:]}")
+    n, calls = max(found, key=lambda f: int(f[0]))
+    return int(n), dict((c.rsplit(" ", 1)[0], int(c.rsplit(" ", 1)[1])) for c in calls.split(", "))
+
+
+def test_host_syncs(rng):
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=2, NH=2, C=128, T=32, V=101, n_tokens=6 * 4 * 32 + 1)
+        for label, parallel, extra, _ in LAYOUTS:
+            if label not in HOST_SYNCS or not (FULL or label == "DDP dp=2") or \
+                    not checks.wanted(f"host syncs {label}"):
+                continue
+            (a, calls_a), (b, calls_b) = (host_syncs(tmp, label, parallel, extra, n)
+                                          for n in (4, 5))
+            step = {c: calls_b[c] - calls_a.get(c, 0) for c in calls_b
+                    if calls_b[c] != calls_a.get(c, 0)}
+            checks.check(f"host syncs {label}: a non-logging step waits on the host at most "
+                         f"{HOST_SYNCS[label]} times", b - a <= HOST_SYNCS[label],
+                         f"{b - a}: {step}")
+
+
 def main():
     rng = seeded_rng("test_stream_schedules", f"; TRAIN={TRAIN}; full matrix: {FULL}")
-    checks.run_each(lambda: test_layouts(rng), lambda: test_sabotage(rng))
+    checks.run_each(lambda: test_layouts(rng), lambda: test_sabotage(rng),
+                    lambda: test_host_syncs(rng))
     checks.report()
 
 

@@ -146,7 +146,8 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
       return true;
     });
   }
-  if (blocking || (!dst_device && !is_pinned(dst, bytes))) wait_stream(stream);
+  if (blocking || (!dst_device && !is_pinned(dst, bytes)))
+    wait_stream(stream, blocking ? what : "cudaMemcpyAsync to pageable memory");
   return cudaSuccess;
 }
 
@@ -288,22 +289,22 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // Allocating and freeing separate the work of every stream from what follows (CUDA's implicit
 // synchronisation): the queues run first, and a free never pulls memory from under queued work.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  emu::wait_device();
+  emu::wait_device("cudaMalloc");
   return emu::allocate(p, bytes, emu::Memory::Device);
 }
 cudaError_t cudaFree(void* p) {
-  emu::wait_device();
+  emu::wait_device("cudaFree");
   return emu::release(p, emu::Memory::Device);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
-  emu::wait_device();
+  emu::wait_device("cudaMallocHost");
   return emu::allocate(p, bytes, emu::Memory::PinnedHost);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   return cudaMallocHost(p, bytes);
 }
 cudaError_t cudaFreeHost(void* p) {
-  emu::wait_device();
+  emu::wait_device("cudaFreeHost");
   return emu::release(p, emu::Memory::PinnedHost);
 }
 

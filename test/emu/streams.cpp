@@ -30,13 +30,15 @@
 // difference (test/emu/README.md). An NCCL call that waits for other ranks lets the device's
 // other queues run beside it (one step each), as a GPU's streams run concurrently; otherwise a
 // rank blocked in one communicator's collective could stop the rank it waits for.
-// EMU_HOST_SYNCS=1 prints, at exit, how often the host waited (test/test_stream_schedules.py).
+// EMU_HOST_SYNCS=1 prints, at exit, how often the host waited, in all and by the call that
+// waited (test/test_stream_schedules.py counts a training step's).
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -86,6 +88,7 @@ struct Streams {
   std::vector<EventState*> events;
   size_t rotation = 0;
   std::atomic<uint64_t> host_waits{0};
+  std::map<std::string, uint64_t> waits_by_call;  // what made the host wait, for EMU_HOST_SYNCS
 };
 
 void print_host_waits();
@@ -118,8 +121,12 @@ Streams& streams() {
 }
 
 void print_host_waits() {
-  std::fprintf(stderr, "emu: host synchronisations %llu\n",
-               (unsigned long long)streams().host_waits.load());
+  Streams& s = streams();
+  std::string calls;
+  for (const auto& [call, n] : s.waits_by_call)
+    calls += (calls.empty() ? "" : ", ") + call + " " + std::to_string(n);
+  std::fprintf(stderr, "emu: host synchronisations %llu (%s)\n",
+               (unsigned long long)s.host_waits.load(), calls.c_str());
 }
 
 bool reached(const Mark& m) { return !m.queue || m.queue->completed >= m.index; }
@@ -202,8 +209,9 @@ void drive(Streams& s, const Mark& m) {
   }
 }
 
-void host_wait(Streams& s, const Mark& m) {
+void host_wait(Streams& s, const Mark& m, const char* call) {
   s.host_waits++;
+  s.waits_by_call[call]++;
   drive(s, m);
 }
 
@@ -266,16 +274,16 @@ bool valid_stream(cudaStream_t stream) {
   return is_queue(stream);
 }
 
-void wait_stream(cudaStream_t stream) {
+void wait_stream(cudaStream_t stream, const char* call) {
   Streams& s = streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
-  host_wait(s, end_of(queue_of(stream)));
+  host_wait(s, end_of(queue_of(stream)), call);
 }
 
-void wait_device() {
+void wait_device(const char* call) {
   Streams& s = streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
-  host_wait(s, Mark{});
+  host_wait(s, Mark{}, call);
 }
 
 uint64_t host_synchronisations() { return streams().host_waits.load(); }
@@ -292,7 +300,7 @@ cudaError_t bad_handle() {
 }  // namespace
 
 cudaError_t cudaDeviceSynchronize() {
-  emu::wait_device();
+  emu::wait_device("cudaDeviceSynchronize");
   return cudaSuccess;
 }
 
@@ -324,7 +332,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   emu::Streams& s = emu::streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   if (!emu::is_queue(stream)) return bad_handle();
-  emu::host_wait(s, emu::end_of(emu::queue_of(stream)));
+  emu::host_wait(s, emu::end_of(emu::queue_of(stream)), "cudaStreamSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
@@ -389,7 +397,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   emu::EventState* ev = emu::event_of(e);
   if (!ev) return bad_handle();
-  emu::host_wait(s, ev->mark);
+  emu::host_wait(s, ev->mark, "cudaEventSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
