@@ -114,12 +114,15 @@ else
 fi
 # The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
 # emulator's own tests, every test/gpu program under two thread orders, the shared-memory
-# kernels under AddressSanitizer, and the whole CUDA trainer (./train_emu) against ./train_cpu.
+# kernels under AddressSanitizer, the whole CUDA trainer (./train_emu) against ./train_cpu, and
+# its layouts under the stream schedules (late, others-first) bitwise against sync, with
+# sabotaged copies that must fail (test/test_stream_schedules.py).
 if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
   run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
   run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
   run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
   run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
+  run emu-streams make -s -j2 BUILD="$BUILD" emu-streams-tests
 else
   skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
 fi

@@ -38,7 +38,8 @@ EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wa
                 -Wno-unused-parameter -I. $(EMU_CUDA_INC)
 
 EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
-                   test/emu/runtime.cpp test/emu/shared.cpp test/emu/warps.cpp
+                   test/emu/runtime.cpp test/emu/shared.cpp test/emu/streams.cpp \
+                   test/emu/warps.cpp
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
 
 emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))
@@ -130,3 +131,16 @@ test-emu: emu-gpu-tests
 	$(MAKE) --no-print-directory BUILD=$(BUILD) emu-train-tests
 
 # (Dependency files: the Makefile includes every .d under $(BUILD).)
+
+# The streams' schedules (test/test_stream_schedules.py, test/emu/streams.cpp): every layout of
+# ./train_emu under EMU_STREAMS schedules against sync, and sabotaged copies of it that must
+# fail. emu-train-link-info prints what a sabotaged copy is built with (one host source changed,
+# compiled as $(BUILD)/host/%.o is, and linked as train_emu is).
+emu-streams-tests: train_emu
+	BUILD=$(BUILD) test/emu/run_emu_tests.sh streams ./train_emu
+emu-train-link-info:
+	@echo "CXX=$(CXX)"
+	@echo "CXXFLAGS=$(CXXFLAGS)"
+	@echo "OBJ=$(SHARED_OBJ) $(EMU_CUDA_OBJ)"
+	@echo "LDLIBS=$(LDLIBS)"
+.PHONY: emu-streams-tests emu-train-link-info

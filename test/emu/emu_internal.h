@@ -138,6 +138,13 @@ struct Allocation {
 };
 std::vector<Allocation> device_allocations();
 void set_last_error(cudaError_t err);
+// --- streams (streams.cpp) --------------------------------------------------------------------
+// Whether s is the legacy stream or a live stream; the host waiting for a stream's queued work,
+// or for every stream's (each counts as one host synchronisation of `call`, EMU_HOST_SYNCS).
+bool valid_stream(cudaStream_t s);
+void wait_stream(cudaStream_t s, const char* call);
+void wait_device(const char* call);
+uint64_t host_synchronisations();
 // The bytes of dynamic shared memory a kernel may use (48 KiB unless cudaFuncSetAttribute raised
 // it), and the device's limits.
 int max_dynamic_shared(const void* kernel);

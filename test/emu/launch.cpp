@@ -30,6 +30,7 @@
 #include <numeric>
 
 #include "test/emu/emu_internal.h"
+#include "test/emu/include/emu_streams.h"
 
 namespace emu {
 
@@ -69,8 +70,6 @@ std::vector<OrderSpec> orders_from_environment() {
   }
   return orders;
 }
-
-bool valid_stream(cudaStream_t s);  // runtime.cpp
 
 namespace {
 
@@ -182,20 +181,10 @@ void compare(const Snapshot& first, const Launch& launch, const OrderSpec& a, co
   }
 }
 
-}  // namespace
-
-void run_kernel(const Site& site, const void* kernel, const LaunchDims& dims, ThreadBody body,
-                const void* args, const Reach& reach) {
+// Runs the launch under the configured order, or each order in turn (the order check).
+void run_checked(const Site& site, const LaunchDims& dims, ThreadBody body, const void* args,
+                 const Reach& reach) {
   static std::atomic<uint64_t> serial{0};
-  cudaError_t err;
-  if (const char* why = refusal(dims, kernel, &err)) {
-    std::fprintf(stderr, "emu: launch of %s at %s:%d (grid %u,%u,%u block %u,%u,%u, %zu bytes of "
-                 "dynamic shared memory) refused: %s\n", site.kernel, site.file, site.line,
-                 dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z,
-                 dims.smem, why);
-    set_last_error(err);
-    return;
-  }
   Launch launch{site, dims, body, args, OrderSpec{}, serial++};
   const std::vector<OrderSpec>& orders = configured_orders();
   if (orders.size() == 1) {
@@ -213,6 +202,25 @@ void run_kernel(const Site& site, const void* kernel, const LaunchDims& dims, Th
     run_grid(launch);
     compare(first, launch, orders[0], orders[k]);
   }
+}
+
+}  // namespace
+
+void run_kernel(const Site& site, const void* kernel, const LaunchDims& dims, ThreadBody body,
+                std::shared_ptr<const void> args, const Reach& reach) {
+  cudaError_t err;
+  if (const char* why = refusal(dims, kernel, &err)) {
+    std::fprintf(stderr, "emu: launch of %s at %s:%d (grid %u,%u,%u block %u,%u,%u, %zu bytes of "
+                 "dynamic shared memory) refused: %s\n", site.kernel, site.file, site.line,
+                 dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z,
+                 dims.smem, why);
+    set_last_error(err);
+    return;
+  }
+  submit(dims.stream, site.kernel, [site, dims, body, args, reach] {
+    run_checked(site, dims, body, args.get(), reach);
+    return true;
+  });
 }
 
 }  // namespace emu

@@ -16,6 +16,10 @@
 #                               $BUILD/emu/test_model_grads as the CUDA model program; one order
 #                               (forward) but a rerun in reverse (see the test's docstring); and
 #                               $BUILD/emu/test_fp8_sites (test/test_fp8_sites.cpp) before it
+#   run_emu_tests.sh streams BIN
+#                               the trainer's layouts under the stream schedules of EMU_STREAMS,
+#                               bitwise against sync, and sabotaged copies that must fail
+#                               (test/test_stream_schedules.py; TEST_FULL=1: the full matrix)
 #   run_emu_tests.sh self BIN   the emulator's own tests (test/emu/test_emu.cu), and two builds
 #                               that must fail: an intrinsic and a PTX instruction the emulator
 #                               does not provide must stop the build, naming them
@@ -23,8 +27,8 @@
 # GPU_TEST_SEED=N repeats a run's random inputs (the programs print the seed they used).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mode=${1:?usage: run_emu_tests.sh gpu|asan|self BIN}
-bin=${2:?usage: run_emu_tests.sh gpu|asan|self BIN}
+mode=${1:?usage: run_emu_tests.sh gpu|asan|self|train|streams BIN}
+bin=${2:?usage: run_emu_tests.sh gpu|asan|self|train|streams BIN}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 case "$mode" in
@@ -65,6 +69,11 @@ case "$mode" in
     TRAIN=$bin CUDA_MODEL_GRADS=${BUILD:-build}/emu/test_model_grads GPU_TEST_EMULATED=1 \
       PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_gpu_train.py "${@:3}" || status=1
     exit $status
+    ;;
+  streams)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 EMU_ORDER=forward
+    TRAIN=$bin PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_stream_schedules.py "${@:3}"
     ;;
   self)
     "$bin" || exit 1

@@ -6,10 +6,9 @@
 // 256-byte aligned host allocation filled with 0xFF bytes (so that reading memory nobody wrote
 // gives NaN; AddressSanitizer builds then catch any access past its end), and a device pointer is
 // a host pointer that the library stand-ins and the kernels use directly.
-// Streams and events run synchronously: a kernel launch, a copy or a library call has finished
-// when it returns, so stream and event synchronisation have nothing to wait for, and an event's
-// time is the host clock when it was recorded (timings mean nothing here). Streams and events are
-// still real handles: a destroyed or made-up one is an error, as on a GPU.
+// Copies and memsets are checked when called and queued on their stream (streams.cpp has the
+// streams, events and the schedule that runs their work); allocating and freeing first run every
+// stream's queued work, as CUDA's implicit synchronisation orders them.
 // Copies check their direction: the device side of a copy must lie inside one live cudaMalloc
 // allocation, or the copy fails with cudaErrorInvalidValue and a message saying why.
 #include <unistd.h>
@@ -20,9 +19,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
+#include <memory>
+#include <vector>
 
 #include "test/emu/emu_internal.h"
+#include "test/emu/include/emu_streams.h"
 
 namespace emu {
 
@@ -34,20 +35,11 @@ struct Region {
   Memory kind;
 };
 
-struct EventState {
-  bool recorded = false;
-  std::chrono::steady_clock::time_point time;
-};
-struct StreamState {
-  unsigned flags = 0;
-};
 
 struct Runtime {
   std::mutex mutex;
   std::map<char*, Region> memory;
   size_t device_bytes = 0;
-  std::set<StreamState*> streams;
-  std::set<EventState*> events;
   std::map<const void*, int> dynamic_smem_limit;  // cudaFuncAttributeMaxDynamicSharedMemorySize
 };
 Runtime& runtime() {
@@ -121,7 +113,17 @@ cudaError_t check_device_range(const char* what, const void* p, size_t bytes) {
   return record(cudaErrorInvalidValue);
 }
 
-cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
+bool is_pinned(const void* p, size_t bytes) {
+  Runtime& r = runtime();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return find_region(p, bytes, Memory::PinnedHost) != nullptr;
+}
+
+// A copy queued on `stream` (streams.cpp), after its checks. As CUDA does: from pageable host
+// memory the source is staged at the call (the host may reuse it at once); to pageable host
+// memory, or for a blocking cudaMemcpy, the host waits for the copy.
+cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what,
+                 cudaStream_t stream, bool blocking) {
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return record(cudaErrorInvalidValue);
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -130,24 +132,26 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
     return record(cudaErrorInvalidMemcpyDirection);
   if (dst_device && check_device_range(what, dst, bytes) != cudaSuccess) return last_error;
   if (src_device && check_device_range(what, src, bytes) != cudaSuccess) return last_error;
-  std::memmove(dst, src, bytes);
+  if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  if (!src_device && !is_pinned(src, bytes)) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    submit(stream, what, [dst, staged] {
+      std::memcpy(dst, staged->data(), staged->size());
+      return true;
+    });
+  } else {
+    submit(stream, what, [dst, src, bytes] {
+      std::memmove(dst, src, bytes);
+      return true;
+    });
+  }
+  if (blocking || (!dst_device && !is_pinned(dst, bytes)))
+    wait_stream(stream, blocking ? what : "cudaMemcpyAsync to pageable memory");
   return cudaSuccess;
 }
 
-bool valid_event(cudaEvent_t e) {
-  Runtime& r = runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return r.events.count(reinterpret_cast<EventState*>(e)) > 0;
-}
-
 }  // namespace
-
-bool valid_stream(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
-  Runtime& r = runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return r.streams.count(reinterpret_cast<StreamState*>(s)) > 0;
-}
 
 std::vector<Allocation> device_allocations() {
   Runtime& r = runtime();
@@ -216,7 +220,6 @@ cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device != 0) return record(cudaErrorInvalidDevice);
@@ -283,34 +286,47 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 // --- memory --------------------------------------------------------------------------------------
+// Allocating and freeing separate the work of every stream from what follows (CUDA's implicit
+// synchronisation): the queues run first, and a free never pulls memory from under queued work.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  emu::wait_device("cudaMalloc");
   return emu::allocate(p, bytes, emu::Memory::Device);
 }
-cudaError_t cudaFree(void* p) { return emu::release(p, emu::Memory::Device); }
+cudaError_t cudaFree(void* p) {
+  emu::wait_device("cudaFree");
+  return emu::release(p, emu::Memory::Device);
+}
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  emu::wait_device("cudaMallocHost");
   return emu::allocate(p, bytes, emu::Memory::PinnedHost);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
-  return emu::allocate(p, bytes, emu::Memory::PinnedHost);
+  return cudaMallocHost(p, bytes);
 }
-cudaError_t cudaFreeHost(void* p) { return emu::release(p, emu::Memory::PinnedHost); }
+cudaError_t cudaFreeHost(void* p) {
+  emu::wait_device("cudaFreeHost");
+  return emu::release(p, emu::Memory::PinnedHost);
+}
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return emu::copy(dst, src, bytes, kind, "cudaMemcpy");
+  return emu::copy(dst, src, bytes, kind, "cudaMemcpy", nullptr, true);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
-  if (!emu::valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
-  return emu::copy(dst, src, bytes, kind, "cudaMemcpyAsync");
-}
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  if (emu::check_device_range("cudaMemset", p, bytes) != cudaSuccess) return emu::last_error;
-  std::memset(p, value, bytes);
-  return cudaSuccess;
+  return emu::copy(dst, src, bytes, kind, "cudaMemcpyAsync", s, false);
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (emu::check_device_range("cudaMemset", p, bytes) != cudaSuccess) return emu::last_error;
   if (!emu::valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
-  return cudaMemset(p, value, bytes);
+  if (bytes == 0) return cudaSuccess;
+  emu::submit(s, "cudaMemset", [p, value, bytes] {
+    std::memset(p, value, bytes);
+    return true;
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  return cudaMemsetAsync(p, value, bytes, nullptr);
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
@@ -325,74 +341,5 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
     attr->type = cudaMemoryTypeHost;
     attr->hostPointer = attr->devicePointer = const_cast<void*>(p);
   }
-  return cudaSuccess;
-}
-
-// --- streams -------------------------------------------------------------------------------------
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  auto* state = new emu::StreamState{flags};
-  emu::Runtime& r = emu::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.streams.insert(state);
-  *s = reinterpret_cast<cudaStream_t>(state);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int) {
-  return cudaStreamCreateWithFlags(s, flags);
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  emu::Runtime& r = emu::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto* state = reinterpret_cast<emu::StreamState*>(s);
-  if (!r.streams.erase(state)) return record(cudaErrorInvalidResourceHandle);
-  delete state;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return emu::valid_stream(s) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  return emu::valid_stream(s) && emu::valid_event(e) ? cudaSuccess
-                                                     : record(cudaErrorInvalidResourceHandle);
-}
-
-// --- events --------------------------------------------------------------------------------------
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  auto* state = new emu::EventState;
-  emu::Runtime& r = emu::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.events.insert(state);
-  *e = reinterpret_cast<cudaEvent_t>(state);
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  emu::Runtime& r = emu::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto* state = reinterpret_cast<emu::EventState*>(e);
-  if (!r.events.erase(state)) return record(cudaErrorInvalidResourceHandle);
-  delete state;
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (!emu::valid_event(e) || !emu::valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
-  auto* state = reinterpret_cast<emu::EventState*>(e);
-  state->recorded = true;
-  state->time = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return emu::valid_event(e) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (!emu::valid_event(start) || !emu::valid_event(end))
-    return record(cudaErrorInvalidResourceHandle);
-  auto* a = reinterpret_cast<emu::EventState*>(start);
-  auto* b = reinterpret_cast<emu::EventState*>(end);
-  if (!a->recorded || !b->recorded) return record(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
   return cudaSuccess;
 }

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -112,12 +113,13 @@ void note_argument(Reach& reach, const P& p) {
   }
 }
 
-// Runs body(args) as every thread of every block of the grid, synchronously (launch.cpp). A bad
+// Checks the launch and queues body(args) on its stream (launch.cpp, streams.cpp): when the
+// stream runs it, every thread of every block of the grid runs it. A bad
 // configuration does not run and leaves cudaGetLastError() set, as on a GPU. `kernel` identifies
 // the kernel for cudaFuncSetAttribute's shared memory opt-in.
 typedef void (*ThreadBody)(const void* args);
 void run_kernel(const Site& site, const void* kernel, const LaunchDims& dims, ThreadBody body,
-                const void* args, const Reach& reach);
+                std::shared_ptr<const void> args, const Reach& reach);
 
 // A kernel and its arguments, converted to the parameter types once, at the launch (each thread
 // then gets its own copies, as each GPU thread reads the same parameter values).
@@ -134,10 +136,11 @@ struct KernelCall {
 template <typename... P, typename... A>
 void launch(const Site& site, const LaunchDims& dims, void (*kernel)(P...), A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
-  KernelCall<P...> call{kernel, std::tuple<P...>(std::forward<A>(args)...)};
+  auto call = std::make_shared<KernelCall<P...>>(
+      KernelCall<P...>{kernel, std::tuple<P...>(std::forward<A>(args)...)});
   Reach reach;
-  std::apply([&reach](const auto&... a) { (note_argument(reach, a), ...); }, call.args);
-  run_kernel(site, reinterpret_cast<const void*>(kernel), dims, &KernelCall<P...>::run, &call,
+  std::apply([&reach](const auto&... a) { (note_argument(reach, a), ...); }, call->args);
+  run_kernel(site, reinterpret_cast<const void*>(kernel), dims, &KernelCall<P...>::run, call,
              reach);
 }
 

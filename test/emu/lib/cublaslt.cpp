@@ -1,7 +1,7 @@
 // test/emu/lib/cublaslt.cpp - the cuBLASLt stand-in of the emulated CUDA build: the functions
 // cublasLt.h declares that kernels/cuda/matmul.cu and runtime.cu call, defined over host memory
-// (emulated device memory is host memory; the stream argument is accepted and ignored, since
-// emulated streams run synchronously). This file is the API: handles, the three descriptor kinds
+// (emulated device memory is host memory; a GEMM is queued on its stream like a kernel,
+// test/emu/include/emu_streams.h). This file is the API: handles, the three descriptor kinds
 // and their attributes, the heuristic query and the checks of cublasLtMatmul. The arithmetic is in
 // cublaslt_matmul.cpp.
 //
@@ -25,7 +25,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
+#include "test/emu/include/emu_streams.h"
 #include "test/emu/lib/cublaslt_state.h"
 
 using namespace cublaslt_standin;
@@ -397,7 +399,29 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const float beta_value = *static_cast<const float*>(beta);
   st = check_pointers(p, algo, alpha_value, beta_value, A, B, C, D, &why);
   if (st != CUBLAS_STATUS_SUCCESS) return refuse(st, fn, why);
-  std::memset(workspace, 0xA5, needed);  // what a kernel using its workspace would do
-  run_matmul(p, alpha_value, A, B, beta_value, C, D);
+  // Queued on the stream with copies of the descriptors (the caller may change or destroy them
+  // once the call returns, as cuBLASLt allows) and the scale factors read now (host pointers).
+  struct Call {
+    MatmulDesc desc;
+    Layout a, b, c, d;
+    Problem p;
+  };
+  auto call = std::make_shared<Call>();
+  call->desc = *p.desc;
+  call->p = p;
+  call->p.desc = &call->desc;
+  const Layout* const given[4] = {p.a, p.b, p.c, p.d};
+  Layout* const copies[4] = {&call->a, &call->b, &call->c, &call->d};
+  const Layout** const slots[4] = {&call->p.a, &call->p.b, &call->p.c, &call->p.d};
+  for (int i = 0; i < 4; i++)
+    if (given[i]) {
+      *copies[i] = *given[i];
+      *slots[i] = copies[i];
+    }
+  emu::submit(stream, fn, [call, workspace, needed, alpha_value, A, B, beta_value, C, D] {
+    std::memset(workspace, 0xA5, needed);  // what a kernel using its workspace would do
+    run_matmul(call->p, alpha_value, A, B, beta_value, C, D);
+    return true;
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -3,14 +3,16 @@
 // host memory). This file: unique ids and communicators, ncclGroupStart/End, ncclSend/ncclRecv,
 // the error strings. The collectives are in nccl_collectives.cpp.
 //
-// Streams. Emulated streams run synchronously, so every call completes before it returns and
-// the stream argument is ignored - except inside ncclGroupStart/End, where NCCL's semantics are
-// kept: sends and receives are only queued, and the outermost ncclGroupEnd posts them all at once
-// (receives, then sends, non-blocking) and waits for all. A pipeline stage that sends to one
-// neighbour and receives from the other in one group therefore cannot deadlock, whatever the
-// message sizes. Outside a group, ncclSend/ncclRecv block until their MPI transfer completes;
-// a real GPU would let the host go on while the stream waits, so the stand-in can hang where a
-// GPU would not (never the reverse), and a send to oneself outside a group is refused.
+// Streams. Every call is queued on its stream (test/emu/include/emu_streams.h) as work that
+// posts non-blocking MPI transfers and finishes once they complete, so the emulated runtime can
+// run the rank's other streams while it waits for the other ranks, as a GPU runs them beside it.
+// Messages match by tag: each communicator counts its collectives, and its sends to and receives
+// from each peer, when they are called (the order NCCL requires every member to keep), and the
+// tag carries that serial number, whatever order the streams run them in. Inside
+// ncclGroupStart/End sends and receives are only queued; the outermost ncclGroupEnd queues, per
+// stream, one piece of work posting the receives, then the sends, finished once all complete: a
+// pipeline stage that sends to one neighbour and receives from the other in one group therefore
+// cannot deadlock, whatever the message sizes. A send to oneself outside a group is refused.
 //
 // Communicators from a unique id, with nothing collective over MPI_COMM_WORLD (only the members
 // call ncclCommInitRank: a middle pipeline stage never joins the "embed" group of the first and
@@ -26,8 +28,10 @@
 // the one pretend GPU: nothing here looks at devices.
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "test/emu/include/emu_streams.h"
 #include "test/emu/lib/nccl_state.h"
 
 namespace nccl_standin {
@@ -41,6 +45,8 @@ struct Pending {
   size_t bytes;
   int peer;
   ncclComm* comm;
+  cudaStream_t stream;
+  uint64_t serial;  // of the sends to (receives from) this peer on this communicator
 };
 struct State {
   std::string last_error;
@@ -62,7 +68,6 @@ struct IdContents {
 };
 static_assert(sizeof(IdContents) <= NCCL_UNIQUE_ID_BYTES, "the id holds its contents");
 constexpr char kIdMagic[16] = "gpt5d-emu-nccl";
-constexpr int kP2PTag = 0;  // on the communicator's own MPI communicator
 
 int world_rank() {
   int r = 0;
@@ -141,6 +146,33 @@ size_t type_size(ncclDataType_t t) {
 
 bool inside_group() { return state().group_depth > 0; }
 
+int tag_of(TagKind kind, uint64_t serial) {
+  static const uint64_t span = [] {
+    int* upper = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
+    return (uint64_t)((found ? *upper : 32767) - 1) / 3;
+  }();
+  return (int)(1 + (serial % span) * 3 + (uint64_t)kind);
+}
+
+void Transfers::send(const void* buf, size_t bytes, int peer, int tag, MPI_Comm comm) {
+  requests.emplace_back();
+  MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, comm, &requests.back());
+}
+void Transfers::recv(void* buf, size_t bytes, int peer, int tag, MPI_Comm comm) {
+  requests.emplace_back();
+  MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, comm, &requests.back());
+}
+bool Transfers::complete(std::vector<MPI_Status>* statuses) {
+  if (requests.empty()) return true;
+  std::vector<MPI_Status> st(requests.size());
+  int done = 0;
+  MPI_Testall((int)requests.size(), requests.data(), &done, st.data());
+  if (done && statuses) *statuses = st;
+  return done != 0;
+}
+
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
   return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
@@ -194,7 +226,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId raw, in
   MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &mpi);
   MPI_Group_free(&members);
   MPI_Group_free(&world);
-  *comm = new ncclComm{kCommMagic, mpi, rank, nranks, false};
+  *comm = new ncclComm{kCommMagic, mpi, rank, nranks, false, 0,
+                       std::vector<uint64_t>(nranks, 0), std::vector<uint64_t>(nranks, 0)};
   return ncclSuccess;
 }
 
@@ -260,31 +293,68 @@ ncclResult_t check_received(const MPI_Status& status, size_t bytes, int peer) {
                                     std::to_string(got));
 }
 
-// Posts every queued receive, then every queued send, and waits for all of them.
+// Sends and receives as one piece of stream work: the first step posts the receives, then the
+// sends; the work is done once all have completed. A receive of another size than its send
+// sets *result (the stand-ins' tests, which run work at once, see it as the call's result); on
+// an emulated stream, where the call returned long ago, it stops the job (NCCL would hang or
+// corrupt memory).
+emu::StreamWork transfer_work(std::vector<Pending> ops, std::shared_ptr<ncclResult_t> result) {
+  auto transfers = std::make_shared<Transfers>();
+  auto posted = std::make_shared<bool>(false);
+  return [ops, transfers, posted, result]() {
+    if (!*posted) {
+      *posted = true;
+      for (int pass = 0; pass < 2; pass++)
+        for (const Pending& p : ops) {
+          if (p.is_send != (pass == 1)) continue;
+          const int tag = tag_of(kTagP2P, p.serial);
+          if (p.is_send)
+            transfers->send(p.buf, p.bytes, p.peer, tag, p.comm->mpi);
+          else
+            transfers->recv(p.buf, p.bytes, p.peer, tag, p.comm->mpi);
+        }
+    }
+    std::vector<MPI_Status> statuses;
+    if (!transfers->complete(&statuses)) return false;
+    size_t i = 0;
+    for (int pass = 0; pass < 2; pass++)
+      for (const Pending& p : ops) {
+        if (p.is_send != (pass == 1)) continue;
+        if (!p.is_send && check_received(statuses[i], p.bytes, p.peer) != ncclSuccess) {
+          *result = ncclInvalidUsage;
+          if (emu::enqueue_work) MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        i++;
+      }
+    return true;
+  };
+}
+
+// A send or receive outside a group.
+ncclResult_t submit_alone(cudaStream_t stream, const char* what, const Pending& p) {
+  auto result = std::make_shared<ncclResult_t>(ncclSuccess);
+  emu::submit(stream, what, transfer_work({p}, result));
+  return *result;
+}
+
+// The group's sends and receives, one piece of work per stream (in the order of first use).
 ncclResult_t run_queued() {
   std::vector<Pending> ops;
   ops.swap(state().queued);
-  std::vector<MPI_Request> requests;
-  std::vector<const Pending*> posted;
-  for (int pass = 0; pass < 2; pass++)
-    for (const Pending& p : ops) {
-      if (p.is_send != (pass == 1)) continue;
-      MPI_Request req;
-      if (p.is_send)
-        MPI_Isend(p.buf, (int)p.bytes, MPI_BYTE, p.peer, kP2PTag, p.comm->mpi, &req);
-      else
-        MPI_Irecv(p.buf, (int)p.bytes, MPI_BYTE, p.peer, kP2PTag, p.comm->mpi, &req);
-      requests.push_back(req);
-      posted.push_back(&p);
-    }
-  std::vector<MPI_Status> statuses(requests.size());
-  MPI_Waitall((int)requests.size(), requests.data(), statuses.data());
-  for (size_t i = 0; i < posted.size(); i++)
-    if (!posted[i]->is_send) {
-      ncclResult_t r = check_received(statuses[i], posted[i]->bytes, posted[i]->peer);
-      if (r != ncclSuccess) return r;
-    }
-  return ncclSuccess;
+  auto result = std::make_shared<ncclResult_t>(ncclSuccess);
+  std::vector<cudaStream_t> order;
+  for (const Pending& p : ops) {
+    bool seen = false;
+    for (cudaStream_t s : order) seen = seen || s == p.stream;
+    if (!seen) order.push_back(p.stream);
+  }
+  for (cudaStream_t s : order) {
+    std::vector<Pending> mine;
+    for (const Pending& p : ops)
+      if (p.stream == s) mine.push_back(p);
+    emu::submit(s, "ncclGroupEnd", transfer_work(mine, result));
+  }
+  return *result;
 }
 
 }  // namespace
@@ -306,11 +376,11 @@ ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t dt, int peer
   ncclResult_t r = check_p2p(comm, count, dt, peer, buf, "ncclSend");
   if (r != ncclSuccess) return r;
   const size_t bytes = count * type_size(dt);
-  if (inside_group()) {
-    state().queued.push_back({true, const_cast<void*>(buf), bytes, peer, comm});
-    return ncclSuccess;
-  }
-  MPI_Send(buf, (int)bytes, MPI_BYTE, peer, kP2PTag, comm->mpi);
+  Pending p{true, const_cast<void*>(buf), bytes, peer, comm, stream, comm->sent[peer]++};
+  if (inside_group())
+    state().queued.push_back(p);
+  else
+    return submit_alone(stream, "ncclSend", p);
   return ncclSuccess;
 }
 
@@ -320,13 +390,12 @@ ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t dt, int peer, nccl
   ncclResult_t r = check_p2p(comm, count, dt, peer, buf, "ncclRecv");
   if (r != ncclSuccess) return r;
   const size_t bytes = count * type_size(dt);
-  if (inside_group()) {
-    state().queued.push_back({false, buf, bytes, peer, comm});
-    return ncclSuccess;
-  }
-  MPI_Status status;
-  MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, kP2PTag, comm->mpi, &status);
-  return check_received(status, bytes, peer);
+  Pending p{false, buf, bytes, peer, comm, stream, comm->received[peer]++};
+  if (inside_group())
+    state().queued.push_back(p);
+  else
+    return submit_alone(stream, "ncclRecv", p);
+  return ncclSuccess;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 // test/emu/lib/nccl_collectives.cpp - the NCCL stand-in's collectives over MPI (see nccl.cpp for
 // communicators, groups and point-to-point): ncclAllReduce, ncclReduceScatter, ncclAllGather,
-// ncclBroadcast, each complete when it returns (emulated streams are synchronous).
+// ncclBroadcast, each queued on its stream as work that posts non-blocking MPI transfers and
+// finishes once they complete (test/emu/include/emu_streams.h), so that a rank's streams can run
+// beside a collective that waits for the other ranks, as on a GPU.
 //
 // Reductions are deterministic and identical on every rank, like NCCL's ring: the buffer is cut
-// into nranks blocks, an MPI all-to-all brings every rank's copy of block r to rank r, rank r
-// reduces them in rank order 0, 1, ..., n-1, and (all-reduce) an MPI all-gather hands the reduced
-// blocks to everyone. fp32 sums add in fp32 in that order; bf16 sums add in fp32 and round to
+// into nranks blocks, every rank sends its copy of block r to rank r, rank r reduces them in
+// rank order 0, 1, ..., n-1, and (all-reduce) sends the reduced block to everyone. The messages'
+// tags carry the collective's serial number on its communicator, so collectives of one
+// communicator match across ranks in the order they were called, whatever order the streams
+// run them in. fp32 sums add in fp32 in that order; bf16 sums add in fp32 and round to
 // bf16 once per element (NCCL rounds to bf16 after every hop of its ring, which a bf16 result
 // may differ from by a few bf16 ulps; both are sums of the same values). Max propagates NaN.
 // Implemented reductions: sum and max on fp32 and bf16 (what parallel/comm_nccl.cu asks for);
@@ -18,8 +22,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "test/emu/include/emu_streams.h"
 #include "test/emu/lib/nccl_state.h"
 
 using namespace nccl_standin;
@@ -74,22 +81,70 @@ ncclResult_t check_reduction(ncclDataType_t dt, ncclRedOp_t op, const char* fn) 
                                     " (sum and max on fp32 and bf16 are implemented)");
 }
 
-// Rank r's block of the reduction of every rank's `send` (blocks of `counts`, at `offsets`):
-// all-to-all of the blocks, then the reduction in rank order into `out` (counts[rank] elements).
-void reduce_my_block(ncclComm* comm, const void* send, const std::vector<size_t>& counts,
-                     const std::vector<size_t>& offsets, ncclDataType_t dt, ncclRedOp_t op,
-                     char* out) {
-  const int n = comm->nranks;
-  const size_t elem = type_size(dt), mine = counts[comm->rank];
-  std::vector<int> send_bytes(n), send_at(n), recv_bytes(n), recv_at(n);
-  for (int j = 0; j < n; j++) {
-    send_bytes[j] = (int)(counts[j] * elem), send_at[j] = (int)(offsets[j] * elem);
-    recv_bytes[j] = (int)(mine * elem), recv_at[j] = (int)(j * mine * elem);
+// One collective as stream work (test/emu/include/emu_streams.h): each step either posts the
+// MPI transfers of the next phase or finds the posted ones incomplete. Phase 1 of a reduction
+// brings every rank's copy of block r to rank r (the slices), phase 2 (all-reduce) hands the
+// reduced blocks to everyone; the tags carry the collective's serial number on its communicator.
+struct Collective {
+  ncclComm* comm;
+  uint64_t serial;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  const char* send;
+  char* recv;
+  std::vector<size_t> counts, offsets;  // the blocks, in elements
+  int phase = 0;
+  Transfers transfers;
+  std::vector<char> slices, mine;
+
+  size_t elem() const { return type_size(dt); }
+  size_t block_bytes(int j) const { return counts[j] * elem(); }
+  int tag(TagKind k) const { return tag_of(k, serial); }
+
+  // Phase 1: every rank's block `rank` of `send` into slices, in rank order.
+  void post_slices() {
+    const int n = comm->nranks, me = comm->rank;
+    const size_t mine_bytes = block_bytes(me);
+    slices.assign(n * mine_bytes + 1, 0);
+    for (int j = 0; j < n; j++) {
+      if (j == me) continue;
+      transfers.recv(slices.data() + j * mine_bytes, mine_bytes, j, tag(kTagPhase1), comm->mpi);
+      transfers.send(send + offsets[j] * elem(), block_bytes(j), j, tag(kTagPhase1), comm->mpi);
+    }
+    std::memcpy(slices.data() + me * mine_bytes, send + offsets[me] * elem(), mine_bytes);
   }
-  std::vector<char> slices(n * mine * elem + 1);
-  MPI_Alltoallv(send, send_bytes.data(), send_at.data(), MPI_BYTE, slices.data(),
-                recv_bytes.data(), recv_at.data(), MPI_BYTE, comm->mpi);
-  reduce_slices(slices.data(), mine, n, dt, op, out);
+  void reduce_mine() {
+    mine.assign(block_bytes(comm->rank) + 1, 0);
+    reduce_slices(slices.data(), counts[comm->rank], comm->nranks, dt, op, mine.data());
+  }
+  // Phase 2 of an all-reduce (and an all-gather's only phase): block j of recv from rank j.
+  void post_gather(const char* my_block) {
+    const int n = comm->nranks, me = comm->rank;
+    for (int j = 0; j < n; j++) {
+      if (j == me) continue;
+      transfers.recv(recv + offsets[j] * elem(), block_bytes(j), j, tag(kTagPhase2), comm->mpi);
+      transfers.send(my_block, block_bytes(me), j, tag(kTagPhase2), comm->mpi);
+    }
+    std::memmove(recv + offsets[me] * elem(), my_block, block_bytes(me));
+  }
+};
+
+Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, const void* send,
+                           void* recv) {
+  Collective* c = new Collective;
+  c->comm = comm;
+  c->serial = comm->collectives++;
+  c->dt = dt;
+  c->op = op;
+  c->send = static_cast<const char*>(send);
+  c->recv = static_cast<char*>(recv);
+  return c;
+}
+
+void submit_collective(Collective* raw, cudaStream_t stream, const char* fn,
+                       std::function<bool(Collective&)> step) {
+  std::shared_ptr<Collective> c(raw);
+  emu::submit(stream, fn, [c, step] { return step(*c); });
 }
 
 }  // namespace
@@ -104,20 +159,24 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   if (r != ncclSuccess) return r;
   if (send != recv && overlaps(send, bytes, recv, bytes))
     return fail(ncclInvalidArgument, "ncclAllReduce: the buffers overlap without being equal");
+  Collective* c = new_collective(comm, dt, op, send, recv);
   const int n = comm->nranks;
-  std::vector<size_t> counts(n), offsets(n);
   size_t at = 0;
   for (int j = 0; j < n; j++) {
-    counts[j] = count / n + ((size_t)j < count % n ? 1 : 0);
-    offsets[j] = at;
-    at += counts[j];
+    c->counts.push_back(count / n + ((size_t)j < count % n ? 1 : 0));
+    c->offsets.push_back(at);
+    at += c->counts[j];
   }
-  std::vector<char> mine(counts[comm->rank] * elem + 1);
-  reduce_my_block(comm, send, counts, offsets, dt, op, mine.data());
-  std::vector<int> block_bytes(n), block_at(n);
-  for (int j = 0; j < n; j++) block_bytes[j] = (int)(counts[j] * elem), block_at[j] = (int)(offsets[j] * elem);
-  MPI_Allgatherv(mine.data(), block_bytes[comm->rank], MPI_BYTE, recv, block_bytes.data(),
-                 block_at.data(), MPI_BYTE, comm->mpi);
+  submit_collective(c, stream, fn, [](Collective& c) {
+    if (c.phase == 0) c.post_slices(), c.phase = 1;
+    if (!c.transfers.complete()) return false;
+    if (c.phase == 2) return true;
+    c.reduce_mine();
+    c.transfers.requests.clear();
+    c.post_gather(c.mine.data());
+    c.phase = 2;
+    return c.transfers.complete();
+  });
   return ncclSuccess;
 }
 
@@ -133,11 +192,15 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
   const char* in_place = static_cast<const char*>(send) + comm->rank * block;
   if (recv != in_place && overlaps(send, block * n, recv, block))
     return fail(ncclInvalidArgument, "ncclReduceScatter: recvbuff overlaps sendbuff off its block");
-  std::vector<size_t> counts(n, recv_count), offsets(n);
-  for (int j = 0; j < n; j++) offsets[j] = j * recv_count;
-  std::vector<char> mine(block + 1);
-  reduce_my_block(comm, send, counts, offsets, dt, op, mine.data());
-  std::memcpy(recv, mine.data(), block);
+  Collective* c = new_collective(comm, dt, op, send, recv);
+  for (int j = 0; j < n; j++) c->counts.push_back(recv_count), c->offsets.push_back(j * recv_count);
+  submit_collective(c, stream, fn, [](Collective& c) {
+    if (c.phase == 0) c.post_slices(), c.phase = 1;
+    if (!c.transfers.complete()) return false;
+    c.reduce_mine();
+    std::memcpy(c.recv, c.mine.data(), c.block_bytes(c.comm->rank));
+    return true;
+  });
   return ncclSuccess;
 }
 
@@ -151,9 +214,18 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
   const char* in_place = static_cast<const char*>(recv) + comm->rank * block;
   if (send != in_place && overlaps(send, block, recv, block * comm->nranks))
     return fail(ncclInvalidArgument, "ncclAllGather: sendbuff overlaps recvbuff off its block");
-  std::vector<char> mine(static_cast<const char*>(send), static_cast<const char*>(send) + block);
-  mine.push_back(0);  // never empty, so data() is a valid pointer
-  MPI_Allgather(mine.data(), (int)block, MPI_BYTE, recv, (int)block, MPI_BYTE, comm->mpi);
+  Collective* c = new_collective(comm, dt, ncclSum, send, recv);
+  for (int j = 0; j < comm->nranks; j++)
+    c->counts.push_back(send_count), c->offsets.push_back(j * send_count);
+  submit_collective(c, stream, fn, [](Collective& c) {
+    if (c.phase == 0) {
+      c.mine.assign(c.send, c.send + c.block_bytes(c.comm->rank));
+      c.mine.push_back(0);  // never empty, so data() is a valid pointer
+      c.post_gather(c.mine.data());
+      c.phase = 1;
+    }
+    return c.transfers.complete();
+  });
   return ncclSuccess;
 }
 
@@ -166,11 +238,23 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   if (r != ncclSuccess) return r;
   if (root < 0 || root >= comm->nranks)
     return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root));
-  if (comm->rank == root && send != recv) {
-    if (overlaps(send, bytes, recv, bytes))
-      return fail(ncclInvalidArgument, "ncclBroadcast: the buffers overlap without being equal");
-    std::memcpy(recv, send, bytes);
-  }
-  MPI_Bcast(recv, (int)bytes, MPI_BYTE, root, comm->mpi);
+  if (comm->rank == root && send != recv && overlaps(send, bytes, recv, bytes))
+    return fail(ncclInvalidArgument, "ncclBroadcast: the buffers overlap without being equal");
+  Collective* c = new_collective(comm, dt, ncclSum, send, recv);
+  c->counts.push_back(count);
+  submit_collective(c, stream, fn, [root](Collective& c) {
+    if (c.phase == 0) {
+      const size_t bytes = c.block_bytes(0);
+      if (c.comm->rank == root) {
+        if (c.send != c.recv) std::memcpy(c.recv, c.send, bytes);
+        for (int j = 0; j < c.comm->nranks; j++)
+          if (j != root) c.transfers.send(c.recv, bytes, j, c.tag(kTagPhase1), c.comm->mpi);
+      } else {
+        c.transfers.recv(c.recv, bytes, root, c.tag(kTagPhase1), c.comm->mpi);
+      }
+      c.phase = 1;
+    }
+    return c.transfers.complete();
+  });
   return ncclSuccess;
 }

@@ -1,7 +1,7 @@
 // test/emu/include/cub/cub.cuh - the cub stand-in of the emulated CUDA build: the part of CUB
 // that kernels/cuda/encoder.cu uses, cub::DeviceRadixSort::SortPairs, on host memory (emulated
-// device memory is host memory; the stream is accepted and ignored, emulated streams being
-// synchronous). The real cub is header-only device code that needs nvcc, hence this header,
+// device memory is host memory; the sort is queued on the stream like a kernel,
+// test/emu/include/emu_streams.h). The real cub is header-only device code that needs nvcc, hence this header,
 // which the emulated build finds first on its include path.
 //
 // Semantics kept from CUB's documentation:
@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <type_traits>
+
+#include "emu_streams.h"
 
 namespace cub {
 namespace emu_detail {
@@ -54,6 +56,31 @@ inline cudaError_t refuse(const char* what) {
 }  // namespace emu_detail
 
 struct DeviceRadixSort {
+  // The sort itself, in the temporary storage (queued on the stream by SortPairs).
+  template <typename KeyT, typename ValueT>
+  static bool sort_pairs(void* d_temp_storage, const KeyT* d_keys_in, KeyT* d_keys_out,
+                         const ValueT* d_values_in, ValueT* d_values_out, size_t n, int begin_bit,
+                         int end_bit) {
+    using namespace emu_detail;
+    using K = Bits<KeyT>;
+    const size_t bits_bytes = round_up_256(n * sizeof(K));
+    uintptr_t base = (reinterpret_cast<uintptr_t>(d_temp_storage) + 255) / 256 * 256;
+    K* bits = reinterpret_cast<K*>(base);
+    size_t* order = reinterpret_cast<size_t*>(base + bits_bytes);
+    const int width = end_bit - begin_bit;
+    const K mask = width >= (int)(8 * sizeof(K)) ? K(~K(0)) : K((K(1) << width) - 1);
+    for (size_t i = 0; i < n; i++) {
+      bits[i] = width == 0 ? K(0) : K((ordered_bits(d_keys_in[i]) >> begin_bit) & mask);
+      order[i] = i;
+    }
+    std::stable_sort(order, order + n, [bits](size_t a, size_t b) { return bits[a] < bits[b]; });
+    for (size_t i = 0; i < n; i++) {
+      d_keys_out[i] = d_keys_in[order[i]];
+      d_values_out[i] = d_values_in[order[i]];
+    }
+    return true;
+  }
+
   template <typename KeyT, typename ValueT, typename NumItemsT>
   static cudaError_t SortPairs(void* d_temp_storage, size_t& temp_storage_bytes,
                                const KeyT* d_keys_in, KeyT* d_keys_out, const ValueT* d_values_in,
@@ -82,20 +109,9 @@ struct DeviceRadixSort {
       for (int j = i + 1; j < 5; j++)
         if (!(i == 1 && j == 3) && overlaps(regions[i], sizes[i], regions[j], sizes[j]))
           return refuse("the temporary storage, an output or an input overlaps another buffer");
-    uintptr_t base = (reinterpret_cast<uintptr_t>(d_temp_storage) + 255) / 256 * 256;
-    K* bits = reinterpret_cast<K*>(base);
-    size_t* order = reinterpret_cast<size_t*>(base + bits_bytes);
-    const int width = end_bit - begin_bit;
-    const K mask = width >= (int)(8 * sizeof(K)) ? K(~K(0)) : K((K(1) << width) - 1);
-    for (size_t i = 0; i < n; i++) {
-      bits[i] = width == 0 ? K(0) : K((ordered_bits(d_keys_in[i]) >> begin_bit) & mask);
-      order[i] = i;
-    }
-    std::stable_sort(order, order + n, [bits](size_t a, size_t b) { return bits[a] < bits[b]; });
-    for (size_t i = 0; i < n; i++) {
-      d_keys_out[i] = d_keys_in[order[i]];
-      d_values_out[i] = d_values_in[order[i]];
-    }
+    emu::submit(stream, "cub::DeviceRadixSort::SortPairs",
+                [=] { return sort_pairs(d_temp_storage, d_keys_in, d_keys_out, d_values_in,
+                                        d_values_out, n, begin_bit, end_bit); });
     return cudaSuccess;
   }
 };
