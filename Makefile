@@ -62,7 +62,7 @@ CPU_OBJ    := $(call obj,host,$(CPU_SRC))
 CUDA_OBJ   := $(call obj,cuda,$(CUDA_SRC))
 NCCL_OBJ   := $(call obj,cuda,$(NCCL_SRC))
 
-.PHONY: all cpu cuda test test-gpu run bench bundle clean deps tools test-bins
+.PHONY: all cpu cuda test test-full test-emu-full test-gpu run bench bundle clean deps tools test-bins
 all: train_cpu train tools
 cpu: train_cpu tools
 cuda: train
@@ -136,6 +136,14 @@ deps:
 
 test: deps
 	test/run_all.sh
+
+# The long matrices too (TEST_FULL=1: test/README.md, "make test and the full targets"): every
+# group, and the emulated tier's groups alone.
+test-full: deps
+	TEST_FULL=1 test/run_all.sh
+
+test-emu-full: deps
+	TEST_FULL=1 test/run_all.sh emu-self emu-gpu emu-asan emu-train
 
 test-gpu: all $(BUILD)/test_gpu
 	test/run_gpu.sh

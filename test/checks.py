@@ -1,7 +1,8 @@
 """test/checks.py - the pass/fail bookkeeping of the Python test drivers (Checks, for the
 trainer-level tests; test/trainer.py re-exports it) and the TEST_ONLY filter that every driver's
 check helper shares (Filter): run one check, or one test, alone (test/README.md, "Running one
-check"). The same rule as the C++ programs' test/check_results.h.
+check"), and the TEST_FULL switch of the long matrices (FULL). The same rule as the C++
+programs' test/check_results.h.
 
 TEST_ONLY=PATTERN (test/run_all.sh GROUP --only PATTERN sets it): a check counts only when
 PATTERN occurs in its name (plain substring, case-sensitive); the others are counted as filtered
@@ -17,6 +18,18 @@ import os
 import sys
 
 PATTERN = os.environ.pop("TEST_ONLY", "")
+
+# TEST_FULL=1 (make test-full): the long matrices too. Without it a driver runs a subset that
+# still checks every feature it covers once (test/README.md, "make test and the full targets");
+# what it leaves out it names on a line of its output (full_only below).
+FULL = os.environ.get("TEST_FULL", "0") == "1"
+
+
+def full_only(driver, left_out):
+    """Prints what a run without TEST_FULL leaves out (a list of names); nothing under it."""
+    if left_out and not FULL:
+        print(f"{driver}: {len(left_out)} more only with TEST_FULL=1 (make test-full): "
+              + "; ".join(left_out))
 
 
 class Filter:

@@ -45,7 +45,9 @@
     once. Adam eps 1e-6 (see test_layouts). Tolerance 1e-6 relative for losses, 2e-5 for
     gradient norms (tp, pp and cp reduce in other orders; measured over 6 seeds up to 1e-7 for
     losses, 1.8e-6 for norms; ZeRO and FSDP bitwise). A dp x cp group left spanning both islands
-    moves the cp runs' losses 2e-2 and norms 0.3.
+    moves the cp runs' losses 2e-2 and norms 0.3. Without TEST_FULL=1 (make test-full) each
+    layout runs in one of the two lists only: one island = plain training under ZeRO-1, ZeRO-2
+    and tp = 2; K = 2 under FSDP dp 4, pp = 2 and cp = 2 FSDP (11 of the 20 runs).
 (e) Checkpoints: K = 2, H = 3 saved after step 4 (between outer steps: the islands' weights
     differ) and resumed: steps 5-8 bitwise equal to the uninterrupted run's; saved under DDP
     islands and resumed under FSDP islands (reshards each island's state and the outer state):
@@ -82,6 +84,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 import grad_compression_model as gcm  # noqa: E402
+from checks import FULL, full_only  # noqa: E402
 from trainer import (Checks, base_sections, check_refused, make_experiment, max_rel,  # noqa: E402
                      read_metrics, run, seeded_rng, unit_numels, write_config)
 
@@ -381,7 +384,14 @@ def compare(what, got, want, tol, bitwise=False, norm_tol=None):
                  + (f", bitwise {same}" if bitwise else ""))
 
 
+# test_layouts' cases run only with TEST_FULL=1 (make test-full): without it each layout is
+# checked once, either as one island = plain training (ZeRO-1, ZeRO-2, tp) or as K = 2 against
+# DDP islands (FSDP dp 4, pp, cp with FSDP).
+FULL_LAYOUTS = ["fsdp", "pp", "cp", "ZeRO-1 dp 4", "tp 2 dp 2", "cp 2 dp 2"]
+
+
 def test_layouts(rng):
+    full_only("test_diloco", [f"test_layouts {name}" for name in FULL_LAYOUTS])
     # Adam eps 1e-6: with 1e-8 Adam turns the reduction-order noise of gradients near eps into
     # steps of up to lr, and over 7 steps the layouts that reduce in another order (tp, cp) drifted
     # up to 1.5e-6 (losses) and 1e-5 (norms) from the DDP islands on 3 seeds of 11. With 1e-6:
@@ -390,9 +400,12 @@ def test_layouts(rng):
     eps = 1e-6
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=4, C=C, T=T, V=V)
+        # Without TEST_FULL each layout once, in one of the two lists (FULL_LAYOUTS below).
         for name, par in [("zero1", {"dp": 2, "zero": 1}), ("zero2", {"dp": 2, "zero": 2}),
                           ("fsdp", {"dp": 2, "zero": 3}), ("tp", {"tp": 2}), ("pp", {"pp": 2}),
                           ("cp", {"dp": 2, "cp": 2})]:
+            if not FULL and name in FULL_LAYOUTS:
+                continue
             plain = train(tmp, name, 6, par, eps=eps)
             one = train(tmp, name + "_k1", 6, {**par, **K1}, eps=eps)
             compare(f"one island, lr 1, mu 0 = plain training under {name}", one, plain, 1e-6)
@@ -404,6 +417,8 @@ def test_layouts(rng):
                                 ("pp 2 dp 2", {"dp": 2, "pp": 2}, ddp2),
                                 ("cp 2 dp 2", {"dp": 2, "cp": 2}, ddp2),
                                 ("cp 2 dp 2 FSDP", {"dp": 2, "cp": 2, "zero": 3}, ddp2)]:
+            if not FULL and name in FULL_LAYOUTS:
+                continue
             got = train(tmp, name.replace(" ", "_"), 7, {**par, **K2}, eps=eps)
             compare(f"K = 2 under {name} = K = 2 on DDP islands", got, want, 1e-6, norm_tol=2e-5)
 

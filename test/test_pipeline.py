@@ -55,6 +55,11 @@ micro-batches (grad_accum m x micro_batch B) is the reference.
    pipeline rank equal the analytic value for the schedule's stage order (V: rank p-1's two chunks
    meet without a message, and the root is rank 0's alone: no embedding all-reduce). A zb-v
    save with uneven stages resumes on one rank.
+Without TEST_FULL=1 (make test-full) the matrices of 1. and 7. run a subset, each schedule at
+each depth still: 1. m = 1 and 4 (m = 2 and 8 and interleaved's m = 8 only in the full run);
+7. zb-h1 at pp = 2 m = 1 and pp = 4 m = 2, zb-v at pp = 2 m = 3 and pp = 4 m = 4, interleaved
+at m = 4 (the other five cases of its list only in the full run). The output names what it left
+out.
 """
 import os
 import re
@@ -62,6 +67,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import FULL, full_only  # noqa: E402
 from trainer import (Checks, base_sections, check_refused, compare_runs,  # noqa: E402
                      make_experiment, max_rel, read_metrics, run, seeded_rng, with_validation,
                      write_config)
@@ -163,7 +169,12 @@ def test_split_schedules(tmp):
     cases = [(4, "zb-h1", 2, 1, m) for m in (1, 4)] + [(4, "zb-h1", 4, 1, m) for m in (2, 8)]
     cases += [(4, "zb-v", 2, 2, m) for m in (1, 3, 4)] + [(8, "zb-v", 4, 2, m) for m in (4, 8)]
     cases += [(4, "interleaved", 2, 2, m) for m in (2, 4)]
-    for L, schedule, p, v, m in cases:
+    # Without TEST_FULL: each schedule at both pipeline depths, m = 1 and m < pp among them.
+    core = [(4, "zb-h1", 2, 1, 1), (4, "zb-h1", 4, 1, 2), (4, "zb-v", 2, 2, 3),
+            (8, "zb-v", 4, 2, 4), (4, "interleaved", 2, 2, 4)]
+    full_only("test_pipeline", [f"pp={p} {s} m={m}" for L, s, p, v, m in cases
+                                if (L, s, p, v, m) not in core])
+    for L, schedule, p, v, m in cases if FULL else core:
         B = GLOBAL_ROWS // m
         ref = reference(tmp, L, m, B)
         got = train(tmp, f"{schedule}_pp{p}_m{m}_L{L}", L, m, B, pp=p, schedule=schedule, v=v)
@@ -279,7 +290,12 @@ def test_file_schedule(tmp):
 
 def test_schedules(tmp):
     L = 4
-    for m in (1, 2, 4, 8):
+    # Without TEST_FULL: m = 1 and 4, both schedules at both depths (m below, equal to and
+    # above pp); m = 2 and 8 with TEST_FULL=1, and interleaved at m = 8.
+    ms = (1, 2, 4, 8) if FULL else (1, 4)
+    full_only("test_pipeline", ["pp=2 and 4, 1f1b and gpipe, m=2 and 8",
+                                "pp=4 interleaved v=2 m=8 (L=8)"])
+    for m in ms:
         B = GLOBAL_ROWS // m
         ref = train(tmp, f"one_m{m}", L, m, B)
         for p in (2, 4):
@@ -289,7 +305,7 @@ def test_schedules(tmp):
                 compare_runs(checks, what, got, ref, LAYOUT_TOL)
                 check_comm(what, got[0], expected_comm(p, 1, m, B))
     L = 8
-    for m in (4, 8):
+    for m in (4, 8) if FULL else (4,):
         B = GLOBAL_ROWS // m
         ref = train(tmp, f"one8_m{m}", L, m, B)
         got = train(tmp, f"pp4_interleaved_m{m}", L, m, B, pp=4, schedule="interleaved", v=2)

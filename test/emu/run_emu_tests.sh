@@ -2,15 +2,24 @@
 # test/emu/run_emu_tests.sh - runs the emulated CUDA tier's programs (test/emu/README.md); the
 # make targets of test/emu/emu.mk build them first.
 #
-#   run_emu_tests.sh gpu  BIN   every test/gpu test on the emulator against the CPU backend, each
-#                               launch under the forward and the reverse thread order with
-#                               bitwise-equal results required (EMU_ORDER=forward,reverse), on the
-#                               tests' emulated shapes (GPU_TEST_EMULATED=1)
+#   run_emu_tests.sh gpu  BIN   every test/gpu test on the emulator against the CPU backend, on the
+#                               tests' emulated shapes (GPU_TEST_EMULATED=1): each launch once,
+#                               under a random thread order (EMU_ORDER=random:SEED, a fresh seed,
+#                               printed: a thread reading what another writes without a barrier
+#                               reads it unwritten in one direction or the other, and the
+#                               comparison with the CPU shows it); with TEST_FULL=1 (make
+#                               test-emu-full) the order check: each launch under the forward and
+#                               the reverse order with bitwise-equal results required
+#                               (EMU_ORDER=forward,reverse), twice the time
 #   run_emu_tests.sh asan BIN SELF
 #                               the tests of the kernels with shared memory, tiles and vector paths
 #                               in the AddressSanitizer (+ alignment) build (one order: the
 #                               sanitizers are the check), and the self-tests built with it (one
-#                               reads past a __shared__ array, one loads a misaligned int4)
+#                               reads past a __shared__ array, one loads a misaligned int4); one
+#                               test per kernel family (rmsnorm shares layernorm's backward
+#                               reduction, gelu and add_ swiglu's and cast's vector paths, fp8_amax
+#                               sum_'s reduction, attention_ragged attention_awkward's flash
+#                               tiles): those five with TEST_FULL=1 only (make test-emu-full)
 #   run_emu_tests.sh train BIN  the whole CUDA trainer on the emulator (BIN: ./train_emu) against
 #                               ./train_cpu: test/test_gpu_train.py at its emulated sizes, with
 #                               $BUILD/emu/test_model_grads as the CUDA model program; one order
@@ -33,7 +42,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 case "$mode" in
   gpu)
-    EMU_ORDER=${EMU_ORDER:-forward,reverse} GPU_TEST_EMULATED=1 "$bin"
+    if [ "${TEST_FULL:-0}" = 1 ]; then orders=forward,reverse; else orders=random:$RANDOM$RANDOM; fi
+    orders=${EMU_ORDER:-$orders}
+    echo "emu-gpu: EMU_ORDER=$orders$([ "${TEST_FULL:-0}" = 1 ] || echo " (the order check" \
+      "forward,reverse only with TEST_FULL=1: make test-emu-full)")"
+    EMU_ORDER=$orders GPU_TEST_EMULATED=1 "$bin"
     ;;
   asan)
     # Fibers switch stacks under AddressSanitizer's feet: the emulator tells it (blocks.cpp), and
@@ -41,8 +54,14 @@ case "$mode" in
     status=0
     export ASAN_OPTIONS=detect_stack_use_after_return=0:detect_leaks=0
     if [ -n "${3:-}" ]; then "$3" || status=1; fi
-    for t in layernorm rmsnorm rope swiglu sum_ add_ cast fp8_amax gelu attention_awkward attention_ragged \
-             attention_block attention_cached copy_columns classifier moe_ encoder_backward grad_compression; do
+    tests="layernorm rope swiglu sum_ cast attention_awkward attention_block attention_cached copy_columns classifier
+           moe_ encoder_backward grad_compression"
+    if [ "${TEST_FULL:-0}" = 1 ]; then
+      tests="$tests rmsnorm add_ fp8_amax gelu attention_ragged"
+    else
+      echo "emu-asan: rmsnorm add_ fp8_amax gelu attention_ragged only with TEST_FULL=1 (make test-emu-full)"
+    fi
+    for t in $tests; do
       EMU_ORDER=forward GPU_TEST_EMULATED=1 "$bin" "$t" || status=1
     done
     exit $status
