@@ -45,7 +45,8 @@ struct Expected {
   std::vector<float> out, lse, dqkv;
 };
 
-Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt) {
+// docs: per-token document ids (B,T) for block-causal attention, or null for plain causal.
+Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt, const int* docs = nullptr) {
   Expected e;
   e.qkv = rounded(random_vector(ctx, sh.qkv()), dt);
   e.dout = rounded(random_vector(ctx, sh.out()), dt);
@@ -53,9 +54,9 @@ Expected cpu_reference(TestContext& ctx, const Shape& sh, DType dt) {
   e.lse.assign(sh.lse(), 0.f);
   e.dqkv.assign(sh.qkv(), 0.f);
   ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NKV,
-                         sh.HS, DType::F32, ctx.ref_stream);
+                         sh.HS, DType::F32, ctx.ref_stream, docs);
   ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
-                          sh.B, sh.T, sh.NH, sh.NKV, sh.HS, DType::F32, ctx.ref_stream);
+                          sh.B, sh.T, sh.NH, sh.NKV, sh.HS, DType::F32, ctx.ref_stream, docs);
   return e;
 }
 
@@ -213,17 +214,7 @@ std::vector<int> document_ids(int B, int T) {
 
 void check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl) {
   const std::vector<int> ids = document_ids(sh.B, sh.T);
-  Expected e;
-  e.qkv = rounded(random_vector(ctx, sh.qkv()), dt);
-  e.dout = rounded(random_vector(ctx, sh.out()), dt);
-  e.out.assign(sh.out(), 0.f);
-  e.lse.assign(sh.lse(), 0.f);
-  e.dqkv.assign(sh.qkv(), 0.f);
-  ref::attention_forward(e.out.data(), e.lse.data(), e.qkv.data(), sh.B, sh.T, sh.NH, sh.NKV,
-                         sh.HS, DType::F32, ctx.ref_stream, ids.data());
-  ref::attention_backward(e.dqkv.data(), e.dout.data(), e.qkv.data(), e.out.data(), e.lse.data(),
-                          sh.B, sh.T, sh.NH, sh.NKV, sh.HS, DType::F32, ctx.ref_stream,
-                          ids.data());
+  Expected e = cpu_reference(ctx, sh, dt, ids.data());
   e.out = rounded(e.out, dt);
   StreamOptions options;
   options.attention = impl;
