@@ -25,7 +25,7 @@ void cached_head(Elem* out, const Elem* qkv, const Elem* cache, int n, int pos, 
   gather_head(a.k, a.kt, cache, cache_width, g * HS, keys, HS);
   gather_head(a.v, nullptr, cache, cache_width, (cols.NKV + g) * HS, keys, HS);
   const float scale = 1.0f / std::sqrt((float)HS);
-  for (int i = 0; i < n; i++) forward_row(a, i, pos + i + 1, keys, HS, scale);
+  for (int i = 0; i < n; i++) forward_row(a, i, KeyRange{0, pos + i + 1}, keys, HS, scale);
   scatter_head(out, (size_t)cols.NH * HS, h * HS, a.out, n, HS);
 }
 
