@@ -511,6 +511,7 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
 
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
                              int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
+  OP_SPAN(attention_block_forward);
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);
@@ -531,6 +532,7 @@ void attention_block_forward(void* out, float* lse, const void* qkv, const void*
 void attention_block_backward(float* dq, float* dkv, const void* dout, const void* out,
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int NKV, int HS, bool causal, DType dt, Stream s) {
+  OP_SPAN(attention_block_backward);
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
   check_shape(sh);

@@ -82,6 +82,7 @@ void rope(void* qkv, const float* cos_table, const float* sin_table, const int* 
 
 void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
                   int B, int T, int NH, int NKV, int HS, DType dt, Stream s) {
+  OP_SPAN(rope_forward);
   if (is_dry(s)) return;
   rope(qkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, 1.0f, s);
 }
@@ -89,6 +90,7 @@ void rope_forward(void* qkv, const float* cos_table, const float* sin_table, con
 void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
                    const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
                    Stream s) {
+  OP_SPAN(rope_backward);
   if (is_dry(s)) return;
   rope(dqkv, cos_table, sin_table, positions, B, T, NH, NKV, HS, dt, -1.0f, s);
 }
