@@ -3,9 +3,9 @@
 //
 // What: each rank writes DIR/rank_<r>.json, one process per rank (pid = world rank) with three
 // threads: the host (tid 0: the step, data loading, checkpoint phases), the compute stream (tid 1:
-// pipeline actions F/B/W with their micro-batch and chunk, the gradient norm, the optimizer) and
-// the communication stream (tid 2: every collective and point-to-point message the comm
-// accounting counts, with its axis, bytes and peer). tools/trace_merge.py joins the ranks' files.
+// pipeline actions F/B/W with their micro-batch and chunk, the gradient norm, the optimizer, and
+// inside them the ops) and the communication stream (tid 2: every collective and point-to-point
+// message the comm accounting counts, with its axis, bytes and peer; the ops run on that stream). tools/trace_merge.py joins the ranks' files.
 //
 // How the times are taken: a span on a stream records an ops::Event when it opens and one when it
 // closes (CUDA events on a GPU, the host clock on the CPU backend: kernels/ops.h), read after the
@@ -41,6 +41,7 @@ enum class Lane : int { Host = 0, Compute = 1, Comm = 2 };
 // Turns tracing on for steps first..last (1-based, inclusive) of this rank, writing into dir
 // (created if missing). compute: the stream the step's origin is recorded on.
 void configure(const std::string& dir, int first, int last, int rank, ops::Stream compute);
+
 namespace detail {
 // Inline variables, so that the backends, which every test program links, need nothing of
 // kernels/trace.cpp: without the recorder (the op tests, the kernel benchmark) `inside` stays
