@@ -41,6 +41,7 @@ struct Recorder {
   std::vector<ops::Event> pool;
   size_t used = 0;
   std::vector<Record> open;     // this step's spans
+  int op_index = -1;            // the op span open now (ops do not nest: kernels/trace.h)
   std::vector<std::string> written;  // the events of the traced steps so far, as JSON
 };
 
@@ -148,13 +149,19 @@ void close_span(int index) {
     ops::event_record(e.end, e.stream);
 }
 
+void op_close(int index) {
+  rec().op_index = -1;
+  close_span(index);
+}
+
 // The op hooks of kernels/trace.h: an op's span on its stream's lane, with its shapes and bytes.
 int op_open(const char* name, const void* stream, long long bytes,
             std::initializer_list<detail::OpArg> args) {
   Recorder& r = rec();
   ops::Stream s = (ops::Stream)stream;
-  if (!detail::inside || ops::is_dry(s)) return -1;
+  if (!detail::inside || ops::is_dry(s) || r.op_index >= 0) return -1;  // an inner op: the outer's
   const int index = open_span(r, s == r.compute || !s ? Lane::Compute : Lane::Comm, "op", name, s);
+  r.op_index = index;
   std::string& a = r.open[index].args;
   for (const detail::OpArg& x : args)
     a += "\"" + std::string(x.key) + "\":" + std::to_string(x.value) + ",";
@@ -176,7 +183,7 @@ void configure(const std::string& dir, int first, int last, int rank, ops::Strea
   r.path = dir + "/rank_" + std::to_string(rank) + ".json";
   r.origin = ops::event_create();
   detail::op_open = op_open;
-  detail::op_close = close_span;
+  detail::op_close = op_close;
 }
 
 void step_begin(int step) {
@@ -185,6 +192,7 @@ void step_begin(int step) {
   detail::inside = true;
   r.step = step;
   r.used = 0;
+  r.op_index = -1;
   r.open.clear();
   ops::stream_sync(r.compute);  // the origin's host time is when the stream reaches it
   r.origin_us = wall_us();

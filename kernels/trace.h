@@ -21,8 +21,9 @@
 // the memory it moves, every tensor it reads counted once and every tensor it writes once (an
 // output it accumulates into or updates in place counts twice), at the sizes its shapes give.
 // The span sits on the lane of the op's stream: the compute stream's, or else the comm lane. An
-// op that calls another public op holds the inner one's span. Both backends open the same spans
-// (OP_SPAN at each op's top, from the one table), so a CPU trace names what a GPU trace names.
+// op that calls another public op (the CUDA GEMM backward adds with add_inplace) is one span: the
+// inner op is part of the outer one. Both backends open the same spans (OP_SPAN at each op's top,
+// from one table), so a CPU trace lists the ops, shapes and bytes a GPU trace lists.
 //
 // Who calls it: train.cu (configure, the step window, the step's phases), parallel/comm.cu (the
 // collectives), parallel/pipeline.cu (the actions), checkpoint/ (the save phases), the two
