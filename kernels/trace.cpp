@@ -26,6 +26,7 @@ struct Record {
   Lane lane;
   const char* category;
   std::string name, args;  // args: the body of a JSON object ("" = none)
+  ops::Stream stream = nullptr;
   ops::Event begin = nullptr, end = nullptr;  // stream spans
   double begin_us = 0, end_us = 0;            // host spans (wall clock), and after the step all
   bool host = false;
@@ -34,13 +35,13 @@ struct Record {
 struct Recorder {
   std::string dir, path;
   int first = 0, last = -1, rank = 0, step = 0;
-  bool inside = false;
   ops::Stream compute = nullptr;
   ops::Event origin = nullptr;  // recorded on compute at the step's start
   double origin_us = 0;         // its wall-clock time
   std::vector<ops::Event> pool;
   size_t used = 0;
   std::vector<Record> open;     // this step's spans
+  int op_index = -1;            // the op span open now (ops do not nest: kernels/trace.h)
   std::vector<std::string> written;  // the events of the traced steps so far, as JSON
 };
 
@@ -117,6 +118,57 @@ void write_file() {
         tmp.c_str());
 }
 
+// A span opens: its record, its begin event on the stream (or the host clock), an NVTX range.
+int open_span(Recorder& r, Lane lane, const char* category, const char* name, ops::Stream stream) {
+  Record e;
+  e.lane = lane;
+  e.category = category;
+  e.name = name;
+  e.stream = stream;
+  e.host = stream == nullptr;
+  if (e.host) {
+    e.begin_us = wall_us();
+  } else {
+    e.begin = take_event();
+    e.end = take_event();
+    ops::event_record(e.begin, stream);
+  }
+  r.open.push_back(std::move(e));
+  ops::range_push(name);
+  return (int)r.open.size() - 1;
+}
+
+void close_span(int index) {
+  Recorder& r = rec();
+  if (!detail::inside || index >= (int)r.open.size()) return;
+  Record& e = r.open[index];
+  ops::range_pop();
+  if (e.host)
+    e.end_us = wall_us();
+  else
+    ops::event_record(e.end, e.stream);
+}
+
+void op_close(int index) {
+  rec().op_index = -1;
+  close_span(index);
+}
+
+// The op hooks of kernels/trace.h: an op's span on its stream's lane, with its shapes and bytes.
+int op_open(const char* name, const void* stream, long long bytes,
+            std::initializer_list<detail::OpArg> args) {
+  Recorder& r = rec();
+  ops::Stream s = (ops::Stream)stream;
+  if (!detail::inside || ops::is_dry(s) || r.op_index >= 0) return -1;  // an inner op: the outer's
+  const int index = open_span(r, s == r.compute || !s ? Lane::Compute : Lane::Comm, "op", name, s);
+  r.op_index = index;
+  std::string& a = r.open[index].args;
+  for (const detail::OpArg& x : args)
+    a += "\"" + std::string(x.key) + "\":" + std::to_string(x.value) + ",";
+  a += "\"bytes\":" + std::to_string(bytes);
+  return index;
+}
+
 }  // namespace
 
 void configure(const std::string& dir, int first, int last, int rank, ops::Stream compute) {
@@ -130,16 +182,17 @@ void configure(const std::string& dir, int first, int last, int rank, ops::Strea
   make_dirs(dir);
   r.path = dir + "/rank_" + std::to_string(rank) + ".json";
   r.origin = ops::event_create();
+  detail::op_open = op_open;
+  detail::op_close = op_close;
 }
-
-bool on() { return rec().inside; }
 
 void step_begin(int step) {
   Recorder& r = rec();
   if (r.dir.empty() || step < r.first || step > r.last) return;
-  r.inside = true;
+  detail::inside = true;
   r.step = step;
   r.used = 0;
+  r.op_index = -1;
   r.open.clear();
   ops::stream_sync(r.compute);  // the origin's host time is when the stream reaches it
   r.origin_us = wall_us();
@@ -148,8 +201,8 @@ void step_begin(int step) {
 
 void step_end(int step) {
   Recorder& r = rec();
-  if (!r.inside) return;
-  r.inside = false;
+  if (!detail::inside) return;
+  detail::inside = false;
   for (Record& e : r.open) {
     if (e.host) continue;
     ops::event_sync(e.end);
@@ -168,39 +221,18 @@ void shutdown() {
   if (r.origin) ops::event_destroy(r.origin);
   r.origin = nullptr;
   r.dir.clear();
+  detail::op_open = nullptr;
+  detail::op_close = nullptr;
 }
 
 Span::Span(Lane lane, const char* category, const char* name, ops::Stream stream) {
   Recorder& r = rec();
-  if (!r.inside) return;
-  index_ = (int)r.open.size();
-  Record e;
-  e.lane = lane;
-  e.category = category;
-  e.name = name;
-  e.host = stream == nullptr;
-  if (e.host) {
-    e.begin_us = wall_us();
-  } else {
-    e.begin = take_event();
-    e.end = take_event();
-    ops::event_record(e.begin, stream);
-  }
-  r.open.push_back(std::move(e));
-  ops::range_push(name);
-  stream_ = stream;
+  if (!detail::inside) return;
+  index_ = open_span(r, lane, category, name, stream);
 }
 
 Span::~Span() {
-  if (index_ < 0) return;
-  Recorder& r = rec();
-  if (!r.inside || index_ >= (int)r.open.size()) return;
-  Record& e = r.open[index_];
-  ops::range_pop();
-  if (e.host)
-    e.end_us = wall_us();
-  else
-    ops::event_record(e.end, stream_);
+  if (index_ >= 0) close_span(index_);
 }
 
 void Span::name(const std::string& n) {

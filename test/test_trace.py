@@ -15,7 +15,14 @@ Tiny GPT-2 (L=2, NH=4, C=64, T=32, V=101), micro-batch 4, steps 2..3 traced of 3
    forwards, then one backward and one forward in turn, then the backwards), computed here from
    the schedule's definition; zb-h1's F/B/W order is the schedule's list as the trainer prints it
    ([log] pipeline_timeline), W's included; the p2p messages carry the pp axis and the peer.
-3. tools/trace_merge.py joins the ranks into one file that parses with both ranks' events, and
+3. The ops through the backend seam (kernels/op_spans.h): on each rank of dp = 2 every op span
+   of the compute lane that is a GEMM or attention lies inside an F or B span of its step (they
+   nest, as 1.), each traced step holds (4 L + 4) x micro-batches matmul_forward spans (per
+   layer qkv, attention projection, fc, fc projection; then the LM head over 4 token chunks, a
+   quarter of the micro-batch each: model/gpt_head.cu), and the qkv GEMM's `bytes` is
+   kernels/op_spans.h's formula from its shapes: fp32 (4 bytes) x (inp N*C + weight 3C*C + bias
+   3C + out N*3C).
+4. tools/trace_merge.py joins the ranks into one file that parses with both ranks' events, and
    tools/plot_trace.py draws a PNG of a traced step.
 """
 import glob
@@ -128,6 +135,35 @@ def check_layout(name, tmp, cfg, np_ranks, extra):
     return docs, r
 
 
+def within(e, intervals):
+    return any(b - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= f + 1e-3 for b, f in intervals)
+
+
+def check_op_spans(docs, L, C, micro_batches):
+    for rank, doc in docs.items():
+        ev = spans(doc)
+        for step in TRACED:
+            in_step = [e for e in ev if e["args"]["step"] == step]
+            fb = [(e["ts"], e["ts"] + e["dur"]) for e in in_step
+                  if e["cat"] == "pipeline" and e["tid"] == 1]
+            op = [e for e in in_step if e["cat"] == "op"]
+            outside = [e for e in op if e["tid"] == 1 and not within(e, fb) and
+                       e["name"].startswith(("matmul", "attention"))]
+            checks.check(f"ops: rank {rank} step {step}: op spans, the GEMMs and attention inside "
+                         f"F/B", op and fb and not outside,
+                         f"{len(op)} ops, {len(fb)} F/B, first outside {outside[:1]}")
+            fwd = [e for e in op if e["name"] == "matmul_forward"]
+            want = (4 * L + 4) * micro_batches
+            checks.check(f"ops: rank {rank} step {step}: matmul_forward spans = (4 L + 4) x "
+                         f"micro-batches", len(fwd) == want, f"{len(fwd)}, want {want}")
+            qkv = [e["args"] for e in fwd if e["args"]["C"] == C and e["args"]["OC"] == 3 * C]
+            bad = [a for a in qkv
+                   if a["bytes"] != 4 * (a["N"] * C + 3 * C * C + 3 * C + a["N"] * 3 * C)]
+            checks.check(f"ops: rank {rank} step {step}: the qkv GEMM's bytes from its shapes",
+                         len(qkv) == L * micro_batches and not bad,
+                         f"{len(qkv)} qkv, wrong {bad[:1]}")
+
+
 def one_f_one_b(pp, m, rank):
     warm = min(pp - 1 - rank, m)
     order = [f"F{i}" for i in range(warm)]
@@ -193,7 +229,8 @@ def main():
         sec["train"]["micro_batch"] = 4
         cfg = write_config(tmp, "trace.toml", sec)
         dp = ["--parallel.dp=2", "--train.grad_accum=2"]
-        checks.run_each(lambda: check_layout("dp2", tmp, cfg, 2, dp),
+        checks.run_each(lambda: check_op_spans(check_layout("dp2", tmp, cfg, 2, dp)[0], L=2, C=64,
+                                               micro_batches=2),
                         lambda: check_layout("dp2 zero1", tmp, cfg, 2, dp + ["--parallel.zero=1"]),
                         lambda: check_pipeline(tmp, cfg),
                         lambda: check_tools(tmp))

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLOURS = {"pipeline": "#4c72b0", "optimizer": "#55a868", "comm": "#dd8452", "data": "#8172b3",
-           "checkpoint": "#c44e52", "control": "#937860", "step": "#dddddd"}
+           "checkpoint": "#c44e52", "control": "#937860", "op": "#64b5cd", "step": "#dddddd"}
 LANES = ["host", "compute", "comm"]
 
 

@@ -8,6 +8,7 @@ namespace ops {
 
 void adamw_update(float* master, void* param_out, const float* grad, float* m, float* v, size_t n,
                   const AdamWStep& step, DType param_dt, Stream s) {
+  OP_SPAN(adamw_update);
   if (is_dry(s)) return;
   host_adamw_update(master, param_out, grad, m, v, n, step, param_dt);
 }

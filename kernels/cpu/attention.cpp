@@ -67,6 +67,7 @@ void attention_backward_kv_head(Elem* dqkv, const Elem* dout, const Elem* qkv, c
 
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
                        int HS, DType dt, Stream s, const int* docs) {
+  OP_SPAN(attention_forward);
   if (is_dry(s)) return;
   const cpu::QkvColumns cols = cpu::qkv_columns(NH, NKV, HS, "attention");
   cpu::dispatch_dtype(dt, [&](auto tag) {
@@ -80,6 +81,7 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
                         Stream s, const int* docs) {
+  OP_SPAN(attention_backward);
   if (is_dry(s)) return;
   const cpu::QkvColumns cols = cpu::qkv_columns(NH, NKV, HS, "attention");
   cpu::dispatch_dtype(dt, [&](auto tag) {

@@ -85,6 +85,7 @@ void block_backward_kv_head(float* dq, float* dkv, const Elem* dout, const Elem*
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
                              int NH, int NKV, int HS, bool causal, DType dt, Stream s,
                              const int* q_docs, const int* k_docs) {
+  OP_SPAN(attention_block_forward);
   if (is_dry(s)) return;
   const cpu::QkvColumns cols = cpu::qkv_columns(NH, NKV, HS, "attention block");
   const cpu::RowMask mask{causal, q_docs, k_docs};
@@ -101,6 +102,7 @@ void attention_block_backward(float* dq, float* dkv, const void* dout, const voi
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int NKV, int HS, bool causal, DType dt, Stream s,
                              const int* q_docs, const int* k_docs) {
+  OP_SPAN(attention_block_backward);
   if (is_dry(s)) return;
   const cpu::QkvColumns cols = cpu::qkv_columns(NH, NKV, HS, "attention block");
   const cpu::RowMask mask{causal, q_docs, k_docs};

@@ -34,6 +34,7 @@ void cached_head(Elem* out, const Elem* qkv, const Elem* cache, int n, int pos, 
 
 void attention_cached_forward(void* out, const void* qkv, const void* cache, int n, int pos,
                               int NH, int NKV, int HS, DType dt, Stream s) {
+  OP_SPAN(attention_cached_forward);
   if (is_dry(s)) return;
   CHECK(n >= 1 && pos >= 0, "cached attention: %d new tokens at position %d", n, pos);
   const cpu::QkvColumns cols = cpu::qkv_columns(NH, NKV, HS, "cached attention");

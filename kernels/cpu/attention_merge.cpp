@@ -56,6 +56,7 @@ void merge_row(Elem* out, float* lse, const Elem* out_b, const float* lse_b, int
 
 void attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B, int T,
                      int NH, int HS, DType dt, Stream s) {
+  OP_SPAN(attention_merge);
   if (is_dry(s)) return;
   const int C = NH * HS;
   cpu::dispatch_dtype(dt, [&](auto tag) {

@@ -116,6 +116,7 @@ void shard_backward_typed(T* logits, const float* stats, const int* targets, flo
 
 void classifier_shard_stats(float* stats, const void* logits, const int* targets, int N, int Vs,
                             int col0, int V, DType dt, Stream s) {
+  OP_SPAN(classifier_shard_stats);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -125,6 +126,7 @@ void classifier_shard_stats(float* stats, const void* logits, const int* targets
 
 void classifier_merge_stats(float* stats, float* losses, const float* parts_stats,
                             const int* targets, int parts, int N, Stream s) {
+  OP_SPAN(classifier_merge_stats);
   if (is_dry(s)) return;
 #pragma omp parallel for schedule(static) if ((size_t)N * parts > CPU_PARALLEL_MIN)
   for (int n = 0; n < N; n++) {
@@ -146,6 +148,7 @@ void classifier_merge_stats(float* stats, float* losses, const float* parts_stat
 
 void classifier_shard_backward(void* logits, const float* stats, const int* targets, float dloss,
                                int N, int Vs, int col0, int V, DType dt, Stream s) {
+  OP_SPAN(classifier_shard_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -155,6 +158,7 @@ void classifier_shard_backward(void* logits, const float* stats, const int* targ
 
 void classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                  int N, int V, int Vp, DType dt, Stream s) {
+  OP_SPAN(classifier_forward_backward);
   if (is_dry(s)) return;
   CHECK(V > 0 && V <= Vp, "classifier: vocab %d, padded vocab %d", V, Vp);
   for (int n = 0; n < N; n++)

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 
+#include "kernels/op_spans.h"
 #include "kernels/ops.h"
 
 #if defined(__x86_64__) && !defined(__clang__)

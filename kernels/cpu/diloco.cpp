@@ -10,12 +10,14 @@ namespace ops {
 
 void diloco_outer_delta(float* delta, const float* sync, const float* weights, size_t n,
                         Stream s) {
+  OP_SPAN(diloco_outer_delta);
   if (is_dry(s)) return;
   host_diloco_outer_delta(delta, sync, weights, n);
 }
 
 void diloco_outer_step(float* sync, float* m, float* weights, const float* delta_sum, size_t n,
                        float inv_islands, float lr, float mu, Stream s) {
+  OP_SPAN(diloco_outer_step);
   if (is_dry(s)) return;
   host_diloco_outer_step(sync, m, weights, delta_sum, n, inv_islands, lr, mu, nullptr, DType::F32);
 }

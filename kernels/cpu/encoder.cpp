@@ -74,6 +74,7 @@ static void check_tokens(const char* op, const int* tokens, int N, int vocab_siz
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
                      int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size,
                      const int* positions) {
+  OP_SPAN(encoder_forward);
   if (is_dry(s)) return;
   check_tokens("encoder_forward", tokens, B * T, vocab_size);
   cpu::dispatch_dtype(dt, [&](auto tag) {
@@ -86,6 +87,7 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
                       int C, DType dt, Stream s, int vocab_first, int vocab_rows,
                       int vocab_size, const int* positions) {
+  OP_SPAN(encoder_backward);
   if (is_dry(s)) return;
   check_tokens("encoder_backward", tokens, B * T, vocab_size);
   cpu::dispatch_dtype(dt, [&](auto tag) {

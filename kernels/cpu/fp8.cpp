@@ -44,6 +44,7 @@ std::vector<float> decode_fp8(const void* src, DType fmt, size_t n) {
 bool device_supports_fp8() { return true; }
 
 void amax(float* out, const void* x, size_t n, DType dt, Stream s) {
+  OP_SPAN(amax);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -53,6 +54,7 @@ void amax(float* out, const void* x, size_t n, DType dt, Stream s) {
 
 void fp8_update_scale(float* scale, float* scale_inv, float* history, int history_len,
                       const float* amax, float fp8_max, int margin, Stream s) {
+  OP_SPAN(fp8_update_scale);
   if (is_dry(s)) return;
   float a = *amax;
   if (history_len > 0) {
@@ -69,6 +71,7 @@ void fp8_update_scale(float* scale, float* scale_inv, float* history, int histor
 
 void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int rows, int cols,
               const float* scale, Stream s) {
+  OP_SPAN(fp8_cast);
   if (is_dry(s)) return;
   CHECK(out || out_t, "fp8_cast: no output");
   const float sc = *scale;
@@ -90,6 +93,7 @@ void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int ro
 void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
               const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
               const float* b_scale_inv, Stream s) {
+  OP_SPAN(gemm_fp8);
   if (is_dry(s)) return;
   CHECK(out_dt == DType::F32 || (out_dt == DType::BF16 && !accumulate),
         "gemm_fp8: output %s%s", dtype_name(out_dt), accumulate ? " with accumulate" : "");

@@ -31,6 +31,7 @@ void map_slices(T* out, const T* x, const T* dy, size_t n, Fn&& fn) {
 }  // namespace cpu
 
 void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
+  OP_SPAN(gelu_forward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -41,6 +42,7 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dt, Stream s) {
+  OP_SPAN(gelu_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

@@ -57,6 +57,7 @@ inline uint32_t magnitude_key(float x) {
 
 void int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int chunks,
                    bool accumulate_err, Stream s) {
+  OP_SPAN(int8_quantize);
   if (is_dry(s)) return;
   const size_t blocks = ceil_div(chunk_n, kQuantBlock);
   const long total = (long)blocks * chunks;
@@ -74,6 +75,7 @@ void int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int
 }
 
 void int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int records, Stream s) {
+  OP_SPAN(int8_dequantize_sum);
   if (is_dry(s)) return;
   void* p = const_cast<void*>(packed);
 #pragma omp parallel for schedule(static) if (chunk_n * records > CPU_PARALLEL_MIN)
@@ -90,6 +92,7 @@ void int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int rec
 
 void int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, int records,
                      Stream s) {
+  OP_SPAN(int8_dequantize);
   if (is_dry(s)) return;
   void* p = const_cast<void*>(packed);
   const size_t total = std::min(n, chunk_n * records);
@@ -103,6 +106,7 @@ void int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, i
 }
 
 void topk_select(int32_t* record, float* x, size_t n, size_t k, void* scratch, Stream s) {
+  OP_SPAN(topk_select);
   if (is_dry(s)) return;
   CHECK(k <= n && n <= (size_t)INT32_MAX, "topk_select: k = %zu of n = %zu", k, n);
   if (k == 0) return;
@@ -127,6 +131,7 @@ void topk_select(int32_t* record, float* x, size_t n, size_t k, void* scratch, S
 
 void topk_scatter_add(float* out, size_t first, size_t out_n, const int32_t* records, size_t k,
                       int records_n, Stream s) {
+  OP_SPAN(topk_scatter_add);
   if (is_dry(s)) return;
   for (int r = 0; r < records_n; r++) {
     const int32_t* idx = records + (size_t)r * 2 * k;

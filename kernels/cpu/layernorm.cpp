@@ -106,6 +106,7 @@ void layernorm_backward_params(float* dweight, float* dbias, const T* dout, cons
 
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                        const void* bias, int N, int C, DType dt, Stream s) {
+  OP_SPAN(layernorm_forward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -117,6 +118,7 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
 void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                         const void* weight, const float* mean, const float* rstd, int N, int C,
                         DType dt, Stream s) {
+  OP_SPAN(layernorm_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

@@ -89,6 +89,7 @@ void matmul_backward_bias(float* dbias, const T* dout, int N, int OC) {
 void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
                     const void* bias, const void* residual, int N, int C, int OC, DType dt,
                     Stream s) {
+  OP_SPAN(matmul_forward);
   if (is_dry(s)) return;
   CHECK(!(pre_gelu && residual), "matmul_forward: the GELU epilogue takes no residual");
   cpu::dispatch_dtype(dt, [&](auto tag) {
@@ -101,6 +102,7 @@ void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weig
 void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                      const void* weight, const void* gelu_input, int N, int C, int OC, DType dt,
                      Stream s) {
+  OP_SPAN(matmul_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -118,6 +120,7 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
 namespace ops {
 
 void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stream s) {
+  OP_SPAN(bias_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

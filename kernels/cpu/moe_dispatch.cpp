@@ -84,6 +84,7 @@ void combine_backward_typed(T* d_expert_out, float* d_gate, const T* dout, const
 }  // namespace cpu
 
 void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType dt, Stream s) {
+  OP_SPAN(moe_permute);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -93,6 +94,7 @@ void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType
 
 void moe_unpermute_backward(void* din, const void* dout, const int* position, int N, int top_k,
                             int C, DType dt, Stream s) {
+  OP_SPAN(moe_unpermute_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -102,6 +104,7 @@ void moe_unpermute_backward(void* din, const void* dout, const int* position, in
 
 void moe_combine(void* out, const void* expert_out, const float* gate, const int* position, int N,
                  int top_k, int C, DType dt, Stream s) {
+  OP_SPAN(moe_combine);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -112,6 +115,7 @@ void moe_combine(void* out, const void* expert_out, const float* gate, const int
 void moe_combine_backward(void* d_expert_out, float* d_gate, const void* dout,
                           const void* expert_out, const float* gate, const int* position, int N,
                           int top_k, int C, DType dt, Stream s) {
+  OP_SPAN(moe_combine_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

@@ -80,6 +80,7 @@ void router_backward_row(float* dz, const float* p, const int* expert, const flo
 
 void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
                         float* probs, float* lse, Stream s) {
+  OP_SPAN(moe_router_forward);
   if (is_dry(s)) return;
   if (top_k < 1 || top_k > E) FATAL("moe_router_forward: top_k %d not in [1, E = %d]", top_k, E);
 #pragma omp parallel for schedule(static) if ((size_t)N * E > CPU_PARALLEL_MIN)
@@ -91,6 +92,7 @@ void moe_router_forward(const float* logits, int N, int E, int top_k, int* exper
 void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
                          const float* dgate, const float* dprobs_aux, const float* lse,
                          float z_coef, int N, int E, int top_k, Stream s) {
+  OP_SPAN(moe_router_backward);
   if (is_dry(s)) return;
 #pragma omp parallel for schedule(static) if ((size_t)N * E > CPU_PARALLEL_MIN)
   for (long n = 0; n < (long)N; n++) {

@@ -55,22 +55,26 @@ void cast_columns(D* dst, size_t dst_cols, const S* src, size_t src_cols, size_t
 }  // namespace cpu
 
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
+  OP_SPAN(sum_squares_accumulate);
   if (is_dry(s)) return;
   *out += (float)cpu::deterministic_sum<true>(x, n);
 }
 
 void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  OP_SPAN(sum_accumulate);
   if (is_dry(s)) return;
   *out += (float)(scale * cpu::deterministic_sum<false>(x, n));
 }
 
 void add_inplace(float* dst, const float* src, size_t n, Stream s) {
+  OP_SPAN(add_inplace);
   if (is_dry(s)) return;
 #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s) {
+  OP_SPAN(cast);
   if (is_dry(s)) return;
   if (dst_dt == src_dt) {
     if (n && dst != src) std::memmove(dst, src, n * dtype_size(dst_dt));
@@ -87,6 +91,7 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
 
 void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
                   DType src_dt, int rows, int width, Stream s) {
+  OP_SPAN(copy_columns);
   if (is_dry(s)) return;
   if (rows <= 0 || width <= 0) return;
   cpu::dispatch_dtype(dst_dt, [&](auto dst_tag) {

@@ -29,6 +29,7 @@ void add_bias_residual_typed(T* out, const T* inp, const T* bias, const T* resid
 
 void add_bias_residual(void* out, const void* inp, const void* bias, const void* residual, int N,
                        int C, DType dt, Stream s) {
+  OP_SPAN(add_bias_residual);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

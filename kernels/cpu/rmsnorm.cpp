@@ -93,6 +93,7 @@ void rmsnorm_backward_weight(float* dweight, const T* dout, const T* inp, const 
 
 void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
                      float eps, DType dt, Stream s) {
+  OP_SPAN(rmsnorm_forward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -102,6 +103,7 @@ void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight
 
 void rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* inp,
                       const void* weight, const float* rstd, int N, int C, DType dt, Stream s) {
+  OP_SPAN(rmsnorm_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

@@ -102,10 +102,12 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_to_device_async);
   if (is_dry(s)) return;
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_to_host_async);
   if (is_dry(s)) return;
   if (bytes) std::memcpy(dst, src, bytes);
 }
@@ -122,10 +124,12 @@ void* alloc_host_pinned(size_t bytes) {
 void release_host_pinned(void* p) { std::free(p); }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_on_device);
   if (is_dry(s)) return;
   if (bytes) std::memmove(dst, src, bytes);
 }
 void fill_zero(void* p, size_t bytes, Stream s) {
+  OP_SPAN(fill_zero);
   if (is_dry(s)) return;
   if (bytes) std::memset(p, 0, bytes);
 }

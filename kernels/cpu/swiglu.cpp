@@ -63,6 +63,7 @@ void swiglu_backward_typed(T* dinp, const T* dout, const T* inp, int N, int F) {
 }  // namespace cpu
 
 void swiglu_forward(void* out, const void* inp, int N, int F, DType dt, Stream s) {
+  OP_SPAN(swiglu_forward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -72,6 +73,7 @@ void swiglu_forward(void* out, const void* inp, int N, int F, DType dt, Stream s
 
 void swiglu_backward(void* dinp, const void* dout, const void* inp, int N, int F, DType dt,
                      Stream s) {
+  OP_SPAN(swiglu_backward);
   if (is_dry(s)) return;
   cpu::dispatch_dtype(dt, [&](auto tag) {
     using S = decltype(tag);

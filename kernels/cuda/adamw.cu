@@ -100,6 +100,7 @@ __global__ void adamw_kernel(float* __restrict__ master, P* __restrict__ param_o
 
 void adamw_update(float* master, void* param_out, const float* grad, float* m, float* v,
                   size_t n, const AdamWStep& step, DType param_dt, Stream s) {
+  OP_SPAN(adamw_update);
   if (is_dry(s)) return;
   if (n == 0) return;
   CHECK(step.t >= 1, "adamw_update: step t=%d must be 1-based", step.t);

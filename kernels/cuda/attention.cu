@@ -260,6 +260,7 @@ const char* cudnn_refusal(const Shape& sh) {
 
 void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV,
                        int HS, DType dt, Stream s, const int* docs) {
+  OP_SPAN(attention_forward);
   if (is_dry(s)) return;
   Shape sh{B, T, NH, NKV, HS, docs};
   check_shape(sh);
@@ -279,6 +280,7 @@ void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS, DType dt,
                         Stream s, const int* docs) {
+  OP_SPAN(attention_backward);
   if (is_dry(s)) return;
   Shape sh{B, T, NH, NKV, HS, docs};
   check_shape(sh);

@@ -547,6 +547,7 @@ void launch_backward(float* dq, float* dkv, const void* dout, const void* qkv, c
 void attention_block_forward(void* out, float* lse, const void* qkv, const void* kv, int B, int T,
                              int NH, int NKV, int HS, bool causal, DType dt, Stream s,
                              const int* q_docs, const int* k_docs) {
+  OP_SPAN(attention_block_forward);
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
   const BlockMask mask{causal, q_docs, k_docs};
@@ -569,6 +570,7 @@ void attention_block_backward(float* dq, float* dkv, const void* dout, const voi
                               const float* lse, const void* qkv, const void* kv, int B, int T,
                               int NH, int NKV, int HS, bool causal, DType dt, Stream s,
                               const int* q_docs, const int* k_docs) {
+  OP_SPAN(attention_block_backward);
   if (is_dry(s)) return;
   const Shape sh{B, T, NH, NKV, HS};
   const BlockMask mask{causal, q_docs, k_docs};

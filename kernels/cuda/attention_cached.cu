@@ -70,6 +70,7 @@ __global__ void cached_attention_kernel(Elem* out, const Elem* qkv, const Elem* 
 
 void attention_cached_forward(void* out, const void* qkv, const void* cache, int n, int pos,
                               int NH, int NKV, int HS, DType dt, Stream s) {
+  OP_SPAN(attention_cached_forward);
   if (is_dry(s)) return;
   CHECK(n >= 1 && pos >= 0, "cached attention: %d new tokens at position %d", n, pos);
   CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && HS <= kWarp * kMaxPerLane,

@@ -65,6 +65,7 @@ __global__ void attention_merge_kernel(T* out, float* lse, const T* __restrict__
 
 void attention_merge(void* out, float* lse, const void* out_b, const float* lse_b, int B, int T,
                      int NH, int HS, DType dt, Stream s) {
+  OP_SPAN(attention_merge);
   if (is_dry(s)) return;
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
   dispatch_dtype(dt, [&](auto tag) {

@@ -107,6 +107,7 @@ void launch_bias_grad(float* dbias, float* partial, const BiasReduction& r, cons
 }  // namespace
 
 void bias_backward(float* dbias, const void* dout, int N, int OC, DType dt, Stream s) {
+  OP_SPAN(bias_backward);
   if (is_dry(s)) return;
   CHECK(N >= 0 && OC >= 0, "bias_backward: bad shape N=%d OC=%d", N, OC);
   if (N == 0 || OC == 0) return;

@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void classifier_shard_stats(float* stats, const void* logits, const int* targets, int N, int Vs,
                             int col0, int V, DType dt, Stream s) {
+  OP_SPAN(classifier_shard_stats);
   if (is_dry(s)) return;
   if (N == 0) return;
   CHECK(V > 0 && Vs >= 0 && col0 >= 0, "classifier shard: V=%d Vs=%d col0=%d", V, Vs, col0);
@@ -234,6 +235,7 @@ void classifier_shard_stats(float* stats, const void* logits, const int* targets
 
 void classifier_merge_stats(float* stats, float* losses, const float* parts_stats,
                             const int* targets, int parts, int N, Stream s) {
+  OP_SPAN(classifier_merge_stats);
   if (is_dry(s)) return;
   if (N == 0) return;
   CHECK(parts > 0, "classifier merge: %d parts", parts);
@@ -246,6 +248,7 @@ void classifier_merge_stats(float* stats, float* losses, const float* parts_stat
 
 void classifier_shard_backward(void* logits, const float* stats, const int* targets, float dloss,
                                int N, int Vs, int col0, int V, DType dt, Stream s) {
+  OP_SPAN(classifier_shard_backward);
   if (is_dry(s)) return;
   if (N == 0 || Vs == 0) return;
   CHECK(V > 0 && Vs > 0 && col0 >= 0, "classifier shard: V=%d Vs=%d col0=%d", V, Vs, col0);
@@ -266,6 +269,7 @@ void classifier_shard_backward(void* logits, const float* stats, const int* targ
 
 void classifier_forward_backward(void* logits, float* losses, const int* targets, float dloss,
                                  int N, int V, int Vp, DType dt, Stream s) {
+  OP_SPAN(classifier_forward_backward);
   if (is_dry(s)) return;
   if (N == 0) return;
   CHECK(V > 0 && V <= Vp, "classifier: need 0 < V <= Vp, got V=%d Vp=%d", V, Vp);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/op_spans.h"
 #include "kernels/ops.h"
 
 #define CUDA_CHECK(call)                                                                    \

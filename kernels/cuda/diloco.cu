@@ -40,6 +40,7 @@ __global__ void outer_step_kernel(float* __restrict__ sync, float* __restrict__ 
 
 void diloco_outer_delta(float* delta, const float* sync, const float* weights, size_t n,
                         Stream s) {
+  OP_SPAN(diloco_outer_delta);
   if (is_dry(s)) return;
   if (n == 0) return;
   const ElementwiseSplit sp = elementwise_split(n, false, kThreads, 1);
@@ -49,6 +50,7 @@ void diloco_outer_delta(float* delta, const float* sync, const float* weights, s
 
 void diloco_outer_step(float* sync, float* m, float* weights, const float* delta_sum, size_t n,
                        float inv_islands, float lr, float mu, Stream s) {
+  OP_SPAN(diloco_outer_step);
   if (is_dry(s)) return;
   if (n == 0) return;
   const ElementwiseSplit sp = elementwise_split(n, false, kThreads, 1);

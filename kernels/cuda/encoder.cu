@@ -248,6 +248,7 @@ void encoder_backward_typed(float* dwte, float* dwpe, const T* dout, const int* 
 void encoder_forward(void* out, const int* tokens, const void* wte, const void* wpe, int B, int T,
                      int C, DType dt, Stream s, int vocab_first, int vocab_rows, int vocab_size,
                      const int* positions) {
+  OP_SPAN(encoder_forward);
   if (is_dry(s)) return;
   const int N = B * T;
   if (N == 0 || C == 0) return;
@@ -275,6 +276,7 @@ void encoder_forward(void* out, const int* tokens, const void* wte, const void* 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* tokens, int B, int T,
                       int C, DType dt, Stream s, int vocab_first, int vocab_rows,
                       int vocab_size, const int* positions) {
+  OP_SPAN(encoder_backward);
   if (is_dry(s)) return;
   if (B * T == 0 || C == 0) return;
   const VocabRange vocab{vocab_first, vocab_rows, vocab_size};

@@ -187,6 +187,7 @@ bool device_supports_fp8() {
 }
 
 void amax(float* out, const void* x, size_t n, DType dt, Stream s) {
+  OP_SPAN(amax);
   if (is_dry(s)) return;
   CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), s->stream));  // +0.0f: the n == 0 answer
   if (n == 0) return;
@@ -203,6 +204,7 @@ void amax(float* out, const void* x, size_t n, DType dt, Stream s) {
 
 void fp8_update_scale(float* scale, float* scale_inv, float* history, int history_len,
                       const float* amax, float fp8_max, int margin, Stream s) {
+  OP_SPAN(fp8_update_scale);
   if (is_dry(s)) return;
   CHECK(history_len >= 0 && (history_len == 0 || history), "fp8_update_scale: history %d",
         history_len);
@@ -213,6 +215,7 @@ void fp8_update_scale(float* scale, float* scale_inv, float* history, int histor
 
 void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int rows, int cols,
               const float* scale, Stream s) {
+  OP_SPAN(fp8_cast);
   if (is_dry(s)) return;
   CHECK(rows >= 0 && cols >= 0, "fp8_cast: bad shape %d x %d", rows, cols);
   CHECK(out || out_t, "fp8_cast: no output");

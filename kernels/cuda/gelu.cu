@@ -54,6 +54,7 @@ __global__ void gelu_backward_kernel(T* dinp, const T* __restrict__ inp, const T
 }  // namespace
 
 void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
+  OP_SPAN(gelu_forward);
   if (is_dry(s)) return;
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
@@ -67,6 +68,7 @@ void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s) {
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n, DType dt, Stream s) {
+  OP_SPAN(gelu_backward);
   if (is_dry(s)) return;
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {

@@ -233,6 +233,7 @@ __global__ void topk_scatter_add_kernel(float* out, size_t first, size_t out_n,
 
 void int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int chunks,
                    bool accumulate_err, Stream s) {
+  OP_SPAN(int8_quantize);
   if (is_dry(s)) return;
   if (chunk_n == 0 || chunks == 0) return;
   const size_t blocks = ceil_div(chunk_n, kQuantBlock);
@@ -244,6 +245,7 @@ void int8_quantize(void* packed, float* err, const float* x, size_t chunk_n, int
 }
 
 void int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int records, Stream s) {
+  OP_SPAN(int8_dequantize_sum);
   if (is_dry(s)) return;
   if (chunk_n == 0) return;
   int8_dequantize_sum_kernel<<<grid_for(chunk_n), kThreads, 0, s->stream>>>(
@@ -253,6 +255,7 @@ void int8_dequantize_sum(float* out, const void* packed, size_t chunk_n, int rec
 
 void int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, int records,
                      Stream s) {
+  OP_SPAN(int8_dequantize);
   if (is_dry(s)) return;
   const size_t total = std::min(n, chunk_n * records);
   if (total == 0) return;
@@ -262,6 +265,7 @@ void int8_dequantize(float* out, size_t n, const void* packed, size_t chunk_n, i
 }
 
 void topk_select(int32_t* record, float* x, size_t n, size_t k, void* scratch, Stream s) {
+  OP_SPAN(topk_select);
   if (is_dry(s)) return;
   CHECK(k <= n && n <= (size_t)INT32_MAX, "topk_select: k = %zu of n = %zu", k, n);
   if (k == 0) return;
@@ -286,6 +290,7 @@ void topk_select(int32_t* record, float* x, size_t n, size_t k, void* scratch, S
 
 void topk_scatter_add(float* out, size_t first, size_t out_n, const int32_t* records, size_t k,
                       int records_n, Stream s) {
+  OP_SPAN(topk_scatter_add);
   if (is_dry(s)) return;
   if (k == 0) return;
   for (int r = 0; r < records_n; r++) {

@@ -162,6 +162,7 @@ void layernorm_backward_typed(T* dinp, float* dweight, float* dbias, const T* do
 
 void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                        const void* bias, int N, int C, DType dt, Stream s) {
+  OP_SPAN(layernorm_forward);
   if (is_dry(s)) return;
   if (N == 0 || C == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
@@ -184,6 +185,7 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
 void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
                         const void* inp, const void* weight, const float* mean, const float* rstd,
                         int N, int C, DType dt, Stream s) {
+  OP_SPAN(layernorm_backward);
   if (is_dry(s)) return;
   if (N == 0 || C == 0) return;
   dispatch_dtype(dt, [&](auto tag) {

@@ -521,6 +521,7 @@ void release_gemm_signatures(StreamImpl* s) {
 void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
                     const void* bias, const void* residual, int N, int C, int OC, DType dt,
                     Stream s) {
+  OP_SPAN(matmul_forward);
   if (is_dry(s)) return;
   check_shape("matmul_forward", N, C, OC);
   CHECK(!(pre_gelu && residual), "matmul_forward: a residual cannot follow the GELU");
@@ -559,6 +560,7 @@ void matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weig
 void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                      const void* weight, const void* gelu_input, int N, int C, int OC, DType dt,
                      Stream s) {
+  OP_SPAN(matmul_backward);
   if (is_dry(s)) return;
   check_shape("matmul_backward", N, C, OC);
   if (dinp) input_gradient(dinp, dout, weight, gelu_input, N, C, OC, dt, s);
@@ -569,6 +571,7 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
 void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
               const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
               const float* b_scale_inv, Stream s) {
+  OP_SPAN(gemm_fp8);
   if (is_dry(s)) return;
   check_fp8_gemm(out, out_dt, accumulate, a, a_fp8, b, b_fp8, M, N, K);
   Gemm g = fp8_gemm(out, out_dt, a, a_fp8, b, b_fp8, M, N, K, a_scale_inv, b_scale_inv);

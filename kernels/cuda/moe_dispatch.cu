@@ -131,6 +131,7 @@ void dispatch_width(DType dt, int C, std::initializer_list<const void*> pointers
 }  // namespace
 
 void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType dt, Stream s) {
+  OP_SPAN(moe_permute);
   if (is_dry(s)) return;
   if (M <= 0 || C <= 0) return;
   dispatch_width(dt, C, {out, in}, [&](auto tag, auto w) {
@@ -144,6 +145,7 @@ void moe_permute(void* out, const void* in, const int* rows, int M, int C, DType
 
 void moe_unpermute_backward(void* din, const void* dout, const int* position, int N, int top_k,
                             int C, DType dt, Stream s) {
+  OP_SPAN(moe_unpermute_backward);
   if (is_dry(s)) return;
   if (N <= 0 || C <= 0) return;
   dispatch_width(dt, C, {din, dout}, [&](auto tag, auto w) {
@@ -157,6 +159,7 @@ void moe_unpermute_backward(void* din, const void* dout, const int* position, in
 
 void moe_combine(void* out, const void* expert_out, const float* gate, const int* position, int N,
                  int top_k, int C, DType dt, Stream s) {
+  OP_SPAN(moe_combine);
   if (is_dry(s)) return;
   if (N <= 0 || C <= 0) return;
   dispatch_width(dt, C, {out, expert_out}, [&](auto tag, auto w) {
@@ -172,6 +175,7 @@ void moe_combine(void* out, const void* expert_out, const float* gate, const int
 void moe_combine_backward(void* d_expert_out, float* d_gate, const void* dout,
                           const void* expert_out, const float* gate, const int* position, int N,
                           int top_k, int C, DType dt, Stream s) {
+  OP_SPAN(moe_combine_backward);
   if (is_dry(s)) return;
   if (N <= 0) return;
   dispatch_width(dt, C, {d_expert_out, dout, expert_out}, [&](auto tag, auto w) {

@@ -119,6 +119,7 @@ __global__ void router_backward_kernel(float* dlogits, const float* __restrict__
 
 void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
                         float* probs, float* lse, Stream s) {
+  OP_SPAN(moe_router_forward);
   if (is_dry(s)) return;
   if (top_k < 1 || top_k > E) FATAL("moe_router_forward: top_k %d not in [1, E = %d]", top_k, E);
   if (N <= 0) return;
@@ -131,6 +132,7 @@ void moe_router_forward(const float* logits, int N, int E, int top_k, int* exper
 void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
                          const float* dgate, const float* dprobs_aux, const float* lse,
                          float z_coef, int N, int E, int top_k, Stream s) {
+  OP_SPAN(moe_router_backward);
   if (is_dry(s)) return;
   if (N <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;

@@ -151,16 +151,19 @@ __global__ void copy_columns_kernel(D* __restrict__ dst, size_t dst_cols,
 }  // namespace
 
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
+  OP_SPAN(sum_squares_accumulate);
   if (is_dry(s)) return;
   reduce_accumulate<true>(out, x, n, 1.0f, s);
 }
 
 void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s) {
+  OP_SPAN(sum_accumulate);
   if (is_dry(s)) return;
   reduce_accumulate<false>(out, x, n, scale, s);
 }
 
 void add_inplace(float* dst, const float* src, size_t n, Stream s) {
+  OP_SPAN(add_inplace);
   if (is_dry(s)) return;
   if (n == 0) return;
   const ElementwiseSplit sp =
@@ -170,6 +173,7 @@ void add_inplace(float* dst, const float* src, size_t n, Stream s) {
 }
 
 void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stream s) {
+  OP_SPAN(cast);
   if (is_dry(s)) return;
   if (n == 0) return;
   if (dst_dt == src_dt) {
@@ -191,6 +195,7 @@ void cast(void* dst, DType dst_dt, const void* src, DType src_dt, size_t n, Stre
 
 void copy_columns(void* dst, int dst_cols, DType dst_dt, const void* src, int src_cols,
                   DType src_dt, int rows, int width, Stream s) {
+  OP_SPAN(copy_columns);
   if (is_dry(s)) return;
   if (rows <= 0 || width <= 0) return;
   // Groups of kElems columns start 16-byte aligned in every row when these hold (a float group

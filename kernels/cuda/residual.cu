@@ -55,6 +55,7 @@ void launch(T* out, const T* inp, const T* bias, const T* residual, int N, int C
 
 void add_bias_residual(void* out, const void* inp, const void* bias, const void* residual, int N,
                        int C, DType dt, Stream s) {
+  OP_SPAN(add_bias_residual);
   if (is_dry(s)) return;
   if (N <= 0 || C <= 0) return;
   dispatch_dtype(dt, [&](auto tag) {

@@ -123,6 +123,7 @@ void rmsnorm_backward_typed(T* dinp, float* dweight, const T* dout, const T* inp
 
 void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
                      float eps, DType dt, Stream s) {
+  OP_SPAN(rmsnorm_forward);
   if (is_dry(s)) return;
   if (N == 0 || C == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
@@ -143,6 +144,7 @@ void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight
 
 void rmsnorm_backward(void* dinp, float* dweight, const void* dout, const void* inp,
                       const void* weight, const float* rstd, int N, int C, DType dt, Stream s) {
+  OP_SPAN(rmsnorm_backward);
   if (is_dry(s)) return;
   if (N == 0 || C == 0) return;
   dispatch_dtype(dt, [&](auto tag) {

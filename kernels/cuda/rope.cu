@@ -85,6 +85,7 @@ void rope(void* qkv, const float* cos_table, const float* sin_table, const int* 
 void rope_forward(void* qkv, const float* cos_table, const float* sin_table, const int* positions,
                   int B, int T, int NH, int NKV, int HS, DType dt, Stream s,
                   int positions_row_stride) {
+  OP_SPAN(rope_forward);
   if (is_dry(s)) return;
   rope(qkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, 1.0f, s);
 }
@@ -92,6 +93,7 @@ void rope_forward(void* qkv, const float* cos_table, const float* sin_table, con
 void rope_backward(void* dqkv, const float* cos_table, const float* sin_table,
                    const int* positions, int B, int T, int NH, int NKV, int HS, DType dt,
                    Stream s, int positions_row_stride) {
+  OP_SPAN(rope_backward);
   if (is_dry(s)) return;
   rope(dqkv, cos_table, sin_table, positions, positions_row_stride, B, T, NH, NKV, HS, dt, -1.0f, s);
 }

@@ -123,6 +123,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_to_device_async);
   if (is_dry(s)) return;
   if (bytes == 0) return;
   // From pageable memory, CUDA copies src into a staging buffer before returning.
@@ -130,6 +131,7 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
 }
 
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_to_host_async);
   if (is_dry(s)) return;
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream));
@@ -153,12 +155,14 @@ void release_host_pinned(void* p) {
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, Stream s) {
+  OP_SPAN(copy_on_device);
   if (is_dry(s)) return;
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
 }
 
 void fill_zero(void* p, size_t bytes, Stream s) {
+  OP_SPAN(fill_zero);
   if (is_dry(s)) return;
   if (bytes == 0) return;
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s->stream));

@@ -73,6 +73,7 @@ int grid_for(size_t total) { return (int)std::min(ceil_div(total, kThreads), kMa
 }  // namespace
 
 void swiglu_forward(void* out, const void* inp, int N, int F, DType dt, Stream s) {
+  OP_SPAN(swiglu_forward);
   if (is_dry(s)) return;
   if (N == 0 || F == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
@@ -94,6 +95,7 @@ void swiglu_forward(void* out, const void* inp, int N, int F, DType dt, Stream s
 
 void swiglu_backward(void* dinp, const void* dout, const void* inp, int N, int F, DType dt,
                      Stream s) {
+  OP_SPAN(swiglu_backward);
   if (is_dry(s)) return;
   if (N == 0 || F == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
