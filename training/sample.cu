@@ -47,11 +47,14 @@ int choose_token(const std::vector<float>& logits, double u01, double temperatur
 }
 
 // The token the last stage chose (holder: this rank holds the chosen row's logits), sent to
-// the other stages. Control plane: one int over pp.
+// the last stage's other cp ranks (from cp rank cp_owner, where cp > 1), then to the other
+// stages. Control plane: one int over cp and pp.
 static int next_token(GPT& m, const Pipeline& pl, Comm& pp, bool holder, double u01,
-                      const SampleSettings& st, ops::Stream s) {
+                      const SampleSettings& st, ops::Stream s, int cp_owner = 0) {
   int next = 0;
   if (holder) next = choose_token(gpt_logits_row(m, s), u01, st.temperature, st.top_k);
+  Comm& cp = *m.layout.cp;
+  if (cp.size > 1 && gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), cp_owner);
   broadcast_host(pp, &next, sizeof(next), pl.schedule.owner(pl.schedule.p * pl.schedule.v - 1));
   return next;
 }
@@ -70,7 +73,7 @@ static std::vector<int> sample_recompute(GPT& m, ParamStore& store, const Pipeli
     for (int t = 0; t < T; t++) window[t] = t < len ? generated[generated.size() - len + t] : eot;
     cp_select_tokens(local.data(), window.data(), cp.size, cp.rank, 1, T);
     // The last stage's cp rank holding position len-1 samples (its head keeps that row's
-    // logits) and sends the token to the other cp ranks of the last stage.
+    // logits); next_token sends the token on.
     int owner = 0;
     for (int r = 0; r < cp.size; r++)
       if (cp_local_index(cp.size, r, 1, T, 0, len - 1) >= 0) owner = r;
@@ -82,12 +85,7 @@ static std::vector<int> sample_recompute(GPT& m, ParamStore& store, const Pipeli
                          s);
     m.logits_row = -1;
     const double u01 = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    int next = 0;
-    if (gpt_holds_output(m) && row >= 0)
-      next = choose_token(gpt_logits_row(m, s), u01, st.temperature, st.top_k);
-    if (gpt_holds_output(m)) broadcast_host(cp, &next, sizeof(next), owner);
-    broadcast_host(pp, &next, sizeof(next), pl.schedule.owner(pl.schedule.p * pl.schedule.v - 1));
-    generated.push_back(next);
+    generated.push_back(next_token(m, pl, pp, gpt_holds_output(m) && row >= 0, u01, st, s, owner));
   }
   return generated;
 }
