@@ -66,10 +66,13 @@ static void tally(Comm& c, CollectiveKind kind, size_t bytes) {
   k.bytes[(int)kind] += bytes;
 }
 
-// The trace span of a counted call (inactive outside traced steps), on the call's stream.
-#define COMM_SPAN(kind, bytes) \
-  trace::Span span(trace::Lane::Comm, "comm", kind_name(kind), s); \
-  span_args(span, c, bytes)
+// Counts a call on group c (the comm accounting) and opens its trace span with the same bytes
+// (inactive outside traced steps) on `stream` (null: the host clock), so the two always agree.
+#define COUNT_CALL(kind, bytes, stream)                                  \
+  const size_t counted_bytes = (bytes);                                  \
+  tally(c, kind, counted_bytes);                                         \
+  trace::Span span(trace::Lane::Comm, "comm", kind_name(kind), stream);  \
+  span_args(span, c, counted_bytes)
 
 static void span_args(trace::Span& span, const Comm& c, size_t bytes) {
   if (!span.active()) return;
@@ -107,31 +110,27 @@ static const CollectiveBackend& backend_of(const Comm& c) {
 // ---------------------------------------------------------------------------------------------
 void all_reduce_sum(Comm& c, void* buf, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return;
-  tally(c, CollectiveKind::AllReduce, count * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::AllReduce, count * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::AllReduce, count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).all_reduce_sum(c, buf, count, dt, s);
 }
 
 void all_reduce_max(Comm& c, float* buf, size_t count, ops::Stream s) {
   if (c.size == 1) return;
-  tally(c, CollectiveKind::AllReduce, count * sizeof(float));
-  COMM_SPAN(CollectiveKind::AllReduce, count * sizeof(float));
+  COUNT_CALL(CollectiveKind::AllReduce, count * sizeof(float), s);
   if (moves_data(c)) backend_of(c).all_reduce_max(c, buf, count, s);
 }
 
 void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count, DType dt,
                         ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, recv_count * dtype_size(dt), s);
-  tally(c, CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::ReduceScatter, c.size * recv_count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).reduce_scatter_sum(c, send, recv, recv_count, dt, s);
 }
 
 void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                 ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, send_count * dtype_size(dt), s);
-  tally(c, CollectiveKind::AllGather, c.size * send_count * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::AllGather, c.size * send_count * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::AllGather, c.size * send_count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).all_gather(c, send, recv, send_count, dt, s);
 }
 
@@ -139,8 +138,7 @@ void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream
   CHECK(root >= 0 && root < c.size, "broadcast on axis %s: root %d outside the group of %d",
         axis_name(c.axis), root, c.size);
   if (c.size == 1) return;
-  tally(c, CollectiveKind::Broadcast, count * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::Broadcast, count * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::Broadcast, count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).broadcast(c, buf, count, dt, root, s);
 }
 
@@ -171,8 +169,7 @@ void p2p_batch(Comm& c, const P2POp* ops, int n, DType dt, ops::Stream s) {
 
 void all_to_all(Comm& c, const void* send, void* recv, size_t count, DType dt, ops::Stream s) {
   if (c.size == 1) return copy_if_distinct(recv, send, count * dtype_size(dt), s);
-  tally(c, CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::AllToAll, c.size * count * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::AllToAll, c.size * count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).all_to_all(c, send, recv, count, dt, s);
 }
 
@@ -190,8 +187,7 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
           axis_name(c.axis), send_counts[0], recv_counts[0]);
     return copy_if_distinct(recv, send, send_counts[0] * dtype_size(dt), s);
   }
-  tally(c, CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
-  COMM_SPAN(CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt));
+  COUNT_CALL(CollectiveKind::AllToAll, sum_counts(send_counts, c.size) * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).all_to_all_v(c, send, send_counts, recv, recv_counts, dt, s);
 }
 
@@ -201,18 +197,14 @@ void all_to_all_v(Comm& c, const void* send, const size_t* send_counts, void* re
 // A host barrier: it orders the ranks' host code, it does not wait for work queued on streams.
 void barrier(Comm& c) {
   if (c.size == 1) return;
-  tally(c, CollectiveKind::Barrier, 0);
-  ops::Stream s = nullptr;  // a host barrier: the host clock
-  COMM_SPAN(CollectiveKind::Barrier, 0);
+  COUNT_CALL(CollectiveKind::Barrier, 0, nullptr);  // a host barrier: the host clock
   if (moves_data(c)) mpi_host::barrier(c);
 }
 
 void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
-  if (c.size > 1) tally(c, CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
-  if (c.size > 1 && moves_data(c)) {
-    ops::Stream s = nullptr;  // on the host: the host clock
-    COMM_SPAN(CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int));
-    return mpi_host::all_to_all(c, send, per_peer, recv, HostType::Int);
+  if (c.size > 1) {
+    COUNT_CALL(CollectiveKind::AllToAll, (size_t)c.size * per_peer * sizeof(int), nullptr);
+    if (moves_data(c)) return mpi_host::all_to_all(c, send, per_peer, recv, HostType::Int);
   }
   for (int j = 0; j < c.size; j++)  // every rank (here: this one) sends this rank its block
     std::memcpy(recv + (size_t)j * per_peer, send + (size_t)c.rank * per_peer,
@@ -221,9 +213,7 @@ void all_to_all_host(Comm& c, const int* send, int per_peer, int* recv) {
 
 void all_reduce_host_sum(Comm& c, int* x, int n) {
   if (c.size == 1) return;
-  tally(c, CollectiveKind::AllReduce, (size_t)n * sizeof(int));
-  ops::Stream s = nullptr;  // on the host: the host clock
-  COMM_SPAN(CollectiveKind::AllReduce, (size_t)n * sizeof(int));
+  COUNT_CALL(CollectiveKind::AllReduce, (size_t)n * sizeof(int), nullptr);  // the host clock
   if (moves_data(c)) return mpi_host::all_reduce(c, x, n, HostType::Int, HostOp::Sum);
   for (int i = 0; i < n; i++) x[i] *= c.size;
 }
