@@ -65,8 +65,8 @@ def main():
         ref.write_model(os.path.join(tmp, "model.bin"), params, 2, 4, 32, T, 101)
         for arch, sections in (("gpt2", gpt2_sections(tmp)), ("llama", llama_sections(tmp))):
             want = sample_of(tmp, sections, ["--log.sample_kv_cache=false"])
-            checks.check(f"{arch}: {TOKENS} tokens sampled, not all one token",
-                         len(want) == TOKENS and len(set(want)) > 2, f"{want}")
+            checks.check(f"{arch}: {TOKENS} tokens sampled, not all one token (at least two distinct)",
+                         len(want) == TOKENS and len(set(want)) > 1, f"{want}")
             layouts = [("one rank", [], 0), ("tp 2", ["--parallel.tp=2"], 2),
                        ("tp 2 sp", ["--parallel.tp=2", "--parallel.sp=true"], 2),
                        ("pp 2", ["--parallel.pp=2"], 2)]
