@@ -35,11 +35,56 @@ else
 fi
 make -j2 BUILD="$BUILD" $targets test-bins "$BUILD/bench_kernels_cpu" || { echo "run_all: BUILD FAILED"; exit 1; }
 tools/prepare_fortunes.sh || { echo "run_all: dataset preparation failed"; exit 1; }
+# The emulated tier's programs are built here too, so that its groups (below) only run them and
+# can run beside other groups: two makes building the same objects at once would race. Where
+# that build fails the emulated groups run one at a time, each rebuilding and failing by itself.
+emu_run=run
+have_cuda_headers() { [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; }
+if have_cuda_headers && ! make -j2 BUILD="$BUILD" emu-bins; then
+  echo "run_all: the emulated tier's build FAILED (its groups below fail with it)"
+  emu_run=run_alone
+fi
 
 source test/suite.sh
 suite_options "$@"
 SUITE_GROUPS="${SUITE_ARGS[*]}"  # `test/run_all.sh plan model`: only those groups
+SUITE_JOBS=${SUITE_JOBS:-2}      # two groups at a time (test/suite.sh); SUITE_JOBS=1: one
 
+# The longest groups first, so that the two lanes end together.
+# The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): every
+# test/gpu program under a random thread order, the shared-memory kernels under
+# AddressSanitizer, the whole CUDA trainer (./train_emu) against ./train_cpu, its layouts under
+# the stream schedules (late, others-first) bitwise against sync with sabotaged copies that must
+# fail (test/test_stream_schedules.py), and the emulator's own tests.
+if have_cuda_headers; then
+  $emu_run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
+  $emu_run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
+  $emu_run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
+  $emu_run emu-streams make -s -j2 BUILD="$BUILD" emu-streams-tests
+  $emu_run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
+else
+  skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
+fi
+run pipeline    $PY test/test_pipeline.py
+run diloco      $PY test/test_diloco.py
+run grad-compression $PY test/test_grad_compression.py
+# The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
+# sanitized build of the readers is part of the group's time.
+if why=$(test/fuzz/have_engine.sh); then
+  run fuzz-corpus bash -c 'make -j2 BUILD="$BUILD" fuzz-bins > "$BUILD/fuzz-bins.log" 2>&1 ||
+                           { tail -20 "$BUILD/fuzz-bins.log"; exit 1; }; test/fuzz/run_corpus.sh'
+else
+  skip fuzz-corpus "no fuzzing engine: $why"
+fi
+run checkpoint  $PY test/test_checkpoint.py
+run plan        $PY test/test_plan.py
+run distributed $PY test/test_distributed.py
+run zero        $PY test/test_zero.py
+if [ -x "$BUILD/emu/test_comm_nccl" ]; then  # the CUDA libraries' stand-ins (test/emu/LIBRARIES.md)
+  run emu-libs  test/emu/run_lib_tests.sh
+else
+  skip emu-libs "no $BUILD/emu/test_comm_nccl (built with the CUDA toolkit, which is missing)"
+fi
 run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
 run model       $PY test/test_model.py
@@ -63,76 +108,44 @@ run eval        $PY test/test_eval.py
 run tokenize    $PY test/test_tokenize.py
 run tokenizer-json $PY test/test_tokenizer_json.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
-run mesh        $PY test/test_mesh.py "$BUILD"
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
 run mfu         $PY test/test_mfu.py
-run distributed $PY test/test_distributed.py
-run zero        $PY test/test_zero.py
-run diloco      $PY test/test_diloco.py
 run diloco-groups "$BUILD/test_diloco_groups"
 run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
-run grad-compression $PY test/test_grad_compression.py
 run noise-scale "$BUILD/test_noise_scale"
 run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
-run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
 run documents   $PY test/test_documents.py  # [data] document_mask vs float64, every layout
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
-run plan        $PY test/test_plan.py
 run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
 run checkpoint-writers "$BUILD/test_checkpoint_writers"
-run checkpoint  $PY test/test_checkpoint.py
 run export      $PY test/test_export.py
 run llama-hf    $PY test/test_llama_hf.py
 run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
-run watchdog    $PY test/test_watchdog.py
-run preemption  $PY test/test_preemption.py
-run slurm       $PY test/test_slurm.py  # a private Slurm: srun, the job script's requeue, threads
-run async-checkpoint $PY test/test_async_checkpoint.py
 run loss-spikes $PY test/test_loss_spikes.py
-run stragglers  $PY test/test_stragglers.py
-run trace       $PY test/test_trace.py  # [log] trace: the files against the step, comm, schedule
-run elastic     $PY test/test_elastic.py
 run bad-input   $PY test/test_bad_input.py
-run long-run    $PY test/test_long_run.py
-run docs        $PY test/test_docs.py  # README and docs/ against the schema, the tree, this file
-# The readers' saved fuzz inputs, once each under ASan + UBSan (test/fuzz/README.md); the
-# sanitized build of the readers is part of the group's time.
-if why=$(test/fuzz/have_engine.sh); then
-  run fuzz-corpus bash -c 'make -j2 BUILD="$BUILD" fuzz-bins > "$BUILD/fuzz-bins.log" 2>&1 ||
-                           { tail -20 "$BUILD/fuzz-bins.log"; exit 1; }; test/fuzz/run_corpus.sh'
-else
-  skip fuzz-corpus "no fuzzing engine: $why"
-fi
 if [ -x "$BUILD/test_cudnn_graph" ]; then
   run cudnn-graph "$BUILD/test_cudnn_graph"  # the cuDNN attention graphs, checked on the host
 else
   skip cudnn-graph "no $BUILD/test_cudnn_graph (built with the CUDA toolkit, which is missing)"
 fi
-if [ -x "$BUILD/emu/test_comm_nccl" ]; then  # the CUDA libraries' stand-ins (test/emu/LIBRARIES.md)
-  run emu-libs  test/emu/run_lib_tests.sh
-else
-  skip emu-libs "no $BUILD/emu/test_comm_nccl (built with the CUDA toolkit, which is missing)"
-fi
-# The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): the
-# emulator's own tests, every test/gpu program under two thread orders, the shared-memory
-# kernels under AddressSanitizer, the whole CUDA trainer (./train_emu) against ./train_cpu, and
-# its layouts under the stream schedules (late, others-first) bitwise against sync, with
-# sabotaged copies that must fail (test/test_stream_schedules.py).
-if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
-  run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
-  run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
-  run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
-  run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
-  run emu-streams make -s -j2 BUILD="$BUILD" emu-streams-tests
-else
-  skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
-fi
+run docs        $PY test/test_docs.py  # README and docs/ against the schema, the tree, this file
+# The groups that time something on the wall clock (a watchdog's timeout, a straggler's delay, a
+# refusal within 3 s, a trace's spans covering the step), each with the machine to itself.
+run_alone watchdog    $PY test/test_watchdog.py
+run_alone preemption  $PY test/test_preemption.py
+run_alone slurm       $PY test/test_slurm.py  # a private Slurm: srun, the job script's requeue, threads
+run_alone async-checkpoint $PY test/test_async_checkpoint.py
+run_alone stragglers  $PY test/test_stragglers.py
+run_alone trace       $PY test/test_trace.py  # [log] trace: the files against the step, comm, schedule
+run_alone elastic     $PY test/test_elastic.py
+run_alone long-run    $PY test/test_long_run.py
+run_alone mesh        $PY test/test_mesh.py "$BUILD"
 
 suite_finish run_all

@@ -3,12 +3,26 @@
 # failed.
 #
 #   source test/suite.sh
-#   suite_options ARGS...      run NAME COMMAND...     skip NAME REASON     suite_finish SUITE_NAME
+#   suite_options ARGS...      run NAME COMMAND...     run_alone NAME COMMAND...
+#   skip NAME REASON           suite_finish SUITE_NAME
 #
 # SUITE_GROUPS="name1 name2": run only the groups named (the others are not counted).
 # suite_options takes `--only PATTERN` (or `--only=PATTERN`) out of a driver's arguments and
 # exports it as TEST_ONLY, which the shared check helpers read (test/README.md, "Running one
 # check"); the other arguments are left in the array SUITE_ARGS.
+#
+# Groups side by side. SUITE_JOBS groups run at once (default 1; run_all.sh sets 2): most groups
+# leave a core idle much of the time (a rank waiting for its peer yields the core, a Python
+# driver waits on a trainer process), so two at a time finish the suite sooner on two cores.
+# Each group writes to its own log, printed whole when the group ends, so the output still reads
+# group by group (in the order they finish). `run_alone` is for the groups that measure
+# wall-clock time (a watchdog's timeout, a straggler's delay, a refusal "within 3 s"): it waits
+# for the running groups, runs by itself, and only then lets the next ones start. A group's time
+# is its own wall-clock time; with SUITE_JOBS > 1 it shares the cores, so it reads longer than
+# the group alone would take.
+#
+#   lane 1: |== emu-gpu ===========|== pipeline ==|== ... ==|           |== watchdog ==|
+#   lane 2: |== emu-asan ==|== diloco ==|== zero ==|== ... ====|        (run_alone: one lane)
 #
 # Skips are counted, never silent. A group skips some of its checks by printing a line that
 # starts with "SKIP" (leading blanks allowed): "SKIP BPE id comparison: python3-regex is not
@@ -18,7 +32,10 @@
 failed=()
 skipped=()
 passed=0
-export PYTHONUNBUFFERED=1  # the group's lines in the order they happen, through the pipe below
+export PYTHONUNBUFFERED=1  # the group's lines in the order they happen, into its log
+SUITE_JOBS=${SUITE_JOBS:-1}
+SUITE_LOGS=$(mktemp -d)
+declare -A suite_running=()  # pid -> group name, of the groups running now
 
 suite_options() {
   SUITE_ARGS=()
@@ -31,37 +48,79 @@ suite_options() {
   done
 }
 
-run() {
+selected() {  # is group $1 among those asked for?
+  [ -z "${SUITE_GROUPS:-}" ] || [[ " $SUITE_GROUPS " == *" $1 "* ]]
+}
+
+# One group, run in the background into its log: its exit status and seconds go to NAME.rc and
+# NAME.secs beside the log.
+start_group() {
   local name=$1; shift
-  if [ -n "${SUITE_GROUPS:-}" ] && [[ " $SUITE_GROUPS " != *" $name "* ]]; then return 0; fi
-  local start=$SECONDS log rc line
-  log=$(mktemp)
+  (
+    start=$SECONDS
+    "$@" > "$SUITE_LOGS/$name.log" 2>&1
+    rc=$?
+    echo $((SECONDS - start)) > "$SUITE_LOGS/$name.secs"
+    echo $rc > "$SUITE_LOGS/$name.rc"
+  ) &
+  suite_running[$!]=$name
+}
+
+# Print a finished group's log and its verdict, and count it.
+report_group() {
+  local name=$1 rc secs line
+  rc=$(cat "$SUITE_LOGS/$name.rc" 2>/dev/null || echo 1)
+  secs=$(cat "$SUITE_LOGS/$name.secs" 2>/dev/null || echo "?")
   echo "=== $name"
-  "$@" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
+  cat "$SUITE_LOGS/$name.log"
   while IFS= read -r line; do
     skipped+=("$name: $line")
-  done < <(sed -nE 's/^[[:space:]]*SKIP(PED)?:?[[:space:]]*//p' "$log")
-  rm -f "$log"
+  done < <(sed -nE 's/^[[:space:]]*SKIP(PED)?:?[[:space:]]*//p' "$SUITE_LOGS/$name.log")
   if [ "$rc" -eq 77 ]; then
-    echo "=== $name: SKIPPED ($((SECONDS - start)) s)"
+    echo "=== $name: SKIPPED ($secs s)"
   elif [ "$rc" -eq 0 ]; then
     passed=$((passed + 1))
-    echo "=== $name: passed ($((SECONDS - start)) s)"
+    echo "=== $name: passed ($secs s)"
   else
     failed+=("$name")
-    echo "=== $name: FAILED ($((SECONDS - start)) s)"
+    echo "=== $name: FAILED ($secs s)"
   fi
 }
 
+# Wait until at most $1 groups are running, reporting each one that ends.
+wait_for_groups() {
+  local pid
+  while [ ${#suite_running[@]} -gt "$1" ]; do
+    wait -n -p pid "${!suite_running[@]}"
+    [ -n "${pid:-}" ] || break
+    report_group "${suite_running[$pid]}"
+    unset "suite_running[$pid]"
+  done
+}
+
+run() {
+  selected "$1" || return 0
+  wait_for_groups $((SUITE_JOBS - 1))
+  start_group "$@"
+}
+
+run_alone() {
+  selected "$1" || return 0
+  wait_for_groups 0
+  start_group "$@"
+  wait_for_groups 0
+}
+
 skip() {
-  if [ -n "${SUITE_GROUPS:-}" ] && [[ " $SUITE_GROUPS " != *" $1 "* ]]; then return 0; fi
+  selected "$1" || return 0
   echo "=== $1: SKIPPED: $2"
   skipped+=("$1: $2")
 }
 
 suite_finish() {
   local summary="$passed passed" joined
+  wait_for_groups 0
+  rm -rf "$SUITE_LOGS"
   if [ ${#skipped[@]} -gt 0 ]; then
     joined=$(printf '%s; ' "${skipped[@]}")
     summary="$summary, ${#skipped[@]} skipped: ${joined%; }"

@@ -156,7 +156,7 @@ def test_tour():
 
 # --- 3. the test suite's numbers and the Status section -----------------------------------------
 def run_groups():
-    return [m for m in re.findall(r"^\s*run ([\w-]+)", read("test/run_all.sh"), re.M)]
+    return [m for m in re.findall(r"^\s*(?:run|run_alone|\$emu_run) ([\w-]+)", read("test/run_all.sh"), re.M)]
 
 
 def test_suite_sentences():
