@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "checkpoint/files.h"
+#include "data/data_mix.h"
 #include "data/dataloader.h"
 #include "training/health.h"
 #include "model/gpt.h"
@@ -93,8 +94,9 @@ FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
 // What a checkpoint keeps of the run besides the tensors and the config: where the training data
 // is, and the loss's trend (training/health.h: skipped spikes), as they were after its step.
 struct RunState {
-  DataPosition data;
+  DataPosition data;  // the first dataset's position (the index's /data)
   LossTrend loss_trend;
+  DataMixState mix;   // every dataset's (data.txt, with several: checkpoint/data_record.h)
 };
 
 // Everything but the tensors.
