@@ -19,7 +19,8 @@ GPT-2 (L=2, NH=4, C=32, V=101) from a random llm.c model file.
   4. Resume: a run stopped at step 3 (checkpoint every 3) and resumed to step 6 equals the
      uninterrupted run bitwise (losses, norms, data_rows, the end-of-run counts); the
      checkpoint's data.txt holds the mix record.
-  5. One dataset: train = ["A"] with weights = [1.0] equals train = "A" bitwise, shuffled and not.
+  5. One dataset: train = ["A"] with weights = [1.0] reads llm.c's unshuffled order of A (lr = 0:
+     losses vs float64 on it), and equals train = "A" bitwise, shuffled and not.
   6. Bad input, refused before any step naming the key and the value: weights of another count
      than the datasets, a weight 0 and a negative one, a glob that matches nothing.
 
@@ -212,7 +213,20 @@ def test_resume(tmp, seed):
                  record.splitlines()[1] if "\n" in record else record)
 
 
-def test_one_dataset(tmp, seed):
+def test_one_dataset(tmp, params, shards, seed):
+    one = sections(tmp, STEPS, seed, lr=0.0)
+    one["data"] = {"train": [os.path.join(tmp, "a_*.bin")], "weights": [1.0]}
+    steps, _ = trained(tmp, "single_llmc", one)
+    P = {k: torch.tensor(v) for k, v in params.items()}
+    order, want = Order(shards[0]), []  # llm.c's unshuffled order: B rows a step, shard by shard
+    for _ in range(STEPS):
+        rows = np.array(order.take(B), dtype=np.int64)
+        want.append(ref.gpt2_loss(P, torch.tensor(rows[:, :-1]), torch.tensor(rows[:, 1:]),
+                                  L, NH, V).item())
+    err = max_rel([s["loss"] for s in steps], want) if len(steps) == STEPS else float("inf")
+    checks.check("train = [A], weights = [1.0] reads llm.c's order of A: losses vs float64",
+                 err < REF_TOL and all("data_rows" not in s for s in steps),
+                 f"max rel err {err:.2e} (tol {REF_TOL})")
     for shuffle in (False, True):
         plain = sections(tmp, STEPS, seed, shuffle=shuffle)
         plain["data"] = {"train": os.path.join(tmp, "a_*.bin"), "shuffle": shuffle}
@@ -255,7 +269,7 @@ def main():
         params, shards = experiment(tmp, rng)
         checks.run_each(lambda: test_draw_exact(tmp, params, shards, seed),
                         lambda: test_counts(tmp, seed), lambda: test_layouts(tmp, seed),
-                        lambda: test_resume(tmp, seed), lambda: test_one_dataset(tmp, seed),
+                        lambda: test_resume(tmp, seed), lambda: test_one_dataset(tmp, params, shards, seed),
                         lambda: test_bad_input(tmp, seed))
     checks.report()
 

@@ -261,7 +261,7 @@ def test_documents(rng):
                      + (f"; wrong: {bad}" if bad else ""))
         checks.check("document_mask: the banner says attention is counted per document",
                      "attention is counted per document" in out and "len^2" in out,
-                     next((ln for ln in out.splitlines() if "document_mask" in ln), "no line"))
+                     next((ln for ln in out.splitlines() if "counted per document" in ln), "no line"))
 
 
 def main():
