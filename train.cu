@@ -425,9 +425,15 @@ static void evaluate(Run& r, int step) {
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
     const int eot = sample_eot(r);
+    const SampleSettings st = sample_settings(c, c.train.seed + step);
     std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer,
-                                   eot, sample_settings(c, c.train.seed + step), r.compute);
-    if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
+                                   eot, st, r.compute);
+    if (r.rank0)
+      std::printf("step %5d | sample of %d tokens %s, temperature %g, top_k %d\n"
+                  "step %5d | sample:\n%s\n---\n", step, st.tokens,
+                  st.kv_cache && r.mesh.shape.cp == 1 ? "with the KV cache (prefill, then one token at a time)"
+                              : "recomputing the window for each token",
+                  st.temperature, st.top_k, step, text.c_str());
   }
   std::fflush(stdout);
 }

@@ -305,13 +305,12 @@ static void check_mix(Checker& c) {
   const std::string train = mention(c.cfg, c.origins, "data.train");
   for (const std::string& glob : d.train)
     if (glob.empty()) c.problems.add(train + ": an empty glob");
-  const bool given = c.origins.count("data.weights") > 0;
   if (d.train.size() > 1 && d.weights.size() != d.train.size())
     c.problems.add(mention(c.cfg, c.origins, "data.weights") +
                    strf(" has %zu weight%s for the %zu datasets of ", d.weights.size(),
                         d.weights.size() == 1 ? "" : "s", d.train.size()) + train +
                    ": give one weight per dataset, e.g. weights = [0.7, 0.3]");
-  else if (d.train.size() == 1 && given && d.weights.size() != 1)
+  else if (d.train.size() == 1 && d.weights.size() > 1)
     c.problems.add(mention(c.cfg, c.origins, "data.weights") +
                    strf(" has %zu weights for the one dataset of ", d.weights.size()) + train);
   for (double w : d.weights)

@@ -18,7 +18,8 @@ GPT-2 (L=2, NH=4, C=32, V=101) from a random llm.c model file.
      it (lr > 0, so a wrong row would move every later step).
   4. Resume: a run stopped at step 3 (checkpoint every 3) and resumed to step 6 equals the
      uninterrupted run bitwise (losses, norms, data_rows, the end-of-run counts); the
-     checkpoint's data.txt holds the mix record.
+     checkpoint's data.txt holds the mix record. Resuming it with one dataset, or with the second
+     dataset's shard rewritten (as uint32), is refused naming the datasets or the file.
   5. One dataset: train = ["A"] with weights = [1.0] reads llm.c's unshuffled order of A (lr = 0:
      losses vs float64 on it), and equals train = "A" bitwise, shuffled and not.
   6. Bad input, refused before any step naming the key and the value: weights of another count
@@ -140,6 +141,15 @@ def counts_line(out):
     return [(int(r), int(t)) for r, t in found], line
 
 
+def refused(tmp, what, sec, words, args=()):
+    """Exit status 1, every word in the output, no step line (check_refused with overrides)."""
+    r = run(write_config(tmp, "bad.toml", sec), list(args), check=False, timeout=60)
+    text = r.stdout + r.stderr
+    checks.check(f"refused: {what}", r.returncode == 1 and all(w in text for w in words) and
+                 "| loss" not in r.stdout,
+                 next((ln for ln in text.splitlines() if "error" in ln), "no error line")[:300])
+
+
 def test_draw_exact(tmp, params, shards, seed):
     steps, _ = trained(tmp, "exact", sections(tmp, STEPS, seed, lr=0.0))
     want = expected(seed, shards, STEPS, B)
@@ -211,6 +221,19 @@ def test_resume(tmp, seed):
     checks.check("the checkpoint's data.txt holds the mix record (both datasets' positions)",
                  record.startswith("# data mix") and record.count("\ndataset ") == 2,
                  record.splitlines()[1] if "\n" in record else record)
+    resume = [f"--checkpoint.dir={ck}", f"--checkpoint.resume={ck}/step_000003"]
+    one = sections(tmp, STEPS, seed, shuffle=True)
+    one["data"] = {"train": os.path.join(tmp, "a_*.bin"), "shuffle": True}
+    refused(tmp, "resume of a mix with another number of datasets", one,
+            ["trained on 2 datasets", "[data] train names 1"], resume)
+    b = os.path.join(tmp, "b_000.bin")
+    saved = open(b, "rb").read()
+    ref.write_shard(b, np.frombuffer(saved[1024:], dtype=np.uint16), 7)  # the same, as uint32
+    try:
+        refused(tmp, "resume of a mix whose second dataset changed", sec,
+                ["[data] train dataset 1", "changed: " + b, "uint16 tokens, now uint32"], resume)
+    finally:
+        open(b, "wb").write(saved)
 
 
 def test_one_dataset(tmp, params, shards, seed):
