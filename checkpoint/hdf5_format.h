@@ -38,6 +38,7 @@
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
+//                (of the first dataset; with several, data.txt holds them all: data_record.h)
 //   /train       attributes loss_mean, loss_var (float64), applied, skipped, skipped_in_a_row:
 //                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight

@@ -12,7 +12,9 @@
 // communication) and reads its own rows of it. Dataset d's rows of a global micro-batch are the
 // next c_d rows of its order, taken the way dataloader_next takes dp*B rows (dataloader_take);
 // rank r reads the ones among its slice. Over N rows dataset d's count is Binomial(N, w_d): within
-// a few sqrt(N w_d (1 - w_d)) of N w_d.
+// a few sqrt(N w_d (1 - w_d)) of N w_d. The draws do not depend on how the step's rows are cut
+// into micro-batches either; the rows read do, at a shard's end, as with a single glob: the c_d
+// rows of a global micro-batch come from one shard (a shard with fewer left is left).
 //
 // One dataset (a plain glob string, or an array of one, any weight) is today's loader exactly:
 // every row draws dataset 0 (no draw is made), c_0 = G, and the take is dataloader_next's.
