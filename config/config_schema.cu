@@ -269,7 +269,10 @@ std::string set_field(Config& cfg, const Key& key, const toml::node& n) {
       return "";
     }
     std::string operator()(std::vector<std::string>* f) const {  // a string is one element
-      if (n.is_string()) return *f = {n.as_string()->get()}, "";
+      if (n.is_string()) {
+        *f = {n.as_string()->get()};
+        return "";
+      }
       if (!n.is_array() || n.as_array()->empty())
         return "expects a string or a non-empty array of strings, got " + node_text(n);
       std::vector<std::string> out;
