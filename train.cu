@@ -22,6 +22,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_llama.h"
+#include "data/data_mix.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "config/config.h"
@@ -63,7 +64,8 @@ struct Run {
   // positions inside the documents (grad_accum x B x T/cp), model/documents.h
   std::vector<int> docs, doc_positions;
   double attention_fraction = 1.0;  // this step's sum len^2 / (rows T^2) (training/metrics.h)
-  DataLoader train_data, val_data;
+  DataMix train_data;  // [data] train: one dataset or several mixed (data/data_mix.h)
+  DataLoader val_data;
   std::vector<ChoiceExample> eval_set;  // [eval] file's examples (data/eval_file.h)
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
   LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
@@ -100,9 +102,9 @@ static bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
-static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
+static std::string tokenizer_path(const Config& cfg, const DataMix& train) {
   if (!cfg.data.tokenizer.empty()) return cfg.data.tokenizer;
-  const std::string& first = train.files.front();
+  const std::string& first = train.sources[0].files.front();  // beside the first dataset's
   size_t slash = first.rfind('/');
   return (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) +
          "/tokenizer.bin";
@@ -112,9 +114,10 @@ static std::string tokenizer_path(const Config& cfg, const DataLoader& train) {
 // rank), for --check-config; the token ids are checked as they are read (data/dataloader.h).
 static void check_data(const Config& cfg) {
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len, dp = cfg.parallel.dp;
-  DataLoader train, val;
-  dataloader_init(train, cfg.data.train, "[data] train", B, T, 0, dp, cfg.data.shuffle,
-                  cfg.train.seed, cfg.model.vocab_size);
+  DataMix train;
+  DataLoader val;
+  data_mix_init(train, cfg.data.train, cfg.data.weights, "[data] train", B, T, 0, dp,
+                cfg.data.shuffle, cfg.train.seed, cfg.model.vocab_size);
   if (!cfg.data.val.empty())
     dataloader_init(val, cfg.data.val, "[data] val", B, T, 0, dp, false, 0, cfg.model.vocab_size);
   if (!cfg.eval.file.empty())
@@ -190,8 +193,8 @@ static void setup_data_and_logs(Run& r) {
   // islands the dp group is only the island's).
   const int dp_rank = mesh_coords(r.mesh.shape, r.mesh.world_rank).dp;
   const int V = cfg.model.vocab_size;  // every token read is checked against it
-  dataloader_init(r.train_data, cfg.data.train, "[data] train", B, T, dp_rank, r.mesh.shape.dp,
-                  cfg.data.shuffle, cfg.train.seed, V);
+  data_mix_init(r.train_data, cfg.data.train, cfg.data.weights, "[data] train", B, T, dp_rank,
+                r.mesh.shape.dp, cfg.data.shuffle, cfg.train.seed, V);
   if (!cfg.data.val.empty())
     dataloader_init(r.val_data, cfg.data.val, "[data] val", B, T, dp_rank, r.mesh.shape.dp, false, 0, V);
   if (!cfg.eval.file.empty())  // every record checked before any work
@@ -210,6 +213,7 @@ static void setup_data_and_logs(Run& r) {
   info.activation_bytes = r.model.memory.bytes;
   info.world_size = r.mesh.shape.world();
   info.flops = flops_per_token(r.layout, r.model.recompute);
+  info.documents = cfg.data.document_mask;
   info.peak_tflops = run_peak_tflops(r.device.name, cfg.precision.compute, cfg.log.peak_tflops,
                                      &info.peak_source);
   metrics_run(r.metrics, info);
@@ -280,9 +284,9 @@ static void read_step_batch(Run& r) {
   double squares = 0;  // sum over the step's documents of len^2
   for (int micro = 0; micro < r.cfg.train.grad_accum; micro++) {
     if (cp == 1) {  // the micro-batch as read
-      dataloader_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
+      data_mix_next(r.train_data, &r.tokens[micro * n], &r.targets[micro * n]);
     } else {
-      dataloader_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
+      data_mix_next(r.train_data, r.batch_tokens.data(), r.batch_targets.data());
       cp_select_tokens(&r.tokens[micro * n], r.batch_tokens.data(), cp, cp_rank, B, T);
       cp_select_tokens(&r.targets[micro * n], r.batch_targets.data(), cp, cp_rank, B, T);
     }
@@ -308,6 +312,7 @@ static void report_step_costs(Run& r, StepReport& rep, double ms) {
                   (double)c.train.micro_batch * c.model.seq_len * c.train.grad_accum *
                       r.mesh.shape.dp,
                   r.attention_fraction);
+  rep.attention_fraction = c.data.document_mask ? r.attention_fraction : -1;
   rep.mem_bytes = ops::memory_in_use();
   rep.mem_peak_bytes = ops::memory_peak();
   store_step_report(rep, r.store);
@@ -321,7 +326,7 @@ static StepReport train_step(Run& r, int step) {
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
   const double waited0 = r.mesh.watch.waited_s;
-  const DataPosition batch_start = r.train_data.pos;
+  const DataMixState batch_start = data_mix_state(r.train_data);
   comm_stats_reset(r.mesh.stats);
   store_stats_reset(r.store);
   {
@@ -340,6 +345,8 @@ static StepReport train_step(Run& r, int step) {
                  1.0f / ((float)B * T * accum), r.compute);
   StepReport rep;
   rep.step = step;
+  for (size_t k = 0; r.train_data.sources.size() > 1 && k < r.train_data.sources.size(); k++)
+    rep.data_rows.push_back(r.train_data.rows_of[k] - batch_start.rows_of[k]);
   rep.steps = c.train.steps;
   {
     trace::Span span(trace::Lane::Compute, "optimizer", "grad norm", r.compute);
@@ -356,7 +363,7 @@ static StepReport train_step(Run& r, int step) {
     rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
   }
   const SpikeVerdict spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
-      dataloader_span(r.train_data, batch_start), r.rank0);
+      data_mix_span(r.train_data, batch_start), r.rank0);
   if (!spike.skip) {  // Adam counts the updates applied (training/health.h)
     trace::Span span(trace::Lane::Compute, "optimizer", "optimizer", r.compute);
     optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr,
@@ -418,9 +425,15 @@ static void evaluate(Run& r, int step) {
   }
   if (c.log.sample_every > 0 && (step % c.log.sample_every == 0 || last)) {
     const int eot = sample_eot(r);
+    const SampleSettings st = sample_settings(c, c.train.seed + step);
     std::string text = sample_text(r.model, r.store, r.pipeline, r.mesh[Axis::PP], r.tokenizer,
-                                   eot, sample_settings(c, c.train.seed + step), r.compute);
-    if (r.rank0) std::printf("step %5d | sample:\n%s\n---\n", step, text.c_str());
+                                   eot, st, r.compute);
+    if (r.rank0)
+      std::printf("step %5d | sample of %d tokens %s, temperature %g, top_k %d\n"
+                  "step %5d | sample:\n%s\n---\n", step, st.tokens,
+                  st.kv_cache && r.mesh.shape.cp == 1 ? "with the KV cache (prefill, then one token at a time)"
+                              : "recomputing the window for each token",
+                  st.temperature, st.top_k, step, text.c_str());
   }
   std::fflush(stdout);
 }
@@ -471,7 +484,8 @@ static int train_steps(Run& r) {
                                          nullptr);
     StepReport rep = train_step(r, step);
     step_span.reset();
-    const RunState state{r.train_data.pos, r.loss_trend};  // what a checkpoint keeps of the run
+    const RunState state{r.train_data.sources[0].pos, r.loss_trend,  // what a checkpoint keeps
+                         data_mix_state(r.train_data)};
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
                                                      state, r.mesh);
     rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;
@@ -555,6 +569,9 @@ int main(int argc, char** argv) {
   const int first = r.resumed_step;
   const int stopped_by = train_steps(r);
   metrics_summary(r.metrics, r.summary, r.info, r.rank0);
+  if (r.rank0 && r.train_data.sources.size() > 1)
+    std::printf("data     rows drawn from each dataset of [data] train since step 0: %s\n",
+                data_mix_counts(r.train_data).c_str());
   if (!stopped_by) {
     if (r.rank0) comm_stats_print(r.comm_total, r.cfg.train.steps - first, stdout);
     if (r.mesh.shape.pp > 1 && first < r.cfg.train.steps) print_bubble(r);

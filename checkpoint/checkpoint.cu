@@ -180,7 +180,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   for (size_t w = 0; w < rank_digests.size(); w++)
     entries.push_back({rank_file_name((int)w), rank_digests[w]});
   entries.emplace_back();
-  if (problem.empty()) problem = data_record_write(tmp, &entries.back());
+  if (problem.empty()) problem = data_record_write(tmp, run.mix, &entries.back());
   if (problem.empty()) problem = write_file_synced(tmp + "/manifest.txt", manifest_text(entries));
   if (problem.empty()) problem = sync_dir(tmp);
   // Commit: from here on the checkpoint is complete under its final name.
@@ -481,7 +481,7 @@ static void resume_outer_state(const CheckpointIndex& index, const CheckpointMet
 }
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh) {
+                      DataMix& train_data, LossTrend* loss_trend, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
   prepare_dir(cfg, world);
@@ -509,10 +509,12 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
     std::printf("resume   the checkpoint's seed %llu replaces [train] seed %llu\n",
                 (unsigned long long)meta.seed, (unsigned long long)cfg.train.seed);
   cfg.train.seed = meta.seed;
-  train_data.seed = meta.seed;
-  fail_together(world, data_record_resume(ckpt, cfg.data.allow_changed, train_data, &meta.data,
+  data_mix_set_seed(train_data, meta.seed);
+  DataMixState state = data_mix_state(train_data);  // the counts: known only with a mix record
+  state.pos[0] = meta.data;
+  fail_together(world, data_record_resume(ckpt, cfg.data.allow_changed, train_data, &state,
                                           world), "cannot resume: ");
-  dataloader_seek(train_data, meta.data);
+  data_mix_seek(train_data, state);
   *loss_trend = meta.loss_trend;
   if (world.rank == 0) {
     std::printf("resume   %s: step %lld, written by %d rank(s), loaded by %d in %.3f s\n",

@@ -80,7 +80,7 @@
 #include <string>
 
 #include "checkpoint/async_save.h"
-#include "data/dataloader.h"
+#include "data/data_mix.h"
 #include "config/config.h"
 #include "model/gpt.h"
 #include "parallel/mesh.h"
@@ -88,11 +88,11 @@
 
 // At start-up, after the store, model and data loaders exist. Removes the temporaries of
 // interrupted saves from [checkpoint] dir; then, if [checkpoint] resume names a checkpoint,
-// verifies it and loads it: the store's master, m and v, the train loader's position, the loss's
+// verifies it and loads it: the store's master, m and v, the train datasets' positions, the loss's
 // trend, and the seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
 // (0 for a fresh start). Any problem stops the job with a message naming the file.
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataLoader& train_data, LossTrend* loss_trend, Mesh& mesh);
+                      DataMix& train_data, LossTrend* loss_trend, Mesh& mesh);
 
 // A save is due after step `step` when [checkpoint] dir is set and the step is a multiple of
 // [checkpoint] every, or the last.

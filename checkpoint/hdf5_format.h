@@ -38,6 +38,7 @@
 //   /config      the resolved config as TOML (a string dataset: no 64 KiB attribute limit)
 //   /rng         attribute seed: all randomness is a pure function of (seed, step, epoch)
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
+//                (of the first dataset; with several, data.txt holds them all: data_record.h)
 //   /train       attributes loss_mean, loss_var (float64), applied, skipped, skipped_in_a_row:
 //                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
@@ -66,6 +67,7 @@
 #include <vector>
 
 #include "checkpoint/files.h"
+#include "data/data_mix.h"
 #include "data/dataloader.h"
 #include "training/health.h"
 #include "model/gpt.h"
@@ -93,8 +95,9 @@ FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank);
 // What a checkpoint keeps of the run besides the tensors and the config: where the training data
 // is, and the loss's trend (training/health.h: skipped spikes), as they were after its step.
 struct RunState {
-  DataPosition data;
+  DataPosition data;  // the first dataset's position (the index's /data)
   LossTrend loss_trend;
+  DataMixState mix;   // every dataset's (data.txt, with several: checkpoint/data_record.h)
 };
 
 // Everything but the tensors.

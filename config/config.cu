@@ -100,7 +100,9 @@ void apply_override(const std::string& arg, Config& cfg, Origins& origins, Probl
     problems.add(unknown(arg, section, is_section(section) ? name : ""));
     return;
   }
-  bool is_string_key = std::holds_alternative<std::string*>(key->field(cfg));
+  const bool is_globs_key = std::holds_alternative<std::vector<std::string>*>(key->field(cfg));
+  const bool is_string_key =
+      std::holds_alternative<std::string*>(key->field(cfg)) || is_globs_key;
   toml::table doc;
   std::string parse_err;
   try {
@@ -111,7 +113,8 @@ void apply_override(const std::string& arg, Config& cfg, Origins& origins, Probl
   }
   const toml::node* node = doc.get("v");
   std::string err;
-  if (is_string_key && (!parse_err.empty() || !node->is_string())) {
+  if (is_string_key &&
+      (!parse_err.empty() || !(node->is_string() || (is_globs_key && node->is_array())))) {
     toml::value<std::string> bare(value);  // a bare unquoted string
     err = set_field(cfg, *key, bare);
   } else if (!parse_err.empty()) {

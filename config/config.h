@@ -54,7 +54,9 @@ struct InitConfig {       // [init]
 };
 
 struct DataConfig {       // [data]
-  std::string train;      // glob of token shards (required)
+  std::vector<std::string> train;  // globs of token shards, one per dataset (required; a
+                                   // string in TOML is one glob; data/data_mix.h)
+  std::vector<double> weights;     // one per dataset, > 0 (several datasets: required)
   std::string val;        // glob of token shards ("" = no validation)
   bool shuffle = false;   // false: llm.c's unshuffled order
   std::string tokenizer;  // llm.c gpt2_tokenizer.bin for samples ("" = look beside the shards)

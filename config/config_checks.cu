@@ -299,6 +299,29 @@ static void check_documents(Checker& c) {
                    "this token, so it must be a token id the data can hold");
 }
 
+// [data] train and weights: one positive weight per dataset (data/data_mix.h).
+static void check_mix(Checker& c) {
+  const DataConfig& d = c.cfg.data;
+  const std::string train = mention(c.cfg, c.origins, "data.train");
+  for (const std::string& glob : d.train)
+    if (glob.empty()) c.problems.add(train + ": an empty glob");
+  if (d.train.size() > 1 && d.weights.size() != d.train.size())
+    c.problems.add(mention(c.cfg, c.origins, "data.weights") +
+                   strf(" has %zu weight%s for the %zu datasets of ", d.weights.size(),
+                        d.weights.size() == 1 ? "" : "s", d.train.size()) + train +
+                   ": give one weight per dataset, e.g. weights = [0.7, 0.3]");
+  else if (d.train.size() == 1 && d.weights.size() > 1)
+    c.problems.add(mention(c.cfg, c.origins, "data.weights") +
+                   strf(" has %zu weights for the one dataset of ", d.weights.size()) + train);
+  for (double w : d.weights)
+    if (!(w > 0)) {
+      c.problems.add(mention(c.cfg, c.origins, "data.weights") +
+                     strf(": every weight must be > 0 (got %g): a dataset's share of the rows is "
+                          "its weight / the sum of the weights", w));
+      break;
+    }
+}
+
 // The architecture's keys ([model] arch and the llama-only ones).
 static void check_architecture(Checker& c) {
   const Config& cfg = c.cfg;
@@ -401,6 +424,7 @@ void check_values(Checker& c) {
   check_architecture(c);
   check_attention_kernels(c);
   check_documents(c);
+  check_mix(c);
   check_fp8_shapes(c);
   check_experts(c);
   check_offload(c);
@@ -428,15 +452,19 @@ static std::string offload_dir_problem(const std::string& dir) {
 // The checks that need this machine (files).
 void check_files(Checker& c) {
   const Config& cfg = c.cfg;
-  for (const char* id : {"data.train", "data.val"}) {
-    const std::string& pattern = *std::get<std::string*>(field_of(cfg, key_by_id(id)));
-    if (pattern.empty() && std::string(id) == "data.val") continue;
+  auto matches = [](const std::string& pattern) {
     glob_t g;
-    int rc = glob(pattern.c_str(), 0, nullptr, &g);
-    size_t matches = rc == 0 ? g.gl_pathc : 0;
+    const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+    const size_t n = rc == 0 ? g.gl_pathc : 0;
     if (rc == 0) globfree(&g);
-    c.require(matches > 0, id, "the pattern matches no file");
-  }
+    return n;
+  };
+  for (const std::string& pattern : cfg.data.train)
+    c.require(pattern.empty() || matches(pattern) > 0, "data.train",
+              cfg.data.train.size() == 1 ? std::string("the pattern matches no file")
+                                         : "the pattern \"" + pattern + "\" matches no file");
+  if (!cfg.data.val.empty())
+    c.require(matches(cfg.data.val) > 0, "data.val", "the pattern matches no file");
   if (cfg.train.optimizer_offload == "nvme" && !cfg.train.offload_dir.empty()) {
     const std::string problem = offload_dir_problem(cfg.train.offload_dir);
     if (!problem.empty()) c.require(false, "train.offload_dir", problem);

@@ -70,7 +70,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(model, arch, "gpt2", "llama"), KEY(model, n_kv_head), KEY(model, d_ff),
       KEY(model, rope_theta), KEY(model, norm_eps), KEY(model, tie_embeddings),
       KEY(init, from),
-      KEY(data, train), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
+      KEY(data, train), KEY(data, weights), KEY(data, val), KEY(data, shuffle), KEY(data, tokenizer),
       KEY(data, allow_changed), KEY(data, document_mask), KEY(data, eot_token),
       KEY(data, document_positions),
       KEY(train, micro_batch), KEY(train, grad_accum), KEY(train, steps), KEY(train, lr),
@@ -196,7 +196,9 @@ static std::string node_text(const toml::node& n) {
 
 std::string expected_kind(FieldRef field) {
   const char* kinds[] = {"an integer", "an integer >= 0", "a number", "a number", "true or false",
-                         "a string", "an array of integers"};  // FieldRef's alternatives' order
+                         "a string", "an array of integers",
+                         "a string or an array of strings", "an array of numbers"};  // FieldRef's
+                                                                                     // order
   return kinds[field.index()];
 }
 
@@ -266,6 +268,33 @@ std::string set_field(Config& cfg, const Key& key, const toml::node& n) {
       *f = out;
       return "";
     }
+    std::string operator()(std::vector<std::string>* f) const {  // a string is one element
+      if (n.is_string()) {
+        *f = {n.as_string()->get()};
+        return "";
+      }
+      if (!n.is_array() || n.as_array()->empty())
+        return "expects a string or a non-empty array of strings, got " + node_text(n);
+      std::vector<std::string> out;
+      for (const toml::node& e : *n.as_array()) {
+        if (!e.is_string()) return "expects an array of strings, one element is " + node_text(e);
+        out.push_back(e.as_string()->get());
+      }
+      *f = out;
+      return "";
+    }
+    std::string operator()(std::vector<double>* f) const {
+      if (!n.is_array()) return "expects an array of numbers, got " + node_text(n);
+      std::vector<double> out;
+      for (const toml::node& e : *n.as_array()) {
+        double v = 0;
+        const std::string err = read_number(e, &v);
+        if (!err.empty()) return "an element " + err;
+        out.push_back(v);
+      }
+      *f = out;
+      return "";
+    }
   };
   return std::visit(Setter{key, n}, key.field(cfg));
 }
@@ -305,6 +334,17 @@ std::string field_text(const Config& cfg, const Key& key) {
     std::string operator()(std::vector<int>* f) const {
       std::string out = "[";
       for (size_t i = 0; i < f->size(); i++) out += strf("%s%d", i ? ", " : "", (*f)[i]);
+      return out + "]";
+    }
+    std::string operator()(std::vector<std::string>* f) const {  // one glob: as a string
+      if (f->size() == 1) return quoted((*f)[0]);
+      std::string out = "[";
+      for (size_t i = 0; i < f->size(); i++) out += (i ? ", " : "") + quoted((*f)[i]);
+      return out + "]";
+    }
+    std::string operator()(std::vector<double>* f) const {
+      std::string out = "[";
+      for (size_t i = 0; i < f->size(); i++) out += (i ? ", " : "") + shortest_float((*f)[i], 17);
       return out + "]";
     }
   };

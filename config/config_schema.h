@@ -38,7 +38,8 @@ std::string location(const std::string& source, const toml::source_region& regio
 // ---------------------------------------------------------------------------------------------
 // The schema: one line per key. The field's C++ type is the key's TOML type.
 using FieldRef =
-    std::variant<int*, uint64_t*, float*, double*, bool*, std::string*, std::vector<int>*>;
+    std::variant<int*, uint64_t*, float*, double*, bool*, std::string*, std::vector<int>*,
+                 std::vector<std::string>*, std::vector<double>*>;
 
 struct Key {
   const char* section;

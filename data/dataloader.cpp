@@ -255,28 +255,34 @@ void dataloader_init(DataLoader& dl, const std::string& pattern, const char* wha
   dataloader_reset(dl);
 }
 
-void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
-  int64_t G = global_rows(dl);
-  while (dl.pos.row + G > rows_in_shard(dl, current_file(dl))) advance_shard(dl);
-  int64_t file = current_file(dl);
-  const std::string& path = dl.files[file];
-  const int fd = open(path.c_str(), O_RDONLY);
-  CHECK(fd >= 0, "shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
-  struct Closer {  // a bad token stops the job from inside read_rows
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
-  check_header_unchanged(dl, fd, file);
-  int64_t first = dl.pos.row + (int64_t)dl.dp_rank * dl.B;  // this rank's first row in the order
-  if (dl.row_order.empty()) {
-    read_rows(dl, fd, file, first, dl.B, inputs, targets);
-  } else {
-    for (int b = 0; b < dl.B; b++) {
-      int64_t row = dl.row_order[first + b];
-      read_rows(dl, fd, file, row, 1, inputs + (int64_t)b * dl.T, targets + (int64_t)b * dl.T);
+void dataloader_take(DataLoader& dl, int64_t count, int64_t first, int64_t n, int* inputs,
+                     int* targets) {
+  while (dl.pos.row + count > rows_in_shard(dl, current_file(dl))) advance_shard(dl);
+  const int64_t file = current_file(dl);
+  if (n > 0) {
+    const std::string& path = dl.files[file];
+    const int fd = open(path.c_str(), O_RDONLY);
+    CHECK(fd >= 0, "shard '%s': cannot open (%s)", path.c_str(), std::strerror(errno));
+    struct Closer {  // a bad token stops the job from inside read_rows
+      int fd;
+      ~Closer() { close(fd); }
+    } closer{fd};
+    check_header_unchanged(dl, fd, file);
+    first += dl.pos.row;  // the first row wanted, in the order
+    if (dl.row_order.empty()) {
+      read_rows(dl, fd, file, first, n, inputs, targets);
+    } else {
+      for (int64_t b = 0; b < n; b++) {
+        const int64_t row = dl.row_order[first + b];
+        read_rows(dl, fd, file, row, 1, inputs + b * dl.T, targets + b * dl.T);
+      }
     }
   }
-  dl.pos.row += G;
+  dl.pos.row += count;
+}
+
+void dataloader_next(DataLoader& dl, int* inputs, int* targets) {
+  dataloader_take(dl, global_rows(dl), (int64_t)dl.dp_rank * dl.B, dl.B, inputs, targets);
 }
 
 void dataloader_reset(DataLoader& dl) { dataloader_seek(dl, DataPosition()); }

@@ -56,6 +56,12 @@ void dataloader_init(DataLoader& dl, const std::string& pattern, const char* wha
 // the job (FATAL: the rank that read it may be alone) naming the key, the shard, the token's
 // offset in the shard, the id and the vocab size.
 void dataloader_next(DataLoader& dl, int* inputs, int* targets);
+// What dataloader_next does, for any count (data/data_mix.h): the next `count` rows of the order
+// (moving on to the next shard first when fewer remain in this one, as dataloader_next does for
+// dp*B rows; count must not exceed dp*B, which every shard holds), of which rows [first, first+n)
+// are read into inputs/targets (n*T each). dataloader_next = take(dp*B, dp_rank*B, B).
+void dataloader_take(DataLoader& dl, int64_t count, int64_t first, int64_t n, int* inputs,
+                     int* targets);
 void dataloader_reset(DataLoader& dl);  // back to the start (validation passes)
 void dataloader_seek(DataLoader& dl, const DataPosition& pos);
 // The rows read since position `from`, for a log line: "[data] train rows (epoch 0, shard 1 =

@@ -117,6 +117,7 @@ run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run context-parallel $PY test/test_context_parallel.py
 run documents   $PY test/test_documents.py  # [data] document_mask vs float64, every layout
+run data-mix    $PY test/test_data_mix.py  # [data] train of several datasets: draws, layouts, resume
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md

@@ -37,7 +37,7 @@ ONLY = Filter()
 DEFAULTS = {
     "model": {},
     "init": {"from": ""},
-    "data": {"train": None, "val": "", "shuffle": False, "tokenizer": "", "allow_changed": False,
+    "data": {"train": None, "weights": [], "val": "", "shuffle": False, "tokenizer": "", "allow_changed": False,
              "document_mask": False, "eot_token": 50256, "document_positions": True},
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,

@@ -16,6 +16,12 @@ peaks MFU is measured against (training/metrics.h, config/device_peaks.h).
    record averages the steps after the first (tokens / seconds from the step records). Without a
    peak: mfu, mfu_full, hfu null, TFLOP/s still there.
 4. build/test_device_peaks: the driver names of H100/H200 SXM, PCIe and NVL, A100 and B200.
+5. Packed documents ([data] document_mask): attention counted per document, Megatron's way. Two
+   steps of two rows of T = 16 with planted end-of-text tokens - row lengths (16), (5, 4, 7),
+   then (4, 4, 4, 4) twice - give, by hand, sum len^2 / (rows T^2) = (256 + 90) / 512 and
+   128 / 512: each step record's "attention_fraction" equals it, its model TFLOP/s = tokens/s x
+   (6N + 6LTd x fraction) / 1e12 and mfu_full / mfu = (6N + 12LTd f) / (6N + 6LTd f); the banner
+   says attention is counted per document.
 Run: /usr/bin/python3 test/test_mfu.py   (BUILD=build by default)
 """
 import json
@@ -218,10 +224,50 @@ def test_device_table():
     checks.check("device peak table by driver name", p.returncode == 0, p.stdout.strip().splitlines()[-1])
 
 
+def test_documents(rng):
+    """Step records of a run over planted documents against the hand count (docstring 5)."""
+    import numpy as np
+    import gpt2_reference as ref
+    L, NH, C, T, V = 2, 3, 36, 16, 101
+    EOT = V - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
+        rows = [rng.integers(0, EOT, size=T) for _ in range(4)]
+        for row, starts in zip(rows, [(), (0, 5, 9), (0, 4, 8, 12), (0, 4, 8, 12)]):
+            row[list(starts)] = EOT
+        tokens = np.concatenate(rows + [np.array([1])])  # rows of T+1 overlap by one token
+        ref.write_shard(os.path.join(tmp, "train_000.bin"), tokens)
+        sec = base_sections(tmp, 2)
+        sec["data"].update({"document_mask": True, "eot_token": EOT})
+        sec["log"]["peak_tflops"] = 0.0005
+        out = run(write_config(tmp, "c.toml", sec)).stdout
+        steps, _ = read_metrics(sec["log"]["metrics"])
+        N, causal, full, _ = model_count({"n_layer": L, "n_head": NH, "d_model": C,
+                                          "seq_len": T, "vocab_size": V})
+        LTd = L * T * C
+        hand = [(16 ** 2 + 5 ** 2 + 4 ** 2 + 7 ** 2) / (2 * T * T), 8 * 4 ** 2 / (2 * T * T)]
+        bad = []
+        for r, f in zip(steps, hand):
+            model = 6 * N + 6 * LTd * f
+            tflops = 2 * T / (r["ms"] / 1e3) * model / 1e12
+            tol = 1e-5 + 6e-4 / r["ms"]
+            if not (abs(r.get("attention_fraction", -1) - f) < 1e-9 and
+                    abs(r["model_tflops_per_gpu"] - tflops) < tol * tflops and
+                    abs(r["mfu_full"] / r["mfu"] - (6 * N + 12 * LTd * f) / model) < 1e-5):
+                bad.append((r["step"], r.get("attention_fraction"), f))
+        checks.check("document_mask: attention FLOPs by sum len^2 (hand count on planted rows)",
+                     len(steps) == 2 and not bad and causal == 6 * N + 6 * LTd,
+                     f"fractions {[r.get('attention_fraction') for r in steps]} vs {hand}"
+                     + (f"; wrong: {bad}" if bad else ""))
+        checks.check("document_mask: the banner says attention is counted per document",
+                     "attention is counted per document" in out and "len^2" in out,
+                     next((ln for ln in out.splitlines() if "counted per document" in ln), "no line"))
+
+
 def main():
     rng = seeded_rng("test_mfu")
     checks.run_each(test_planner_counts, test_planner_peaks, lambda: test_run_records(rng),
-                    test_device_table)
+                    test_device_table, lambda: test_documents(rng))
     checks.report()
 
 

@@ -279,6 +279,14 @@ void metrics_step(MetricsLog& log, const StepReport& r, const CommStats& comm, b
     std::fprintf(log.jsonl, "}");
   }
   if (r.moe) print_moe_json(log.jsonl, r.moe_report);
+  if (r.attention_fraction >= 0)
+    std::fprintf(log.jsonl, ",\"attention_fraction\":%.9g", r.attention_fraction);
+  if (!r.data_rows.empty()) {  // several datasets: the step's rows from each (data/data_mix.h)
+    std::fprintf(log.jsonl, ",\"data_rows\":[");
+    for (size_t k = 0; k < r.data_rows.size(); k++)
+      std::fprintf(log.jsonl, "%s%lld", k ? "," : "", (long long)r.data_rows[k]);
+    std::fprintf(log.jsonl, "]");
+  }
   print_comm_json(log.jsonl, comm);
   std::fprintf(log.jsonl, "}\n");
   flush_checked(log);
@@ -397,6 +405,11 @@ void print_flops_banner(const RunInfo& info) {
   std::printf("FLOPs    per token 6N + 6LTd = %.4g (N = %.4g matmul parameters, causal attention "
               "at half: llm.c, Megatron); 6N + 12LTd = %.4g (PaLM, torchtitan); executed %.4g\n",
               f.causal, f.matmul_parameters, f.full, f.hardware);
+  if (info.documents)
+    std::printf("FLOPs    [data] document_mask: attention is counted per document, sum over "
+                "documents of len^2 in place of T^2 per row (Megatron's count): each step's "
+                "6LTd and 12LTd terms are scaled by its sum len^2 / (rows T^2) (rank 0's rows; "
+                "\"attention_fraction\" in the metrics)\n");
   if (info.peak_tflops > 0)
     std::printf("MFU      the step line's MFU = tokens/s x 6N + 6LTd / (%d x %.4g TFLOP/s: %s); "
                 "HFU counts recompute\n", info.world_size, info.peak_tflops,

@@ -69,6 +69,10 @@ struct StepReport {
   double ckpt_wait_ms = -1;           // the wait for an asynchronous checkpoint's copy (< 0: none)
   double waited_ms = 0;               // of ms, the time spent waiting for other ranks in MPI
   std::string note;                   // appended to the step line ("attention flash")
+  double attention_fraction = -1;     // [data] document_mask: the step's sum len^2 / (rows T^2)
+                                      // the attention FLOPs were scaled by (-1: no documents)
+  std::vector<int64_t> data_rows;     // [data] train of several datasets: the step's global
+                                      // rows drawn from each (JSONL only; data/data_mix.h)
   std::vector<Fp8Snapshot> fp8;       // FP8 runs: amax and scale of a few tensors
   bool moe = false;                   // an MoE model: moe_report holds its step statistics
   MoeReport moe_report;
@@ -101,6 +105,7 @@ struct RunInfo {
   FlopsPerToken flops;
   double peak_tflops = 0;      // 0 = unknown
   std::string peak_source;     // the device row or "[log] peak_tflops"
+  bool documents = false;      // [data] document_mask: attention counted per document (above)
 };
 void metrics_run(MetricsLog& log, const RunInfo& info);
 // Prints the step line (rank 0) and appends the JSON object, with this step's communication.
