@@ -130,6 +130,9 @@ if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
   run emu-gpu     make -s -j2 BUILD="$BUILD" emu-gpu-tests
   run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
   run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
+  # [data] document_mask through ./train_emu's bf16 flash kernels (test_documents.py, part 4)
+  run emu-documents bash -c 'make -s -j2 BUILD="$BUILD" train_emu &&
+                             TRAIN_EMU=./train_emu '"$PY"' test/test_documents.py --emulated'
   run emu-streams make -s -j2 BUILD="$BUILD" emu-streams-tests
 else
   skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"
