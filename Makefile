@@ -143,7 +143,7 @@ test-full: deps
 	TEST_FULL=1 test/run_all.sh
 
 test-emu-full: deps
-	TEST_FULL=1 test/run_all.sh emu-self emu-gpu emu-asan emu-train emu-streams
+	TEST_FULL=1 test/run_all.sh emu-self emu-gpu emu-asan emu-train emu-documents emu-streams
 
 test-gpu: all $(BUILD)/test_gpu
 	test/run_gpu.sh

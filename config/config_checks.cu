@@ -276,16 +276,22 @@ static void check_experts(Checker& c) {
 }
 
 // [kernels] attention = "cudnn" runs cuDNN's SDPA graph, which this trainer builds for as many
-// key/value heads as query heads: grouped-query attention takes the hand-written kernels ("auto"
-// chooses them by itself).
+// key/value heads as query heads and with a plain causal mask: grouped-query attention and packed
+// documents' block-causal mask take the hand-written kernels ("auto" chooses them by itself and
+// says why, kernels/cuda/attention.cu).
 static void check_attention_kernels(Checker& c) {
   const Config& cfg = c.cfg;
-  if (cfg.kernels.attention == "cudnn" && cfg.model.n_head > 0 &&
-      cfg.model.kv_heads() != cfg.model.n_head)
+  if (cfg.kernels.attention != "cudnn") return;
+  if (cfg.model.n_head > 0 && cfg.model.kv_heads() != cfg.model.n_head)
     c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
                    "does not run grouped-query attention (" +
                    mention(cfg, c.origins, "model.n_kv_head") + " < n_head); use \"flash\" or "
                    "\"auto\"");
+  if (cfg.data.document_mask)
+    c.problems.add(mention(cfg, c.origins, "kernels.attention") + ": cuDNN's attention here "
+                   "has no block-causal document mask, which " +
+                   mention(cfg, c.origins, "data.document_mask") + " asks for; use \"flash\" "
+                   "or \"auto\" (the flash kernels apply it)");
 }
 
 // [data] document_mask's end-of-text token must be a token of the vocabulary.

@@ -61,6 +61,8 @@ if have_cuda_headers; then
   $emu_run emu-asan    make -s -j2 BUILD="$BUILD" emu-asan-tests
   $emu_run emu-train   make -s -j2 BUILD="$BUILD" emu-train-tests
   $emu_run emu-streams make -s -j2 BUILD="$BUILD" emu-streams-tests
+  # [data] document_mask through ./train_emu's bf16 flash kernels (test_documents.py, part 4)
+  $emu_run emu-documents env TRAIN_EMU=./train_emu $PY test/test_documents.py --emulated
   $emu_run emu-self    make -s -j2 BUILD="$BUILD" emu-self-tests
 else
   skip emu "no CUDA headers (the emulated tier compiles the .cu files against them)"

@@ -401,6 +401,12 @@ def file_error_cases(tmp):
          {"model.n_kv_head": "1", "kernels.attention": '"cudnn"'},
          ["attention = \"cudnn\"", "does not run grouped-query attention", "n_kv_head = 1"],
          "kernels.attention")
+    # Nor has it a block-causal document mask: cudnn with packed documents is refused, naming both.
+    case("cudnn with document_mask",
+         {"data.document_mask": "true", "kernels.attention": '"cudnn"'},
+         ["[kernels] attention = \"cudnn\"", "no block-causal document mask",
+          "[data] document_mask = true"],
+         "kernels.attention")
     zero_and_offload_cases(c, secs, tmp, case)
 
 

@@ -63,9 +63,10 @@ def write_config(tmp, name, sections):
     return path
 
 
-def run(config, overrides=(), np_ranks=0, timeout=600, check=True, env=None):
-    """Runs the trainer; returns the CompletedProcess. np_ranks > 0 launches under mpirun."""
-    cmd = [TRAIN_CPU, config, *overrides]
+def run(config, overrides=(), np_ranks=0, timeout=600, check=True, env=None, binary=None):
+    """Runs the trainer (binary: TRAIN_CPU unless given); returns the CompletedProcess.
+    np_ranks > 0 launches under mpirun."""
+    cmd = [binary or TRAIN_CPU, config, *overrides]
     if np_ranks > 0:
         cmd = MPIRUN + ["-np", str(np_ranks)] + cmd
     full_env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

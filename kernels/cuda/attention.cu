@@ -20,9 +20,16 @@
 // the faster for each direction (they are interchangeable: both produce the same lse). The choice
 // and the timings are in attention_impl_name(s), which the trainer logs.
 //
-// Packed documents (docs, [data] document_mask): a block-causal mask. The generic kernels walk
-// each query's own document only; the flash kernels and the cuDNN graph here have no document
-// mask yet, so such calls take the generic kernels ("auto" notes that cuDNN cannot run them).
+// Packed documents (docs, [data] document_mask): a block-causal mask, in both hand-written
+// families. The generic kernels walk each query's own document only; the flash kernels skip the
+// key/value tiles no query of a warp sees and compare document ids per element only in tiles
+// that straddle a document boundary (attention_flash_documents.cuh). cuDNN is not used: the graph
+// here is built over whole (B, T) rows with a causal mask, and cuDNN's other masks (padding,
+// sliding window) do not restrict a query to its own document inside a row; that would take every
+// document as its own ragged sequence (cuDNN's THD layout, its offsets and count changing with
+// every micro-batch) or a (T, T) bias, neither built here. So "auto" takes the hand-written
+// kernels and notes why, and [kernels] attention = "cudnn" with [data] document_mask is refused
+// when the config is read (config/config_checks.cu).
 #include <cmath>
 #include <cstdio>
 
@@ -58,10 +65,9 @@ void check_shape(const Shape& sh) {
 
 
 // The flash kernels read 16-byte rows with cp.async and store bf16 pairs; row starts are multiples
-// of HS elements, so aligned base pointers are enough.
-// With packed documents the generic kernels run (their loops walk each document's run of keys).
+// of HS elements, so aligned base pointers are enough. They take packed documents' ids as well.
 bool flash_applies(const Shape& sh, DType dt, std::initializer_list<const void*> pointers) {
-  return !sh.docs && dt == DType::BF16 && (sh.HS == 64 || sh.HS == 128) && aligned16(pointers);
+  return dt == DType::BF16 && (sh.HS == 64 || sh.HS == 128) && aligned16(pointers);
 }
 
 // Kernels with more than 48 KB of dynamic shared memory must opt in, once per kernel (and device:
@@ -89,7 +95,8 @@ void flash_forward(bf16* out, float* lse, const bf16* qkv, const Shape& sh, floa
   (void)smem_ready;
   dim3 grid((unsigned)ceil_div(sh.T, Cfg::kBlockM), sh.B * sh.NH);
   attention_flash::flash_forward_kernel<D>
-      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(out, lse, qkv, sh.T, sh.NH, sh.NKV, scale);
+      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(out, lse, qkv, sh.T, sh.NH, sh.NKV, scale,
+                                                     sh.docs);
   LAUNCH_CHECK();
 }
 
@@ -127,12 +134,12 @@ void flash_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* 
   (void)smem_ready;
   dim3 dq_grid((unsigned)ceil_div(sh.T, Cfg::kQueriesPerBlock), sh.B * sh.NH);
   attention_flash::flash_backward_dq_kernel<D><<<dq_grid, Cfg::kThreads, Cfg::kDqSmemBytes, st>>>(
-      dqkv, dout, qkv, lse, delta, sh.T, sh.NH, sh.NKV, scale);
+      dqkv, dout, qkv, lse, delta, sh.T, sh.NH, sh.NKV, scale, sh.docs);
   LAUNCH_CHECK();
   dim3 dkdv_grid((unsigned)ceil_div(sh.T, Cfg::kKeysPerBlock), sh.B * sh.NKV);  // per kv head
   attention_flash::flash_backward_dkdv_kernel<D>
       <<<dkdv_grid, Cfg::kThreads, Cfg::kDkDvSmemBytes, st>>>(dqkv, dout, qkv, lse, delta, sh.T,
-                                                              sh.NH, sh.NKV, scale);
+                                                              sh.NH, sh.NKV, scale, sh.docs);
   LAUNCH_CHECK();
 }
 
@@ -251,7 +258,9 @@ void hand_written_backward(void* dqkv, const void* dout, const void* qkv, const 
 
 // Why cuDNN cannot take a call (for the log), given whether its dtype, head size and pointers suit.
 const char* cudnn_refusal(const Shape& sh) {
-  if (sh.docs) return "packed documents: the cuDNN graph here has no document mask";
+  if (sh.docs)
+    return "packed documents: the cuDNN graph here has no block-causal document mask; the "
+           "hand-written kernels apply it";
   return sh.NKV != sh.NH ? "grouped-query attention: the cuDNN graph is built for NKV = NH"
                          : "not bf16 with a head size that is a multiple of 8 up to 128";
 }

@@ -1,5 +1,6 @@
 // kernels/cuda/attention_flash_backward.cuh - causal flash attention backward for bf16 on tensor
-// cores (FlashAttention-2 without atomics), head sizes 64 and 128. Included by attention.cu only.
+// cores (FlashAttention-2 without atomics), head sizes 64 and 128, with an optional packed-document
+// (block-causal) mask. Included by attention.cu only.
 //
 // With P = exp(scale * Q K^T - lse) recomputed from the saved lse (the (T,T) matrix is never
 // stored), dP = dO V^T, Delta = rowsum(dO * O) (attention.cu computes it first) and
@@ -20,6 +21,14 @@
 //     S = Q K^T, dP = dO V^T,
 //     dQ += dS K. It recomputes S and dP (7 tile products instead of 5 in total), the price of
 //     determinism.
+// Packed documents (docs: (B,T) document ids, non-decreasing along a sequence; null: causal):
+// P is zero where the ids of key and query differ, and both kernels walk only what their rows'
+// documents can see (the rules are in attention_flash_documents.cuh). The dQ kernel starts at the
+// key tile holding the first row of its first query's document; the dK/dV kernel stops after the
+// query tile holding the last row of its last key's document (later queries belong to later
+// documents). Inside the walk a warp skips a tile none of its rows sees and compares ids per
+// element only where the tile's first key and last query lie in different documents. Without docs
+// the walks and the masks are the causal kernels', bit for bit.
 #pragma once
 #include "kernels/cuda/attention_flash_forward.cuh"
 
@@ -44,13 +53,13 @@ struct BackwardConfig {
 };
 
 // grid (ceil(T / kKeysPerBlock), B * NKV), block kThreads, dynamic smem kDkDvSmemBytes.
-// dqkv: writes the dK and dV columns; delta (B, NH, T) = rowsum(dO * O).
+// dqkv: writes the dK and dV columns; delta (B, NH, T) = rowsum(dO * O); docs: (B,T) or null.
 template <int D>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     flash_backward_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                const float* __restrict__ delta, int T, int NH, int NKV,
-                               float scale) {
+                               float scale, const int* __restrict__ docs) {
   using Cfg = BackwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kKeys = Cfg::kKeysPerBlock, kQueries = Cfg::kQueriesPerStep;
@@ -69,7 +78,10 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   const bf16* rows = qkv + (size_t)b * T * ld;
   const int key0 = blockIdx.x * kKeys;
   const int m_first = key0 / kQueries;  // earlier query tiles see none of these keys
-  const int m_end = (T + kQueries - 1) / kQueries;
+  const SequenceDocs seq = sequence_docs(docs, b, T);
+  // Later query tiles see none either: past T, or (documents) past the last key's document.
+  const int m_end = ((seq.ids ? seq.end_row(min(key0 + kKeys, T) - 1) : T) + kQueries - 1) /
+                    kQueries;
   const int h_end = (kv_head + 1) * group;  // query heads kv_head * group .. h_end - 1
 
   load_tile_async<kKeys, D, kThreads>(sK, rows + (NH + kv_head) * D, ld, key0, T);
@@ -92,6 +104,10 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   const int warp_key0 = key0 + 16 * warp;  // first key of this warp
   const float scale_log2 = scale * kLog2e;
   float dk[1][kDTiles][4] = {}, dv[1][kDTiles][4] = {};
+  int key_doc[2] = {};  // the document ids of the keys this thread holds (with docs)
+  if (seq.ids)
+#pragma unroll
+    for (int r = 0; r < 2; r++) key_doc[r] = seq.at(warp_key0 + frag_row(2 * r));
 
   int buf = 0;
   for (int h = kv_head * group, m = m_first; h < h_end; buf ^= 1) {  // h, m advance at the end
@@ -106,13 +122,18 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     }
     __syncthreads();
     const int q0 = m * kQueries;
-    if (warp_key0 <= q0 + kQueries - 1) {  // otherwise no query of the tile sees these keys
+    // Causal: otherwise no query of the tile sees these keys. Documents: some query sees a key.
+    const bool computes = seq.ids ? seq.sees(q0, q0 + kQueries - 1, warp_key0, warp_key0 + 15)
+                                  : warp_key0 <= q0 + kQueries - 1;
+    if (computes) {
+      count_tile(kDkDvTiles);
+      const bool mixed = seq.ids && !seq.one_document(q0 + kQueries - 1, warp_key0);
       const bf16* tQ = sQ + buf * kQueries * D;
       const bf16* tdO = sdO + buf * kQueries * D;
       const float* tLse = sLse + buf * kQueries;
       const float* tDelta = sDelta + buf * kQueries;
-      // P^T = exp(scale * K Q^T - lse), zero where the key is in the query's future or the
-      // query is past the end.
+      // P^T = exp(scale * K Q^T - lse), zero where the key is in the query's future, the query
+      // is past the end, or (mixed) the two lie in different documents.
       float p[1][kN][4] = {};
       gemm_abt<D, 1, kN, Cfg::kUnrollDkDv>(p, sK, 16 * warp, tQ, 0);
 #pragma unroll
@@ -121,6 +142,7 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
         for (int e = 0; e < 4; e++) {
           int key = warp_key0 + frag_row(e), qi = frag_col(nt, e), query = q0 + qi;
           bool visible = key <= query && query < T;
+          if (mixed) visible = visible && seq.at(query) == key_doc[e >> 1];
           p[0][nt][e] = visible ? exp2f(fmaf(p[0][nt][e], scale_log2, -tLse[qi] * kLog2e)) : 0.f;
         }
       // dP^T = V dO^T, then dS^T = P^T * (dP^T - Delta).
@@ -158,13 +180,13 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
 }
 
 // grid (ceil(T / kQueriesPerBlock), B * NH), block kThreads, dynamic smem kDqSmemBytes.
-// dqkv: writes the dQ columns.
+// dqkv: writes the dQ columns. docs: (B,T) or null.
 template <int D>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     flash_backward_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                              const bf16* __restrict__ qkv, const float* __restrict__ lse,
                              const float* __restrict__ delta, int T, int NH, int NKV,
-                             float scale) {
+                             float scale, const int* __restrict__ docs) {
   using Cfg = BackwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kQueries = Cfg::kQueriesPerBlock, kKeys = Cfg::kKeysPerStep;
@@ -184,15 +206,21 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   const bf16* v_src = k_src + NKV * D;
   const int q0 = m_block * kQueries;
   const int n_tiles = min((T + kKeys - 1) / kKeys, (q0 + kQueries + kKeys - 1) / kKeys);
+  const SequenceDocs seq = sequence_docs(docs, b, T);
+  const int n_first = seq.ids ? seq.first_row(q0) / kKeys : 0;  // earlier tiles: masked
 
   load_tile_async<kQueries, D, kThreads>(sQ, q_src, ld, q0, T);
   load_tile_async<kQueries, D, kThreads>(sdO, dout + (size_t)b * T * C + h * D, C, q0, T);
-  load_tile_async<kKeys, D, kThreads>(sK, k_src, ld, 0, T);
-  load_tile_async<kKeys, D, kThreads>(sV, v_src, ld, 0, T);
+  load_tile_async<kKeys, D, kThreads>(sK, k_src, ld, n_first * kKeys, T);
+  load_tile_async<kKeys, D, kThreads>(sV, v_src, ld, n_first * kKeys, T);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5;
   const int warp_row0 = q0 + 16 * warp;
+  int row_doc[2] = {};  // the document ids of the rows this thread holds (with docs)
+  if (seq.ids)
+#pragma unroll
+    for (int r = 0; r < 2; r++) row_doc[r] = seq.at(warp_row0 + frag_row(2 * r));
   const float scale_log2 = scale * kLog2e;
   // lse (in log2 units) and Delta of the two rows this thread holds; 0 past the end.
   float row_lse2[2], row_delta[2];
@@ -204,8 +232,8 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
   }
   float dq[1][kDTiles][4] = {};
 
-  for (int n = 0; n < n_tiles; n++) {
-    const int buf = n & 1;
+  for (int n = n_first; n < n_tiles; n++) {
+    const int buf = (n - n_first) & 1;
     if (n + 1 < n_tiles) {
       load_tile_async<kKeys, D, kThreads>(sK + (buf ^ 1) * kKeys * D, k_src, ld, (n + 1) * kKeys,
                                           T);
@@ -218,7 +246,11 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     }
     __syncthreads();
     const int n0 = n * kKeys;
-    if (n0 <= warp_row0 + 15) {
+    const bool computes = seq.ids ? seq.sees(warp_row0, warp_row0 + 15, n0, n0 + kKeys - 1)
+                                  : n0 <= warp_row0 + 15;
+    if (computes) {
+      count_tile(kDqTiles);
+      const bool mixed = seq.ids && !seq.one_document(warp_row0 + 15, n0);
       const bf16* tK = sK + buf * kKeys * D;
       const bf16* tV = sV + buf * kKeys * D;
       float p[1][kN][4] = {};
@@ -229,6 +261,7 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
         for (int e = 0; e < 4; e++) {
           int key = n0 + frag_col(nt, e), row = warp_row0 + frag_row(e);
           bool visible = key <= row && row < T;
+          if (mixed) visible = visible && seq.at(key) == row_doc[e >> 1];
           p[0][nt][e] = visible ? exp2f(fmaf(p[0][nt][e], scale_log2, -row_lse2[e >> 1])) : 0.f;
         }
       float ds[1][kN][4] = {};

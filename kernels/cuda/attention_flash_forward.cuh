@@ -1,12 +1,13 @@
 // kernels/cuda/attention_flash_forward.cuh - causal flash attention forward for bf16 on tensor
-// cores (FlashAttention-2), head sizes 64 and 128. Included by attention.cu only.
+// cores (FlashAttention-2), head sizes 64 and 128, with an optional packed-document
+// (block-causal) mask. Included by attention.cu only.
 //
 // Parallelisation: one block per (tile of kBlockM query rows, batch * head); each warp owns
 // 16 * kMTiles query rows (two m-tiles for D = 64, so that each K/V fragment read from shared
 // memory feeds two mma's, as in FlashAttention-2). The block walks the key/value tiles of
-// kBlockN rows from position 0 up to its last query row (causal block skipping: later tiles are
-// never loaded), double-buffering them in shared memory with cp.async so that the copy of tile
-// n+1 overlaps the math on tile n.
+// kBlockN rows up to its last query row (causal block skipping: later tiles are never loaded),
+// double-buffering them in shared memory with cp.async so that the copy of tile n+1 overlaps the
+// math on tile n.
 // Per tile and warp: S = Q K^T (mma.sync, fp32), the causal mask on the diagonal tiles, the
 // online softmax in fp32 (running max m and sum l per row, exp2f with log2(e) folded into the
 // scale), then O += P V with P taken straight from the score registers. At the end
@@ -14,7 +15,19 @@
 // Query tiles are scheduled heaviest first (the last tile sees the most keys) to shorten the tail.
 // Grouped-query attention: qkv rows are [q: NH heads | k: NKV heads | v: NKV heads]; the block of
 // query head h reads the K, V tiles of kv head h / (NH/NKV) in place (no copies).
+//
+// Packed documents (docs: (B,T) document ids, non-decreasing along a sequence; null: causal): a
+// query sees only the earlier keys of its own document. The block starts its walk at the tile
+// holding the first row of its first query's document (a binary search): every earlier tile
+// holds only earlier documents' keys, for every query of the block, and is never loaded. Inside
+// the walk a warp skips a tile none of its queries sees (its last key's document is before the
+// warp's first query's), and masks per element (ids compared) only a tile whose first key and
+// last query lie in different documents; the rules are in attention_flash_documents.cuh. A
+// query whose document starts after the first tile its warp computes has no visible key there:
+// its running max stays -inf and the online softmax keeps its O and l at zero until its document
+// begins. Without docs the walk, the masks and the arithmetic are the causal kernel's, bit for bit.
 #pragma once
+#include "kernels/cuda/attention_flash_documents.cuh"
 #include "kernels/cuda/attention_tiles.cuh"
 
 namespace attention_flash {
@@ -50,10 +63,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
     for (int nt = 0; nt < kN; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 threads of a row
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // mx is finite: key 0 is visible to every row and lies in the first tile processed.
-    float correction = exp2f((row_max[r] - mx) * scale_log2);  // 0 on the first tile
+    // Causal: mx is finite, as key 0 is visible to every row and lies in the first tile processed.
+    // With packed documents a row may have seen no key yet (mx = -inf): then o and the sum stay
+    // 0 (correction 1, and every exp2f(-inf) below is 0).
+    const bool none_yet = mx == -INFINITY;
+    float correction = none_yet ? 1.f : exp2f((row_max[r] - mx) * scale_log2);  // 0 at first
     row_max[r] = mx;
-    float offset = mx * scale_log2;
+    float offset = none_yet ? 0.f : mx * scale_log2;
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kN; nt++) {
@@ -72,11 +88,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
   }
 }
 
-// grid (ceil(T / kBlockM), B * NH), block kThreads, dynamic smem kSmemBytes.
+// grid (ceil(T / kBlockM), B * NH), block kThreads, dynamic smem kSmemBytes. docs: (B,T) or null.
 template <int D>
 __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
-                         const bf16* __restrict__ qkv, int T, int NH, int NKV, float scale) {
+                         const bf16* __restrict__ qkv, int T, int NH, int NKV, float scale,
+                         const int* __restrict__ docs) {
   using Cfg = ForwardConfig<D>;
   using namespace attention_tiles;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
@@ -96,15 +113,24 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
   const bf16* v_src = k_src + NKV * D;
   const int m0 = m_block * kBlockM;
   const int n_tiles = min((T + kBlockN - 1) / kBlockN, (m0 + kBlockM + kBlockN - 1) / kBlockN);
+  const SequenceDocs seq = sequence_docs(docs, b, T);
+  const int n_first = seq.ids ? seq.first_row(m0) / kBlockN : 0;  // earlier tiles: masked
 
   load_tile_async<kBlockM, D, kThreads>(sQ, q_src, ld, m0, T);
-  load_tile_async<kBlockN, D, kThreads>(sK, k_src, ld, 0, T);
-  load_tile_async<kBlockN, D, kThreads>(sV, v_src, ld, 0, T);
+  load_tile_async<kBlockN, D, kThreads>(sK, k_src, ld, n_first * kBlockN, T);
+  load_tile_async<kBlockN, D, kThreads>(sV, v_src, ld, n_first * kBlockN, T);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5;
   const int warp_row0 = m0 + kWarpRows * warp;  // first query row of this warp
+  const int warp_row_last = warp_row0 + kWarpRows - 1;
   const float scale_log2 = scale * kLog2e;
+  int row_doc[kM][2] = {};  // the document ids of the rows this thread holds (with docs)
+  if (seq.ids)
+#pragma unroll
+    for (int mt = 0; mt < kM; mt++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) row_doc[mt][r] = seq.at(warp_row0 + 16 * mt + frag_row(2 * r));
   float o[kM][kDTiles][4] = {};
   float row_max[kM][2], row_sum[kM][2];
 #pragma unroll
@@ -115,8 +141,8 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
       row_sum[mt][r] = 0.f;
     }
 
-  for (int n = 0; n < n_tiles; n++) {
-    const int buf = n & 1;
+  for (int n = n_first; n < n_tiles; n++) {
+    const int buf = (n - n_first) & 1;
     if (n + 1 < n_tiles) {
       load_tile_async<kBlockN, D, kThreads>(sK + (buf ^ 1) * kBlockN * D, k_src, ld,
                                             (n + 1) * kBlockN, T);
@@ -129,12 +155,17 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
     }
     __syncthreads();
     const int n0 = n * kBlockN;
-    if (n0 <= warp_row0 + kWarpRows - 1) {  // otherwise the whole tile is in the warp's future
+    // Causal: otherwise the whole tile is in the warp's future. Documents: some query sees a key.
+    const bool computes = seq.ids ? seq.sees(warp_row0, warp_row_last, n0, n0 + kBlockN - 1)
+                                  : n0 <= warp_row_last;
+    if (computes) {
+      count_tile(kForwardTiles);
       const bf16* tK = sK + buf * kBlockN * D;
       const bf16* tV = sV + buf * kBlockN * D;
       float s[kM][kN][4] = {};
       gemm_abt<D, kM, kN>(s, sQ, kWarpRows * warp, tK, 0);
-      if (n0 + kBlockN - 1 > warp_row0) {  // diagonal tile (this also masks keys >= T)
+      const bool mixed = seq.ids && !seq.one_document(warp_row_last, n0);  // mask the ids too
+      if (n0 + kBlockN - 1 > warp_row0 || mixed) {  // diagonal tile (this also masks keys >= T)
 #pragma unroll
         for (int mt = 0; mt < kM; mt++)
 #pragma unroll
@@ -142,7 +173,8 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
               int key = n0 + frag_col(nt, e), row = warp_row0 + 16 * mt + frag_row(e);
-              if (key > row) s[mt][nt][e] = -INFINITY;
+              if (key > row || (mixed && seq.at(key) != row_doc[mt][e >> 1]))
+                s[mt][nt][e] = -INFINITY;
             }
       }
 #pragma unroll

@@ -22,11 +22,21 @@
 // here is built for NKV = NH).
 // Packed documents (docs: per-token document ids; rows of 1, 2 and 5 documents, and a row that
 // starts with an end-of-text): out, lse and dq, dk, dv against the CPU backend's block-causal
-// attention, fp32 and bf16, each implementation asked for (all must take the generic kernels,
-// the only ones with a document mask here), the backward deterministic.
+// attention, fp32 (the generic kernels) and bf16 (the flash kernels at HS 64 and 128, the generic
+// ones at HS 20), each implementation asked for: all must end on the hand-written kernels (cuDNN
+// has no document mask here), the backward deterministic. The flash kernels' document mask
+// (attention_flash_documents.cuh) on awkward T (not a multiple of any tile), GQA, documents
+// whose boundaries fall on a tile edge, inside a tile, one token long and on the last token
+// (a row beginning mid-document is, to the kernels, one whose first document starts at 0:
+// test/test_documents.py plants it in the trainer's data), within the causal flash tolerances;
+// and the work skipped: on the emulator the kernels count the (warp, tile) steps they compute,
+// which must equal, per kernel, the number of (warp, tile) pairs in which some query sees some
+// key (counted here by brute force over the pairs), against the causal kernels' exact count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cuda/attention_flash_backward.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "test/gpu/harness.h"
 
@@ -212,8 +222,127 @@ std::vector<int> document_ids(int B, int T) {
   return ids;
 }
 
-void check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl) {
-  const std::vector<int> ids = document_ids(sh.B, sh.T);
+// Document ids for the flash kernels' tiles (T >= 70): row b % 3 holds 1 document; 2, the second
+// starting inside a tile (T/2 + 3); or 5, starting at 0, T/5, 64 (a tile edge), 65 (so the third
+// is one token long) and T - 1 (a one-token document on the last row).
+std::vector<int> flash_document_ids(int B, int T) {
+  std::vector<int> ids((size_t)B * T);
+  const int five[5] = {0, T / 5, 64, 65, T - 1};
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int doc = 0;
+      if (b % 3 == 1) doc = t >= T / 2 + 3;
+      if (b % 3 == 2)
+        for (int k = 1; k < 5; k++) doc += t >= five[k];
+      ids[(size_t)b * T + t] = doc;
+    }
+  return ids;
+}
+
+// (warp, tile) steps of the three flash kernels (attention_flash_documents.cuh's census).
+struct TileCounts {
+  long long forward = 0, dq = 0, dkdv = 0;
+  TileCounts operator-(const TileCounts& o) const {
+    return {forward - o.forward, dq - o.dq, dkdv - o.dkdv};
+  }
+  TileCounts times(long long k) const { return {forward * k, dq * k, dkdv * k}; }
+  bool operator==(const TileCounts& o) const {
+    return forward == o.forward && dq == o.dq && dkdv == o.dkdv;
+  }
+};
+
+TileCounts tile_census() {
+  TileCounts c;
+#ifdef GPT5D_EMULATED_CUDA
+  c.forward = attention_flash::tile_census[attention_flash::kForwardTiles].load();
+  c.dq = attention_flash::tile_census[attention_flash::kDqTiles].load();
+  c.dkdv = attention_flash::tile_census[attention_flash::kDkDvTiles].load();
+#endif
+  return c;
+}
+
+// Whether some query of rows [q0, q0 + nq) sees some key of [k0, k0 + nk) of one sequence (ids:
+// its T document ids, or null for causal), by brute force over the pairs.
+bool any_visible(const int* ids, int T, int q0, int nq, int k0, int nk) {
+  for (int q = q0; q < std::min(q0 + nq, T); q++)
+    for (int k = k0; k < std::min(k0 + nk, q + 1); k++)
+      if (!ids || ids[k] == ids[q]) return true;
+  return false;
+}
+
+// Per (sequence, query head): the (warp, tile) pairs a kernel that computes exactly the pairs
+// with a visible key would visit, for warps of `warp_rows` rows against tiles of `tile_rows`
+// (rows_are_queries false: the warps hold keys, the dK/dV kernel).
+long long visible_pairs(const int* ids, int T, int warp_rows, int tile_rows,
+                        bool rows_are_queries) {
+  long long n = 0;
+  for (int w = 0; w < T; w += warp_rows)
+    for (int t = 0; t < T; t += tile_rows)
+      n += rows_are_queries ? any_visible(ids, T, w, warp_rows, t, tile_rows)
+                            : any_visible(ids, T, t, tile_rows, w, warp_rows);
+  return n;
+}
+
+// What the flash kernels count with document ids (every sequence, every query head).
+template <int D>
+TileCounts expected_document_tiles(const std::vector<int>& ids, const Shape& sh) {
+  using Fwd = attention_flash::ForwardConfig<D>;
+  using Bwd = attention_flash::BackwardConfig<D>;
+  TileCounts c;
+  for (int b = 0; b < sh.B; b++) {
+    const int* row = ids.data() + (size_t)b * sh.T;
+    c.forward += sh.NH * visible_pairs(row, sh.T, Fwd::kWarpRows, Fwd::kBlockN, true);
+    c.dq += sh.NH * visible_pairs(row, sh.T, 16, Bwd::kKeysPerStep, true);
+    c.dkdv += sh.NH * visible_pairs(row, sh.T, 16, Bwd::kQueriesPerStep, false);
+  }
+  return c;
+}
+
+int div_up(int x, int m) { return (x + m - 1) / m; }
+
+// What the causal flash kernels count: every warp of a block (also one whose rows are all past T)
+// computes each tile of the block's walk that is not wholly in its future.
+template <int D>
+TileCounts expected_causal_tiles(const Shape& sh) {
+  using Fwd = attention_flash::ForwardConfig<D>;
+  using Bwd = attention_flash::BackwardConfig<D>;
+  const int T = sh.T;
+  TileCounts c;
+  for (int m0 = 0; m0 < T; m0 += Fwd::kBlockM) {
+    const int tiles = std::min(div_up(T, Fwd::kBlockN), div_up(m0 + Fwd::kBlockM, Fwd::kBlockN));
+    for (int w = m0; w < m0 + Fwd::kBlockM; w += Fwd::kWarpRows)
+      for (int n = 0; n < tiles; n++) c.forward += n * Fwd::kBlockN <= w + Fwd::kWarpRows - 1;
+  }
+  for (int q0 = 0; q0 < T; q0 += Bwd::kQueriesPerBlock) {
+    const int tiles = std::min(div_up(T, Bwd::kKeysPerStep),
+                               div_up(q0 + Bwd::kQueriesPerBlock, Bwd::kKeysPerStep));
+    for (int w = q0; w < q0 + Bwd::kQueriesPerBlock; w += 16)
+      for (int n = 0; n < tiles; n++) c.dq += n * Bwd::kKeysPerStep <= w + 15;
+  }
+  for (int key0 = 0; key0 < T; key0 += Bwd::kKeysPerBlock)
+    for (int w = key0; w < key0 + Bwd::kKeysPerBlock; w += 16)
+      for (int m = key0 / Bwd::kQueriesPerStep; m < div_up(T, Bwd::kQueriesPerStep); m++)
+        c.dkdv += w <= m * Bwd::kQueriesPerStep + Bwd::kQueriesPerStep - 1;
+  return c.times((long long)sh.B * sh.NH);
+}
+
+// Forward, then backward from the oracle's out and lse, with document ids `ids` (null: causal);
+// returns the flash kernels' census over the two calls.
+TileCounts run_documents(const DeviceBuffers& d, const Shape& sh, DType dt, ops::Stream s,
+                         const int* docs) {
+  ops::stream_sync(s);
+  const TileCounts before = tile_census();
+  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, dt, s, docs);
+  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NKV,
+                          sh.HS, dt, s, docs);
+  ops::stream_sync(s);
+  return tile_census() - before;
+}
+
+// Block-causal attention with document ids `ids` through implementation `impl` against the CPU
+// backend; returns the flash kernels' census of the forward and backward call.
+TileCounts check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl impl,
+                           const std::vector<int>& ids) {
   Expected e = cpu_reference(ctx, sh, dt, ids.data());
   e.out = rounded(e.out, dt);
   StreamOptions options;
@@ -222,15 +351,15 @@ void check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl 
   DeviceBuffers d = upload(sh, e, dt);
   int* docs = (int*)ops::alloc(ids.size() * sizeof(int));
   ops::copy_to_device(docs, ids.data(), ids.size() * sizeof(int));
-  ops::attention_forward(d.out, d.lse, d.qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.HS, dt, s, docs);
-  ops::attention_backward(d.dqkv, d.dout, d.qkv, d.ref_out, d.ref_lse, sh.B, sh.T, sh.NH, sh.NKV,
-                          sh.HS, dt, s, docs);
-  ops::stream_sync(s);
+  const TileCounts census = run_documents(d, sh, dt, s, docs);
   const bool f32 = dt == DType::F32;
-  char label[96];
-  std::snprintf(label, sizeof(label), "documents %s %s->%s", dtype_name(dt), impl_label(impl),
-                ops::attention_impl_name(s));
+  char label[128];
+  std::snprintf(label, sizeof(label), "documents T=%d NH=%d NKV=%d HS=%d %s %s->%s", sh.T, sh.NH,
+                sh.NKV, sh.HS, dtype_name(dt), impl_label(impl), ops::attention_impl_name(s));
   const std::string tag = label;
+  expect(ctx, s->attention_forward_impl == AttentionImpl::Flash &&
+                  s->attention_backward_impl == AttentionImpl::Flash,
+         tag + " took the hand-written kernels");
   check_close(ctx, tag + " out", to_host(d.out, sh.out(), dt).data(), e.out.data(), sh.out(),
               f32 ? 1e-5 : 1e-2);
   check_close_floor(ctx, tag + " lse", to_host(d.lse, sh.lse(), DType::F32).data(),
@@ -253,15 +382,63 @@ void check_documents(TestContext& ctx, const Shape& sh, DType dt, AttentionImpl 
   ops::release(docs);
   release(d);
   ops::stream_destroy(s);
+  return census;
+}
+
+// The flash kernels with document ids: each implementation asked for, then the work skipped.
+template <int D>
+void check_flash_documents(TestContext& ctx, const Shape& sh) {
+  std::printf("  B=%d T=%d NH=%d NKV=%d HS=%d bf16, documents\n", sh.B, sh.T, sh.NH, sh.NKV,
+              sh.HS);
+  const std::vector<int> ids = flash_document_ids(sh.B, sh.T);
+  TileCounts documents;
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Auto, AttentionImpl::Cudnn}) {
+    TileCounts census = check_documents(ctx, sh, DType::BF16, impl, ids);
+    if (impl == AttentionImpl::Flash) documents = census;  // "auto" times the kernels: more
+  }
+  if (!ctx.emulated) return;  // a GPU build keeps no census
+  // The causal kernels on the same shape, whose count is known exactly: how many times the
+  // emulator ran each launch (EMU_ORDER may run it under several thread orders).
+  Expected e = cpu_reference(ctx, sh, DType::BF16);
+  StreamOptions options;
+  options.attention = AttentionImpl::Flash;
+  ops::Stream s = ops::stream_create(options);
+  DeviceBuffers d = upload(sh, e, DType::BF16);
+  const TileCounts causal = run_documents(d, sh, DType::BF16, s, nullptr);
+  release(d);
+  ops::stream_destroy(s);
+  const TileCounts causal_want = expected_causal_tiles<D>(sh);
+  const long long runs = causal.forward / causal_want.forward;
+  const TileCounts want = expected_document_tiles<D>(ids, sh);
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "flash tiles computed, with documents (causal): forward %lld (%lld), dq %lld "
+                "(%lld), dk/dv %lld (%lld); launches run %lldx",
+                documents.forward / std::max(runs, 1LL), causal.forward / std::max(runs, 1LL),
+                documents.dq / std::max(runs, 1LL), causal.dq / std::max(runs, 1LL),
+                documents.dkdv / std::max(runs, 1LL), causal.dkdv / std::max(runs, 1LL), runs);
+  std::printf("  %s\n", line);
+  expect(ctx, runs >= 1 && causal == causal_want.times(runs), "causal flash tile census exact");
+  expect(ctx, documents == want.times(runs),
+         "document tile census = the (warp, tile) pairs with a visible key");
+  expect(ctx, want.forward < causal_want.forward && want.dq < causal_want.dq &&
+                  want.dkdv < causal_want.dkdv,
+         "the document mask skips tiles in every kernel");
 }
 
 }  // namespace
 
-GPU_TEST(attention_documents) {  // block-causal over packed documents: the generic kernels
+GPU_TEST(attention_documents) {  // block-causal over packed documents
   for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Auto}) {
-    check_documents(ctx, {3, 37, 4, 2, 20}, DType::F32, impl);
-    check_documents(ctx, {3, 70, 2, 2, 64}, DType::BF16, impl);  // a flash shape without docs
+    check_documents(ctx, {3, 37, 4, 2, 20}, DType::F32, impl, document_ids(3, 37));
+    check_documents(ctx, {3, 70, 2, 2, 64}, DType::BF16, impl, document_ids(3, 70));
   }
+}
+GPU_TEST(attention_flash_documents) {  // the flash kernels' document mask and tile skipping
+  check_flash_documents<64>(ctx, {3, 200, 2, 2, 64});   // 2 query blocks, a ragged last tile
+  check_flash_documents<128>(ctx, {3, 160, 2, 2, 128});
+  check_flash_documents<64>(ctx, {3, 130, 4, 2, 64});   // GQA: 2 query heads per kv head
+  check_flash_documents<128>(ctx, {3, 97, 4, 1, 128});  // GQA: one kv head
 }
 
 GPU_TEST(attention_awkward) {
