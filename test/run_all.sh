@@ -77,6 +77,7 @@ run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run pipeline    $PY test/test_pipeline.py
 run context-parallel $PY test/test_context_parallel.py
+run cp-a2a     $PY test/test_context_parallel_a2a.py  # cp_comm = "all-to-all" / "hybrid"
 run documents   $PY test/test_documents.py  # [data] document_mask vs float64, every layout
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
