@@ -83,6 +83,7 @@ run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run plan        $PY test/test_plan.py
 run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
+run cp-comm-table $PY tools/cp_comm_table.py --check  # docs/SCALING.md: ring vs all-to-all bytes
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
