@@ -52,6 +52,9 @@
 //
 // In the forward the next K, V arrive on the `ring` stream while the blocks in hand compute; in
 // the backward the K, V of the next step are posted before the blocks and the dK, dV after them.
+// [parallel] cp_comm = "all-to-all" (Ulysses) moves heads instead of K and V, and "hybrid" runs
+// this ring across groups that do: parallel/context_parallel_a2a.cu, which calls the ring below
+// (cp_ring_attention_*) on its head-split layout; "ring", the default, is this file alone.
 // The rest of the model sees nothing of this: its gradients are summed over dp x cp (the units'
 // gradient axis, parallel/placement.h), since every cp rank saw other tokens of the same
 // sequences, and the loss is their mean over every token of the global batch.

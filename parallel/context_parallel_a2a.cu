@@ -68,6 +68,12 @@
 // cp (docs/SCALING.md has the planner's numbers). Under hybrid add the ring at degree R with K/a
 // kv channels (or one copied head) on cp-ring: parallel/context_parallel_plan.h's cp_bytes.
 //
+// Memory (held for the run, from the model's allocator, so the planner counts it): the
+// all-to-all's send and receive buffers and the head-split qkv, N (C + 2K) elements each (a
+// blocks of N (C + 2K)/a); the head-split out and dout, N C each; the document ids of the full
+// rows (B T ints); with copied kv heads the fp32 sums of their gradients, N 2 n_kv/tp HS floats,
+// and one part.
+//
 // Timeline of one layer on one rank (forward; the backward is the same with three all-to-alls
 // in and one out around attention_backward). The all-to-alls run on the compute stream: the
 // attention needs all of its input before it starts, and the projection all of its output.
@@ -76,6 +82,7 @@
 //   a2a     |          |--qkv a2a-->|        |                           |pack |--out a2a-->|
 //   (hybrid: the attention is the ring over cp-ring, its K, V transfers overlapping its blocks)
 #include <climits>
+#include <vector>
 
 #include "kernels/common.h"
 #include "parallel/context_parallel.h"
