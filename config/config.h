@@ -95,6 +95,12 @@ struct TrainConfig {      // [train]
 
 struct ParallelConfig {   // [parallel]
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  // How attention talks across cp (parallel/context_parallel_a2a.cu): "ring" passes K and V
+  // around the cp ranks; "all-to-all" (Ulysses) moves heads so each rank attends over the whole
+  // sequence with n_head/cp of them; "hybrid" runs the all-to-all inside groups of cp_a2a
+  // consecutive cp ranks and the ring across the groups. cp_a2a: hybrid only (0: unset).
+  std::string cp_comm = "ring";  // "ring" | "all-to-all" | "hybrid"
+  int cp_a2a = 0;
   bool sp = true;         // sequence parallel (meaningful when tp > 1)
   // "1f1b" | "gpipe" | "interleaved" | "zb-h1" | "zb-v" | "file:PATH" (pp > 1)
   std::string pp_schedule = "1f1b";
@@ -226,6 +232,9 @@ Config parse_config_text(const std::string& text, const std::string& source_name
 // "[parallel] tp = 2" by default; the config reader adds where each value came from).
 using KeyNamer = std::function<std::string(const char* id)>;
 std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& name = {});
+// The size of the all-to-all groups inside cp that [parallel] cp_comm asks for: 1 for "ring"
+// (no all-to-all), cp for "all-to-all", cp_a2a for "hybrid" (parallel/context_parallel_a2a.cu).
+int cp_a2a_degree(const ParallelConfig& p);
 // The pipeline schedule's own rules (kind, pp ranks, m micro-batches, v chunks per rank, n_layer
 // layers; n_layer 0: not checked): "" or the broken ones, one per line.
 std::string pipeline_rules(const std::string& kind, int p, int m, int v, int n_layer);

@@ -13,6 +13,12 @@
 //   tp | seq_len (with sp)      sequence parallelism gives each tp rank seq_len/tp positions
 //   2*cp | seq_len              zigzag context parallelism cuts a sequence into 2*cp chunks
 //   tp | seq_len/cp (with sp)   ... and sequence parallelism splits each cp rank's positions
+//   cp_comm = "hybrid": cp_a2a | cp   the all-to-all groups are blocks of cp_a2a cp ranks, the
+//                               ring runs across the cp/cp_a2a groups; cp_a2a only with "hybrid"
+//   A | n_head/tp (A = cp for "all-to-all", cp_a2a for "hybrid")   each rank of an all-to-all
+//                               group attends with n_head/tp/A of its tp rank's query heads
+//   llama: A | n_kv_head/tp or n_kv_head/tp | A   ... and with n_kv_head/tp/A kv heads, or, with
+//                               fewer kv heads than A, a copy of the one its query heads use
 //   pp <= n_layer, the schedule's own rules (pipeline_rules): every stage holds whole blocks
 //   pp_layers: one entry per stage, each >= 1, summing to n_layer (or pp_balance = "auto")
 //   zb-h1, zb-v need recompute = "none": their weight passes read the block's activations
@@ -48,11 +54,12 @@ std::string plain_name(const Config& cfg, const std::string& id) {
       {"model.n_head", m.n_head},  {"model.seq_len", m.seq_len},   {"model.n_layer", m.n_layer},
       {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum},
       {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff},
-      {"parallel.diloco_islands", p.diloco_islands}};
+      {"parallel.diloco_islands", p.diloco_islands}, {"parallel.cp_a2a", p.cp_a2a}};
   for (const auto& v : ints)
     if (id == v.id) return format("[%s] %s = %d", section.c_str(), key.c_str(), v.value);
   if (id == "parallel.pp_schedule")
     return "[parallel] pp_schedule = \"" + p.pp_schedule + "\"";
+  if (id == "parallel.cp_comm") return "[parallel] cp_comm = \"" + p.cp_comm + "\"";
   return "[" + section + "] " + key;
 }
 
@@ -125,6 +132,42 @@ static std::string split_rules(const Config& cfg) {
          "recompute does not (it shares them between layers): set recompute = \"none\"";
 }
 
+int cp_a2a_degree(const ParallelConfig& p) {
+  if (p.cp_comm == "all-to-all") return p.cp;
+  if (p.cp_comm == "hybrid") return p.cp_a2a >= 1 ? p.cp_a2a : 1;
+  return 1;
+}
+
+// [parallel] cp_comm and cp_a2a against cp and the heads (the rules at the top).
+static std::string cp_comm_rules(const Config& cfg,
+                                 const std::function<std::string(const char*)>& name) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  const std::string comm = name("parallel.cp_comm"), a2a = name("parallel.cp_a2a");
+  if (p.cp_comm != "hybrid" && p.cp_a2a != 0)
+    return a2a + " is the all-to-all group size of cp_comm = \"hybrid\", but " + comm +
+           ": remove cp_a2a or set cp_comm = \"hybrid\"";
+  if (p.cp_comm == "hybrid" && (p.cp_a2a < 1 || p.cp % p.cp_a2a != 0))
+    return a2a + " does not divide " + name("parallel.cp") + " (" + comm + ": all-to-all "
+           "inside groups of cp_a2a consecutive cp ranks, the ring across the cp/cp_a2a groups)";
+  const int A = cp_a2a_degree(p);
+  if (A <= 1 || p.tp < 1 || m.n_head % p.tp != 0 || m.kv_heads() % p.tp != 0) return "";
+  const int nh = m.n_head / p.tp, nkv = m.kv_heads() / p.tp;
+  const std::string group = p.cp_comm == "hybrid" ? "cp_a2a" : "cp";
+  if (nh % A != 0)
+    return comm + ": the all-to-all degree " + group + format(" = %d does not divide n_head/tp = "
+           "%d (", A, nh) + name("model.n_head") + ", " + name("parallel.tp") + ", " +
+           (p.cp_comm == "hybrid" ? a2a : name("parallel.cp")) + "; each rank of an all-to-all "
+           "group attends with n_head/tp/" + group + " query heads)";
+  if (nkv % A != 0 && A % nkv != 0)
+    return comm + ": the all-to-all degree " + group + format(" = %d and n_kv_head/tp = %d do "
+           "not divide one another (", A, nkv) + name("model.n_kv_head") + ", " +
+           name("parallel.tp") + ", " + (p.cp_comm == "hybrid" ? a2a : name("parallel.cp")) +
+           "; each rank gets n_kv_head/tp/" + group + " kv heads, or with fewer kv heads than "
+           "ranks a copy of the one its query heads use)";
+  return "";
+}
+
 std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& namer) {
   const ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
@@ -172,6 +215,8 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
     fail(tp + format(" does not divide seq_len/cp = %d/%d = %d (sequence parallelism splits each "
                      "context-parallel rank's positions over tp)",
                      m.seq_len, p.cp, m.seq_len / p.cp));
+  const std::string heads = cp_comm_rules(cfg, name);
+  if (!heads.empty()) fail(heads);
   if (p.pp > 1 || p.pp_virtual > 1) {
     const bool equal = p.pp_layers.empty() && p.pp_balance != "auto";
     const std::string rules = pipeline_rules(p.pp_schedule, p.pp, cfg.train.grad_accum,

@@ -199,8 +199,8 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
     m.fp8 = new_fp8(layout, *fp8, (int)N, m.memory, s);
   }
   m.cp = new ContextParallel;  // with one cp rank it allocates nothing
-  cp_create(*m.cp, layout.cp, B, T * layout.cp->size, layout.NH_local, layout.NKV_local,
-            layout.HS, dt, m.memory, ring);  // the plan is over whole sequences
+  cp_create(*m.cp, layout.cp_ring, B, T * layout.cp->size, layout.NH_local, layout.NKV_local,
+            layout.HS, dt, m.memory, ring, layout.cp_a2a);  // the plan is over whole sequences
   ops::stream_sync(s);
 }
 

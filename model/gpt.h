@@ -99,6 +99,11 @@ struct GPTLayout {
   TensorParallel tp;
   PipelinePlace pp;
   Comm* cp = nullptr;
+  // [parallel] cp_comm (parallel/context_parallel_a2a.cu): the all-to-all group inside cp (null
+  // under "ring") and the ring's group (cp under "ring", cp-ring under "hybrid", one rank under
+  // "all-to-all")
+  Comm* cp_a2a = nullptr;
+  Comm* cp_ring = nullptr;
   Comm* ep = nullptr;
   int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
   std::vector<int> stage_first;  // per stage (model order): its first block; [p*v] = L

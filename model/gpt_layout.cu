@@ -243,6 +243,9 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
   g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual, mesh.shape.pp_order};
   g.cp = &mesh[Axis::CP];
+  const int a2a = mesh.shape.cp_a2a, cp = mesh.shape.cp;
+  g.cp_a2a = a2a <= 1 ? nullptr : a2a >= cp ? &mesh[Axis::CP] : &mesh[Axis::CPA2A];
+  g.cp_ring = a2a <= 1 ? &mesh[Axis::CP] : &mesh[Axis::CPRing];
   g.ep = &mesh[Axis::EP];
   const TensorParallel& tp = g.tp;
   const PipelinePlace& pp = g.pp;

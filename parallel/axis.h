@@ -13,11 +13,14 @@
 //   Island the ranks with the same place in each DiLoCo island (parallel/diloco.cu)
 //   IslandWorld  every rank of this rank's DiLoCo island (the world without islands): the
 //         gradient norm of the island's own training
+//   CPA2A  [parallel] cp_comm = "hybrid": the cp ranks of this rank's all-to-all group (cp_a2a
+//         consecutive ones); CPRing: the ranks at the same place of every such group (the ring
+//         across them). One rank each under "ring" and "all-to-all", which use the cp group.
 #pragma once
 
 enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island,
-                        IslandWorld, Count };
+                        IslandWorld, CPA2A, CPRing, Count };
 
 // "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island",
-// "island-world"
+// "island-world", "cp-a2a", "cp-ring"
 const char* axis_name(Axis a);

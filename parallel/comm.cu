@@ -46,6 +46,8 @@ const char* axis_name(Axis a) {
     case Axis::Embed: return "embed";
     case Axis::Island: return "island";
     case Axis::IslandWorld: return "island-world";
+    case Axis::CPA2A: return "cp-a2a";
+    case Axis::CPRing: return "cp-ring";
     default: return "?";
   }
 }

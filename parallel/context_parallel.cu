@@ -52,6 +52,9 @@
 //
 // In the forward the next K, V arrive on the `ring` stream while the blocks in hand compute; in
 // the backward the K, V of the next step are posted before the blocks and the dK, dV after them.
+// [parallel] cp_comm = "all-to-all" (Ulysses) moves heads instead of K and V, and "hybrid" runs
+// this ring across groups that do: parallel/context_parallel_a2a.cu, which calls the ring below
+// (cp_ring_attention_*) on its head-split layout; "ring", the default, is this file alone.
 // The rest of the model sees nothing of this: its gradients are summed over dp x cp (the units'
 // gradient axis, parallel/placement.h), since every cp rank saw other tokens of the same
 // sequences, and the loss is their mean over every token of the global batch.
@@ -99,9 +102,13 @@ int cp_local_index(int cp, int rank, int B, int T, int b, int t) {
 // Buffers
 // ---------------------------------------------------------------------------------------------
 void cp_create(ContextParallel& cp, Comm* group, int B, int T, int NH, int NKV, int HS, DType dt,
-               Allocator& memory, ops::Stream ring) {
+               Allocator& memory, ops::Stream ring, Comm* a2a) {
   cp.group = group;
   cp.B = B, cp.Tc = T / (2 * cp.size()), cp.NH = NH, cp.NKV = NKV, cp.HS = HS, cp.dt = dt;
+  if (a2a && a2a->size > 1) {  // the ring sees the head-split layout (its heads, its chunk)
+    cp_a2a_setup(cp, a2a, B, T, NH, NKV, HS, dt, memory);
+    NH = cp.NH, NKV = cp.NKV;
+  }
   cp.ring = ring;
   if (!cp.active()) return;  // one rank: attention is the plain kernel, nothing to hold
   cp.plan = cp_plan_build(cp.size(), T);
@@ -176,6 +183,20 @@ static void check_shape(const ContextParallel& cp, int B, int T) {
 
 void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv, int B,
                           int T_local, ops::Stream s, const int* docs) {
+  if (cp.a2a) return cp_a2a_attention_forward(cp, out, lse, qkv, B, T_local, s, docs);
+  cp_ring_attention_forward(cp, out, lse, qkv, B, T_local, s, docs);
+}
+
+void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
+                           const void* out, const float* lse, int B, int T_local,
+                           ops::Stream s, const int* docs) {
+  if (cp.a2a)
+    return cp_a2a_attention_backward(cp, dqkv, dout, qkv, out, lse, B, T_local, s, docs);
+  cp_ring_attention_backward(cp, dqkv, dout, qkv, out, lse, B, T_local, s, docs);
+}
+
+void cp_ring_attention_forward(ContextParallel& cp, void* out, float* lse, const void* qkv,
+                               int B, int T_local, ops::Stream s, const int* docs) {
   if (!cp.active()) {  // every position is here: causal attention over the whole sequence
     ops::attention_forward(out, lse, qkv, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt, s, docs);
     return;
@@ -214,9 +235,9 @@ void cp_attention_forward(ContextParallel& cp, void* out, float* lse, const void
   }
 }
 
-void cp_attention_backward(ContextParallel& cp, void* dqkv, const void* dout, const void* qkv,
-                           const void* out, const float* lse, int B, int T_local,
-                           ops::Stream s, const int* docs) {
+void cp_ring_attention_backward(ContextParallel& cp, void* dqkv, const void* dout,
+                                const void* qkv, const void* out, const float* lse, int B,
+                                int T_local, ops::Stream s, const int* docs) {
   if (!cp.active()) {
     ops::attention_backward(dqkv, dout, qkv, out, lse, B, T_local, cp.NH, cp.NKV, cp.HS, cp.dt,
                             s, docs);

@@ -12,6 +12,7 @@ MeshShape mesh_shape(const Config& c) {
   MeshShape m;
   m.dp = p.dp, m.pp = p.pp, m.cp = p.cp, m.tp = p.tp, m.ep = p.ep;
   m.pp_virtual = p.pp_virtual;
+  m.cp_a2a = cp_a2a_degree(p);
   m.sp = p.sp;
   m.islands = std::max(1, p.diloco_islands);  // 0 (off) is one island
   if (p.pp > 1 || p.pp_virtual > 1) {
@@ -86,6 +87,20 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
     case Axis::TP: vary(m.tp, &MeshCoords::tp); break;
     case Axis::PP: vary(m.pp, &MeshCoords::pp); break;
     case Axis::CP: vary(m.cp, &MeshCoords::cp); break;
+    case Axis::CPA2A:
+    case Axis::CPRing: {  // hybrid only: blocks of cp_a2a cp ranks, and across the blocks
+      const int a = m.cp_a2a, n = axis == Axis::CPA2A ? a : m.cp / a;
+      if (a <= 1 || a >= m.cp) {
+        g = {w};
+        break;
+      }
+      for (int i = 0; i < n; i++) {
+        MeshCoords x = c;
+        x.cp = axis == Axis::CPA2A ? c.cp / a * a + i : i * a + c.cp % a;
+        g.push_back(mesh_world_rank(m, x));
+      }
+      break;
+    }
     case Axis::DPCP:  // (the island's)
       for (int i = 0; i < per * m.cp; i++) g.push_back(at_dpcp(m, c, first + i));
       break;

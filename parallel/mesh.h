@@ -13,7 +13,10 @@
 //   island-world  every rank of the island (the world without islands; by world rank)
 //   tp    ranks that differ only in tp_rank           (tensor/sequence parallel)
 //   pp    ranks that differ only in pp_rank           (pipeline send/recv)
-//   cp    ranks that differ only in cp_rank           (ring attention)
+//   cp    ranks that differ only in cp_rank           (ring attention, or the all-to-all)
+//   cp-a2a, cp-ring  with cp_comm = "hybrid" (1 < cp_a2a < cp): the cp ranks of this rank's block
+//         of cp_a2a consecutive ones (all-to-all; rank cp_rank % cp_a2a), and those at the same
+//         place of every block (the ring; rank cp_rank / cp_a2a); otherwise this rank alone
 //   dpcp  ranks that differ in dp_rank and/or cp_rank, by dpcp index = dp_rank * cp + cp_rank
 //                                                     (dense gradients when cp > 1); with
 //         DiLoCo islands only those of its island (dp/K * cp ranks, the same order)
@@ -40,6 +43,7 @@
 // The degrees, and the layout choices that go with them.
 struct MeshShape {
   int dp = 1, pp = 1, cp = 1, tp = 1, ep = 1;
+  int cp_a2a = 1;      // the all-to-all groups' size inside cp (cp_a2a_degree: 1 for the ring)
   int pp_virtual = 1;  // model chunks per pipeline rank
   bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
   int islands = 1;     // DiLoCo islands: the dp group is the island's (parallel/diloco.cu)

@@ -118,11 +118,13 @@ run noise-scale "$BUILD/test_noise_scale"
 run noise-scale-trainer $PY test/test_noise_scale.py
 run tensor-parallel $PY test/test_tensor_parallel.py
 run context-parallel $PY test/test_context_parallel.py
+run cp-a2a     $PY test/test_context_parallel_a2a.py  # cp_comm = "all-to-all" / "hybrid"
 run documents   $PY test/test_documents.py  # [data] document_mask vs float64, every layout
 run data-mix    $PY test/test_data_mix.py  # [data] train of several datasets: draws, layouts, resume
 run moe         $PY test/test_moe.py
 run llama       $PY test/test_llama.py
 run activation-table $PY tools/activation_table.py --recompute block --check 1.2  # docs/SCALING.md
+run cp-comm-table $PY tools/cp_comm_table.py --check  # docs/SCALING.md: ring vs all-to-all bytes
 run matrix      $PY test/test_matrix.py
 run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"

@@ -158,6 +158,8 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, cons
                  : std::pair<std::array<int, 3>, int>{{-1 - w, 0, 0}, 0};
     case Axis::Island: return {{-1 - w, 0, 0}, 0};  // no DiLoCo islands here: alone
     case Axis::IslandWorld: return {{0, 0, 0}, w};   // ... so one island: the world
+    case Axis::CPA2A:                                // cp_comm "ring" here: alone
+    case Axis::CPRing: return {{-1 - w, 0, 0}, 0};
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }

@@ -22,7 +22,8 @@ as the trainer's, so the per-step losses of a few steps must agree:
      document either way; GPT-2's learned positions are what checks them.)
   2. Every layout equals the one-rank run (losses and gradient norms per step, LAYOUT_TOL):
      dp 2 (against one rank with grad_accum 2), tp 2, pp 2, cp 2 and cp 4 (ring attention over
-     the zigzag chunks, whose blocks carry the chunks' document ids). TEST_FULL=1 adds them for
+     the zigzag chunks, whose blocks carry the chunks' document ids), cp 2 with cp_comm =
+     "all-to-all" and cp 4 "hybrid" over groups of 2 (the ids reordered with the heads' rows). TEST_FULL=1 adds them for
      Llama and dp2 x cp2, tp2 x pp2.
   3. Bad input: an end-of-text id outside the vocabulary is refused before any work, naming the
      key and the value.
@@ -218,7 +219,9 @@ def layouts(tmp, arch):
     one = train(tmp, f"one_{arch}", arch)
     one2 = train(tmp, f"one2_{arch}", arch, accum=2)
     cases = [("dp2", {"dp": 2}, one2), ("tp2", {"tp": 2}, one), ("pp2", {"pp": 2}, one),
-             ("cp2", {"cp": 2}, one), ("cp4", {"cp": 4}, one)]
+             ("cp2", {"cp": 2}, one), ("cp4", {"cp": 4}, one),
+             ("cp2 all-to-all", {"cp": 2, "cp_comm": "all-to-all"}, one),
+             ("cp4 hybrid cp_a2a 2", {"cp": 4, "cp_comm": "hybrid", "cp_a2a": 2}, one)]
     if FULL:
         cases += [("dp2 x cp2", {"dp": 2, "cp": 2}, one2), ("tp2 x pp2", {"tp": 2, "pp": 2}, one)]
     for name, parallel, want in cases:

@@ -21,8 +21,9 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    cost too much, and 2. compares bf16 with the CPU's bf16 directly).
 4. Two-rank layouts against the one-rank CPU run with the same global batch: FSDP over 2 ranks,
    ZeRO-1 with the optimizer offloaded to host memory and ZeRO-2 with it in a file, tensor
-   parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches and ring
-   attention cp=2; on one GPU the ranks share it and use the MPI backend; on the emulator every
+   parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches, ring
+   attention cp=2 and cp=2 with cp_comm = "all-to-all" (heads moved by all-to-alls over NCCL's
+   or MPI's, whole-sequence attention per rank); on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
    added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
    tp=2 sp, pp=2 and cp=2 run 2 micro-batches and log the gradient noise scale: their small and
@@ -346,7 +347,9 @@ def test_layouts(rng):
                    ("tp=2 sp", rows // 2, 2, {"tp": 2, "sp": True}, NOISE),
                    ("tp=2 no sp", rows, 1, {"tp": 2, "sp": False}, {}),
                    ("pp=2 1f1b", rows // 2, 2, {"pp": 2}, NOISE),
-                   ("cp=2 ring attention", rows // 2, 2, {"cp": 2}, NOISE)]
+                   ("cp=2 ring attention", rows // 2, 2, {"cp": 2}, NOISE),
+                   # heads moved by all-to-alls (Ulysses), whole-sequence attention per rank
+                   ("cp=2 all-to-all", rows // 2, 2, {"cp": 2, "cp_comm": "all-to-all"}, {})]
         if EMULATED:
             layouts.insert(0, ("DDP dp=2", rows // 2, 1, {"dp": 2}, {}))
         plain_train, plain_log = dict(sec["train"]), dict(sec["log"])
@@ -370,7 +373,8 @@ def test_layouts(rng):
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
                          f"(tol {FP32_TOL:.0e})")
             check_allocator_peaks(label, tmp, label.replace(" ", "_").replace("=", ""), sec)
-            if "cp" in parallel:  # the log names the kernels that ran, not the unused choice
+            if "cp" in parallel and "cp_comm" not in parallel:  # the log names the kernels that
+                # ran, not the unused choice
                 named = "| attention ring blocks (hand-written)" in log[0]
                 notes = [ln for ln in log[0].splitlines() if "| attention" in ln]
                 checks.check("cp=2 logs its attention as the ring blocks", named,

@@ -5,7 +5,8 @@ eps 1e-6: test_pipeline.train), global batch 8 sequences, random init (every lay
 same weights): per-step losses and gradient norms, the validation loss and the sampled tokens of
 each layout equal the one-rank run with the same micro-batches within 1e-5 (fp32):
   dp2 x pp2 x tp2 with FSDP and SP (np = 8), pp2 x cp2 x tp2 (np = 8),
-  dp2 x pp2 x cp2 x tp2 with FSDP (np = 16), dp2 x pp4 interleaved (v = 2, np = 8);
+  dp2 x pp2 x cp2 x tp2 with FSDP (np = 16), dp2 x pp2 x cp2 with cp_comm = "all-to-all" and
+  FSDP (np = 8), dp2 x pp4 interleaved (v = 2, np = 8);
 the pipeline runs check_tied (the two wte copies bitwise equal after every step).
 Mixture of experts (4 experts, top-2, in every second block, moe_z_loss on), against the one-rank
 MoE run: dp2 x cp2 x tp2 with ep2 (np = 8), pp2 x cp2 x tp2 (np = 8), dp2 x pp2 x cp2 x tp2 with
@@ -39,6 +40,8 @@ def test_rows(tmp):
     row(tmp, ref, "pp2 x cp2 x tp2 (np=8)", "pct", 4, 2, 4, pp=2, cp=2, tp=2)
     row(tmp, ref, "dp2 x pp2 x cp2 x tp2 FSDP (np=16)", "all", 4, 2, 2, dp=2, pp=2, cp=2, tp=2,
         fsdp=True)
+    row(tmp, ref, "dp2 x pp2 x cp2 all-to-all FSDP (np=8)", "dpc_a2a", 4, 2, 2, dp=2, pp=2, cp=2,
+        fsdp=True, extra=["--parallel.cp_comm=all-to-all"])
     moe = {"n_experts": 4, "top_k": 2, "moe_every": 2, "d_expert": 24}
     z = ["--train.moe_z_loss=0.01"]
     ref_moe = train(tmp, "moe_one", 4, 2, 4, steps=STEPS, moe=moe, extra=z)

@@ -3,7 +3,9 @@
 For real CPU layouts of a tiny GPT (L = 4, 4 heads, C = 32, T = 16), each trained for 2 steps:
 one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-reduces); dp2
 FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
-4 micro-batches and gpipe over 2; cp2, also with recompute "block"; dp2 x pp2 x cp2 x tp2 FSDP
+4 micro-batches and gpipe over 2; cp2, also with recompute "block"; cp_comm = "all-to-all" at cp2
+in bf16, "hybrid" at cp4 x cp_a2a 2, Llama all-to-all at cp4 (kv heads copied) with recompute
+"block"; dp2 x pp2 x cp2 x tp2 FSDP
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
 dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed; Llama (GQA, SwiGLU,
 RMSNorm, RoPE tables): dp2 x pp2 x tp2 FSDP untied (embedding and head units on two stages, no
@@ -33,8 +35,8 @@ bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, g
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
 schedule, micro_batch and grad_accum) as the config gives it.
-Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (29 of the
-40 run): combinations whose parts the other layouts check on their own.
+Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (32 of the
+43 run): combinations whose parts the other layouts check on their own.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -77,6 +79,10 @@ LAYOUTS = [
     ("pp2 gpipe m2", {"pp": 2, "pp_schedule": "gpipe"}, {"train": {"grad_accum": 2}}),
     ("cp2", {"cp": 2}, {}),
     ("cp2 recompute block", {"cp": 2}, {"train": {"recompute": "block"}}),
+    ("cp2 all-to-all bf16", {"cp": 2, "cp_comm": "all-to-all"}, {"precision": {"compute": "bf16"}}),
+    ("cp4 hybrid cp_a2a 2", {"cp": 4, "cp_comm": "hybrid", "cp_a2a": 2}, {}),
+    ("Llama cp4 all-to-all (kv heads copied) recompute block", {"cp": 4, "cp_comm": "all-to-all"},
+     {"model": LLAMA, "train": {"recompute": "block"}}),
     ("dp2 x pp2 x cp2 x tp2 FSDP (np=16)", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "fsdp": True},
      {"train": {"grad_accum": 2}}),
     ("MoE dp4 x ep4 FSDP bf16", {"dp": 4, "ep": 4, "fsdp": True},

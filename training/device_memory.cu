@@ -8,7 +8,8 @@
 // - attention backward, hand-written (flash or generic) and ring blocks: the fp32 row sums D of
 //   dout * out, B x H x T floats;
 // - attention backward through cuDNN (bf16 or fp8 compute, [kernels] attention "cudnn" or "auto",
-//   cp = 1): D, then the fp32 dQ accumulator, B x H x T x HS floats, each 256-byte aligned, after
+//   cp = 1 or cp_comm "all-to-all", where attention runs over whole sequences: the head-split
+//   B x H/cp x T cp counts the same): D, then the fp32 dQ accumulator, B x H x T x HS floats, each 256-byte aligned, after
 //   cuDNN's own engine workspace (its choice at run time, not planned);
 // - LayerNorm backward: 2 x blocks x C fp32 partial sums of dweight and dbias, blocks =
 //   min(ceil(N_ln / warps), 256), warps = min(8, max(1, 96 KiB / (8 C)));
@@ -48,7 +49,7 @@ std::vector<Request> scratch_requests(const Config& c, const MeshShape& shape) {
       {((size_t)4 * kPlannedSMs * 64 + OC) * sizeof(float), "the bias gradient's column sums"},
       {1024 * sizeof(float), "the reductions' partials"}};
   const bool cudnn = c.precision.compute != "fp32" && c.kernels.attention != "flash" &&
-                     shape.cp == 1;
+                     (shape.cp == 1 || shape.cp_a2a == shape.cp);
   if (cudnn)
     r.push_back({round_up_to(B * H * T * sizeof(float), 256) +
                      round_up_to(B * H * T * HS * sizeof(float), 256),
