@@ -30,10 +30,10 @@ at least one schedule - the check that the schedules can fail. `make test` runs 
 TEST_FULL=1 all five.
 
 Host synchronisations: a non-logging step waits on the host at most the number HOST_SYNCS
-states (EMU_HOST_SYNCS=1 counts them): zero, or the offload's stated waits for what the host
-computes on. DDP in `make test`; DDP, ZeRO-2 offloaded to a file, pp 1F1B and cp ring with
-TEST_FULL=1, and a sabotaged copy that reads the gradient norm back every step must exceed its
-number.
+states (EMU_HOST_SYNCS=1 counts them): zero, or the stated waits for what the host computes on
+or sizes work by (the optimizer offload, MPI's staging, MoE's token counts, a checkpoint every
+step). DDP in `make test`; every layout with TEST_FULL=1, and a sabotaged copy that reads the
+gradient norm back every step must exceed DDP's zero.
 
 Environment: TRAIN (./train_emu), TEST_FULL, SEED (the data and the random schedules' seeds).
 """
@@ -258,15 +258,24 @@ def test_sabotage(rng):
 # grad_norm; AdamW reads the factor there) and are read back only when a log line, a checkpoint
 # or an evaluation is due (training/step_readback.h); the pipeline's timing events are read only
 # by the end-of-run report (pipeline.cu). So a non-logging step waits on the host zero times,
-# except where the host itself computes on the step's device results:
-#   ZeRO-2 offloaded to a file: 7 cudaEventSynchronize - the host runs AdamW on the gradients,
-#   so it waits for the clip factor's copy down (1) and, per unit (3), for its gradient's copy
-#   down and for its staging slot's previous copy up (offload.cu).
-# (Not held here, by option: [train] skip_spikes reads every step's loss before the update,
-# [log] grad_noise_scale reads the norm, and MoE reads its token counts, which size the
-# all-to-all: training/step_readback.h.)
-HOST_SYNCS = {"DDP dp=2": 0, "ZeRO-2 dp=2 offload nvme": 7, "pp=2 1f1b": 0,
-              "cp=2 ring attention": 0}
+# except where the host itself computes on, or sizes work by, the step's device results:
+#   optimizer offload (ZeRO-1 to host memory, ZeRO-2 to a file): 7 cudaEventSynchronize - the host
+#   runs AdamW on the gradients, so it waits for the clip factor's copy down (1) and, per unit
+#   (3), for its gradient's copy down and for its staging slot's previous copy up (offload.cu);
+#   FSDP over MPI: 60 - the MPI backend stages every collective's device buffers through the host
+#   (a stream synchronisation and the copies: comm_mpi.cu), as MPI without CUDA support must;
+#   MoE: 6 - the router's choices come to the host, where they size the dispatch and the
+#   all-to-all (3 pageable copies and their stream synchronisations: model/moe.cu);
+#   DDP with asynchronous checkpoints: 20 - a checkpoint is due every step there (every = 1), and
+#   a save copies the shards to the host (checkpoint/async_save.cu): no step is a plain one.
+# (Not held here, by option: [train] skip_spikes reads every step's loss before the update and
+# [log] grad_noise_scale the norm: training/step_readback.h.) `make test` checks DDP; TEST_FULL=1
+# every layout.
+HOST_SYNCS = {"DDP dp=2": 0, "ZeRO-1 dp=2 offload cpu": 7, "ZeRO-2 dp=2 offload nvme": 7,
+              "FSDP dp=2": 0, "FSDP dp=2 (MPI)": 60, "DDP int8 compression": 0,
+              "DDP top-k compression": 0, "tp=2 sp": 0, "tp=2 no sp": 0, "pp=2 1f1b": 0,
+              "pp=2 zb-v": 0, "cp=2 ring attention": 0, "MoE dp=2 ep=2": 6, "Llama cp=2": 0,
+              "DiLoCo 2 islands": 0, "DDP async checkpoints": 20}
 # The check can fail: a copy whose step reads the gradient norm back (TEST_FULL=1).
 SYNC_SABOTAGE = ("norm-read-back", "DDP dp=2", "parallel/param_store.cu",
                  [("                          st.compute);\n}\n",

@@ -20,8 +20,8 @@
 //
 // What still reads every step, by its option: [train] skip_spikes (the update is skipped on the
 // loss, so the loss is read before the update - a host wait every step), [log] grad_noise_scale
-// (its estimate reads the norm and the small-batch norm), and a MoE model's token counts
-// (model/moe.cu: they size the all-to-all, and the report reads them).
+// (its estimate reads the norm and the small-batch norm), and a MoE model's router choices
+// (model/moe.cu: they size the dispatch and the all-to-all).
 #pragma once
 #include <vector>
 
