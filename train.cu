@@ -6,7 +6,9 @@
 // global batch, run through the pipeline stages in the schedule's order (one stage: F0 B0 F1
 // B1 ...), gradients reduced across the data-parallel group (DDP or a ZeRO stage, inside the
 // ParamStore), then the global gradient norm, clipping, AdamW (on the device, or on the host
-// under optimizer offload), and the logs. Everything device-
+// under optimizer offload), and the logs. The host never waits for a step's results: the norm
+// and the clipping factor stay on the device, and the loss and the norm come back only when a
+// log line, a checkpoint or an evaluation needs them (training/step_readback.h). Everything device-
 // or layout-specific lives below: kernels/ (the backend), parallel/ (the mesh and who holds
 // which weights), model/ (GPT-2 itself), data/ and checkpoint/. The options that ride along -
 // compressed reductions, optimizer offload, DiLoCo islands, the noise scale - keep their state
@@ -41,6 +43,7 @@
 #include "training/optimizer.h"
 #include "training/plan.h"
 #include "training/preemption.h"
+#include "training/step_readback.h"
 #include "parallel/diloco.h"
 #include "parallel/host_threads.h"
 #include "parallel/mesh.h"
@@ -69,6 +72,7 @@ struct Run {
   std::vector<ChoiceExample> eval_set;  // [eval] file's examples (data/eval_file.h)
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
   LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
+  StepReadback readback;  // the steps whose loss and norm are still on the device
   StragglerWatch stragglers;
   Tokenizer tokenizer;
   MetricsLog metrics;
@@ -178,6 +182,7 @@ static void setup(Run& r, int world_rank, int local_rank) {
   r.model.grad_buffers = r.pipeline.grads;
   gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
                          r.compute, r.comm);
+  step_readback_init(r.readback, r.model.memory, r.mesh.shape.world(), r.compute);
   setup_data_and_logs(r);
 }
 
@@ -320,8 +325,9 @@ static void report_step_costs(Run& r, StepReport& rep, double ms) {
 }
 
 // One optimizer step: the data, forward and backward of every micro-batch (the gradients
-// reduced inside the ParamStore), the gradient norm, the update, and the report for the logs.
-static StepReport train_step(Run& r, int step) {
+// reduced inside the ParamStore), the gradient norm, the update, and the report for the logs,
+// which waits in r.readback for its loss and norm (read when due: training/step_readback.h).
+static void train_step(Run& r, int step) {
   const Config& c = r.cfg;
   const int B = c.train.micro_batch, T = c.model.seq_len, accum = c.train.grad_accum;
   const auto t0 = std::chrono::steady_clock::now();
@@ -343,45 +349,49 @@ static StepReport train_step(Run& r, int step) {
                   c.data.document_mask ? r.doc_positions.data() : nullptr},
                  dloss,
                  1.0f / ((float)B * T * accum), r.compute);
-  StepReport rep;
+  r.readback.pending.emplace_back();
+  PendingStep& pending = r.readback.pending.back();
+  StepReport& rep = pending.rep;
   rep.step = step;
   for (size_t k = 0; r.train_data.sources.size() > 1 && k < r.train_data.sources.size(); k++)
     rep.data_rows.push_back(r.train_data.rows_of[k] - batch_start.rows_of[k]);
   rep.steps = c.train.steps;
-  {
+  {  // the norm and the clipping factor, on the device
     trace::Span span(trace::Lane::Compute, "optimizer", "grad norm", r.compute);
-    rep.grad_norm = grad_norm(r.store);
+    grad_norm(r.store, c.train.grad_clip);
   }
+  if (r.store.small_batch.on)  // [log] grad_noise_scale estimates from the norm every step
+    rep.grad_norm = grad_norm_read(r.store);
   rep.noise = noise_scale_step(r.noise, r.store, rep.grad_norm, B, accum, r.mesh[Axis::DP].size);
   rep.noise_scale = r.noise;
   rep.lr = learning_rate(c.train, step);
-  float local_loss = 0;
-  {  // the loss to every rank: host messages the comm accounting leaves out (control plane)
+  {  // the loss to every rank, on the device: a control gather the comm accounting leaves out
     trace::Span span(trace::Lane::Comm, "control", "loss", r.compute);
-    ops::stream_sync(r.compute);
-    ops::copy_to_host(&local_loss, r.model.loss_sum, sizeof(float));
-    rep.loss = last_stage_mean(r.model, r.mesh[Axis::World], local_loss, r.mesh.shape.dp);
+    step_readback_queue(r.readback, r.model, r.mesh[Axis::World], r.mesh.shape.dp, r.store.norm,
+                        r.compute);
   }
-  const SpikeVerdict spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
-      data_mix_span(r.train_data, batch_start), r.rank0);
+  SpikeVerdict spike;
+  if (c.train.skip_spikes > 0) {  // the update depends on this step's loss: the host waits
+    step_readback_read_newest(r.readback);
+    spike = loss_spike_check(r.loss_trend, c.train, step, rep.loss,
+                             data_mix_span(r.train_data, batch_start), r.rank0);
+    pending.judged = true;
+    pending.skipped = spike.skip;
+  }
   if (!spike.skip) {  // Adam counts the updates applied (training/health.h)
     trace::Span span(trace::Lane::Compute, "optimizer", "optimizer", r.compute);
-    optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr,
-                   clip_factor(c.train, rep.grad_norm));
+    optimizer_step(r.store, r.layout, c.train, step - (int)r.loss_trend.skipped, (float)rep.lr);
   } else {
     rep.note = "update skipped: loss spike";
   }
   diloco_after_step(r.diloco, r.store, step);  // every diloco_every steps (parallel/diloco.h)
-  if (r.model.moe) {
+  if (r.model.moe) {  // the token counts (host values: they size the all-to-all)
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World], r.mesh.shape.islands);
   }
-  CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
-        "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
   rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
   report_step_costs(r, rep,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  return rep;
 }
 
 // The token samples start from: the tokenizer's end-of-text, else the last id.
@@ -401,6 +411,13 @@ static void sample_only(Run& r) {
                 st.tokens, r.resumed_step, st.kv_cache ? "KV cache" : "recompute",
                 st.temperature, st.top_k, text.c_str());
   std::fflush(stdout);
+}
+
+// Whether validation, evaluation or a sample runs after `step` (evaluate, below).
+static bool evaluation_due(const Config& c, int step) {
+  const bool last = step == c.train.steps;
+  auto due = [&](int every) { return every > 0 && (step % every == 0 || last); };
+  return due(c.log.val_every) || due(c.eval.every) || due(c.log.sample_every);
 }
 
 // Validation and samples, every so many steps (and after the last).
@@ -473,6 +490,38 @@ static void report_memory_peak(Run& r) {
   std::fflush(stdout);
 }
 
+// Whether the steps waiting in r.readback are read now (training/step_readback.h): for a step
+// line, a checkpoint (it keeps the loss trend), an evaluation (its records follow the step's),
+// skip_spikes (read every step anyway) or a full readback. If so, reads them.
+static bool read_back_if_due(Run& r, int step, bool first) {
+  PendingStep& pending = r.readback.pending.back();
+  pending.print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
+  const bool due = pending.print || checkpoint_due(r.cfg, step) || evaluation_due(r.cfg, step) ||
+                   r.cfg.train.skip_spikes > 0 ||
+                   (int)r.readback.pending.size() == StepReadback::kCapacity;
+  if (due) step_readback_settle(r.readback, r.loss_trend, r.cfg.train, r.metrics, r.rank0);
+  return due;
+}
+
+// The newest step's report completed with what follows the step: the checkpoint's wait, the
+// comm counters, the times; and the run summary's share.
+static const StepReport& finish_report(Run& r, int step, bool first,
+                                       std::chrono::steady_clock::time_point start,
+                                       double ckpt_waited_s) {
+  PendingStep& pending = r.readback.pending.back();
+  StepReport& rep = pending.rep;
+  rep.ckpt_wait_ms = ckpt_waited_s < 0 ? -1 : 1e3 * ckpt_waited_s;
+  comm_stats_add(r.comm_total, r.mesh.stats);
+  pending.comm = r.mesh.stats;
+  rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
+  if (first)  // "auto" decides at the first call
+    rep.note += std::string(rep.note.empty() ? "" : " | ") + "attention " +
+                ops::attention_impl_name(r.compute);
+  r.summary.add(rep.tokens_per_s * rep.ms / 1e3, rep.ms / 1e3);
+  return rep;
+}
+
 // The steps, from the one after the resumed checkpoint to the last, or until a signal stops
 // them (training/preemption.h). Returns that signal (0: the run is done).
 static int train_steps(Run& r) {
@@ -482,23 +531,17 @@ static int train_steps(Run& r) {
     trace::step_begin(step);  // [log] trace_steps (kernels/trace.h)
     std::optional<trace::Span> step_span(std::in_place, trace::Lane::Host, "step", "step",
                                          nullptr);
-    StepReport rep = train_step(r, step);
+    train_step(r, step);
     step_span.reset();
+    const bool first = step == r.resumed_step + 1;
+    const bool due = read_back_if_due(r, step, first);
     const RunState state{r.train_data.sources[0].pos, r.loss_trend,  // what a checkpoint keeps
                          data_mix_state(r.train_data)};
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
                                                      state, r.mesh);
-    rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;
-    comm_stats_add(r.comm_total, r.mesh.stats);
-    const bool first = step == r.resumed_step + 1;
-    rep.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rep.eta_s = rep.elapsed_s / (step - r.resumed_step) * (r.cfg.train.steps - step);
-    if (first)  // "auto" decides at the first call
-      rep.note += std::string(rep.note.empty() ? "" : " | ") + "attention " +
-                  ops::attention_impl_name(r.compute);
-    const bool print = step % r.cfg.log.every == 0 || first || step == r.cfg.train.steps;
-    if (r.rank0) metrics_step(r.metrics, rep, r.mesh.stats, print);
-    r.summary.add(rep.tokens_per_s * rep.ms / 1e3, rep.ms / 1e3);
+    const StepReport& rep = finish_report(r, step, first, start, waited);
+    const double step_ms = rep.ms, waited_ms = rep.waited_ms;
+    if (due) step_readback_write(r.readback, r.metrics, r.rank0);  // (rep is gone after this)
     if (r.cfg.log.check_tied && r.mesh.shape.pp > 1)
       CHECK_ALL(tied_copies_equal(r.store), "step %d: the first and the last pipeline stage's "
                 "copies of the tied embedding differ ([log] check_tied)", step);
@@ -506,10 +549,16 @@ static int train_steps(Run& r) {
       CHECK_ALL(tp_replicas_equal(r.store), "step %d: the tp ranks' copies of the replicated "
                 "weights differ ([log] check_replicas)", step);
     evaluate(r, step);
-    straggler_step(r.stragglers, r.cfg.log, r.mesh[Axis::World], step, rep.ms, rep.waited_ms);
+    straggler_step(r.stragglers, r.cfg.log, r.mesh[Axis::World], step, step_ms, waited_ms);
     const int stop = preemption_agreed(r.mesh[Axis::World]);  // all ranks stop after one step
-    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store, state,
-                                             r.mesh, stop != 0);
+    if (stop) {  // the steps not yet read are recorded, and the trend is complete
+      step_readback_settle(r.readback, r.loss_trend, r.cfg.train, r.metrics, r.rank0);
+      step_readback_write(r.readback, r.metrics, r.rank0);
+    }
+    const RunState final_state{r.train_data.sources[0].pos, r.loss_trend,  // the trend settled
+                               data_mix_state(r.train_data)};
+    const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store,
+                                             final_state, r.mesh, stop != 0);
     trace::step_end(step);
     if (!stop) continue;
     if (r.rank0) {
@@ -580,6 +629,7 @@ int main(int argc, char** argv) {
 
   metrics_close(r.metrics);
   trace::shutdown();
+  step_readback_destroy(r.readback);
   gpt_destroy(r.model);
   pipeline_destroy(r.pipeline);
   param_store_destroy(r.store);

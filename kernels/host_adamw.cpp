@@ -25,6 +25,7 @@ struct AdamWScalars {
 
 AdamWScalars adamw_scalars(const AdamWStep& st) {
   CHECK(st.t >= 1, "adamw_update: step number %d, expected 1 or more", st.t);
+  CHECK(!st.device_grad_scale, "host AdamW: the gradient scale must be on the host (grad_scale)");
   const double bc1 = 1.0 - std::pow((double)st.beta1, st.t);
   const double bc2 = 1.0 - std::pow((double)st.beta2, st.t);
   AdamWScalars k;

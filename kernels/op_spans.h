@@ -178,6 +178,9 @@
 #define OP_SPAN_sum_squares_accumulate                                                          \
   TRACE_OP("sum_squares_accumulate", s, (n + 2) * OPB_F, {"n", n})
 #define OP_SPAN_sum_accumulate TRACE_OP("sum_accumulate", s, (n + 2) * OPB_F, {"n", n})
+#define OP_SPAN_sum_parts TRACE_OP("sum_parts", s, (size_t)n * OPB_F + 8, {"n", n})
+#define OP_SPAN_grad_norm_and_clip \
+  TRACE_OP("grad_norm_and_clip", s, (size_t)n * OPB_F + 12, {"n", n})
 #define OP_SPAN_add_inplace TRACE_OP("add_inplace", s, 3 * n * OPB_F, {"n", n})
 #define OP_SPAN_diloco_outer_delta TRACE_OP("diloco_outer_delta", s, 3 * n * OPB_F, {"n", n})
 #define OP_SPAN_diloco_outer_step TRACE_OP("diloco_outer_step", s, 6 * n * OPB_F, {"n", n})

@@ -45,7 +45,9 @@ struct DeviceInfo {
 };
 
 // One AdamW update, PyTorch's formula (torch.optim.AdamW, foreach=False), with the gradient
-// first multiplied by grad_scale (1, or the clipping factor). In fp32, in this rounding order
+// first multiplied by grad_scale (1, or the clipping factor) - or, when device_grad_scale is set,
+// by the one float it points to in device memory (the clipping factor as grad_norm_and_clip
+// wrote it: the host never waits for the gradient norm). In fp32, in this rounding order
 // (both backends follow it, so they agree to the last bit; the per-step scalars are computed in
 // double and rounded once, as PyTorch does in Python):
 //   g = grad * grad_scale
@@ -56,6 +58,7 @@ struct DeviceInfo {
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int t;  // 1-based step number, for the bias corrections
+  const float* device_grad_scale = nullptr;  // replaces grad_scale when set (device memory)
 };
 
 #include "kernels/ops_decls.h"

@@ -377,6 +377,18 @@ void adamw_update(float* master, void* param_out, const float* grad, float* m, f
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s);
 // *out += scale * sum_i x[i]. Deterministic for a given n.
 void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s);
+// The step's scalars from every rank's part, on the device (one thread; the host never waits):
+// the n parts (rank order) converted to double and added in that order. Exactly the host's
+// MPI sum of the same doubles: n floats of one magnitude add up exactly in double, in any order.
+//   sum_parts:          *out = (sum of the parts) / divisor            (the mean loss)
+//   grad_norm_and_clip: *norm = sqrt(sum of the parts)                 (the gradient norm), and
+//                       *factor = PyTorch's clip_grad_norm_ factor in double, rounded to float:
+//                       grad_clip / (*norm + 1e-6) when that is below 1, else 1 (grad_clip <= 0:
+//                       always 1; a NaN norm gives 1 and an infinite one 0, as the comparison
+//                       falls)
+void sum_parts(double* out, const float* parts, int n, double divisor, Stream s);
+void grad_norm_and_clip(double* norm, float* factor, const float* parts, int n, float grad_clip,
+                        Stream s);
 // dst[i] += src[i]
 void add_inplace(float* dst, const float* src, size_t n, Stream s);
 // dbias (OC) += sum_n dout[n, :] (fp32), dout (N, OC): the bias gradient alone.

@@ -17,7 +17,8 @@
 //   barrier.
 // - all_reduce_host_sum/max, all_agree and the other uncounted host helpers are control plane (a
 //   few bytes for logging and for agreeing on success); they go to MPI on the group and are not
-//   counted, so the counters describe only the training data plane.
+//   counted, so the counters describe only the training data plane. So is all_gather_control, on
+//   the device: a float or two per rank (the step's loss and gradient-norm parts).
 // - Count moves nothing but counts everything a real backend would; its host helpers answer as if
 //   every rank of the group were this one (a sum is size times this rank's value, an all-to-all
 //   hands back this rank's own block from everyone), which is what the planner's balanced,
@@ -134,6 +135,12 @@ void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType 
   if (c.size == 1) return copy_if_distinct(recv, send, send_count * dtype_size(dt), s);
   COUNT_CALL(CollectiveKind::AllGather, c.size * send_count * dtype_size(dt), s);
   if (moves_data(c)) backend_of(c).all_gather(c, send, recv, send_count, dt, s);
+}
+
+void all_gather_control(Comm& c, const float* send, float* recv, size_t send_count,
+                        ops::Stream s) {
+  if (c.size == 1) return copy_if_distinct(recv, send, send_count * sizeof(float), s);
+  if (moves_data(c)) backend_of(c).all_gather(c, send, recv, send_count, DType::F32, s);
 }
 
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s) {

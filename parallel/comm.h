@@ -85,6 +85,11 @@ void reduce_scatter_sum(Comm& c, const void* send, void* recv, size_t recv_count
 // Each rank contributes send_count elements; recv (c.size * send_count) holds them in rank order.
 void all_gather(Comm& c, const void* send, void* recv, size_t send_count, DType dt,
                 ops::Stream s);
+// The same for a few device floats of control, not counted (as the host helpers below): the
+// ranks' parts of the step's loss and gradient norm, summed on the device so that the host never
+// waits for them. Does nothing under Count (the planner's dry step has no values).
+void all_gather_control(Comm& c, const float* send, float* recv, size_t send_count,
+                        ops::Stream s);
 void broadcast(Comm& c, void* buf, size_t count, DType dt, int root, ops::Stream s);
 // A batch of point-to-point transfers, all posted before any is waited for (MPI: the receives,
 // then the sends, then one Waitall; NCCL: one group), so that two ranks sending to each other do

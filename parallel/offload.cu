@@ -27,7 +27,10 @@
 //
 // AdamW needs the step's global gradient norm (clipping), which needs every gradient: so the
 // host update starts after the backward, and what overlaps the backward is the gradients' trip
-// down. The file is scratch: a run re-creates it at start-up from the checkpoint (or the init),
+// down. The norm and its clipping factor are computed on the device (parallel/param_store.cu);
+// the factor comes down behind them, and the host waits for it once, before unit 0's update.
+// These waits (the factor, each unit's gradient, each staging slot's copy up) are the offload's
+// own host synchronisations: the host computes on the gradients, so it must have them. The file is scratch: a run re-creates it at start-up from the checkpoint (or the init),
 // so a job killed mid-step loses nothing that a checkpoint holds, and it is removed at the end.
 //
 // Bytes, per rank, for Psi parameters, N ranks, compute dtype of b bytes:
@@ -166,6 +169,8 @@ void offload_init(ParamStore& st) {
     o.file_offset.push_back(o.disk_bytes);
     o.disk_bytes += 3 * o.part_bytes.back();
   }
+  o.factor_copied = allocate_event(st.work_memory);
+  if (!st.count_only) o.clip_factor = (float*)ops::alloc_host_pinned(sizeof(float));
   for (int s = 0; s < 2; s++) {
     o.staging[s] = allocate_host(h, largest * dtype_size(st.dt));
     o.sent[s] = allocate_event(st.work_memory);
@@ -184,6 +189,8 @@ void offload_destroy(ParamStore& st) {
     unlink(o.path.c_str());
     o.fd = -1;
   }
+  ops::release_host_pinned(o.clip_factor);
+  o.clip_factor = nullptr;
   host_allocator_free(o.memory);
 }
 
@@ -203,6 +210,9 @@ ShardForUpdate offload_update_begin(ParamStore& st, int u) {
   if (u == 0) {
     o.update_start = now_s();
     if (on_file(o) && !st.count_only) queue_region(o, 0, 0, false);
+    ops::copy_to_host_async(o.clip_factor, st.clip_factor, sizeof(float), st.compute);
+    ops::event_record(o.factor_copied, st.compute);
+    if (!st.count_only) ops::event_sync(o.factor_copied);  // the factor is in host memory
   }
   if (!st.count_only) {
     ops::event_sync(o.sent[s]);         // the copy up out of this slot (unit u-2) is done

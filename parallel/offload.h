@@ -30,6 +30,10 @@ struct Offload {
   // [master | m | v], each part `part_bytes` (the shard rounded up to kOffloadBlock).
   std::vector<float*> grad, master, m, v;
   std::vector<ops::Event> grad_copied;  // the gradient's copy down is done
+  // The step's clipping factor (computed on the device, parallel/param_store.cu grad_norm),
+  // copied down before the first unit's host update: pinned, outside `memory` (4 bytes).
+  float* clip_factor = nullptr;
+  ops::Event factor_copied = nullptr;
   std::vector<size_t> file_offset, part_bytes;
   // Two slots, used by units alternately (unit u: slot u % 2), so that one unit's transfers and
   // file reads run while the other is updated. staging: the new weights in the compute dtype on

@@ -199,7 +199,10 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
   grad_compression_init(st);  // the compressed BucketReduction
-  st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
+  const int world = st.world ? st.world->size : 1;
+  st.norm_parts = (float*)allocate_zeroed(st.work_memory, (1 + world) * sizeof(float), compute);
+  st.norm = (double*)allocate_zeroed(st.work_memory, sizeof(double), compute);
+  st.clip_factor = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   small_batch_init(st, comms);
   st.comm_idle = allocate_event(st.work_memory);
   st.issue_point = allocate_event(st.work_memory);
@@ -366,19 +369,28 @@ bool tp_replicas_equal(ParamStore& st) {
 // over the unit's group each rank its shard (shard_range) - the one it updates at a ZeRO stage,
 // and the same slice of the replicated gradient under DDP. So every stage sums the same squares
 // in the same order, and a step's norm (and clipping) is bitwise the same at every stage.
-double grad_norm(ParamStore& st) {
-  ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
+// The ranks' sums (one float each) are all-gathered over the world on the compute stream (control
+// plane: not counted) and added in double by one device thread, which also writes the clipping
+// factor (ops::grad_norm_and_clip): the host queues it all and waits for none of it.
+void grad_norm(ParamStore& st, float grad_clip) {
+  ops::fill_zero(st.norm_parts, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
     const FlatRange mine = clip(shard_range(us.numel, us.group->rank, us.group->size),
                                 us.owned_end);
     if (mine.size() > 0)
-      ops::sum_squares_accumulate(st.norm_scratch, us.grad + (mine.first - us.shard_offset),
+      ops::sum_squares_accumulate(st.norm_parts, us.grad + (mine.first - us.shard_offset),
                                   mine.size(), st.compute);
   }
-  float local = 0;
+  all_gather_control(*st.world, st.norm_parts, st.norm_parts + 1, 1, st.compute);
+  ops::grad_norm_and_clip(st.norm, st.clip_factor, st.norm_parts + 1, st.world->size, grad_clip,
+                          st.compute);
+}
+
+double grad_norm_read(ParamStore& st) {
+  double norm = 0;
   ops::stream_sync(st.compute);
-  ops::copy_to_host(&local, st.norm_scratch, sizeof(float));
-  return std::sqrt(all_reduce_host_sum(*st.world, (double)local));
+  ops::copy_to_host(&norm, st.norm, sizeof(double));
+  return norm;
 }
 
 bool tied_copies_equal(ParamStore& st) {
@@ -415,8 +427,13 @@ void shard_adamw(ParamStore& st, const ShardForUpdate& s, size_t first, size_t e
   if (!s.on_host)
     ops::adamw_update(s.master + i, copy, s.grad + i, s.m + i, s.v + i, end - first, step, st.dt,
                       st.compute);
-  else if (!st.count_only)  // the planner's host buffers are counted, not allocated
-    host_adamw_update(s.master + i, copy, s.grad + i, s.m + i, s.v + i, end - first, step, st.dt);
+  else if (!st.count_only) {  // the planner's host buffers are counted, not allocated
+    AdamWStep on_host = step;  // the factor as offload_update_begin copied it down
+    if (step.device_grad_scale) on_host.grad_scale = *st.offload.clip_factor;
+    on_host.device_grad_scale = nullptr;
+    host_adamw_update(s.master + i, copy, s.grad + i, s.m + i, s.v + i, end - first, on_host,
+                      st.dt);
+  }
 }
 
 void update_end(ParamStore& st, int unit) {

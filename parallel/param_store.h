@@ -139,7 +139,11 @@ struct ParamStore {
   std::vector<ops::Event> grad_slot_reduced;  // the last reduce-scatter out of a slot is done
   float* reduce_scratch = nullptr;  // one shard-sized buffer the reduce-scatter lands in
   ops::Event issue_point = nullptr;  // "everything queued on compute so far"
-  float* norm_scratch = nullptr;   // one float on the device
+  // The step's gradient norm on the device (grad_norm): [0] this rank's sum of squares, then
+  // every rank's of the world, gathered; the norm and the clipping factor AdamW reads.
+  float* norm_parts = nullptr;     // 1 + world size floats
+  double* norm = nullptr;          // one double
+  float* clip_factor = nullptr;    // one float
   ops::Event comm_idle = nullptr;  // recorded on the comm stream by grads_wait
   // Device memory: the state (master, m, v, grad, working copy: the bytes the banner and the
   // planner report) and the working buffers (FSDP's full-unit buffers, scratch, events).
@@ -215,7 +219,12 @@ void grads_zero(ParamStore& store);
 // After the last micro-step: partial gradients summed over tp, and every outstanding reduction
 // finished on the compute stream.
 void grads_wait(ParamStore& store);
-double grad_norm(ParamStore& store);    // global L2 norm, each logical element counted once
+// The global L2 norm, each logical element counted once, and the clipping factor of [train]
+// grad_clip, into store.norm and store.clip_factor on the device: queued on the compute stream,
+// the host does not wait (AdamW reads the factor there). grad_norm_read waits and returns the
+// norm, for the logs and the noise scale.
+void grad_norm(ParamStore& store, float grad_clip);
+double grad_norm_read(ParamStore& store);
 // Pipeline parallelism: whether the first and the last stage's copies of every tied unit hold
 // bitwise-equal fp32 weights (the pair exchange their shards on the host). Collective over the
 // world.

@@ -76,7 +76,8 @@
 // weights of the next forward or backward in the list (a weight pass needs none), not of the
 // neighbouring unit.
 //
-// Measured bubble. Every compute action is timed with events (host clock on the CPU backend);
+// Measured bubble. Every compute action is timed with events (host clock on the CPU backend),
+// read only when a report is due: a step never waits on the host for its timing.
 // pipeline_report (parallel/pipeline_report.cu) gathers the timings of the pp group, compares the
 // idle fraction with the bubble the simulator predicts from those durations and with the
 // formula, and draws the step as an ASCII timeline.
@@ -247,7 +248,7 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
   ex.grad_lending = grad_lending(pl.schedule, pl.comm->rank, list);
   const bool timed = !pl.count_only;
   if (timed) ops::event_record(pl.events[0], s);
-  std::vector<PipeAction> computed;
+  pl.computed.clear();
   size_t e = 1;
   for (const auto& [begin, end] : steps_of(list)) {
     if (pipe_op_is_comm(list[begin].op)) {
@@ -257,13 +258,19 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
     if (timed) ops::event_record(pl.events[e++], s);
     compute(ex, begin);
     if (timed) ops::event_record(pl.events[e++], s);
-    computed.push_back(list[begin]);
+    pl.computed.push_back(list[begin]);
   }
-  if (!timed) return;
-  ops::event_sync(pl.events[e - 1]);
+}
+
+// The last step's timings from its events: waits for the last one (on the host), so only a
+// report calls it (pipeline_report), never a step.
+void pipeline_read_timing(Pipeline& pl) {
   pl.timing.clear();
-  for (size_t k = 0; k < computed.size(); k++)
-    pl.timing.push_back({computed[k], ops::event_elapsed_ms(pl.events[0], pl.events[1 + 2 * k]),
+  if (pl.count_only || pl.computed.empty()) return;
+  ops::event_sync(pl.events[2 * pl.computed.size()]);
+  for (size_t k = 0; k < pl.computed.size(); k++)
+    pl.timing.push_back({pl.computed[k],
+                         ops::event_elapsed_ms(pl.events[0], pl.events[1 + 2 * k]),
                          ops::event_elapsed_ms(pl.events[0], pl.events[2 + 2 * k])});
 }
 

@@ -52,8 +52,12 @@ struct Pipeline {
   Comm* comm = nullptr;       // the pp group (the mesh's)
   int slots = 1;              // activation slots this rank needs: its peak live chunk forwards
   int grads = 1;              // residual-gradient buffers it needs (pipeline_grad_buffers)
-  std::vector<ActionTiming> timing;  // this rank's compute actions in the last training step
-  std::vector<ops::Event> events;    // two per compute action, and one for the step's start
+  // This rank's compute actions in the last training step, and the events that time them: two
+  // per compute action, and one for the step's start. The events are read (a host wait) only
+  // when a report asks for the timing (pipeline_report), never during a step.
+  std::vector<PipeAction> computed;
+  std::vector<ops::Event> events;
+  std::vector<ActionTiming> timing;  // filled from the events by pipeline_report
   bool count_only = false;  // set before pipeline_init: no events, no timing (the planner)
 };
 
@@ -75,6 +79,8 @@ int pipeline_slots(const PipelineSchedule& sched, int rank);
 int pipeline_grad_buffers(const PipelineSchedule& sched, int rank);
 // One training step: every action of this rank's list, in order; compute actions timed.
 void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s);
+// pl.timing from the last step's events: waits on the host (pipeline_report calls it).
+void pipeline_read_timing(Pipeline& pl);
 // One micro-batch forward through every stage (validation, sampling): slot 0, no backward.
 void pipeline_forward(const Pipeline& pl, const PipelineStages& stages, ops::Stream s);
 
@@ -93,4 +99,5 @@ struct PipelineReport {
   std::string timeline;  // one line per rank, drawn (when asked for)
   std::string actions;   // one line per rank: each compute action, its start and end (ditto)
 };
-PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width = 96);
+// Reads the last step's events first (waits for them: a report is not part of a step).
+PipelineReport pipeline_report(Pipeline& pl, bool timeline, int width = 96);

@@ -80,7 +80,8 @@ std::vector<double> gather_timings(const Pipeline& pl) {
 
 }  // namespace
 
-PipelineReport pipeline_report(const Pipeline& pl, bool timeline, int width) {
+PipelineReport pipeline_report(Pipeline& pl, bool timeline, int width) {
+  pipeline_read_timing(pl);  // the last step's events (parallel/pipeline.cu)
   const PipelineSchedule& sch = pl.schedule;
   const int p = sch.p, n = (int)pl.timing.size();
   const std::vector<double> all = gather_timings(pl);

@@ -1,5 +1,8 @@
-// training/optimizer.cu - learning-rate schedule, clipping factor and AdamW over shards.
+// training/optimizer.cu - learning-rate schedule and AdamW over shards.
 //
+// The clipping factor is the store's, on the device (parallel/param_store.cu grad_norm: PyTorch's
+// clip_grad_norm_ factor, ops::grad_norm_and_clip): AdamW multiplies the gradients by it where it
+// lies, so the host never waits for the gradient norm.
 // The store's flat layout puts each unit's weight-decayed matrices first ([0, decay_numel)),
 // so the update of one shard [lo, hi) is at most two fused AdamW launches: the part of the
 // shard inside the decayed range, with weight decay, and the rest, without. The padding past
@@ -21,15 +24,10 @@ float learning_rate(const TrainConfig& t, int step) {
   return (float)(t.min_lr + coeff * (t.lr - t.min_lr));
 }
 
-float clip_factor(const TrainConfig& t, double grad_norm) {
-  if (t.grad_clip <= 0) return 1.0f;
-  const double coef = t.grad_clip / (grad_norm + 1e-6);
-  return coef < 1.0 ? (float)coef : 1.0f;
-}
-
 void optimizer_step(ParamStore& st, const GPTLayout& layout, const TrainConfig& t, int step,
-                    float lr, float grad_scale) {
-  AdamWStep adam{lr, t.beta1, t.beta2, t.eps, t.weight_decay, grad_scale, step};
+                    float lr) {
+  AdamWStep adam{lr, t.beta1, t.beta2, t.eps, t.weight_decay, 1.0f, step};
+  adam.device_grad_scale = st.clip_factor;  // grad_norm's clipping factor, on the device
   AdamWStep no_decay = adam;
   no_decay.weight_decay = 0.0f;
   for (size_t u = 0; u < st.units.size(); u++) {

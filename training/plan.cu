@@ -30,6 +30,7 @@
 #include "config/device_peaks.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
+#include "training/step_readback.h"
 
 namespace {
 
@@ -49,6 +50,7 @@ struct DryRank {
   Pipeline pipeline;
   GPT model;
   Diloco diloco;  // [parallel] diloco_islands: its outer state and device buffer are counted
+  StepReadback readback;  // the step's loss and norm on the device (a few bytes, counted)
 };
 
 void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, int world_rank) {
@@ -67,6 +69,7 @@ void dry_setup(DryRank& d, const Config& c, const PipelineSchedule& schedule, in
   d.model.split_backward = schedule.split;
   d.model.grad_buffers = d.pipeline.grads;
   gpt_create_from_config(d.model, d.layout, c, &d.mesh[Axis::Stage], d.pipeline.slots, dry, dry);
+  step_readback_init(d.readback, d.model.memory, d.mesh.shape.world(), dry);
 }
 
 // One training step of rank `world_rank`, dry: its memory and its communication.
@@ -82,9 +85,9 @@ RankPlan plan_rank(const Config& c, const PipelineSchedule& schedule, const int*
   gpt_train_step(d.model, d.store, d.pipeline, {tokens, tokens, m, B, T_local},
                  1.0f / ((float)B * T * m * c.parallel.dp), 1.0f / ((float)B * T * m),
                  ops::dry_stream());
-  // the update: ZeRO-1/2's all-gathers and the offload's copies are part of the step (the norm,
-  // read back from the device, is not: a dry step has none; the factors do not change the bytes)
-  optimizer_step(d.store, d.layout, c.train, 1, c.train.lr, 1.0f);
+  // the update: ZeRO-1/2's all-gathers and the offload's copies are part of the step (the norm
+  // and its uncounted control gather are not: a dry step has none; the factor moves no bytes)
+  optimizer_step(d.store, d.layout, c.train, 1, c.train.lr);
   RankPlan r;
   const MeshCoords at = mesh_coords(d.mesh.shape, world_rank);
   r.rank = world_rank;

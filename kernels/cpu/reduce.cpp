@@ -1,6 +1,7 @@
 // kernels/cpu/reduce.cpp - fp32 reductions and elementwise helpers: sum of squares (gradient
-// norm), scaled sum (loss), in-place add, dtype cast, and the strided column copy with a cast
-// that ring attention uses (copy_columns).
+// norm), scaled sum (loss), the step's scalars from every rank's part (the mean loss, the norm
+// and the clipping factor: sum_parts, grad_norm_and_clip), in-place add, dtype cast, and the
+// strided column copy with a cast that ring attention uses (copy_columns).
 //
 // Determinism trick for the sums: the input is cut into fixed chunks of kChunk elements (the cut
 // depends only on n). Each chunk is summed in double by interleaved partial sums (vector_math.h;
@@ -64,6 +65,28 @@ void sum_accumulate(float* out, const float* x, size_t n, float scale, Stream s)
   OP_SPAN(sum_accumulate);
   if (is_dry(s)) return;
   *out += (float)(scale * cpu::deterministic_sum<false>(x, n));
+}
+
+// The parts in index order, in double (ops_decls.h).
+static double sum_in_order(const float* parts, int n) {
+  double total = 0.0;
+  for (int i = 0; i < n; i++) total += (double)parts[i];
+  return total;
+}
+
+void sum_parts(double* out, const float* parts, int n, double divisor, Stream s) {
+  OP_SPAN(sum_parts);
+  if (is_dry(s)) return;
+  *out = sum_in_order(parts, n) / divisor;
+}
+
+void grad_norm_and_clip(double* norm, float* factor, const float* parts, int n, float grad_clip,
+                        Stream s) {
+  OP_SPAN(grad_norm_and_clip);
+  if (is_dry(s)) return;
+  *norm = std::sqrt(sum_in_order(parts, n));
+  const double coef = grad_clip > 0 ? grad_clip / (*norm + 1e-6) : 1.0;
+  *factor = coef < 1.0 ? (float)coef : 1.0f;
 }
 
 void add_inplace(float* dst, const float* src, size_t n, Stream s) {

@@ -10,7 +10,9 @@
 //   v = beta2 * v + ((1 - beta2) * g) * g
 //   p = p - step_size * (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)),  step_size = lr / (1 - beta1^t)
 // The per-step scalars (1 - lr*wd, 1 - beta, step_size, sqrt(1 - beta2^t)) are computed once on
-// the host in double and rounded to float. On the device every operation is written as an
+// the host in double and rounded to float. The gradient scale (the clipping factor) may instead
+// sit in device memory (AdamWStep::device_grad_scale, written by grad_norm_and_clip): every
+// thread reads that one float, so the host never waits for the gradient norm. On the device every operation is written as an
 // explicitly rounded intrinsic (__fmul_rn, __fadd_rn, ...): nvcc would otherwise contract a*b + c
 // into an FMA, and the result would depend on the compiler rather than on this formula.
 //
@@ -69,7 +71,8 @@ template <typename P>
 __global__ void adamw_kernel(float* __restrict__ master, P* __restrict__ param_out,
                              const float* __restrict__ grad, float* __restrict__ m,
                              float* __restrict__ v, size_t packs, size_t tail, size_t n,
-                             AdamWScalars k) {
+                             AdamWScalars k, const float* __restrict__ device_grad_scale) {
+  if (device_grad_scale) k.grad_scale = *device_grad_scale;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   for (size_t i = tid; i < packs; i += stride) {
@@ -110,7 +113,8 @@ void adamw_update(float* master, void* param_out, const float* grad, float* m, f
   dispatch_dtype(param_dt, [&](auto tag) {
     using P = decltype(tag);
     adamw_kernel<P><<<sp.blocks, kThreads, 0, s->stream>>>(
-        master, static_cast<P*>(param_out), grad, m, v, sp.packs, sp.tail, n, k);
+        master, static_cast<P*>(param_out), grad, m, v, sp.packs, sp.tail, n, k,
+        step.device_grad_scale);
     LAUNCH_CHECK();
   });
 }

@@ -1,4 +1,5 @@
-// kernels/cuda/reduce.cu - fp32 reductions (sum of squares for the gradient norm, plain sums) and
+// kernels/cuda/reduce.cu - fp32 reductions (sum of squares for the gradient norm, plain sums), the
+// step's scalars from every rank's part (sum_parts, grad_norm_and_clip: one thread, in double) and
 // elementwise helpers (dst += src, dtype casts, and ring attention's strided column copy with a
 // cast, copy_columns).
 //
@@ -148,7 +149,43 @@ __global__ void copy_columns_kernel(D* __restrict__ dst, size_t dst_cols,
   }
 }
 
+// The step's scalars (ops_decls.h: sum_parts, grad_norm_and_clip): one thread adds the n parts
+// in index order in double, as the CPU backend does; a double add, divide and sqrt round
+// correctly (IEEE) on the device as on the host, so both backends agree to the bit.
+__device__ double sum_in_order(const float* parts, int n) {
+  double total = 0.0;
+  for (int i = 0; i < n; i++) total += (double)parts[i];
+  return total;
+}
+
+__global__ void sum_parts_kernel(double* out, const float* parts, int n, double divisor) {
+  *out = sum_in_order(parts, n) / divisor;
+}
+
+__global__ void grad_norm_and_clip_kernel(double* norm, float* factor, const float* parts, int n,
+                                          float grad_clip) {
+  const double total = sqrt(sum_in_order(parts, n));
+  *norm = total;
+  const double coef = grad_clip > 0 ? grad_clip / (total + 1e-6) : 1.0;
+  *factor = coef < 1.0 ? (float)coef : 1.0f;
+}
+
 }  // namespace
+
+void sum_parts(double* out, const float* parts, int n, double divisor, Stream s) {
+  OP_SPAN(sum_parts);
+  if (is_dry(s)) return;
+  sum_parts_kernel<<<1, 1, 0, s->stream>>>(out, parts, n, divisor);
+  LAUNCH_CHECK();
+}
+
+void grad_norm_and_clip(double* norm, float* factor, const float* parts, int n, float grad_clip,
+                        Stream s) {
+  OP_SPAN(grad_norm_and_clip);
+  if (is_dry(s)) return;
+  grad_norm_and_clip_kernel<<<1, 1, 0, s->stream>>>(norm, factor, parts, n, grad_clip);
+  LAUNCH_CHECK();
+}
 
 void sum_squares_accumulate(float* out, const float* x, size_t n, Stream s) {
   OP_SPAN(sum_squares_accumulate);

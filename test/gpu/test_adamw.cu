@@ -8,7 +8,9 @@
 // without FMA contraction; a mismatch there is reported as its own failed check). The
 // working copy is checked without tolerance: fp32 must equal the new master weights bit for
 // bit, bf16 must equal them rounded to nearest even (common.h's f32_to_bf16); without a working
-// copy the call must not touch anything else.
+// copy the call must not touch anything else. The gradient scale read from device memory
+// (AdamWStep::device_grad_scale, the clipping factor as the trainer passes it) must give the bits
+// of the same scale passed by value.
 #include <cstring>
 
 #include "test/gpu/harness.h"
@@ -105,4 +107,32 @@ GPU_TEST(adamw_update) {
     check_case(ctx, k, true, DType::F32);
     check_case(ctx, k, true, DType::BF16);
   }
+}
+
+// The clipping factor from device memory: bitwise the update with the same factor by value.
+GPU_TEST(adamw_update_device_grad_scale) {
+  const size_t n = 1003;
+  AdamWStep by_value{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f, 3};
+  AdamWStep from_device = by_value;
+  from_device.grad_scale = 1.0f;  // ignored: the device's float counts
+  const std::vector<float> scale = {0.37f};
+  void* d_scale = to_device(scale, DType::F32);
+  from_device.device_grad_scale = static_cast<const float*>(d_scale);
+  auto master = random_vector(ctx, n);
+  auto grad = random_vector(ctx, n, 3.0f);
+  std::vector<float> zeros(n, 0.0f);
+  std::vector<float> got;
+  for (const AdamWStep* step : {&from_device, &by_value}) {
+    float* d_master = static_cast<float*>(to_device(master, DType::F32));
+    float* d_grad = static_cast<float*>(to_device(grad, DType::F32));
+    float* d_m = static_cast<float*>(to_device(zeros, DType::F32));
+    float* d_v = static_cast<float*>(to_device(zeros, DType::F32));
+    ops::adamw_update(d_master, nullptr, d_grad, d_m, d_v, n, *step, DType::F32, ctx.stream);
+    auto out = to_host(d_master, n, DType::F32);
+    if (got.empty()) got = out;
+    else expect(ctx, count_different_bits(got, out) == 0,
+                "adamw: scale from device memory = the same scale by value, bitwise");
+    for (void* p : {(void*)d_master, (void*)d_grad, (void*)d_m, (void*)d_v}) ops::release(p);
+  }
+  ops::release(d_scale);
 }

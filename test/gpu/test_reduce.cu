@@ -12,6 +12,9 @@
 // cast: fp32 -> bf16 must round to nearest even exactly like common.h's f32_to_bf16, so the input
 // includes exact ties (a bf16 value plus half a bf16 ulp) that round down and up; bf16 -> fp32
 // and the same-type copies must be exact.
+// sum_parts and grad_norm_and_clip (the step's loss, norm and clipping factor from the ranks'
+// parts): bitwise the CPU backend's, with clipping off, clipping (factor < 1), not clipping
+// (factor 1), and a NaN and an infinite part (factor 1 and 0).
 #include <cmath>
 #include <cstring>
 
@@ -151,5 +154,37 @@ GPU_TEST(cast) {
       check_cast(ctx, n, offset, f32, bf16);
       check_cast(ctx, n, offset, f32, f32);
       check_cast(ctx, n, offset, bf16, bf16);
+    }
+}
+
+// The step's scalars: the CUDA one-thread sums against the CPU backend's, bit for bit.
+GPU_TEST(step_scalars) {
+  const std::vector<std::vector<float>> cases = {
+      {2.25f}, {0.5f, 0.75f, 1e-3f, 7.0f}, {1e-9f, 3.0f}, {NAN, 1.0f}, {INFINITY, 1.0f}};
+  for (size_t c = 0; c < cases.size(); c++)
+    for (float clip : {0.0f, 1.0f, 100.0f}) {
+      const std::vector<float>& parts = cases[c];
+      const int n = (int)parts.size();
+      void* d_parts = to_device(parts, DType::F32);
+      double* d_out = static_cast<double*>(ops::alloc(2 * sizeof(double)));
+      float* d_factor = static_cast<float*>(ops::alloc(sizeof(float)));
+      ops::sum_parts(d_out, static_cast<float*>(d_parts), n, 3.0, ctx.stream);
+      ops::grad_norm_and_clip(d_out + 1, d_factor, static_cast<float*>(d_parts), n, clip,
+                              ctx.stream);
+      ops::stream_sync(ctx.stream);
+      double got[2], want[2];
+      float got_factor, want_factor;
+      ops::copy_to_host(got, d_out, sizeof(got));
+      ops::copy_to_host(&got_factor, d_factor, sizeof(float));
+      ref::sum_parts(&want[0], parts.data(), n, 3.0, ctx.ref_stream);
+      ref::grad_norm_and_clip(&want[1], &want_factor, parts.data(), n, clip, ctx.ref_stream);
+      char name[96];
+      std::snprintf(name, sizeof(name), "step scalars case %zu clip %g: bitwise = CPU", c, clip);
+      auto same = [](double a, double b) {  // a GPU's NaN is canonical: NaN-ness only there
+        return std::memcmp(&a, &b, sizeof(a)) == 0 || (std::isnan(a) && std::isnan(b));
+      };
+      expect(ctx, same(got[0], want[0]) && same(got[1], want[1]) &&
+                      std::memcmp(&got_factor, &want_factor, sizeof(float)) == 0, name);
+      for (void* p : {d_parts, (void*)d_out, (void*)d_factor}) ops::release(p);
     }
 }
