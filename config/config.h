@@ -109,6 +109,9 @@ struct ParallelConfig {   // [parallel]
   // grad_compression.cu), zero = 0, 1 or 2: "int8" (block-scaled codes) or "topk" (the
   // topk_ratio largest values of each bucket per rank).
   std::string grad_compression = "none";  // "none" | "int8" | "topk"
+  // HSDP (parallel/hsdp.cu): dp = dp_replicate x S; the ZeRO stages shard over S consecutive dp
+  // ranks and the dp_replicate replicas all-reduce the gradient shards. 1: shard over all of dp.
+  int dp_replicate = 1;
   double topk_ratio = 0.01;
   // DiLoCo (parallel/diloco.cu): the dp ranks form diloco_islands islands of consecutive dp
   // ranks that train alone and meet every diloco_every steps for an outer Nesterov SGD step.

@@ -13,11 +13,18 @@
 //   Island the ranks with the same place in each DiLoCo island (parallel/diloco.cu)
 //   IslandWorld  every rank of this rank's DiLoCo island (the world without islands): the
 //         gradient norm of the island's own training
+//   DPShard, DPCPShard, EPDPShard        HSDP ([parallel] dp_replicate = R > 1, parallel/hsdp.cu):
+//   DPReplica, DPCPReplica, EPDPReplica  a gradient group (DP, DPCP, EPDP) cut into R blocks of
+//         consecutive members; a Shard group is this rank's block (the ZeRO stages shard over
+//         it), a Replica group the members at this rank's place in every block (they all-reduce
+//         the shard). Without HSDP each is the rank alone (no unit names it).
 #pragma once
 
 enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island,
-                        IslandWorld, Count };
+                        IslandWorld, DPShard, DPReplica, DPCPShard, DPCPReplica, EPDPShard,
+                        EPDPReplica, Count };
 
 // "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island",
-// "island-world"
+// "island-world", "dp-shard", "dp-replica", "dp*cp-shard", "dp*cp-replica", "ep-dp-shard",
+// "ep-dp-replica"
 const char* axis_name(Axis a);

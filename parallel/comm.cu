@@ -46,6 +46,12 @@ const char* axis_name(Axis a) {
     case Axis::Embed: return "embed";
     case Axis::Island: return "island";
     case Axis::IslandWorld: return "island-world";
+    case Axis::DPShard: return "dp-shard";
+    case Axis::DPReplica: return "dp-replica";
+    case Axis::DPCPShard: return "dp*cp-shard";
+    case Axis::DPCPReplica: return "dp*cp-replica";
+    case Axis::EPDPShard: return "ep-dp-shard";
+    case Axis::EPDPReplica: return "ep-dp-replica";
     default: return "?";
   }
 }

@@ -154,9 +154,15 @@ static void device_optimizer_state(ParamStore& st) {
 // Each unit's place: its group, its shard, its ranges.
 static UnitState unit_geometry(const ParamStore& st, const ParamUnit& pu, const CommsByAxis& comms) {
   UnitState us;
-  us.group = comms[pu.grad_axis];
+  us.group = comms[shard_axis(pu)];
   CHECK(us.group && st.tp && st.world, "param store: the mesh has no %s group",
-        axis_name(pu.grad_axis));
+        axis_name(shard_axis(pu)));
+  if (pu.grad_replicas > 1) {  // HSDP (parallel/hsdp.cu)
+    us.replica = comms[replica_axis(pu)];
+    CHECK(us.replica && us.replica->size == pu.grad_replicas,
+          "param store: the mesh has no %s group of %d ranks", axis_name(replica_axis(pu)),
+          pu.grad_replicas);
+  }
   us.numel = pu.numel;
   us.owned_end = owned_end(pu, st.tp->rank);
   us.partial_begin = us.tp_sum_begin = pu.partial_begin;
@@ -258,6 +264,7 @@ void grads_release(ParamStore& st, int unit, bool last_micro_step) {
     case ShardingMode::ZeRO2:
     case ShardingMode::FSDP: sharded_grads_release(st, unit); break;
   }
+  if (last_micro_step) hsdp_reduce_replicas(st, unit);
   if (last_micro_step && store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
     offload_grad_to_host(st, unit);
 }
@@ -365,10 +372,12 @@ bool tp_replicas_equal(ParamStore& st) {
 // Each logical element once: over tp the elements this rank owns (placement.h: owned_end), and
 // over the unit's group each rank its shard (shard_range) - the one it updates at a ZeRO stage,
 // and the same slice of the replicated gradient under DDP. So every stage sums the same squares
-// in the same order, and a step's norm (and clipping) is bitwise the same at every stage.
+// in the same order, and a step's norm (and clipping) is bitwise the same at every stage. Under
+// HSDP the replicas hold the same shards: the first replica counts them.
 double grad_norm(ParamStore& st) {
   ops::fill_zero(st.norm_scratch, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
+    if (us.replica && us.replica->rank != 0) continue;
     const FlatRange mine = clip(shard_range(us.numel, us.group->rank, us.group->size),
                                 us.owned_end);
     if (mine.size() > 0)

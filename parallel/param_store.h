@@ -31,7 +31,9 @@
 // Units are what the placement map says they are on this rank: under tensor parallelism a unit
 // holds this tp rank's blocks, and the ZeRO stages shard that local unit over the unit's own
 // group (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the
-// same experts). "dp" above stands for that group. After the gradients of the step are reduced
+// same experts). "dp" above stands for that group; under HSDP ([parallel] dp_replicate,
+// parallel/hsdp.cu) for its shard sub-group, and after the last micro-step the shard's gradient
+// is all-reduced over the unit's replicas. After the gradients of the step are reduced
 // over that group, the range whose gradients are partial over tp (LayerNorms under sequence
 // parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
 // once, whichever ranks hold copies of it.
@@ -69,6 +71,7 @@ OffloadKind offload_kind(const std::string& s);  // [train] optimizer_offload
 // The side roads keep their state beside the units, in their own structs (ParamStore below).
 struct UnitState {
   Comm* group = nullptr;    // sums the unit's gradient; the ZeRO stages shard over it
+  Comm* replica = nullptr;  // HSDP: the replicas that all-reduce the shard (parallel/hsdp.cu)
   size_t numel = 0;         // the unit's flat length (parallel/placement.h)
   size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
   size_t partial_begin = 0; // [partial_begin, numel): partial gradients (sequence parallel)
@@ -265,6 +268,8 @@ void fsdp_init(ParamStore& store);
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);
+// HSDP (parallel/hsdp.cu): the shard's gradient summed over the unit's replicas.
+void hsdp_reduce_replicas(ParamStore& store, int unit);
 // Optimizer offload (parallel/offload.cu).
 void offload_init(ParamStore& store);
 void offload_destroy(ParamStore& store);
