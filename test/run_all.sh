@@ -68,6 +68,7 @@ run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accou
 run mfu         $PY test/test_mfu.py
 run distributed $PY test/test_distributed.py
 run zero        $PY test/test_zero.py
+run hsdp        $PY test/test_hsdp.py  # [parallel] dp_replicate: shard inside replicas
 run diloco      $PY test/test_diloco.py
 run diloco-groups "$BUILD/test_diloco_groups"
 run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
