@@ -180,8 +180,7 @@ def main():
     rng = seeded_rng("test_hsdp")
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
-        test_equivalence(tmp)
-        test_checkpoints(tmp)
+        checks.run_each(lambda: test_equivalence(tmp), lambda: test_checkpoints(tmp))
     checks.report()
 
 
