@@ -170,6 +170,11 @@ static void check_grad_compression(Checker& c) {
     c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " is not supported "
                    "with FSDP (" + mention(cfg, c.origins, "parallel.zero") + "): use zero = 0, "
                    "1 or 2, or grad_compression = \"none\"");
+  if (cfg.parallel.reduce_dtype != "fp32")
+    c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " and " +
+                   mention(cfg, c.origins, "parallel.reduce_dtype") + ": compressed reductions "
+                   "send their own codes; set reduce_dtype = \"fp32\" or grad_compression = "
+                   "\"none\"");
   if (cfg.parallel.grad_compression == "topk")
     c.require(cfg.parallel.topk_ratio > 0 && cfg.parallel.topk_ratio <= 1, "parallel.topk_ratio",
               "must be in (0, 1]: the fraction of each gradient bucket a rank sends");

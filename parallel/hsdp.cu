@@ -95,5 +95,5 @@ FlatRange saver_range(const ParamUnit& u, int rank, int ranks) {
 void hsdp_reduce_replicas(ParamStore& st, int unit) {
   UnitState& us = st.units[unit];
   if (!us.replica || us.replica->size < 2) return;
-  all_reduce_sum(*us.replica, us.grad, us.shard_numel, DType::F32, st.comm);
+  grad_sum(st, *us.replica, us.grad, us.shard_numel);  // in [parallel] reduce_dtype
 }

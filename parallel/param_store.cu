@@ -50,6 +50,7 @@ ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.compression.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
   st.compression.compressor.topk_ratio = cfg.parallel.topk_ratio;
   st.small_batch.on = cfg.log.grad_noise_scale;
+  st.reduce_dt = reduce_dtype(cfg.parallel.reduce_dtype);
   return sharding_mode(cfg.parallel.zero);
 }
 
@@ -205,6 +206,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
   grad_compression_init(st);  // the compressed BucketReduction
+  reduce_dtype_init(st);
   st.norm_scratch = (float*)allocate_zeroed(st.work_memory, sizeof(float), compute);
   small_batch_init(st, comms);
   st.comm_idle = allocate_event(st.work_memory);
@@ -275,11 +277,11 @@ void grads_micro_batch_done(ParamStore& st) { small_batch_micro_batch_done(st); 
 // collectives, or grad_compression_init's compressed ones.
 static void plain_all_reduce(ParamStore& st, int unit, float* bucket) {
   const UnitState& us = st.units[unit];
-  all_reduce_sum(*us.group, bucket, us.numel, DType::F32, st.comm);
+  grad_sum(st, *us.group, bucket, us.numel);  // in [parallel] reduce_dtype
 }
 static void plain_reduce_scatter(ParamStore& st, int unit, float* full, float* shard) {
   const UnitState& us = st.units[unit];
-  reduce_scatter_sum(*us.group, full, shard, us.shard_numel, DType::F32, st.comm);
+  grad_sum_scatter(st, *us.group, full, shard, us.shard_numel);
 }
 BucketReduction plain_bucket_reduction() { return {plain_all_reduce, plain_reduce_scatter}; }
 

@@ -135,6 +135,10 @@ struct ParamStore {
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
   BucketReduction reduction;      // set by param_store_init
+  // [parallel] reduce_dtype (parallel/reduce_dtype.cu): the dtype of the plain reductions, and
+  // their bf16 scratch (working memory) when it is not fp32.
+  DType reduce_dt = DType::F32;
+  void* reduce_scratch_bf16 = nullptr;
   // FSDP's gathered weights (compute dtype) and the gradient buckets of ZeRO-2 and FSDP (fp32).
   int pool_slots = 2;
   UnitBufferPool gather_pool, grad_pool;
@@ -268,6 +272,14 @@ void fsdp_init(ParamStore& store);
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);
+// [parallel] reduce_dtype (parallel/reduce_dtype.cu): its DType; the scratch; fp32 gradients
+// summed over `group` on the comm stream in reduce_dt: in place (n values), or rank r's shard of
+// the sum of full (group.size * shard_n values) into shard.
+DType reduce_dtype(const std::string& s);
+void reduce_dtype_init(ParamStore& store);
+void grad_sum(ParamStore& store, Comm& group, float* buf, size_t n);
+void grad_sum_scatter(ParamStore& store, Comm& group, const float* full, float* shard,
+                      size_t shard_n);
 // HSDP (parallel/hsdp.cu): the shard's gradient summed over the unit's replicas.
 void hsdp_reduce_replicas(ParamStore& store, int unit);
 // Optimizer offload (parallel/offload.cu).

@@ -25,7 +25,8 @@ analytic count too): dp4 DDP, FSDP and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with 
 meetings, dp4 DDP and dp4 ZeRO-1 (int8 gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP
 (cp and the expert groups inside each island); HSDP (dp_replicate, parallel/hsdp.cu): dp4 = 2 x 2
 FSDP with grad_accum 2, dp2 x cp2 = 2 x 1 ZeRO-2, MoE dp4 x ep2 = 2 x 2 ZeRO-1 bf16 (the shard
-and replica sub-groups of dp, dp x cp and the experts' ranks). For each, rank 0 of the plan (`--plan-json`) must
+and replica sub-groups of dp, dp x cp and the experts' ranks), and dp4 = 2 x 2 FSDP with
+reduce_dtype = "bf16" (half the reductions' bytes, the bf16 scratch). For each, rank 0 of the plan (`--plan-json`) must
 equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
@@ -35,8 +36,8 @@ bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, g
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
 schedule, micro_batch and grad_accum) as the config gives it.
-Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (32 of the
-43 run): combinations whose parts the other layouts check on their own.
+Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (33 of the
+44 run): combinations whose parts the other layouts check on their own.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -146,6 +147,9 @@ LAYOUTS = [
     ("HSDP dp2 x cp2 = 2 x 1 ZeRO-2", {"dp": 2, "cp": 2, "dp_replicate": 2, "zero": 2}, {}),
     ("HSDP MoE dp4 x ep2 = 2 x 2 ZeRO-1 bf16", {"dp": 4, "ep": 2, "dp_replicate": 2, "zero": 1},
      {"model": MOE, "precision": {"compute": "bf16"}}),
+    # [parallel] reduce_dtype = "bf16" (parallel/reduce_dtype.cu): half the bytes, a bf16 scratch
+    ("dp4 = 2 x 2 FSDP reduce_dtype bf16 grad_accum 2",
+     {"dp": 4, "dp_replicate": 2, "zero": 3, "reduce_dtype": "bf16"}, {"train": {"grad_accum": 2}}),
 ]
 # Run only with TEST_FULL=1 (make test-full): each is a combination whose parts the layouts above
 # check on their own (recompute "block" with tp and cp, FSDP on all four axes, MoE with cp and
