@@ -171,6 +171,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
     meta.writer_pp_layers.clear();
   meta.writer_ep = layout.ep->size;
   meta.islands = cfg.parallel.diloco_islands;
+  meta.writer_dp_replicate = cfg.parallel.dp_replicate;
   record_shape(meta, cfg.model, layout);
   std::vector<ManifestEntry> entries(1);
   entries[0].file = kIndexFileName;

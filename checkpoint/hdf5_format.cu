@@ -37,7 +37,7 @@ std::string island_prefix(int island) {
 FlatRange writer_range(const ParamUnit& u, const WriterShards& s, int tp_rank) {
   const bool experts = u.grad_axis == Axis::EPDP;  // held by the ranks of one ep rank only
   const int rank = experts ? s.index / s.ep : s.index, ranks = experts ? s.count / s.ep : s.count;
-  return clip(shard_range(u.numel, rank, ranks), owned_end(u, tp_rank));
+  return clip(saver_range(u, rank, ranks), owned_end(u, tp_rank));
 }
 
 MeshShape writer_shape(const CheckpointMeta& m) {
@@ -48,6 +48,7 @@ MeshShape writer_shape(const CheckpointMeta& m) {
   shape.pp_layers = m.writer_pp_layers;
   shape.dp = m.writers / (shape.tp * shape.cp * shape.pp);
   shape.islands = std::max(1, m.islands);
+  shape.dp_replicate = m.writer_dp_replicate;
   return shape;
 }
 
@@ -55,7 +56,8 @@ MeshShape writer_shape(const CheckpointMeta& m) {
 // described mesh (parallel/mesh.h) with the writers' degrees, at a rank with those coordinates.
 WriterUnits writer_units(const ModelConfig& model, const MeshShape& writers) {
   MeshShape shape = writers;
-  shape.dp = writers.ep;  // enough dp x cp positions for every ep rank; dp changes no layout
+  // enough dp x cp positions for every ep rank, and HSDP's replicas; dp changes no layout
+  shape.dp = writers.ep * writers.dp_replicate;
   shape.islands = 1;      // (nor do DiLoCo islands)
   WriterUnits all;
   for (int p = 0; p < shape.pp; p++)
@@ -391,6 +393,7 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(file, "writer_pp_virtual", m.writer_pp_virtual);
   write_attr_i64(file, "writer_ep", m.writer_ep);
   if (m.islands > 0) write_attr_i64(file, "diloco_islands", m.islands);
+  if (m.writer_dp_replicate > 1) write_attr_i64(file, "writer_dp_replicate", m.writer_dp_replicate);
   write_attr_i64(file, "writer_pp_order", m.writer_pp_order);
   if (!m.writer_pp_layers.empty()) write_attr_ints(file, "writer_pp_layers", m.writer_pp_layers);
   const std::pair<const char*, int> shape[] = {{"n_layer", m.L}, {"n_head", m.NH},

@@ -11,6 +11,8 @@
 //                                       cp_rank: every rank of dp x cp holds them
 //   expert units (grad_axis EPDP)       slice dpcp_index / ep of dp * cp / ep: only the ranks
 //                                       with ep_rank = dpcp_index % ep hold these experts
+// (under HSDP, dp_replicate = R, the slice is saver_range's, parallel/hsdp.cu: a replica's
+// part of its shard over 1/R of those ranks, so that it lies inside what the rank holds)
 // but the tail of a unit that is replicated over tp (the norms, GPT-2's wpe and row-parallel
 // biases, the routers and every expert tensor) only from tp rank 0, and nothing of the last
 // pipeline stage's copy of the root (the first stage's is saved): every element of every
@@ -29,7 +31,8 @@
 //   with compressed reductions every writer also its /residual/... : residual_layout below)
 // checkpoint.h5 (the index, written by rank 0):
 //   attributes   format_version, step, writers, writer_tp, writer_cp, writer_pp, writer_pp_virtual,
-//                writer_ep, diloco_islands (only with DiLoCo: K), n_layer, n_head, d_model,
+//                writer_ep, diloco_islands (only with DiLoCo: K), writer_dp_replicate (only
+//                with HSDP: R, parallel/hsdp.cu saver_range), n_layer, n_head, d_model,
 //                seq_len, vocab_size, padded_vocab,
 //                max_seq_len (wpe's rows), n_experts, d_expert, moe_every (0, 0, 0: dense),
 //                writer_pp_order (0: loop, 1: V), writer_pp_layers (each stage's blocks, only
@@ -117,6 +120,7 @@ struct CheckpointMeta {
   std::vector<int> writer_pp_layers;  // its stages' block counts; empty: equal stages
   int writer_ep = 1;      // its expert-parallel degree
   int islands = 0;        // its [parallel] diloco_islands (0: no DiLoCo)
+  int writer_dp_replicate = 1;  // its [parallel] dp_replicate (HSDP: how the savers cut shards)
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense

@@ -42,6 +42,7 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->writer_pp_virtual = (int)read_attr_or(file, "writer_pp_virtual", 1);
     m->writer_ep = (int)read_attr_or(file, "writer_ep", 1);
     m->islands = (int)read_attr_or(file, "diloco_islands", 0);
+    m->writer_dp_replicate = (int)read_attr_or(file, "writer_dp_replicate", 1);
     m->writer_pp_order = (int)read_attr_or(file, "writer_pp_order", 0);
     m->writer_pp_layers = read_attr_ints_or_empty(file, "writer_pp_layers");
     m->E = (int)read_attr_or(file, "n_experts", 0);

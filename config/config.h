@@ -117,6 +117,12 @@ struct ParallelConfig {   // [parallel]
   // grad_compression.cu), zero = 0, 1 or 2: "int8" (block-scaled codes) or "topk" (the
   // topk_ratio largest values of each bucket per rank).
   std::string grad_compression = "none";  // "none" | "int8" | "topk"
+  // HSDP (parallel/hsdp.cu): dp = dp_replicate x S; the ZeRO stages shard over S consecutive dp
+  // ranks and the dp_replicate replicas all-reduce the gradient shards. 1: shard over all of dp.
+  int dp_replicate = 1;
+  // The dtype the data-parallel gradient reductions travel and sum in (parallel/reduce_dtype.cu):
+  // "fp32" | "bf16" (half the bytes, each partial sum rounded to bf16).
+  std::string reduce_dtype = "fp32";
   double topk_ratio = 0.01;
   // DiLoCo (parallel/diloco.cu): the dp ranks form diloco_islands islands of consecutive dp
   // ranks that train alone and meet every diloco_every steps for an outer Nesterov SGD step.

@@ -170,9 +170,35 @@ static void check_grad_compression(Checker& c) {
     c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " is not supported "
                    "with FSDP (" + mention(cfg, c.origins, "parallel.zero") + "): use zero = 0, "
                    "1 or 2, or grad_compression = \"none\"");
+  if (cfg.parallel.reduce_dtype != "fp32")
+    c.problems.add(mention(cfg, c.origins, "parallel.grad_compression") + " and " +
+                   mention(cfg, c.origins, "parallel.reduce_dtype") + ": compressed reductions "
+                   "send their own codes; set reduce_dtype = \"fp32\" or grad_compression = "
+                   "\"none\"");
   if (cfg.parallel.grad_compression == "topk")
     c.require(cfg.parallel.topk_ratio > 0 && cfg.parallel.topk_ratio <= 1, "parallel.topk_ratio",
               "must be in (0, 1]: the fraction of each gradient bucket a rank sends");
+}
+
+// HSDP (parallel/hsdp.cu): any ZeRO stage, tp, pp, cp, experts. (R | dp is a layout rule:
+// config/layout_rules.cu.) The side roads that reduce the dp group their own way are refused.
+static void check_hsdp(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ParallelConfig& p = cfg.parallel;
+  if (p.dp_replicate <= 1) return;
+  const std::string key = mention(cfg, c.origins, "parallel.dp_replicate");
+  if (p.grad_compression != "none")
+    c.problems.add(key + " is not supported with " +
+                   mention(cfg, c.origins, "parallel.grad_compression") + ": compressed "
+                   "reductions run over the whole dp group (set one of them back)");
+  if (p.diloco_islands > 0)
+    c.problems.add(key + " is not supported with " +
+                   mention(cfg, c.origins, "parallel.diloco_islands") + ": the islands cut the "
+                   "dp group their own way (set one of them back)");
+  if (cfg.log.grad_noise_scale)
+    c.problems.add(key + " is not supported with " +
+                   mention(cfg, c.origins, "log.grad_noise_scale") + ": its small-batch norm "
+                   "is measured over the whole dp group");
 }
 
 // DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks, with any ZeRO stage,
@@ -437,6 +463,7 @@ void check_values(Checker& c) {
   check_grad_compression(c);
   check_noise_scale(c);
   check_diloco(c);
+  check_hsdp(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

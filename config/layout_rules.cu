@@ -26,6 +26,8 @@
 //   K | dp (diloco_islands = K) DiLoCo islands are blocks of dp/K consecutive dp ranks
 //   ep | dp/K*cp (with islands) every expert group lies inside one island (an island trains
 //                               alone, so its all-to-all and expert gradients stay inside it)
+//   R | dp (dp_replicate = R)   HSDP's replicas are blocks of dp/R consecutive dp ranks
+//   R | dp*cp/ep (with experts) ... and the ranks holding the same experts split alike
 #include <cstdarg>
 #include <cstdio>
 
@@ -54,7 +56,8 @@ std::string plain_name(const Config& cfg, const std::string& id) {
       {"model.n_head", m.n_head},  {"model.seq_len", m.seq_len},   {"model.n_layer", m.n_layer},
       {"model.d_model", m.d_model}, {"train.grad_accum", cfg.train.grad_accum},
       {"model.n_kv_head", m.n_kv_head}, {"model.d_ff", m.d_ff},
-      {"parallel.diloco_islands", p.diloco_islands}, {"parallel.cp_a2a", p.cp_a2a}};
+      {"parallel.diloco_islands", p.diloco_islands}, {"parallel.cp_a2a", p.cp_a2a},
+      {"parallel.dp_replicate", p.dp_replicate}};
   for (const auto& v : ints)
     if (id == v.id) return format("[%s] %s = %d", section.c_str(), key.c_str(), v.value);
   if (id == "parallel.pp_schedule")
@@ -174,7 +177,8 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
   auto name = [&](const char* id) { return namer ? namer(id) : plain_name(cfg, id); };
   const struct { const char* id; int value; } degrees[] = {
       {"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
-      {"parallel.cp", p.cp}, {"parallel.ep", p.ep}, {"parallel.pp_virtual", p.pp_virtual}};
+      {"parallel.cp", p.cp}, {"parallel.ep", p.ep}, {"parallel.pp_virtual", p.pp_virtual},
+      {"parallel.dp_replicate", p.dp_replicate}};
   for (const auto& d : degrees)
     if (d.value < 1) return name(d.id) + " must be at least 1";  // the rules below divide by it
 
@@ -249,5 +253,14 @@ std::string layout_problems(const Config& cfg, int world_size, const KeyNamer& n
                                       p.diloco_islands, p.cp, p.dp / p.diloco_islands * p.cp) +
          name("parallel.dp") + ", " + name("parallel.diloco_islands") + ", " + cp +
          ": each DiLoCo island trains alone, so its expert groups must lie inside it)");
+  if (p.dp % p.dp_replicate != 0)
+    fail(name("parallel.dp_replicate") + " does not divide " + name("parallel.dp") +
+         " (HSDP: dp = dp_replicate x S, each replica a block of S consecutive dp ranks)");
+  else if (p.dp_replicate > 1 && m.n_experts > 0 && (p.dp * p.cp) % p.ep == 0 &&
+           (p.dp * p.cp / p.ep) % p.dp_replicate != 0)
+    fail(name("parallel.dp_replicate") + format(" does not divide dp*cp/ep = %d*%d/%d = %d (",
+                                                p.dp, p.cp, p.ep, p.dp * p.cp / p.ep) +
+         name("parallel.dp") + ", " + cp + ", " + name("parallel.ep") +
+         ": HSDP cuts the ranks holding the same experts into replicas too)");
   return errors;
 }

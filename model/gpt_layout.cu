@@ -292,6 +292,7 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
     g.expert_unit[l] = (int)g.units.size();
     g.units.push_back(experts);
   }
+  for (ParamUnit& u : g.units) u.grad_replicas = mesh.shape.dp_replicate;  // parallel/hsdp.cu
   return g;
 }
 

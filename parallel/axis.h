@@ -16,11 +16,18 @@
 //   CPA2A  [parallel] cp_comm = "hybrid": the cp ranks of this rank's all-to-all group (cp_a2a
 //         consecutive ones); CPRing: the ranks at the same place of every such group (the ring
 //         across them). One rank each under "ring" and "all-to-all", which use the cp group.
+//   DPShard, DPCPShard, EPDPShard        HSDP ([parallel] dp_replicate = R > 1, parallel/hsdp.cu):
+//   DPReplica, DPCPReplica, EPDPReplica  a gradient group (DP, DPCP, EPDP) cut into R blocks of
+//         consecutive members; a Shard group is this rank's block (the ZeRO stages shard over
+//         it), a Replica group the members at this rank's place in every block (they all-reduce
+//         the shard). Without HSDP each is the rank alone (no unit names it).
 #pragma once
 
 enum class Axis : int { World = 0, DP, TP, PP, CP, EP, DPCP, EPDP, Stage, Embed, Island,
-                        IslandWorld, CPA2A, CPRing, Count };
+                        IslandWorld, CPA2A, CPRing, DPShard, DPReplica, DPCPShard, DPCPReplica,
+                        EPDPShard, EPDPReplica, Count };
 
 // "world", "dp", "tp", "pp", "cp", "ep", "dp*cp", "ep-dp", "stage", "embed", "island",
-// "island-world", "cp-a2a", "cp-ring"
+// "island-world", "cp-a2a", "cp-ring", "dp-shard", "dp-replica", "dp*cp-shard", "dp*cp-replica",
+// "ep-dp-shard", "ep-dp-replica"
 const char* axis_name(Axis a);

@@ -49,6 +49,12 @@ const char* axis_name(Axis a) {
     case Axis::IslandWorld: return "island-world";
     case Axis::CPA2A: return "cp-a2a";
     case Axis::CPRing: return "cp-ring";
+    case Axis::DPShard: return "dp-shard";
+    case Axis::DPReplica: return "dp-replica";
+    case Axis::DPCPShard: return "dp*cp-shard";
+    case Axis::DPCPReplica: return "dp*cp-replica";
+    case Axis::EPDPShard: return "ep-dp-shard";
+    case Axis::EPDPReplica: return "ep-dp-replica";
     default: return "?";
   }
 }

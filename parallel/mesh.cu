@@ -15,6 +15,7 @@ MeshShape mesh_shape(const Config& c) {
   m.cp_a2a = cp_a2a_degree(p);
   m.sp = p.sp;
   m.islands = std::max(1, p.diloco_islands);  // 0 (off) is one island
+  m.dp_replicate = p.dp_replicate;
   if (p.pp > 1 || p.pp_virtual > 1) {
     m.pp_order = pipeline_stage_order(p.pp_schedule);
     m.pp_layers = pipeline_stage_layers(c);
@@ -49,6 +50,23 @@ static int at_dpcp(const MeshShape& m, MeshCoords c, int i) {
 static bool same_island(const MeshShape& m, const MeshCoords& c, int r) {
   const int per = m.dp / m.islands;
   return mesh_coords(m, r).dp / per == c.dp / per;
+}
+
+// HSDP's sub-groups of a gradient group (parallel/hsdp.cu): its members cut into R blocks of
+// consecutive members; the shard group is w's block, the replica group the members at w's place
+// in every block. Without HSDP (R = 1) neither is used: w alone.
+static std::vector<int> hsdp_members(const MeshShape& m, Axis whole, bool shard, int w) {
+  const int R = m.dp_replicate;
+  if (R <= 1) return {w};
+  const std::vector<int> all = mesh_group_members(m, whole, w);
+  CHECK(all.size() % R == 0, "mesh: dp_replicate = %d does not divide the %s group of %zu ranks",
+        R, axis_name(whole), all.size());
+  const int S = (int)all.size() / R;
+  const int at = (int)(std::find(all.begin(), all.end(), w) - all.begin());
+  std::vector<int> g;
+  for (int i = 0; i < (shard ? S : R); i++)
+    g.push_back(shard ? all[at / S * S + i] : all[i * S + at % S]);
+  return g;
 }
 
 std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
@@ -129,6 +147,12 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
       }
       break;
     }
+    case Axis::DPShard: return hsdp_members(m, Axis::DP, true, w);
+    case Axis::DPReplica: return hsdp_members(m, Axis::DP, false, w);
+    case Axis::DPCPShard: return hsdp_members(m, Axis::DPCP, true, w);
+    case Axis::DPCPReplica: return hsdp_members(m, Axis::DPCP, false, w);
+    case Axis::EPDPShard: return hsdp_members(m, Axis::EPDP, true, w);
+    case Axis::EPDPReplica: return hsdp_members(m, Axis::EPDP, false, w);
     case Axis::Count: BUG("mesh_group_members: no such axis");
   }
   return g;

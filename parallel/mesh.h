@@ -28,6 +28,10 @@
 //         DiLoCo islands only those of its island)
 //   embed the pp ranks of the first and the last stage (the tied embedding's gradient; pp
 //         ranks 0 and pp-1, or rank 0 alone in the V order)
+//   dp-shard, dp*cp-shard, ep-dp-shard      HSDP (dp_replicate = R > 1, parallel/hsdp.cu): the
+//   dp-replica, dp*cp-replica, ep-dp-replica  dp, dp*cp or ep-dp group cut into R blocks of
+//         consecutive members: the shard group is this rank's block, the replica group the
+//         members at its place in every block (R ranks). Without HSDP: the rank alone.
 //
 // The arithmetic is three pure functions (coordinates, world rank, group members) that the mesh,
 // the planner (training/plan.cu) and the checkpoint index (checkpoint/hdf5_format.cu) all use. The
@@ -47,6 +51,7 @@ struct MeshShape {
   int pp_virtual = 1;  // model chunks per pipeline rank
   bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
   int islands = 1;     // DiLoCo islands: the dp group is the island's (parallel/diloco.cu)
+  int dp_replicate = 1;  // HSDP replicas: the gradient groups' shard and replica sub-groups
   StageOrder pp_order = StageOrder::Loop;  // which rank and chunk hold each pipeline stage
   std::vector<int> pp_layers;  // blocks of each of the pp*pp_virtual stages, in model order
                                // (empty: equal stages)

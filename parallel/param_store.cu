@@ -50,6 +50,7 @@ ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.compression.compressor.kind = grad_compression_kind(cfg.parallel.grad_compression);
   st.compression.compressor.topk_ratio = cfg.parallel.topk_ratio;
   st.small_batch.on = cfg.log.grad_noise_scale;
+  st.reduce_dt = reduce_dtype(cfg.parallel.reduce_dtype);
   return sharding_mode(cfg.parallel.zero);
 }
 
@@ -154,9 +155,15 @@ static void device_optimizer_state(ParamStore& st) {
 // Each unit's place: its group, its shard, its ranges.
 static UnitState unit_geometry(const ParamStore& st, const ParamUnit& pu, const CommsByAxis& comms) {
   UnitState us;
-  us.group = comms[pu.grad_axis];
+  us.group = comms[shard_axis(pu)];
   CHECK(us.group && st.tp && st.world, "param store: the mesh has no %s group",
-        axis_name(pu.grad_axis));
+        axis_name(shard_axis(pu)));
+  if (pu.grad_replicas > 1) {  // HSDP (parallel/hsdp.cu)
+    us.replica = comms[replica_axis(pu)];
+    CHECK(us.replica && us.replica->size == pu.grad_replicas,
+          "param store: the mesh has no %s group of %d ranks", axis_name(replica_axis(pu)),
+          pu.grad_replicas);
+  }
   us.numel = pu.numel;
   us.owned_end = owned_end(pu, st.tp->rank);
   us.partial_begin = us.tp_sum_begin = pu.partial_begin;
@@ -199,6 +206,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
   grad_compression_init(st);  // the compressed BucketReduction
+  reduce_dtype_init(st);
   const int world = st.world ? st.world->size : 1;
   st.norm_parts = (float*)allocate_zeroed(st.work_memory, (1 + world) * sizeof(float), compute);
   st.norm = (double*)allocate_zeroed(st.work_memory, sizeof(double), compute);
@@ -261,6 +269,7 @@ void grads_release(ParamStore& st, int unit, bool last_micro_step) {
     case ShardingMode::ZeRO2:
     case ShardingMode::FSDP: sharded_grads_release(st, unit); break;
   }
+  if (last_micro_step) hsdp_reduce_replicas(st, unit);
   if (last_micro_step && store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
     offload_grad_to_host(st, unit);
 }
@@ -271,11 +280,11 @@ void grads_micro_batch_done(ParamStore& st) { small_batch_micro_batch_done(st); 
 // collectives, or grad_compression_init's compressed ones.
 static void plain_all_reduce(ParamStore& st, int unit, float* bucket) {
   const UnitState& us = st.units[unit];
-  all_reduce_sum(*us.group, bucket, us.numel, DType::F32, st.comm);
+  grad_sum(st, *us.group, bucket, us.numel);  // in [parallel] reduce_dtype
 }
 static void plain_reduce_scatter(ParamStore& st, int unit, float* full, float* shard) {
   const UnitState& us = st.units[unit];
-  reduce_scatter_sum(*us.group, full, shard, us.shard_numel, DType::F32, st.comm);
+  grad_sum_scatter(st, *us.group, full, shard, us.shard_numel);
 }
 BucketReduction plain_bucket_reduction() { return {plain_all_reduce, plain_reduce_scatter}; }
 
@@ -368,13 +377,15 @@ bool tp_replicas_equal(ParamStore& st) {
 // Each logical element once: over tp the elements this rank owns (placement.h: owned_end), and
 // over the unit's group each rank its shard (shard_range) - the one it updates at a ZeRO stage,
 // and the same slice of the replicated gradient under DDP. So every stage sums the same squares
-// in the same order, and a step's norm (and clipping) is bitwise the same at every stage.
+// in the same order, and a step's norm (and clipping) is bitwise the same at every stage. Under
+// HSDP the replicas hold the same shards: the first replica counts them.
 // The ranks' sums (one float each) are all-gathered over the world on the compute stream (control
 // plane: not counted) and added in double by one device thread, which also writes the clipping
 // factor (ops::grad_norm_and_clip): the host queues it all and waits for none of it.
 void grad_norm(ParamStore& st, float grad_clip) {
   ops::fill_zero(st.norm_parts, sizeof(float), st.compute);
   for (UnitState& us : st.units) {
+    if (us.replica && us.replica->rank != 0) continue;
     const FlatRange mine = clip(shard_range(us.numel, us.group->rank, us.group->size),
                                 us.owned_end);
     if (mine.size() > 0)

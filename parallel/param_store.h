@@ -31,7 +31,9 @@
 // Units are what the placement map says they are on this rank: under tensor parallelism a unit
 // holds this tp rank's blocks, and the ZeRO stages shard that local unit over the unit's own
 // group (ParamUnit::grad_axis: dp, or dp x cp when cp > 1; for experts, the ranks that hold the
-// same experts). "dp" above stands for that group. After the gradients of the step are reduced
+// same experts). "dp" above stands for that group; under HSDP ([parallel] dp_replicate,
+// parallel/hsdp.cu) for its shard sub-group, and after the last micro-step the shard's gradient
+// is all-reduced over the unit's replicas. After the gradients of the step are reduced
 // over that group, the range whose gradients are partial over tp (LayerNorms under sequence
 // parallelism) is summed over tp. The gradient norm counts each element of each logical tensor
 // once, whichever ranks hold copies of it.
@@ -69,6 +71,7 @@ OffloadKind offload_kind(const std::string& s);  // [train] optimizer_offload
 // The side roads keep their state beside the units, in their own structs (ParamStore below).
 struct UnitState {
   Comm* group = nullptr;    // sums the unit's gradient; the ZeRO stages shard over it
+  Comm* replica = nullptr;  // HSDP: the replicas that all-reduce the shard (parallel/hsdp.cu)
   size_t numel = 0;         // the unit's flat length (parallel/placement.h)
   size_t owned_end = 0;     // [0, owned_end): this tp rank's to count (placement.h)
   size_t partial_begin = 0; // [partial_begin, numel): partial gradients (sequence parallel)
@@ -132,6 +135,10 @@ struct ParamStore {
   ops::Stream compute = nullptr;  // the stream the model runs on
   ops::Stream comm = nullptr;     // collectives, so that they overlap compute
   BucketReduction reduction;      // set by param_store_init
+  // [parallel] reduce_dtype (parallel/reduce_dtype.cu): the dtype of the plain reductions, and
+  // their bf16 scratch (working memory) when it is not fp32.
+  DType reduce_dt = DType::F32;
+  void* reduce_scratch_bf16 = nullptr;
   // FSDP's gathered weights (compute dtype) and the gradient buckets of ZeRO-2 and FSDP (fp32).
   int pool_slots = 2;
   UnitBufferPool gather_pool, grad_pool;
@@ -274,6 +281,16 @@ void fsdp_init(ParamStore& store);
 void* fsdp_params_acquire(ParamStore& store, int unit);
 void fsdp_params_prefetch(ParamStore& store, int unit);
 void fsdp_params_release(ParamStore& store, int unit);
+// [parallel] reduce_dtype (parallel/reduce_dtype.cu): its DType; the scratch; fp32 gradients
+// summed over `group` on the comm stream in reduce_dt: in place (n values), or rank r's shard of
+// the sum of full (group.size * shard_n values) into shard.
+DType reduce_dtype(const std::string& s);
+void reduce_dtype_init(ParamStore& store);
+void grad_sum(ParamStore& store, Comm& group, float* buf, size_t n);
+void grad_sum_scatter(ParamStore& store, Comm& group, const float* full, float* shard,
+                      size_t shard_n);
+// HSDP (parallel/hsdp.cu): the shard's gradient summed over the unit's replicas.
+void hsdp_reduce_replicas(ParamStore& store, int unit);
 // Optimizer offload (parallel/offload.cu).
 void offload_init(ParamStore& store);
 void offload_destroy(ParamStore& store);

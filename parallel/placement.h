@@ -88,6 +88,10 @@ struct ParamUnit {
   bool whole_step = false;
   bool tied = false;
   bool tied_copy = false;
+  // HSDP ([parallel] dp_replicate = R, parallel/hsdp.cu): the gradient group is R replicas of
+  // grad_axis's members / R consecutive ranks; the ZeRO stages shard over those (shard_axis) and
+  // the replicas all-reduce the shard (replica_axis). 1: the whole group shards.
+  int grad_replicas = 1;
   // Acquired together with the next unit (an MoE block's dense part and its experts, model/gpt.cu):
   // FSDP then keeps one more gathered buffer, so that the next block can still be prefetched.
   bool paired = false;
@@ -95,6 +99,12 @@ struct ParamUnit {
 // FSDP's gathered buffers for the non-root units: one in use and one being prefetched, plus one
 // when units are acquired in pairs.
 int fsdp_pool_slots(const std::vector<ParamUnit>& units);
+
+// HSDP (parallel/hsdp.cu): the group a unit's ZeRO stages shard over and reduce-scatter in -
+// grad_axis itself, or its shard sub-group when grad_replicas > 1 - and the group its replicas
+// all-reduce the shard over (Axis::Count: none).
+Axis shard_axis(const ParamUnit& u);
+Axis replica_axis(const ParamUnit& u);
 
 // Building a unit, tensor by tensor (offsets aligned to kTensorAlign). `finish_unit` pads the
 // unit and checks the ordering rule above, so a layout that breaks it fails at start-up.
@@ -126,6 +136,10 @@ struct FlatRange {
 size_t padded_numel(size_t numel, int ranks);
 FlatRange shard_range(size_t numel, int rank, int ranks);
 FlatRange clip(FlatRange r, size_t limit);
+// The slice of unit u a saver at position `rank` of the `ranks` ranks of u's whole gradient group
+// writes (checkpoints: each element once): shard_range over the group, or under HSDP
+// (grad_replicas = R) the replica-th of R equal parts of its shard over its block of ranks/R.
+FlatRange saver_range(const ParamUnit& u, int rank, int ranks);
 // [0, owned_end) of unit u is what tp rank `tp_rank` owns (see the top of this file).
 size_t owned_end(const ParamUnit& u, int tp_rank);
 

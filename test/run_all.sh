@@ -112,6 +112,7 @@ run tokenizer-json $PY test/test_tokenizer_json.py
 run config      env CONFIG_BIN=./train_cpu $PY test/test_config.py
 run bench-smoke $PY test/test_bench.py  # the benchmark at tiny sizes, its accounting checked
 run mfu         $PY test/test_mfu.py
+run hsdp        $PY test/test_hsdp.py  # [parallel] dp_replicate: shard inside replicas
 run diloco-groups "$BUILD/test_diloco_groups"
 run grad-compression-ops env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_grad_compression_ops.py
 run noise-scale "$BUILD/test_noise_scale"

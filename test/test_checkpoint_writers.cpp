@@ -4,11 +4,11 @@
 //
 // Models: a tiny MoE GPT (L=4, NH=4, C=32, T=16, V=50; E=4 experts of d_expert 24 in blocks 1
 // and 3) and the same model dense. For each writing layout (dp, cp, tp, pp, pp_virtual, ep, FSDP
-// or DDP, SP; ep = 1, 2, 4 crossed with the others):
+// or DDP, SP, HSDP's replicas; ep = 1, 2, 4 crossed with the others):
 //  - each rank holds what the trainer's would: its layout (gpt_layout with its tp, pp, cp and ep
 //    ranks, coordinates as parallel/mesh.h numbers them) and of each unit its FSDP shard over
-//    the unit's group (dp, dp x cp, or for experts the ranks of its ep rank; all of it under
-//    DDP), every element of master, m and v set to a code of (state, tensor, logical element).
+//    the unit's group (dp, dp x cp, or for experts the ranks of its ep rank; under HSDP the
+//    replica's block of them; all of it under DDP), every element of master, m and v set to a code of (state, tensor, logical element).
 //    It writes its rank file (h5_write_rank_file refuses a slice outside what the rank holds);
 //  - rank 0 writes the index (h5_write_index refuses a tensor whose elements the writers do not
 //    hold exactly once);
@@ -18,7 +18,7 @@
 //    resume does (h5_index_fill): each element is its code, so nothing is missing (NaN) or
 //    misplaced. Every checkpoint is read by one rank (whole tensors: with the count check this
 //    proves each element written exactly once); the first one also by dp4 x ep4 FSDP, dp2 x cp2
-//    x tp2 x pp2 x ep2 FSDP with SP, and others (each rank reads its blocks: the resharding).
+//    x tp2 x pp2 x ep2 FSDP with SP, dp4 x ep2 FSDP in 2 HSDP replicas, and others (each rank reads its blocks: the resharding).
 // And the count check catches a writer left out of the index.
 // Prints one line per check; exits 1 on any failure.
 #include <hdf5.h>
@@ -39,11 +39,13 @@ namespace {
 struct Layout {
   int dp = 1, cp = 1, tp = 1, pp = 1, v = 1, ep = 1;
   bool fsdp = false, sp = false;
+  int replicas = 1;  // HSDP: [parallel] dp_replicate
   int world() const { return dp * cp * tp * pp; }
   std::string text() const {
     char s[160];
-    std::snprintf(s, sizeof(s), "dp%d cp%d tp%d pp%d v%d ep%d %s%s", dp, cp, tp, pp, v, ep,
-                  fsdp ? "FSDP" : "DDP", sp ? " SP" : "");
+    std::snprintf(s, sizeof(s), "dp%d cp%d tp%d pp%d v%d ep%d %s%s%s", dp, cp, tp, pp, v, ep,
+                  fsdp ? "FSDP" : "DDP", sp ? " SP" : "",
+                  replicas > 1 ? (" HSDP x" + std::to_string(replicas)).c_str() : "");
     return s;
   }
 };
@@ -66,16 +68,20 @@ GPTLayout rank_layout(const ModelConfig& m, const Layout& l, int w, Mesh& mesh) 
   MeshShape shape;
   shape.dp = l.dp, shape.cp = l.cp, shape.tp = l.tp, shape.pp = l.pp, shape.ep = l.ep;
   shape.pp_virtual = l.v, shape.sp = l.sp;
+  shape.dp_replicate = l.replicas;
   mesh_init(mesh, shape, w, 0, CommBackend::None);
   return gpt_layout(m, mesh);
 }
 
 // A unit's group (the one that sums its gradient and that FSDP shards over): this rank's index
-// in it and its size, from mesh.h's definitions of the dp, dpcp and epdp groups.
+// in it and its size, from mesh.h's definitions of the dp, dpcp and epdp groups; under HSDP
+// the block of size/R consecutive ones holding this rank (parallel/hsdp.cu).
 void unit_group(const ParamUnit& u, const Layout& l, const Coords& c, int* rank, int* size) {
   if (u.grad_axis == Axis::EPDP) *rank = c.dpcp_index / l.ep, *size = l.dp * l.cp / l.ep;
   else if (u.grad_axis == Axis::DPCP) *rank = c.dpcp_index, *size = l.dp * l.cp;
   else *rank = c.dp_rank, *size = l.dp;
+  *size /= l.replicas;
+  *rank %= *size;
 }
 
 // The code of element `i` (row-major, over the logical tensor) of state `kind` of tensor t:
@@ -140,6 +146,7 @@ std::string write_checkpoint(const std::string& dir, const ModelConfig& m, const
   meta.writers = l.world();
   meta.writer_tp = l.tp, meta.writer_cp = l.cp, meta.writer_pp = l.pp;
   meta.writer_pp_virtual = l.v, meta.writer_ep = index_ep > 0 ? index_ep : l.ep;
+  meta.writer_dp_replicate = l.replicas;
   Mesh mesh;
   const GPTLayout g0 = rank_layout(m, l, 0, mesh);
   meta.L = g0.L, meta.NH = g0.NH, meta.C = g0.C, meta.T = g0.T, meta.V = g0.V, meta.Vp = g0.Vp;
@@ -230,9 +237,11 @@ void remove_dir(const std::string& dir) {
   if (std::system(cmd.c_str()) != 0) std::printf("note: could not remove %s\n", dir.c_str());
 }
 
-Layout layout(int dp, int cp, int tp, int pp, int v, int ep, bool fsdp, bool sp = false) {
+Layout layout(int dp, int cp, int tp, int pp, int v, int ep, bool fsdp, bool sp = false,
+              int replicas = 1) {
   Layout l;
   l.dp = dp, l.cp = cp, l.tp = tp, l.pp = pp, l.v = v, l.ep = ep, l.fsdp = fsdp, l.sp = sp;
+  l.replicas = replicas;
   return l;
 }
 
@@ -290,11 +299,14 @@ int main() {
       layout(2, 2, 1, 1, 1, 2, false),       layout(2, 1, 2, 1, 1, 2, true, true),
       layout(2, 1, 1, 2, 1, 2, true),        layout(2, 1, 1, 2, 2, 2, false),
       layout(2, 2, 2, 2, 1, 4, true, true),  layout(4, 1, 2, 1, 1, 1, true),
+      // HSDP (dp_replicate): the dp, dp x cp and expert groups cut into replicas
+      layout(4, 1, 1, 1, 1, 2, true, false, 2), layout(2, 2, 1, 1, 1, 2, true, false, 2),
+      layout(4, 1, 2, 1, 1, 1, true, true, 4),  layout(4, 1, 1, 1, 1, 1, false, false, 2),
   };
   const std::vector<Layout> readers = {
       layout(1, 1, 1, 1, 1, 1, false),       layout(4, 1, 1, 1, 1, 4, true),
       layout(2, 2, 2, 2, 1, 2, true, true),  layout(2, 1, 1, 2, 2, 2, false),
-      layout(1, 2, 4, 1, 1, 1, true),
+      layout(1, 2, 4, 1, 1, 1, true),        layout(4, 1, 1, 1, 1, 2, true, false, 2),
   };
   check_model(res, tiny_model(4), writers, readers);
   check_model(res, tiny_model(0),

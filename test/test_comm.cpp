@@ -160,6 +160,9 @@ std::pair<std::array<int, 3>, int> group_key(Axis a, const Coord& c, int w, cons
     case Axis::IslandWorld: return {{0, 0, 0}, w};   // ... so one island: the world
     case Axis::CPA2A:                                // cp_comm "ring" here: alone
     case Axis::CPRing: return {{-1 - w, 0, 0}, 0};
+    case Axis::DPShard: case Axis::DPReplica: case Axis::DPCPShard: case Axis::DPCPReplica:
+    case Axis::EPDPShard: case Axis::EPDPReplica:
+      return {{-1 - w, 0, 0}, 0};  // no HSDP here (dp_replicate = 1): alone
     default: return {{c.pp, c.tp, c.ep}, c.ep_block};  // EPDP
   }
 }

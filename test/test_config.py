@@ -48,7 +48,8 @@ DEFAULTS = {
                  "sp": True, "zero": 0,
                  "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
                  "pp_balance": "equal", "backend": "", "timeout_s": 600.0,
-                 "grad_compression": "none", "topk_ratio": 0.01, "diloco_islands": 0,
+                 "grad_compression": "none", "topk_ratio": 0.01, "dp_replicate": 1, "reduce_dtype": "fp32",
+                 "diloco_islands": 0,
                  "diloco_every": 50, "diloco_outer_lr": 0.7, "diloco_outer_momentum": 0.9,
                  "diloco_compression": "none"},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
@@ -386,6 +387,28 @@ def file_error_cases(tmp):
                   (keys["parallel.pp"][0], keys["parallel.pp"][2])))
     case("ep does not divide dp*cp", {"parallel.ep": "2", "model.n_experts": "4"},
          ["ep = 2", "dp*cp"], "parallel.ep")
+    # HSDP (parallel/hsdp.cu): dp_replicate >= 1, dividing dp; not with compressed reductions,
+    # DiLoCo islands or the noise scale.
+    case("dp_replicate does not divide dp", {"parallel.dp": "3", "parallel.dp_replicate": "2"},
+         ["dp_replicate = 2", "does not divide", "[parallel] dp = 3", "HSDP"],
+         "parallel.dp_replicate")
+    case("dp_replicate 0", {"parallel.dp_replicate": "0"},
+         ["dp_replicate = 0", "must be at least 1"], "parallel.dp_replicate")
+    case("dp_replicate with grad_compression",
+         {"parallel.dp": "2", "parallel.dp_replicate": "2", "parallel.grad_compression": '"int8"'},
+         ["dp_replicate = 2", 'grad_compression = "int8"', "not supported"],
+         "parallel.dp_replicate")
+    case("dp_replicate with diloco_islands",
+         {"parallel.dp": "2", "parallel.dp_replicate": "2", "parallel.diloco_islands": "1"},
+         ["dp_replicate = 2", "diloco_islands = 1", "not supported"], "parallel.dp_replicate")
+    case("unknown reduce_dtype", {"parallel.reduce_dtype": '"fp16"'},
+         ["reduce_dtype", '"fp32", "bf16"'], "parallel.reduce_dtype")
+    text, keys, _ = render(secs, {"parallel.dp": "2", "parallel.reduce_dtype": '"bf16"',
+                                  "parallel.grad_compression": '"int8"'})
+    expect_error("reduce_dtype with grad_compression", c.write(text), (),
+                 ['reduce_dtype = "bf16"', 'grad_compression = "int8"', "own codes"],
+                 ((keys["parallel.grad_compression"][0], keys["parallel.grad_compression"][2]),
+                  (keys["parallel.reduce_dtype"][0], keys["parallel.reduce_dtype"][2])))
     case("train glob matches nothing", {"data.train": f'"{tmp}/nothing_*.bin"'},
          ["[data] train", f"{tmp}/nothing_*.bin", "matches no file"], "data.train")
     case("val glob matches nothing", {"data.val": f'"{tmp}/nothing_*.bin"'},

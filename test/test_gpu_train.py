@@ -23,7 +23,8 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    ZeRO-1 with the optimizer offloaded to host memory and ZeRO-2 with it in a file, tensor
    parallel tp=2 with and without SP, a 1F1B pipeline pp=2 over 2 micro-batches, ring
    attention cp=2 and cp=2 with cp_comm = "all-to-all" (heads moved by all-to-alls over NCCL's
-   or MPI's, whole-sequence attention per rank); on one GPU the ranks share it and use the MPI backend; on the emulator every
+   or MPI's, whole-sequence attention per rank), and HSDP dp=4 = 2 x 2 ZeRO-2 (np = 4: the
+   dp-shard and dp-replica groups); on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
    added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
    tp=2 sp, pp=2 and cp=2 run 2 micro-batches and log the gradient noise scale: their small and
@@ -349,7 +350,10 @@ def test_layouts(rng):
                    ("pp=2 1f1b", rows // 2, 2, {"pp": 2}, NOISE),
                    ("cp=2 ring attention", rows // 2, 2, {"cp": 2}, NOISE),
                    # heads moved by all-to-alls (Ulysses), whole-sequence attention per rank
-                   ("cp=2 all-to-all", rows // 2, 2, {"cp": 2, "cp_comm": "all-to-all"}, {})]
+                   ("cp=2 all-to-all", rows // 2, 2, {"cp": 2, "cp_comm": "all-to-all"}, {}),
+                   ("HSDP dp=4 = 2 x 2 ZeRO-2", rows // 4, 1,
+                    {"dp": 4, "dp_replicate": 2, "zero": 2}, {})]
+
         if EMULATED:
             layouts.insert(0, ("DDP dp=2", rows // 2, 1, {"dp": 2}, {}))
         plain_train, plain_log = dict(sec["train"]), dict(sec["log"])
@@ -364,8 +368,11 @@ def test_layouts(rng):
             backend = collective_backend(label)
             sec["parallel"] = dict(parallel, backend=backend)
             log = []
+            ranks = 1
+            for k in ("dp", "tp", "pp", "cp"):
+                ranks *= parallel.get(k, 1)
             gpu = train_records(TRAIN, tmp, label.replace(" ", "_").replace("=", ""), sec,
-                                np_ranks=2, log=log)
+                                np_ranks=ranks, log=log)
             if noise:
                 check_noise_scale(label, backend, gpu, cpu_noise)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")

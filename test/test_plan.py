@@ -25,7 +25,10 @@ with int8 (the tied root's two stages), MoE dp4 x ep2 ZeRO-2 with top-k (expert 
 groups of 2, dense ones over 4); DiLoCo islands (their meetings' island bytes against the
 analytic count too): dp4 DDP, FSDP and dp2 x pp2 x tp2 ZeRO-1 in 2 islands with fp32
 meetings, dp4 DDP and dp4 ZeRO-1 (int8 gradients) with int8 meetings, MoE dp2 x cp2 x ep2 FSDP
-(cp and the expert groups inside each island). For each, rank 0 of the plan (`--plan-json`) must
+(cp and the expert groups inside each island); HSDP (dp_replicate, parallel/hsdp.cu): dp4 = 2 x 2
+FSDP with grad_accum 2, dp2 x cp2 = 2 x 1 ZeRO-2, MoE dp4 x ep2 = 2 x 2 ZeRO-1 bf16 (the shard
+and replica sub-groups of dp, dp x cp and the experts' ranks), and dp4 = 2 x 2 FSDP with
+reduce_dtype = "bf16" (half the reductions' bytes, the bf16 scratch). For each, rank 0 of the plan (`--plan-json`) must
 equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
@@ -35,8 +38,8 @@ bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, g
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
 schedule, micro_batch and grad_accum) as the config gives it.
-Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (32 of the
-43 run): combinations whose parts the other layouts check on their own.
+Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (36 of the
+47 run): combinations whose parts the other layouts check on their own.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -144,6 +147,15 @@ LAYOUTS = [
      {"train": {"grad_accum": 2}, "log": {"grad_noise_scale": True}}),
     ("Llama MoE dp2 x ep2 zb-h1 pp2", {"dp": 2, "ep": 2, "pp": 2, "pp_schedule": "zb-h1"},
      {"model": dict(LLAMA, **MOE, moe_every=2), "train": {"grad_accum": 2}}),
+    # HSDP (parallel/hsdp.cu): the shard and replica sub-groups of dp, dp x cp and the experts'
+    ("HSDP dp4 = 2 x 2 FSDP grad_accum 2", {"dp": 4, "dp_replicate": 2, "zero": 3},
+     {"train": {"grad_accum": 2}}),
+    ("HSDP dp2 x cp2 = 2 x 1 ZeRO-2", {"dp": 2, "cp": 2, "dp_replicate": 2, "zero": 2}, {}),
+    ("HSDP MoE dp4 x ep2 = 2 x 2 ZeRO-1 bf16", {"dp": 4, "ep": 2, "dp_replicate": 2, "zero": 1},
+     {"model": MOE, "precision": {"compute": "bf16"}}),
+    # [parallel] reduce_dtype = "bf16" (parallel/reduce_dtype.cu): half the bytes, a bf16 scratch
+    ("dp4 = 2 x 2 FSDP reduce_dtype bf16 grad_accum 2",
+     {"dp": 4, "dp_replicate": 2, "zero": 3, "reduce_dtype": "bf16"}, {"train": {"grad_accum": 2}}),
 ]
 # Run only with TEST_FULL=1 (make test-full): each is a combination whose parts the layouts above
 # check on their own (recompute "block" with tp and cp, FSDP on all four axes, MoE with cp and
@@ -280,7 +292,8 @@ def check_layout(tmp, i, what, par, extra):
             "optimizer_offload": sec["train"].get("optimizer_offload", "none"),
             "sp": par.get("sp", True), "pp_schedule": par.get("pp_schedule", "1f1b"),
             "micro_batch": sec["train"]["micro_batch"],
-            "grad_accum": sec["train"].get("grad_accum", 1)}
+            "grad_accum": sec["train"].get("grad_accum", 1),
+            "dp_replicate": par.get("dp_replicate", 1)}
     checks.check(f"{what}: the plan records its layout",
                  all(lay.get(k) == v for k, v in want.items()), f"{lay}")
     same_state = r0["state_bytes"] == info["state_bytes"]

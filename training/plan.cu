@@ -280,8 +280,11 @@ static void plan_print_gpu_terms(const GpuMemoryTerms& g, FILE* out) {
 void plan_print(const Plan& plan, const Config& c, FILE* out) {
   const ParallelConfig& p = c.parallel;
   const bool offload = c.train.optimizer_offload != "none";
-  std::fprintf(out, "plan     dp=%d %s%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
-               "tokens per step\n", p.dp, sharding_mode_name(sharding_mode(p.zero)),
+  const std::string hsdp =  // parallel/hsdp.cu: dp = replicas x shard group
+      p.dp_replicate > 1 ? " (" + std::to_string(p.dp_replicate) + " replicas of " +
+                               std::to_string(p.dp / p.dp_replicate) + ")" : "";
+  std::fprintf(out, "plan     dp=%d%s %s%s pp=%d (%s, v=%d) cp=%d tp=%d%s ep=%d: %zu ranks, %.0f "
+               "tokens per step\n", p.dp, hsdp.c_str(), sharding_mode_name(sharding_mode(p.zero)),
                offload ? (", optimizer offload " + c.train.optimizer_offload).c_str() : "", p.pp,
                p.pp_schedule.c_str(), p.pp_virtual, p.cp, p.tp, p.sp && p.tp > 1 ? " SP" : "",
                p.ep, plan.ranks.size(), plan.tokens_per_step);
@@ -329,10 +332,10 @@ std::string plan_write_json(const Plan& plan, const Config& c, const std::string
   const ParallelConfig& p = c.parallel;
   std::fprintf(f, "{\"layout\":{\"dp\":%d,\"pp\":%d,\"cp\":%d,\"tp\":%d,\"ep\":%d,\"zero\":%d,"
                "\"fsdp\":%s,\"optimizer_offload\":\"%s\",\"sp\":%s,\"pp_schedule\":\"%s\","
-               "\"pp_virtual\":%d,\"micro_batch\":%d,\"grad_accum\":%d},", p.dp, p.pp, p.cp,
-               p.tp, p.ep, p.zero, p.fsdp ? "true" : "false", c.train.optimizer_offload.c_str(),
-               p.sp ? "true" : "false", p.pp_schedule.c_str(), p.pp_virtual, c.train.micro_batch,
-               c.train.grad_accum);
+               "\"pp_virtual\":%d,\"micro_batch\":%d,\"grad_accum\":%d,\"dp_replicate\":%d},",
+               p.dp, p.pp, p.cp, p.tp, p.ep, p.zero, p.fsdp ? "true" : "false",
+               c.train.optimizer_offload.c_str(), p.sp ? "true" : "false", p.pp_schedule.c_str(),
+               p.pp_virtual, c.train.micro_batch, c.train.grad_accum, p.dp_replicate);
   std::fprintf(f, "\"ranks\":[");
   for (size_t i = 0; i < plan.ranks.size(); i++) {
     const RankPlan& r = plan.ranks[i];
