@@ -200,8 +200,10 @@ static void setup_data_and_logs(Run& r) {
   if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
     std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
                 tokenizer.c_str());
+  std::vector<float> moe_bias;
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
-                                     r.mesh);
+                                     &moe_bias, r.mesh);
+  if (r.model.moe) moe_bias_restore(r.model, moe_bias, r.compute);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
   RunInfo& info = r.info;
   info.first_step = r.resumed_step + 1;
@@ -368,6 +370,7 @@ static StepReport train_step(Run& r, int step) {
   if (r.model.moe) {
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World], r.mesh.shape.islands);
+    if (!spike.skip) moe_bias_update(r.model, rep.moe_report, r.compute);  // moe_balance "bias"
   }
   CHECK(spike.skip || (std::isfinite(rep.loss) && std::isfinite(rep.grad_norm)),
         "step %d: loss %g, gradient norm %g: training diverged", step, rep.loss, rep.grad_norm);
@@ -471,7 +474,8 @@ static int train_steps(Run& r) {
                                          nullptr);
     StepReport rep = train_step(r, step);
     step_span.reset();
-    const RunState state{r.train_data.pos, r.loss_trend};  // what a checkpoint keeps of the run
+    const RunState state{r.train_data.pos, r.loss_trend,  // what a checkpoint keeps of the run
+                         moe_bias_state(r.model)};
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
                                                      state, r.mesh);
     rep.ckpt_wait_ms = waited < 0 ? -1 : 1e3 * waited;

@@ -46,8 +46,10 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/gpt.h"
+#include "parallel/context_parallel.h"
 
 // ---------------------------------------------------------------------------------------------
 // Buffers
@@ -88,6 +90,13 @@ void moe_create(GPT& m) {
   st->ep = ExpertParallel{g.ep, g.E, g.top_k};
   st->aux_coef = m.moe_aux_loss;
   st->z_coef = m.moe_z_loss;
+  st->score = m.moe_router_score;
+  st->capacity_factor = m.moe_capacity_factor;
+  st->bias_rate = m.moe_bias_rate;
+  if (m.moe_bias_balance) {
+    st->bias.assign((size_t)g.L * g.E, 0.0f);
+    st->bias_device = (float*)gpt_new_buffer(m, st->bias.size() * sizeof(float));  // zeroed
+  }
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, H = fc_cols(g);
   const size_t a = dtype_size(m.dt);
@@ -110,7 +119,9 @@ void moe_create(GPT& m) {
     st->shared.h = gpt_new_buffer(m, rows * H * a);
     st->shared.y = gpt_new_buffer(m, Nt * k * C * a);
   }
+  if (g.shared_hidden > 0) st->shared_sum = gpt_new_buffer(m, (size_t)Nt * C * a);
   st->stats.tokens.assign(g.L, {});
+  st->stats.dropped.assign(g.L, 0.0);
 }
 
 void moe_destroy(GPT& m) {
@@ -162,6 +173,49 @@ static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Capacity (training only)
+// ---------------------------------------------------------------------------------------------
+// The capacity factor's drops for one layer and micro-batch. The group is the micro-batch: its B
+// sequences of T_full positions, wherever they sit (sequence-parallel ranks hold N/tp of the
+// tokens, context-parallel ranks two zigzag chunks of every sequence), so every layout drops the
+// pairs one rank would. Each expert takes at most cap = ceil(factor * tokens * top_k / E) pairs,
+// walked in token order (sequence, then position) and, within a token, slot order (its best
+// expert first); the rest are dropped. The ranks holding the micro-batch learn everyone's choices
+// by a host sum (each rank fills its tokens' places, choice + 1, zeros elsewhere), decide alike,
+// and mark their own dropped pairs kDroppedPair in `expert`. Returns the pairs dropped here.
+static double drop_over_capacity(GPT& m, std::vector<int>& expert, int B, int T) {
+  const GPTLayout& g = m.layout;
+  const int E = g.E, k = g.top_k, Nt = g.tp.tokens(B * T);
+  const bool sp = g.tp.sp && g.tp.size() > 1;
+  const int T_full = T * g.cp->size, first = sp ? g.tp.rank() * Nt : 0;
+  const TokenPositions pos = cp_positions_of(g.cp->size, g.cp->rank, B, T_full);
+  auto global_token = [&](int i) {  // local token i -> sequence * T_full + position
+    const int at = first + i, chunk = at / (B * pos.len), rest = at % (B * pos.len);
+    return (rest / pos.len) * T_full + pos.first[chunk] + rest % pos.len;
+  };
+  std::vector<int> all((size_t)B * T_full * k, 0);
+  for (int i = 0; i < Nt; i++)
+    for (int j = 0; j < k; j++) all[(size_t)global_token(i) * k + j] = expert[(size_t)i * k + j] + 1;
+  if (sp) all_reduce_host_sum(*g.tp.group, all.data(), (int)all.size());
+  if (g.cp->size > 1) all_reduce_host_sum(*g.cp, all.data(), (int)all.size());
+  const double cap = std::ceil((double)m.moe->capacity_factor * B * T_full * k / E);
+  std::vector<int> taken(E, 0);
+  for (int& x : all) {  // token order, then slot order; 0 now marks a dropped pair
+    if (x == 0) continue;
+    if (taken[x - 1] < cap) taken[x - 1]++;
+    else x = 0;
+  }
+  double dropped = 0;
+  for (int i = 0; i < Nt; i++)
+    for (int j = 0; j < k; j++)
+      if (all[(size_t)global_token(i) * k + j] == 0) {
+        expert[(size_t)i * k + j] = kDroppedPair;
+        dropped++;
+      }
+  return dropped;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------------
 // Expert j's (of this rank) weights inside the unit: each tensor stacks the experts' blocks.
@@ -186,22 +240,27 @@ void moe_route_from_device(int* expert, const int* device_expert, int pairs, int
 }
 
 // The router: logits (fp32), then softmax, top-k and gates.
-static void router_forward(GPT& m, MoeActs& a, const void* inp, const void* router_w, int Nt,
-                           ops::Stream s) {
+static void router_forward(GPT& m, MoeActs& a, int layer, const void* inp, const void* router_w,
+                           int Nt, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  void* z = m.dt == DType::F32 ? (void*)a.logits : m.moe->logits_dt;
+  const MoeState& st = *m.moe;
+  void* z = m.dt == DType::F32 ? (void*)a.logits : st.logits_dt;
   ops::matmul_forward(z, nullptr, inp, router_w, nullptr, nullptr, Nt, g.C, g.E, m.dt, s);
   if (z != a.logits) ops::cast(a.logits, DType::F32, z, m.dt, (size_t)Nt * g.E, s);
-  ops::moe_router_forward(a.logits, Nt, g.E, g.top_k, a.expert, a.gate, a.probs, a.lse, s);
+  const float* bias = st.bias_device ? st.bias_device + (size_t)layer * g.E : nullptr;
+  ops::moe_router_forward(a.logits, Nt, g.E, g.top_k, a.expert, a.gate, a.probs, a.lse, s,
+                          st.score, bias);
 }
 
 // The step's statistics of one layer: tokens per expert, the two loss terms (this rank's share).
-static void record_stats(GPT& m, MoeActs& a, int layer, const std::vector<float>& lse,
-                         double balance_share, float dloss_scale) {
+static void record_stats(GPT& m, int layer, const std::vector<int>& expert,
+                         const std::vector<float>& lse, double balance_share, float dloss_scale) {
   MoeStepStats& st = m.moe->stats;
   std::vector<double>& tokens = st.tokens[layer];
   tokens.resize(m.layout.E, 0.0);
-  for (int e = 0; e < m.layout.E; e++) tokens[e] += a.route.plan.expert_counts[e];
+  std::vector<int> chosen(m.layout.E, 0);  // the router's choices, before any capacity drop
+  for (int e : expert) chosen[e]++;
+  for (int e = 0; e < m.layout.E; e++) tokens[e] += chosen[e];
   double z = 0;
   for (float x : lse) z += (double)x * x;
   st.aux_loss += balance_share;
@@ -241,7 +300,7 @@ static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights
   const int k = m.layout.top_k, C = m.layout.C;
   void* rows = ep_trip_buffer(st.ep, st.send, a.x);  // with ep = 1 the trips are in place
   void* expert_out = ep_trip_buffer(st.ep, st.expert_out, a.y);
-  ops::moe_permute(rows, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  ops::moe_permute(rows, inp, a.route.token_of_row, a.route.plan.kept, C, m.dt, s);
   ep_to_experts(st.ep, a.route, rows, a.x, st.recv, C, m.dt, s);
   experts_forward(m, a, w, expert_out, s);
   ep_to_home(st.ep, a.route, expert_out, a.y, st.send, C, m.dt, s);
@@ -258,17 +317,18 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
-  router_forward(m, a, inp, router_w, Nt, s);
+  router_forward(m, a, layer, inp, router_w, Nt, s);
   std::vector<int> expert((size_t)Nt * k);
   m.moe_route_source(expert.data(), a.expert, Nt * k, g.E, s);  // waits: the one sync
-  ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
   if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
     std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
     read_to_host(probs.data(), a.probs, probs.size() * sizeof(float), s);
     read_to_host(lse.data(), a.lse, lse.size() * sizeof(float), s);
     const double share = balance(m, a, expert, probs, B, T, dloss_scale);
-    record_stats(m, a, layer, lse, share, dloss_scale);
+    record_stats(m, layer, expert, lse, share, dloss_scale);
+    if (st.capacity_factor > 0) st.stats.dropped[layer] += drop_over_capacity(m, expert, B, T);
   }
+  ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
 
   run_experts(m, a, inp, w, Nt, s);
   ops::moe_combine(out, a.y, a.gate, a.route.position, Nt, k, C, m.dt, s);
@@ -327,7 +387,7 @@ static void router_backward(GPT& m, MoeActs& a, const void* inp, const void* rou
   MoeState& st = *m.moe;
   ops::copy_to_device_async(st.dprobs, a.balance_grad.data(), a.balance_grad.size() * 4, s);
   ops::moe_router_backward(st.dlogits, a.probs, a.expert, a.gate, st.dgate, st.dprobs, a.lse,
-                           st.z_coef * dloss_scale, Nt, g.E, g.top_k, s);
+                           st.z_coef * dloss_scale, Nt, g.E, g.top_k, s, st.score, a.logits);
   if (part == GradPart::Input)
     ops::copy_on_device(a.logits, st.dlogits, (size_t)Nt * g.E * sizeof(float), s);
   void* dz = st.dlogits;
@@ -389,11 +449,14 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
 MoeReport moe_step_report(GPT& m, Comm& world, int islands) {
   const GPTLayout& g = m.layout;
   MoeStepStats& st = m.moe->stats;
-  std::vector<double> sums((size_t)g.L * g.E + 2, 0.0);  // every layer's counts, then the losses
+  // every layer's counts, the losses, then every layer's dropped pairs
+  const size_t drops = (size_t)g.L * g.E + 2;
+  std::vector<double> sums(drops + g.L, 0.0);
   for (int l = 0; l < g.L; l++)
     for (size_t e = 0; e < st.tokens[l].size(); e++) sums[(size_t)l * g.E + e] = st.tokens[l][e];
   sums[(size_t)g.L * g.E] = st.aux_loss;
   sums[(size_t)g.L * g.E + 1] = st.z_loss;
+  for (int l = 0; l < g.L; l++) sums[drops + l] = st.dropped[l];
   all_reduce_host_sum(world, sums.data(), (int)sums.size());
   // Without sequence parallelism the tp ranks route the same tokens: count them once.
   const double copies = g.tp.size() > 1 && !g.tp.sp ? g.tp.size() : 1;
@@ -408,10 +471,43 @@ MoeReport moe_step_report(GPT& m, Comm& world, int islands) {
     lr.tokens.assign(sums.begin() + (size_t)l * g.E, sums.begin() + (size_t)(l + 1) * g.E);
     lr.min = *std::min_element(lr.tokens.begin(), lr.tokens.end());
     lr.max = *std::max_element(lr.tokens.begin(), lr.tokens.end());
-    for (double x : lr.tokens) lr.mean += x / g.E;
+    double pairs = 0;
+    for (double x : lr.tokens) lr.mean += x / g.E, pairs += x;
+    lr.dropped = pairs > 0 ? sums[drops + l] / pairs : 0;
     r.layers.push_back(lr);
   }
   st = MoeStepStats{};
   st.tokens.assign(g.L, {});
+  st.dropped.assign(g.L, 0.0);
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Balancing biases (moe_balance = "bias")
+// ---------------------------------------------------------------------------------------------
+void moe_bias_update(GPT& m, const MoeReport& r, ops::Stream s) {
+  MoeState& st = *m.moe;
+  if (st.bias.empty()) return;
+  const int E = m.layout.E;
+  for (const MoeLayerReport& l : r.layers) {  // the loads: integers, the same on every rank
+    float* b = st.bias.data() + (size_t)l.layer * E;
+    for (int e = 0; e < E; e++) {
+      const double load = l.tokens[e];
+      b[e] += load < l.mean ? st.bias_rate : load > l.mean ? -st.bias_rate : 0.0f;
+    }
+  }
+  ops::copy_to_device_async(st.bias_device, st.bias.data(), st.bias.size() * sizeof(float), s);
+}
+
+std::vector<float> moe_bias_state(const GPT& m) {
+  return m.moe ? m.moe->bias : std::vector<float>{};
+}
+
+void moe_bias_restore(GPT& m, const std::vector<float>& bias, ops::Stream s) {
+  const size_t want = m.moe ? m.moe->bias.size() : 0;
+  if (want == 0 || bias.empty()) return;  // not balancing by bias, or none kept yet: zeros
+  CHECK(bias.size() == want, "resume: the checkpoint holds %zu MoE balancing biases, this run "
+        "([train] moe_balance) needs %zu", bias.size(), want);
+  m.moe->bias = bias;
+  ops::copy_to_device_async(m.moe->bias_device, bias.data(), bias.size() * sizeof(float), s);
 }

@@ -117,10 +117,10 @@ static void regroup_indices(const ExpertRoute& r, const ExpertParallel& ep,
 
 void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops::Stream s) {
   r.plan = expert_dispatch_plan_build(expert, N, ep.top_k, ep.E, ep.size());
-  const int pairs = N * ep.top_k;
-  std::vector<int> token_of_row(pairs);
-  for (int i = 0; i < pairs; i++) token_of_row[i] = r.plan.order[i] / ep.top_k;
-  ops::copy_to_device_async(r.token_of_row, token_of_row.data(), pairs * sizeof(int), s);
+  const int pairs = N * ep.top_k, kept = r.plan.kept;  // kept < pairs: the capacity dropped some
+  std::vector<int> token_of_row(kept);
+  for (int i = 0; i < kept; i++) token_of_row[i] = r.plan.order[i] / ep.top_k;
+  ops::copy_to_device_async(r.token_of_row, token_of_row.data(), kept * sizeof(int), s);
   ops::copy_to_device_async(r.position, r.plan.position.data(), pairs * sizeof(int), s);
   r.send_counts.assign(r.plan.rank_send_counts.begin(), r.plan.rank_send_counts.end());
   exchange_counts(r, ep);
