@@ -11,8 +11,28 @@
 // Llama's experts are Mixtral's SwiGLU MLPs without biases: h = x W_fc,e^T = [gate | up] (2D),
 // out_e = (silu(gate) * up) W_proj,e^T; h then holds 2D columns, hg (the SwiGLU output) D.
 //
-// Dropless: every token reaches all its experts (no capacity factor, no token ever dropped).
-// The router's choice has no gradient; the gates do, through p, to W_r.
+// Options ([model] router_score, n_shared_experts; [train] moe_balance, moe_capacity_factor):
+//   sigmoid scores: p = sigmoid(z) instead of the softmax; the gates are the same formulas (the
+//     chosen p normalised over the top_k; top_k = 1: the raw p). lse, for the z-loss, stays
+//     logsumexp(z), and the balance loss' P_e is the mean sigmoid score.
+//   balancing biases (DeepSeek-V3's auxiliary-loss-free balancing): every MoE layer has a bias
+//     b_e per expert, added to the scores for the choice only: chosen = the top_k by p + b; the
+//     gates stay the unbiased p. After each applied optimizer step b_e += moe_bias_rate *
+//     sign(mean_e' load - load_e), the loads being the step's pairs that chose each expert,
+//     summed over every rank that routes for the layer (dp x cp x tp-with-sp ranks and the
+//     micro-batches: the world sum of moe_step_report, where each stage holds its own layers)
+//     so every replica moves its biases alike. They are state: the checkpoint keeps them.
+//   shared experts: n_shared_experts MLPs of hidden d_expert that every token runs, summed with
+//     the routed output; held as one MLP of hidden n_shared_experts * d_expert in the block's
+//     dense-MLP tensors and run by model/gpt.cu's dense MLP code (split over tp like it):
+//     out = residual + shared(x) + routed(x).
+//   capacity (training only; validation, evaluation and sampling run dropless): each expert
+//     takes at most cap = ceil(factor * tokens * top_k / E) pairs of a micro-batch, tokens being
+//     the micro-batch's B * seq_len wherever its positions sit, walked in token order (sequence,
+//     position) then slot order; a dropped pair contributes zero and its gate gets no gradient
+//     (drop_over_capacity). The balance loss still counts the router's choices.
+// Otherwise dropless: every token reaches all its experts. The router's choice has no
+// gradient; the gates do, through p, to W_r.
 //
 // Two losses steer the router, both added to the language-model loss:
 //   load balance (per sequence s, E experts, T positions):
@@ -201,7 +221,7 @@ static double drop_over_capacity(GPT& m, std::vector<int>& expert, int B, int T)
   const double cap = std::ceil((double)m.moe->capacity_factor * B * T_full * k / E);
   std::vector<int> taken(E, 0);
   for (int& x : all) {  // token order, then slot order; 0 now marks a dropped pair
-    if (x == 0) continue;
+    if (x < 1 || x > E) continue;  // (the planner's dry groups scale sums: not a choice)
     if (taken[x - 1] < cap) taken[x - 1]++;
     else x = 0;
   }
