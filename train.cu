@@ -246,6 +246,11 @@ static void print_banner(const Run& r) {
                 "per rank): %zu parameters active per token\n", r.layout.E, r.layout.d_expert,
                 r.layout.top_k, (int)std::count(r.layout.moe.begin(), r.layout.moe.end(), true),
                 r.layout.L, mesh.ep, r.layout.E / mesh.ep, r.layout.active_parameters);
+  if (r.layout.E > 0 && (c.model.n_shared_experts > 0 || c.model.router_score != "softmax" ||
+                         c.train.moe_balance != "aux_loss" || c.train.moe_capacity_factor > 0))
+    std::printf("experts  %d shared, %s scores, balance %s, capacity factor %g (0: dropless)\n",
+                c.model.n_shared_experts, c.model.router_score.c_str(),
+                c.train.moe_balance.c_str(), c.train.moe_capacity_factor);
   if (mesh.cp > 1)
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
                 "sequence; attention is a ring over the cp group\n", mesh.cp,

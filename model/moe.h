@@ -1,7 +1,7 @@
 // model/moe.h - the mixture-of-experts MLP: router, top-k, experts, combine, and the two router
 // losses (load balance, z-loss). model/gpt.cu calls it in place of the dense MLP in MoE blocks;
-// the math is at the top of model/moe.cu, the token movement between ranks in
-// parallel/expert_parallel.cu.
+// the math is at the top of model/moe.cu (the host bookkeeping in model/moe_balance.cu), the
+// token movement between ranks in parallel/expert_parallel.cu.
 #pragma once
 #include <vector>
 

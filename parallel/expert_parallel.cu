@@ -25,8 +25,9 @@
 //   [e0 e0 e1 | e1]          ->    [e0 e0 | e1 e1]       experts: fc, gelu, proj
 //   ... and back: ungroup to source-major, all-to-all-v (combine), gate-weighted sum at home.
 //
-// Why the counts go first. The layer is dropless: every token reaches its experts, however
-// unbalanced the router is. So a receiver cannot know how many rows arrive until the senders
+// Why the counts go first. The layer is dropless by default: every token reaches its experts,
+// however unbalanced the router is (with [train] moe_capacity_factor the pairs over an expert's
+// capacity are dropped before the plan, model/moe.cu, and simply travel nowhere). So a receiver cannot know how many rows arrive until the senders
 // say so: before the payload, the ranks exchange their per-expert counts (an all-to-all of E/ep
 // ints to each peer, on the host, where the router's choices already are). From them each rank
 // knows its receive counts, the rows of each of its experts, and where in the received buffer

@@ -14,9 +14,11 @@ step), moe_aux_loss 0.001, moe_z_loss 0.001; a global batch of 8 sequences of T 
    grad_accum 2 for dp2 x ep2, dp2 x ep2 FSDP, dp2 x tp2 x ep2 (sp), dp2 x pp2 x ep2,
    cp2 x ep2 (cp cuts each sequence: the choices of a micro-batch are summed over cp to drop
    in token order) and dp1 x tp2 (sp: the same over tp); micro_batch 2 and grad_accum 4 for
-   dp4 x ep4. Every run drops some pairs (the capacity is exercised) and its biases differ from
-   zero by step 10 (read from the checkpoint).
-2. The biases are state: a one-rank run of 10 steps saving at step 5, resumed from it, gives
+   dp4 x ep4; and pp2 with the zb-h1 schedule (the split backward: weight passes apart). Every
+   run drops some pairs (the capacity is exercised). dp2 x ep2 with recompute "gelu" and
+   "block" gives bitwise its metrics without recompute.
+2. The biases move (some non-zero at step 10, read from the checkpoint) and are state: a
+   one-rank run of 10 steps saving at step 5, resumed from it, gives
    steps 6-10 bitwise equal to the uninterrupted run's (losses, norms, tokens per expert) and the
    same biases at step 10 bit for bit; resumed by dp2 x ep2 (resharded) within 1e-6.
 3. Refused before any work, naming the key and both values: top_k > n_experts, capacity factor
@@ -45,12 +47,13 @@ TRAIN = dict(moe_aux_loss=0.001, moe_z_loss=0.001, moe_balance="bias", moe_bias_
 
 
 def sections(tmp, name, steps=STEPS, micro_batch=4, grad_accum=2, dp=1, tp=1, pp=1, cp=1, ep=1,
-             fsdp=False, model=M, **train):
+             fsdp=False, model=M, pp_schedule="1f1b", **train):
     sec = base_sections(tmp, steps, micro_batch=micro_batch, grad_accum=grad_accum,
                         **dict(TRAIN, **train))
     del sec["init"]
     sec["model"] = dict(model)
-    sec["parallel"] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "fsdp": fsdp}
+    sec["parallel"] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "fsdp": fsdp,
+                       "pp_schedule": pp_schedule}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     return sec
 
@@ -94,9 +97,22 @@ def test_layouts(tmp):
                ("cp2 x ep2", ref4, dict(cp=2, ep=2)),
                ("tp2 (sp)", ref4, dict(tp=2)),
                ("dp4 x ep4", ref2, dict(dp=4, ep=4, micro_batch=2, grad_accum=1))]
+    runs = {}
     for label, ref, kw in layouts:
-        compare(label, train(tmp, label.replace(" ", "").replace("(", "").replace(")", ""),
-                             **kw), ref)
+        runs[label] = train(tmp, label.replace(" ", "").replace("(", "").replace(")", ""), **kw)
+        compare(label, runs[label], ref)
+    # the split backward (B, then W later) runs the shared experts' and the experts' weight
+    # passes apart from their input gradients
+    compare("pp2 zb-h1", train(tmp, "pp2_zbh1", pp=2, pp_schedule="zb-h1"), ref4)
+    # recompute: the same arithmetic again (the shared experts' GELU, whole blocks), so bitwise
+    keys = ("loss", "grad_norm", "aux_loss", "z_loss", "moe")
+    for mode in ("gelu", "block"):
+        steps = train(tmp, f"dp2_ep2_{mode}", dp=2, ep=2, grad_accum=1, recompute=mode)
+        plain = runs["dp2 x ep2"]
+        same = len(steps) == len(plain) and all(a[k] == b[k] for a, b in zip(steps, plain)
+                                                for k in keys)
+        checks.check(f"dp2 x ep2 recompute {mode}: bitwise the metrics of none", same,
+                     "losses, norms, router losses, tokens per expert, dropped fractions")
 
 
 def bias_attr(ckpt):
