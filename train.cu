@@ -208,8 +208,10 @@ static void setup_data_and_logs(Run& r) {
   if (!tokenizer_load(r.tokenizer, tokenizer) && cfg.log.sample_every > 0 && r.rank0)
     std::printf("note     no tokenizer at %s ([data] tokenizer): samples print token ids\n",
                 tokenizer.c_str());
+  std::vector<float> moe_bias;
   r.resumed_step = checkpoint_resume(r.cfg, r.layout, r.store, r.train_data, &r.loss_trend,
-                                     r.mesh);
+                                     &moe_bias, r.mesh);
+  if (r.model.moe) moe_bias_restore(r.model, moe_bias, r.compute);
   metrics_open(r.metrics, cfg.log.metrics, r.rank0, r.resumed_step);
   RunInfo& info = r.info;
   info.first_step = r.resumed_step + 1;
@@ -253,6 +255,11 @@ static void print_banner(const Run& r) {
                 "per rank): %zu parameters active per token\n", r.layout.E, r.layout.d_expert,
                 r.layout.top_k, (int)std::count(r.layout.moe.begin(), r.layout.moe.end(), true),
                 r.layout.L, mesh.ep, r.layout.E / mesh.ep, r.layout.active_parameters);
+  if (r.layout.E > 0 && (c.model.n_shared_experts > 0 || c.model.router_score != "softmax" ||
+                         c.train.moe_balance != "aux_loss" || c.train.moe_capacity_factor > 0))
+    std::printf("experts  %d shared, %s scores, balance %s, capacity factor %g (0: dropless)\n",
+                c.model.n_shared_experts, c.model.router_score.c_str(),
+                c.train.moe_balance.c_str(), c.train.moe_capacity_factor);
   if (mesh.cp > 1)
     std::printf("context  cp=%d: each rank holds 2 zigzag chunks of %d positions of every "
                 "sequence; attention is a ring over the cp group\n", mesh.cp,
@@ -388,6 +395,7 @@ static void train_step(Run& r, int step) {
   if (r.model.moe) {  // the token counts (host values: they size the all-to-all)
     rep.moe = true;
     rep.moe_report = moe_step_report(r.model, r.mesh[Axis::World], r.mesh.shape.islands);
+    if (!spike.skip) moe_bias_update(r.model, rep.moe_report, r.compute);  // moe_balance "bias"
   }
   rep.waited_ms = 1e3 * (r.mesh.watch.waited_s - waited0);
   report_step_costs(r, rep,
@@ -536,7 +544,7 @@ static int train_steps(Run& r) {
     const bool first = step == r.resumed_step + 1;
     const bool due = read_back_if_due(r, step, first);
     const RunState state{r.train_data.sources[0].pos, r.loss_trend,  // what a checkpoint keeps
-                         data_mix_state(r.train_data)};
+                         data_mix_state(r.train_data), moe_bias_state(r.model)};
     const double waited = checkpoint_snapshot_if_due(r.async_save, r.cfg, step, r.layout, r.store,
                                                      state, r.mesh);
     const StepReport& rep = finish_report(r, step, first, start, waited);
@@ -556,7 +564,7 @@ static int train_steps(Run& r) {
       step_readback_write(r.readback, r.metrics, r.rank0);
     }
     const RunState final_state{r.train_data.sources[0].pos, r.loss_trend,  // the trend settled
-                               data_mix_state(r.train_data)};
+                               data_mix_state(r.train_data), moe_bias_state(r.model)};
     const bool saved = checkpoint_after_step(r.async_save, r.cfg, step, r.layout, r.store,
                                              final_state, r.mesh, stop != 0);
     trace::step_end(step);

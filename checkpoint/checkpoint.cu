@@ -91,6 +91,7 @@ static void record_shape(CheckpointMeta& m, const ModelConfig& model, const GPTL
   if (g.E == 0) return;
   m.format_version = kCheckpointFormatMoe;
   m.E = g.E, m.d_expert = g.d_expert, m.moe_every = model.moe_every;
+  m.n_shared = model.n_shared_experts;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,6 +158,7 @@ static std::string commit(const Config& cfg, int step, const GPTLayout& layout,
   meta.seed = cfg.train.seed;
   meta.data = run.data;
   meta.loss_trend = run.loss_trend;
+  meta.moe_bias = run.moe_bias;
   meta.config_toml = cfg.toml_text;
   meta.writers = (int)rank_digests.size();
   meta.writer_tp = layout.tp.size();
@@ -367,6 +369,8 @@ static std::string shape_text(const CheckpointMeta& m) {
   if (m.E > 0)
     n += std::snprintf(s + n, sizeof(s) - n, ", n_experts %d, d_expert %d, moe_every %d", m.E,
                        m.d_expert, m.moe_every);
+  if (m.n_shared > 0)
+    n += std::snprintf(s + n, sizeof(s) - n, ", n_shared_experts %d", m.n_shared);
   std::snprintf(s + n, sizeof(s) - n, ")");
   return s;
 }
@@ -379,10 +383,10 @@ static std::string check_index(const CheckpointMeta& m, const ModelConfig& model
                                const std::string& ckpt) {
   CheckpointMeta want;
   record_shape(want, model, g);
-  if (std::tie(m.L, m.NH, m.C, m.maxT, m.V, m.E, m.d_expert, m.moe_every, m.llama, m.NKV, m.F,
-               m.tied) != std::tie(want.L, want.NH, want.C, want.maxT, want.V, want.E,
-                                   want.d_expert, want.moe_every, want.llama, want.NKV, want.F,
-                                   want.tied))
+  if (std::tie(m.L, m.NH, m.C, m.maxT, m.V, m.E, m.d_expert, m.moe_every, m.n_shared, m.llama,
+               m.NKV, m.F, m.tied) != std::tie(want.L, want.NH, want.C, want.maxT, want.V, want.E,
+                                               want.d_expert, want.moe_every, want.n_shared,
+                                               want.llama, want.NKV, want.F, want.tied))
     return ckpt + " holds a model of shape " + shape_text(m) + " but the config asks for " +
            shape_text(want);
   for (int w = 0; w < m.writers; w++) {
@@ -482,7 +486,8 @@ static void resume_outer_state(const CheckpointIndex& index, const CheckpointMet
 }
 
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataMix& train_data, LossTrend* loss_trend, Mesh& mesh) {
+                      DataMix& train_data, LossTrend* loss_trend,
+                      std::vector<float>* moe_bias, Mesh& mesh) {
   Comm& world = mesh[Axis::World];
   const CheckpointConfig& c = cfg.checkpoint;
   prepare_dir(cfg, world);
@@ -517,6 +522,7 @@ int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
                                           world), "cannot resume: ");
   data_mix_seek(train_data, state);
   *loss_trend = meta.loss_trend;
+  *moe_bias = meta.moe_bias;
   if (world.rank == 0) {
     std::printf("resume   %s: step %lld, written by %d rank(s), loaded by %d in %.3f s\n",
                 ckpt.c_str(), (long long)meta.step, meta.writers, world.size, seconds_since(t0));

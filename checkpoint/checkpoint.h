@@ -11,7 +11,8 @@
 //                                     residuals, whole units, read back only by the same rank
 //                                     in the same layout (checkpoint/hdf5_format.h)
 //   checkpoint.h5                     the index: the step, the resolved config, the seed, the
-//                                     data position, the loss's trend, the model shape, and every
+//                                     data position, the loss's trend, the MoE balancing biases
+//                                     (train/moe_bias, fp32, replicated), the model shape, and every
 //                                     tensor as a virtual dataset of its logical shape:
 //                                     model/wte, model/h.3/attn/qkv/weight, optim/m/...,
 //                                     optim/v/... (diloco/... with DiLoCo)
@@ -89,10 +90,11 @@
 // At start-up, after the store, model and data loaders exist. Removes the temporaries of
 // interrupted saves from [checkpoint] dir; then, if [checkpoint] resume names a checkpoint,
 // verifies it and loads it: the store's master, m and v, the train datasets' positions, the loss's
-// trend, and the seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
+// trend, the MoE balancing biases (empty if it has none), and the seed (cfg.train.seed becomes the checkpoint's). Returns the number of steps already done
 // (0 for a fresh start). Any problem stops the job with a message naming the file.
 int checkpoint_resume(Config& cfg, const GPTLayout& layout, ParamStore& store,
-                      DataMix& train_data, LossTrend* loss_trend, Mesh& mesh);
+                      DataMix& train_data, LossTrend* loss_trend,
+                      std::vector<float>* moe_bias, Mesh& mesh);
 
 // A save is due after step `step` when [checkpoint] dir is set and the step is a multiple of
 // [checkpoint] every, or the last.

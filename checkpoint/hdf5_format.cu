@@ -403,6 +403,7 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
                                                {"d_expert", m.d_expert},
                                                {"moe_every", m.moe_every}};
   for (const auto& kv : shape) write_attr_i64(file, kv.first, kv.second);
+  if (m.n_shared > 0) write_attr_i64(file, "n_shared_experts", m.n_shared);
   if (m.llama) {
     const std::pair<const char*, int> arch[] = {{"llama", 1}, {"n_kv_head", m.NKV},
                                                 {"d_ff", m.F}, {"tie_embeddings", m.tied}};
@@ -426,6 +427,7 @@ static void write_meta(hid_t file, const CheckpointMeta& m) {
   write_attr_i64(train, "applied", m.loss_trend.applied);
   write_attr_i64(train, "skipped", m.loss_trend.skipped);
   write_attr_i64(train, "skipped_in_a_row", m.loss_trend.skipped_in_a_row);
+  if (!m.moe_bias.empty()) write_attr_floats(train, "moe_bias", m.moe_bias);
 }
 
 std::string h5_write_index(const std::string& path, const WriterUnits& units,

@@ -43,7 +43,9 @@
 //   /data        attributes epoch, shard, row: the train loader's layout-independent position
 //                (of the first dataset; with several, data.txt holds them all: data_record.h)
 //   /train       attributes loss_mean, loss_var (float64), applied, skipped, skipped_in_a_row:
-//                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend
+//                the loss's trend (training/health.h). Absent in older checkpoints: a fresh trend.
+//                With [train] moe_balance = "bias" also moe_bias (fp32, L x E): the MoE
+//                balancing biases, replicated (every layout reads them whole)
 //   /model/<tensor>, /optim/m/<tensor>, /optim/v/<tensor>   e.g. /model/h.3/attn/qkv/weight
 //                virtual datasets of the logical shape: (rows, cols), or (rows,) for vectors;
 //                a stacked tensor (TensorPlacement::stacked = E, the experts of an MoE block)
@@ -101,6 +103,7 @@ struct RunState {
   DataPosition data;  // the first dataset's position (the index's /data)
   LossTrend loss_trend;
   DataMixState mix;   // every dataset's (data.txt, with several: checkpoint/data_record.h)
+  std::vector<float> moe_bias;  // the MoE balancing biases (L x E, model/moe.h); empty: none
 };
 
 // Everything but the tensors.
@@ -110,6 +113,7 @@ struct CheckpointMeta {
   uint64_t seed = 0;
   DataPosition data;
   LossTrend loss_trend;
+  std::vector<float> moe_bias;  // train/moe_bias: absent without bias balancing (and in older ones)
   std::string config_toml;  // written for people and tools (h5py); resume does not read it
   int writers = 0;        // dp * pp * cp * tp
   int writer_tp = 1;      // the tp degree of the layout that wrote it
@@ -124,6 +128,7 @@ struct CheckpointMeta {
   int L = 0, NH = 0, C = 0, T = 0, V = 0, Vp = 0;  // the model's shape (T: trained at)
   int maxT = 0;                                    // wpe's rows, max_seq_len
   int E = 0, d_expert = 0, moe_every = 0;          // mixture of experts; 0, 0, 0: dense
+  int n_shared = 0;  // an MoE block's shared experts (attribute n_shared_experts, written if > 0)
   // The architecture: llama 1 (attributes llama, n_kv_head, d_ff, tie_embeddings, written only
   // for a Llama), or GPT-2 (absent: llama 0, n_kv_head = n_head, d_ff = 4 d_model, tied).
   int llama = 0, NKV = 0, F = 0, tied = 1;

@@ -121,6 +121,24 @@ inline std::vector<int> read_attr_ints_or_empty(hid_t obj, const char* name) {
   return std::vector<int>(v.begin(), v.end());
 }
 
+// A list of fp32 values, stored as fp32 (bit for bit); an absent one reads as empty.
+inline void write_attr_floats(hid_t obj, const char* name, const std::vector<float>& values) {
+  const hsize_t n = values.size();
+  H5Id space(ok(H5Screate_simple(1, &n, nullptr), "H5Screate_simple"));
+  H5Id attr(ok(H5Acreate2(obj, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT),
+               std::string("cannot create attribute ") + name));
+  ok(H5Awrite(attr, H5T_NATIVE_FLOAT, values.data()), std::string("cannot write attribute ") + name);
+}
+
+inline std::vector<float> read_attr_floats_or_empty(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return {};
+  H5Id attr(ok(H5Aopen(obj, name, H5P_DEFAULT), std::string("no attribute ") + name));
+  H5Id space(ok(H5Aget_space(attr), "H5Aget_space"));
+  std::vector<float> v((size_t)H5Sget_simple_extent_npoints(space));
+  ok(H5Aread(attr, H5T_NATIVE_FLOAT, v.data()), std::string("cannot read attribute ") + name);
+  return v;
+}
+
 inline hid_t utf8_string_type() {
   hid_t t = ok(H5Tcopy(H5T_C_S1), "H5Tcopy");
   ok(H5Tset_size(t, H5T_VARIABLE), "H5Tset_size");

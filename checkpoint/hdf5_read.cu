@@ -48,6 +48,7 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->E = (int)read_attr_or(file, "n_experts", 0);
     m->d_expert = (int)read_attr_or(file, "d_expert", 0);
     m->moe_every = (int)read_attr_or(file, "moe_every", 0);
+    m->n_shared = (int)read_attr_or(file, "n_shared_experts", 0);
     int* shape[] = {&m->L, &m->NH, &m->C, &m->T, &m->V, &m->Vp};
     const char* names[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size",
                            "padded_vocab"};
@@ -65,6 +66,10 @@ std::string h5_open_index(const std::string& path, CheckpointIndex* index, Check
     m->data.shard = read_attr_i64(data, "shard");
     m->data.row = read_attr_i64(data, "row");
     m->loss_trend = read_loss_trend(file);
+    if (H5Lexists(file, "train", H5P_DEFAULT) > 0) {
+      H5Id train(ok(H5Gopen2(file, "train", H5P_DEFAULT), "no group train"));
+      m->moe_bias = read_attr_floats_or_empty(train, "moe_bias");
+    }
     index->file = file.release();
     index->path = path;
   } catch (const H5Failure& e) {

@@ -25,6 +25,13 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
   int top_k = 2;
   int moe_every = 1;
   int d_expert = 0;       // 0 = 4 * d_model
+  // Shared experts (DeepSeek): n_shared_experts dense MLPs of hidden size d_expert that every
+  // token of an MoE block runs, summed with the routed output; held as one MLP of hidden size
+  // n_shared_experts * d_expert, split over tp like a dense MLP (model/moe.cu).
+  int n_shared_experts = 0;
+  // The router's scores: "softmax" over the E experts, or "sigmoid" of each logit (the gates are
+  // then the chosen scores normalised over the top_k).
+  std::string router_score = "softmax";
   // The architecture. "gpt2": LayerNorm, learned positions (wpe), GELU MLP, biases, tied head.
   // "llama" (Hugging Face LlamaForCausalLM's conventions): RMSNorm, rotary positions, SwiGLU MLP,
   // grouped-query attention, no biases, untied head by default.
@@ -46,6 +53,7 @@ struct ModelConfig {      // [model]  (required unless [init] from gives the sha
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
   bool is_moe(int layer) const { return n_experts > 0 && (layer + 1) % moe_every == 0; }
   int expert_hidden() const { return d_expert > 0 ? d_expert : 4 * d_model; }
+  int shared_hidden() const { return n_experts > 0 ? n_shared_experts * expert_hidden() : 0; }
 };
 
 struct InitConfig {       // [init]
@@ -83,6 +91,14 @@ struct TrainConfig {      // [train]
   std::string recompute = "none";      // "none" | "gelu" | "block"
   float moe_aux_loss = 0.01f;          // load-balancing loss coefficient (MoE)
   float moe_z_loss = 0.0f;             // router z-loss coefficient (MoE)
+  // Load balancing (model/moe.cu): "aux_loss" (the moe_aux_loss term only), or "bias"
+  // (DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the scores for the
+  // choice only, moved by moe_bias_rate x sign(mean load - load) after every step).
+  std::string moe_balance = "aux_loss";
+  float moe_bias_rate = 0.001f;
+  // Capacity: each expert takes at most ceil(factor x tokens x top_k / E) (token, slot) pairs of
+  // a micro-batch, in token order then slot order; the rest are dropped. 0 = dropless.
+  float moe_capacity_factor = 0.0f;
   float skip_spikes = 0.0f;            // skip an update whose loss is this many running std
                                        // devs above the running mean (0 = never; health.h)
   int max_skips = 5;                   // ... and stop after this many in a row

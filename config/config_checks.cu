@@ -282,14 +282,30 @@ static void check_experts(Checker& c) {
   auto key = [&](const char* id) { return mention(cfg, c.origins, id); };
   c.require(m.n_experts >= 0, "model.n_experts", "must be >= 0 (0 = a dense model)");
   c.require(m.d_expert >= 0, "model.d_expert", "must be >= 0 (0 = 4 * d_model)");
+  c.require(m.n_shared_experts >= 0, "model.n_shared_experts", "must be >= 0");
+  c.require(cfg.train.moe_capacity_factor >= 0, "train.moe_capacity_factor",
+            "must be >= 0 (0 = dropless)");
   if (m.n_experts <= 0) {
     if (cfg.parallel.ep > 1)
       c.problems.add(key("parallel.ep") + " needs experts to shard: set [model] n_experts "
                      "(a multiple of ep), or ep = 1 for a dense model");
+    if (cfg.train.moe_balance == "bias")
+      c.problems.add(key("train.moe_balance") + " balances experts, but " +
+                     key("model.n_experts") + " is a dense model");
+    if (m.n_shared_experts > 0)
+      c.problems.add(key("model.n_shared_experts") + " needs an MoE model, but " +
+                     key("model.n_experts") + " is a dense model");
     return;
   }
   c.require(m.top_k >= 1 && m.top_k <= m.n_experts, "model.top_k",
             strf("must be between 1 and [model] n_experts = %d", m.n_experts));
+  if (cfg.train.moe_balance == "bias" && cfg.parallel.diloco_islands > 0)
+    c.problems.add(key("train.moe_balance") + " agrees the biases over the whole job, but " +
+                   key("parallel.diloco_islands") + " trains islands apart");
+  const int shared = m.shared_hidden(), tp = std::max(1, cfg.parallel.tp);
+  if (shared > 0 && shared % tp != 0)
+    c.problems.add(key("model.n_shared_experts") + " x d_expert = " + std::to_string(shared) +
+                   " (the shared MLP's hidden size) is not a multiple of " + key("parallel.tp"));
   c.require(m.moe_every >= 1 && m.moe_every <= std::max(1, m.n_layer), "model.moe_every",
             strf("must be between 1 and [model] n_layer = %d (block l is an MoE block when "
                  "(l + 1) %% moe_every == 0)", m.n_layer));
@@ -401,7 +417,7 @@ void check_values(Checker& c) {
                          "log.sample_top_k", "eval.every", "eval.examples"})
     c.require(c.int_value(id) >= 0, id, "must be >= 0");
   for (const char* id : {"train.lr", "train.min_lr", "train.weight_decay", "train.grad_clip",
-                         "log.peak_tflops", "plan.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss",
+                         "log.peak_tflops", "plan.peak_tflops", "train.moe_aux_loss", "train.moe_z_loss", "train.moe_bias_rate",
                          "parallel.timeout_s", "train.skip_spikes",
                          "log.sample_temperature"})
     c.require(c.float_value(id) >= 0, id, "must be >= 0");

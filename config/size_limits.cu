@@ -33,7 +33,8 @@ ParameterTerms parameter_terms(const ModelConfig& m) {
   const long double head = m.n_head > 0 ? C / m.n_head : 0;
   const long double attention = C * C * 2 + 2 * C * head * m.kv_heads();  // q, o; k, v
   const long double dense_mlp = (m.is_llama() ? 3 : 2) * C * F;
-  const long double expert_mlp = (long double)m.n_experts * 2 * C * m.expert_hidden();
+  const long double expert_mlp = (long double)m.n_experts * 2 * C * m.expert_hidden() +
+                                 (long double)(m.is_llama() ? 3 : 2) * C * m.shared_hidden();
   const long double moe_blocks = m.n_experts > 0 && m.moe_every > 0 ? std::floor(L / m.moe_every)
                                                                     : 0;
   t.blocks = L * attention + (L - moe_blocks) * dense_mlp + moe_blocks * expert_mlp;

@@ -263,6 +263,7 @@ void classifier_shard_backward(void* logits, const float* stats, const int* targ
 // ---------------------------------------------------------------------------------------------
 // The router's logits z (N,E) = x W_r^T come from matmul_forward (fp32 out); everything here is
 // fp32. E experts, each token chooses top_k of them (1 <= top_k <= E).
+enum class RouterScore { Softmax = 0, Sigmoid = 1 };  // [model] router_score
 //
 // moe_router_forward, per token row n:
 //   lse[n]      = logsumexp(z[n,:])                   (for the z-loss, mean_n lse^2)
@@ -273,8 +274,15 @@ void classifier_shard_backward(void* logits, const float* stats, const int* targ
 //                 z, and the choice is the one float64 arithmetic would make.
 //   gate[n,j]   = p_{expert[n,j]} / S with S = sum_j p_{expert[n,j]} (summed in slot order)
 //                 when top_k > 1; the raw p_{expert[n,0]} when top_k == 1.
+//
+// score = Sigmoid (DeepSeek-V3's router): probs[n,e] = p_e = 1 / (1 + exp(-z[n,e])) instead,
+// lse as above (the z-loss stays on the logits), and the gates the same formulas on these p.
+// choice_bias (E, nullptr: none; model/moe.cu's balancing biases b): the top_k are chosen by
+// p_e + b_e instead (decreasing, ties to the lower index); the gates stay the unbiased p.
 void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
-                        float* probs, float* lse, Stream s);
+                        float* probs, float* lse, Stream s,
+                        RouterScore score = RouterScore::Softmax,
+                        const float* choice_bias = nullptr);
 // dlogits (N,E) is written: the gradient of
 //   L = sum_{n,j} dgate[n,j] * gate[n,j]  +  sum_{n,e} dprobs_aux[n,e] * p[n,e]
 //       + z_coef * sum_n lse[n]^2
@@ -295,9 +303,14 @@ void moe_router_forward(const float* logits, int N, int E, int top_k, int* exper
 //                 (from gate_i = p_{e_i} / S: d gate_i / d p_{e_m} = (delta_im - gate_i) / S)
 //   through the softmax and the z-loss (d lse / d z_e = p_e):
 //     dlogits_e = p_e * (dp_e - sum_f p_f dp_f)  +  2 * z_coef * lse * p_e
+// score = Sigmoid: the same dp, then through each sigmoid and the z-loss on the logits z (N,E),
+// which it then reads (nullptr with Softmax):
+//     dlogits_e = dp_e * p_e * (1 - p_e)  +  2 * z_coef * lse * exp(z_e - lse)
 void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
                          const float* dgate, const float* dprobs_aux, const float* lse,
-                         float z_coef, int N, int E, int top_k, Stream s);
+                         float z_coef, int N, int E, int top_k, Stream s,
+                         RouterScore score = RouterScore::Softmax,
+                         const float* logits = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts: moving tokens (kernels/cpu/moe_dispatch.cpp, kernels/cuda/moe_dispatch.cu)
@@ -310,6 +323,8 @@ void moe_router_backward(float* dlogits, const float* probs, const int* expert, 
 // their gradient are fp32 (N*top_k), as moe_router_forward writes them. Every output element is
 // computed by one thread from a fixed list in a fixed order (no atomics): the same bits on every
 // run and thread count. Outputs are written, not accumulated, and must not overlap the inputs.
+// A pair dropped by the capacity (model/moe.cu) has position[p] = -1 and no row: the combine
+// leaves it out of its sum, its d_gate is 0, and the unpermute's backward leaves it out too.
 // The combine's weighted sums are fused multiply-adds (fmaf, __fmaf_rn), so the two backends
 // agree to the bit on everything but d_gate's dot products.
 //

@@ -67,7 +67,7 @@ void* gpt_new_buffer(GPT& m, size_t bytes) { return new_buffer<void*>(m, bytes);
 
 // One full set of a layer's activations. `r3` is allocated separately (it is always kept), and
 // so are an MoE block's (moe). Nt = the tokens this rank holds in the residual stream, N = all
-// tokens, Cl = C / tp. with_mlp false: no dense MLP (an MoE block).
+// tokens, Cl = C / tp. with_mlp false: no dense MLP (an MoE block without shared experts).
 static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   const GPTLayout& g = m.layout;
   const size_t N = (size_t)m.B * m.T, Nt = g.tp.tokens((int)N), C = g.C;
@@ -78,8 +78,8 @@ static LayerActs new_layer_acts(GPT& m, bool with_gelu, bool with_mlp = true) {
   x.atty = new_buffer<void*>(m, N * Cl * a);
   x.r2 = new_buffer<void*>(m, Nt * C * a);
   x.ln2 = new_buffer<void*>(m, Nt * C * a);
-  x.fch = with_mlp ? new_buffer<void*>(m, N * g.fc_local() * a) : nullptr;
-  x.fch_gelu = with_gelu && with_mlp ? new_buffer<void*>(m, N * g.F_local * a) : nullptr;
+  x.fch = with_mlp ? new_buffer<void*>(m, N * g.fc_max() * a) : nullptr;
+  x.fch_gelu = with_gelu && with_mlp ? new_buffer<void*>(m, N * g.mlp_max() * a) : nullptr;
   x.ln1_mean = g.llama ? nullptr : new_buffer<float*>(m, Nt * 4);  // RMSNorm: no mean
   x.ln1_rstd = new_buffer<float*>(m, Nt * 4);
   x.ln2_mean = g.llama ? nullptr : new_buffer<float*>(m, Nt * 4);
@@ -96,7 +96,7 @@ static Fp8Context* new_fp8(const GPTLayout& g, const Fp8Recipe& recipe, int N,
     for (const char* lin : {"attn/qkv", "attn/proj", "mlp/fc", "mlp/proj"})
       names.push_back("h." + std::to_string(l) + "/" + lin);
   // the widest input and output of a block linear: C, the qkv row, the fc output and proj input
-  const int widest = std::max({g.C, g.qkv_local(), g.fc_local(), g.F_local});
+  const int widest = std::max({g.C, g.qkv_local(), g.fc_max(), g.mlp_max()});
   Fp8Context* f = new Fp8Context;
   fp8_create(*f, recipe, names, N, widest, widest, memory, s);
   return f;
@@ -114,13 +114,16 @@ static ActivationSlot new_slot(GPT& m, const LayerActs& shared, void* shared_gel
   if (m.document_mask && m.document_positions) sl.doc_positions = new_buffer<int*>(m, N * 4);
   for (int j = 0; j < g.max_blocks; j++) {
     // The j-th block of a chunk: dense in some chunk, an MoE block in some (or both).
-    bool dense = false, moe = false;
+    bool dense = false, moe = false, mlp = false;  // mlp: a dense MLP or shared experts
     for (int c = 0; c < g.pp.v; c++)
-      if (j < g.blocks(c)) (g.moe[g.first_block(c) + j] ? moe : dense) = true;
+      if (j < g.blocks(c)) {
+        (g.moe[g.first_block(c) + j] ? moe : dense) = true;
+        mlp = mlp || g.has_mlp(g.first_block(c) + j);
+      }
     LayerActs x = m.recompute == Recompute::Block
                       ? shared
-                      : new_layer_acts(m, m.recompute == Recompute::None, dense);
-    if (m.recompute == Recompute::Gelu && dense) x.fch_gelu = shared_gelu;
+                      : new_layer_acts(m, m.recompute == Recompute::None, mlp);
+    if (m.recompute == Recompute::Gelu && mlp) x.fch_gelu = shared_gelu;
     x.moe = moe ? moe_new_acts(m) : nullptr;
     x.r3 = new_buffer<void*>(m, Nt * g.C * a);
     sl.layers.push_back(x);
@@ -166,7 +169,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   LayerActs shared{};
   if (recompute == Recompute::Block) shared = new_layer_acts(m, true);
   void* shared_gelu =
-      recompute == Recompute::Gelu ? new_buffer<void*>(m, N * layout.F_local * a) : nullptr;
+      recompute == Recompute::Gelu ? new_buffer<void*>(m, N * layout.mlp_max() * a) : nullptr;
   for (int i = 0; i < slots; i++) m.slots.push_back(new_slot(m, shared, shared_gelu));
   const int grads = m.grad_buffers > 0 ? m.grad_buffers : slots;
   for (int i = 0; i < grads; i++) m.grads.push_back(new_buffer<void*>(m, Nt * C * a));
@@ -182,14 +185,14 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   // the backward's scratch (gpt.h): dfch, then datty and dqkv side by side; the head's logits
   const size_t dqkv_at = (N * Cl * a + 255) / 256 * 256;  // aligned for vector loads
   void* scratch = new_buffer<void*>(
-      m, std::max({N * layout.fc_local() * a, dqkv_at + N * layout.qkv_local() * a,
+      m, std::max({N * layout.fc_max() * a, dqkv_at + N * layout.qkv_local() * a,
                    head_scratch_bytes(m)}));
   m.dfch = scratch;
   m.datty = scratch;
   m.dqkv = (char*)scratch + dqkv_at;
   if (gpt_runs_head(layout)) m.logits = scratch;
   if (layout.llama) {  // d(SwiGLU output) lives while dfch is written: a buffer of its own
-    m.dswiglu = new_buffer<void*>(m, N * layout.F_local * a);
+    m.dswiglu = new_buffer<void*>(m, N * layout.mlp_max() * a);
     upload_rope(m, s);
   }
   if (m.split_backward)  // the LayerNorms' gradients between B and W (model/gpt_backward.cu)
@@ -223,6 +226,11 @@ void gpt_create_from_config(GPT& m, const GPTLayout& layout, const Config& cfg,
   m.document_positions = cfg.data.document_mask && cfg.data.document_positions;
   m.eot_token = cfg.data.eot_token;
   m.moe_z_loss = cfg.train.moe_z_loss;
+  m.moe_router_score =
+      cfg.model.router_score == "sigmoid" ? ops::RouterScore::Sigmoid : ops::RouterScore::Softmax;
+  m.moe_capacity_factor = cfg.train.moe_capacity_factor;
+  m.moe_bias_balance = cfg.train.moe_balance == "bias";
+  m.moe_bias_rate = cfg.train.moe_bias_rate;
   gpt_create(m, layout, compute_dtype(p), parse_recompute(cfg.train.recompute),
              cfg.train.micro_batch, cfg.model.seq_len / layout.cp->size, s,
              p.compute == "fp8" ? &recipe : nullptr, slots, ring);
@@ -372,6 +380,29 @@ const void* block_input(const ActivationSlot& sl, int j) {
   return j == 0 ? sl.input : sl.layers[j - 1].r3;
 }
 
+// Block l's MLP (a dense block's, or an MoE block's shared experts) on ln2: out = residual +
+// MLP(ln2). With write_output = false only fch and its activation (what the backward needs).
+static void mlp_forward(GPT& m, LayerActs& a, int l, const BlockWeights& bw, void* out,
+                        const void* residual, int B, int T, bool write_output, ops::Stream s) {
+  const GPTLayout& g = m.layout;
+  const TensorParallel& tp = g.tp;
+  const TpBuffers buf = tp_buffers(m);
+  const int C = g.C, N = B * T, F = g.mlp_local(l), site = kBlockLinears * l;
+  auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
+  void* const* w = bw.w;
+  if (g.llama) {  // fch = [gate | up], then silu(gate) * up
+    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch, nullptr, a.ln2, w[kFcW], nullptr, N,
+                            C, g.mlp_fc_local(l), s);
+    ops::swiglu_forward(a.fch_gelu, a.fch, N, F, m.dt, s);
+  } else {  // fch, and gelu(fch) from the GEMM's epilogue
+    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch_gelu, a.fch, a.ln2, w[kFcW], w[kFcB],
+                            N, C, F, s);
+  }
+  if (write_output)
+    row_parallel_forward(tp, gemm(kFcProjLinear), buf, out, a.fch_gelu, w[kFcProjW],
+                         w[kFcProjB], residual, N, F, C, s);
+}
+
 // Runs block l, the j-th of its chunk, on the micro-batch in slot sl. With write_output = false
 // the last GEMM (r3) is skipped: a block recomputed for its backward needs everything but its
 // output, which is already kept. Under tensor parallelism the GEMMs see this rank's heads /
@@ -398,24 +429,18 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
   row_parallel_forward(tp, gemm(kAttnProjLinear), buf, a.r2, a.atty, w[kAttnProjW],
                        w[kAttnProjB], x, N, Cl, C, s);
   norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.r2, w[kLn2W], w[kLn2B], Nt, s);
-  if (g.moe[l]) {  // the experts run on this rank's tokens: no tensor-parallel collective
-    if (write_output)
-      moe_forward(m, *a.moe, l, a.r3, a.ln2, a.r2, w[kRouterW], bw.experts, B, T, dloss, s);
-    else
-      moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
-    return;
-  }
-  if (g.llama) {  // fch = [gate | up], then silu(gate) * up
-    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch, nullptr, a.ln2, w[kFcW], nullptr, N,
-                            C, g.fc_local(), s);
-    ops::swiglu_forward(a.fch_gelu, a.fch, N, g.F_local, m.dt, s);
-  } else {  // fch, and gelu(fch) from the GEMM's epilogue
-    column_parallel_forward(tp, gemm(kFcLinear), buf, a.fch_gelu, a.fch, a.ln2, w[kFcW], w[kFcB],
-                            N, C, g.F_local, s);
+  if (!g.moe[l]) return mlp_forward(m, a, l, bw, a.r3, a.r2, B, T, write_output, s);
+  // An MoE block: the shared experts (a dense MLP, split over tp) into r2 + shared, then the
+  // routed experts on this rank's tokens (no tensor-parallel collective) add theirs.
+  const void* residual = a.r2;
+  if (g.Fs_local > 0) {
+    mlp_forward(m, a, l, bw, m.moe->shared_sum, a.r2, B, T, write_output, s);
+    residual = m.moe->shared_sum;
   }
   if (write_output)
-    row_parallel_forward(tp, gemm(kFcProjLinear), buf, a.r3, a.fch_gelu, w[kFcProjW],
-                         w[kFcProjB], a.r2, N, g.F_local, C, s);
+    moe_forward(m, *a.moe, l, a.r3, a.ln2, residual, w[kRouterW], bw.experts, B, T, dloss, s);
+  else
+    moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
 }
 
 // The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself

@@ -47,7 +47,8 @@ struct Fp8Recipe;
 
 // Indices of the tensors of a block unit, in unit order (see gpt_layout).
 // A dense block holds all but kRouterW; an MoE block (model/moe.h) holds no dense MLP (kFcW,
-// kFcProjW, kFcB, kFcProjB) but the router, and its experts live in a unit of their own.
+// kFcProjW, kFcB, kFcProjB) but the router, and its experts live in a unit of their own. An MoE
+// block with shared experts holds them as its MLP (kFcW ... of hidden size shared_hidden).
 enum BlockTensor {
   kQkvW = 0, kAttnProjW, kFcW, kFcProjW,  // decayed, split over tp
   kQkvB, kFcB,                            // split over tp (column-parallel biases)
@@ -106,6 +107,7 @@ struct GPTLayout {
   Comm* cp_ring = nullptr;
   Comm* ep = nullptr;
   int E = 0, top_k = 0, d_expert = 0;  // mixture of experts (E = 0: dense)
+  int shared_hidden = 0;  // an MoE block's shared experts: n_shared_experts * d_expert (0: none)
   std::vector<int> stage_first;  // per stage (model order): its first block; [p*v] = L
   int max_blocks = 0;            // the most blocks of one of this rank's chunks
   int root_unit = -1;            // the unit holding wte (the embedding; GPT-2's whole root), -1
@@ -123,6 +125,14 @@ struct GPTLayout {
   int F_local = 0;               // MLP hidden columns on this rank (F / tp)
   int qkv_local() const { return (NH_local + 2 * NKV_local) * HS; }  // packed qkv row width
   int fc_local() const { return llama ? 2 * F_local : F_local; }  // fc GEMM output: [gate | up]
+  // Block l's MLP on this rank: a dense block's (F_local), or an MoE block's shared experts'
+  // (shared_hidden / tp, model/moe.cu), held in the same tensors (kFcW ...) and buffers (fch).
+  int Fs_local = 0;
+  bool has_mlp(int l) const { return !moe[l] || Fs_local > 0; }
+  int mlp_local(int l) const { return moe[l] ? Fs_local : F_local; }
+  int mlp_fc_local(int l) const { return llama ? 2 * mlp_local(l) : mlp_local(l); }
+  int mlp_max() const { return F_local > Fs_local ? F_local : Fs_local; }  // buffers' widths
+  int fc_max() const { return llama ? 2 * mlp_max() : mlp_max(); }
   int Vp_local = 0;              // vocabulary rows of wte on this rank, from vocab_first
   int vocab_first = 0;
   int maxT = 0;  // rows of wpe ([model] max_seq_len); a run uses the first T (seq_len) of them
@@ -249,6 +259,10 @@ struct GPT {
                                   // then W (parallel/pipeline_schedule.h): W's buffers too
   float moe_aux_loss = 0;         // set before gpt_create: [train] moe_aux_loss, moe_z_loss
   float moe_z_loss = 0;
+  ops::RouterScore moe_router_score = ops::RouterScore::Softmax;  // [model] router_score
+  float moe_capacity_factor = 0;  // [train] moe_capacity_factor
+  bool moe_bias_balance = false;  // [train] moe_balance = "bias"
+  float moe_bias_rate = 0;        // [train] moe_bias_rate
   MoeRouteSource moe_route_source = moe_route_from_device;  // model/moe.h
   KvCache* kv = nullptr;          // set while a sampler's cached forward runs (model/kv_cache.h)
   bool document_mask = false;     // set before gpt_create: [data] document_mask (the slots hold

@@ -51,7 +51,7 @@ static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights&
   const GPTLayout& lay = m.layout;
   const TensorParallel& tp = lay.tp;
   const TpBuffers buf = tp_buffers(m);
-  const int C = lay.C, F = lay.F_local, site = kBlockLinears * l;
+  const int C = lay.C, F = lay.mlp_local(l), FC = lay.mlp_fc_local(l), site = kBlockLinears * l;
   auto grad = [&](int i) { return g && bw.has[i] ? g + bw.offset[i] : nullptr; };
   void* const* w = bw.w;
   if (lay.llama) {  // r3 = r2 + swiglu(fch) Wp^T: d swiglu = dres @ Wp, then d fch = [d gate | d up]
@@ -64,10 +64,9 @@ static const void* mlp_backward(GPT& m, LayerActs& a, int l, const BlockWeights&
                           grad(kFcProjB), dres, a.fch_gelu, w[kFcProjW], a.fch, N, F, C, s,
                           part);
   }
-  if (part == GradPart::Input) keep(a.fch, m.dfch, (size_t)N * lay.fc_local(), m.dt, s);
+  if (part == GradPart::Input) keep(a.fch, m.dfch, (size_t)N * FC, m.dt, s);
   return column_parallel_backward(tp, block_gemm(m, site + kFcLinear), buf, grad(kFcW),
-                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, lay.fc_local(),
-                                  s, part);
+                                  grad(kFcB), m.dfch, a.ln2, false, w[kFcW], N, C, FC, s, part);
 }
 
 // Block l's backward, the j-th of its chunk. On entry sl.grad holds d(r3); on exit d(x). Part
@@ -95,11 +94,17 @@ static void block_backward(GPT& m, ActivationSlot& sl, int j, int l, const Block
   void* dres = sl.grad;
   if (split) keep(a.r3, dres, (size_t)Nt * C, m.dt, s);
   const void* dln2 = m.dln;  // an MoE block's MLP (model/moe.cu) leaves d(ln2) there
-  if (lay.moe[l])
+  if (lay.moe[l]) {
+    void* shared = m.moe->shared_sum;  // the shared experts' d(ln2), while the router's is made
+    if (lay.Fs_local > 0)
+      ops::copy_on_device(shared, mlp_backward(m, a, l, bw, dres, g, N, part, s),
+                          (size_t)Nt * C * dtype_size(m.dt), s);
     moe_backward(m, *a.moe, m.dln, dres, a.ln2, w[kRouterW], grad(kRouterW), bw.experts,
                  bw.expert_grads, B, T, dloss, part, s);
-  else
+    if (lay.Fs_local > 0) ops::add_bias_residual(m.dln, m.dln, nullptr, shared, Nt, C, m.dt, s);
+  } else {
     dln2 = mlp_backward(m, a, l, bw, dres, g, N, part, s);
+  }
   norm_backward(m, dres, ln_grad(kLn2W), ln_grad(kLn2B), dln2, a.r2, w[kLn2W], a.ln2_mean,
                 a.ln2_rstd, Nt, s);  // dres is now d(r2)
   if (split) keep(a.r2, dres, (size_t)Nt * C, m.dt, s);
@@ -128,13 +133,12 @@ static void block_weight_pass(GPT& m, ActivationSlot& sl, int j, int l, const Bl
   auto gemm = [&](int linear) { return block_gemm(m, site + linear); };
   auto grad = [&](int i) { return bw.has[i] ? bw.grads + bw.offset[i] : nullptr; };
   const LayerActs& a = sl.layers[j];
-  if (lay.moe[l]) {
-    moe_weight_pass(m, *a.moe, a.ln2, grad(kRouterW), bw.expert_grads, B, T, s);
-  } else {
+  if (lay.moe[l]) moe_weight_pass(m, *a.moe, a.ln2, grad(kRouterW), bw.expert_grads, B, T, s);
+  if (lay.has_mlp(l)) {  // the dense MLP, or the shared experts
     row_parallel_backward(tp, gemm(kFcProjLinear), buf, nullptr, grad(kFcProjW), grad(kFcProjB),
-                          a.r3, a.fch_gelu, nullptr, nullptr, N, lay.F_local, C, s, W);
+                          a.r3, a.fch_gelu, nullptr, nullptr, N, lay.mlp_local(l), C, s, W);
     column_parallel_backward(tp, gemm(kFcLinear), buf, grad(kFcW), grad(kFcB), a.fch, a.ln2,
-                             false, nullptr, N, C, lay.fc_local(), s, W);
+                             false, nullptr, N, C, lay.mlp_fc_local(l), s, W);
   }
   row_parallel_backward(tp, gemm(kAttnProjLinear), buf, nullptr, grad(kAttnProjW),
                         grad(kAttnProjB), a.r2, a.atty, nullptr, nullptr, N, Cl, C, s, W);
@@ -158,12 +162,12 @@ static void embedding_backward(GPT& m, const StageCall& c, ops::Stream s) {
 
 // recompute = "gelu": the MLP's activation output again, from the kept fc output (GPT-2's
 // gelu(fch), Llama's silu(gate) * up).
-static void recompute_gelu(GPT& m, LayerActs& a, int N, ops::Stream s) {
+static void recompute_gelu(GPT& m, LayerActs& a, int l, int N, ops::Stream s) {
   const GPTLayout& g = m.layout;
   if (g.llama)
-    ops::swiglu_forward(a.fch_gelu, a.fch, N, g.F_local, m.dt, s);
+    ops::swiglu_forward(a.fch_gelu, a.fch, N, g.mlp_local(l), m.dt, s);
   else
-    ops::gelu_forward(a.fch_gelu, a.fch, (size_t)N * g.F_local, m.dt, s);
+    ops::gelu_forward(a.fch_gelu, a.fch, (size_t)N * g.mlp_local(l), m.dt, s);
 }
 
 void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stream s) {
@@ -178,7 +182,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
     prefetch(store, g.block_unit[l], j > 0 ? g.block_unit[l - 1] : c.next_unit);
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
-    if (m.recompute == Recompute::Gelu && !g.moe[l]) recompute_gelu(m, sl.layers[j], N, s);
+    if (m.recompute == Recompute::Gelu && g.has_mlp(l)) recompute_gelu(m, sl.layers[j], l, N, s);
     block_backward(m, sl, j, l, bw, c.B, c.T, c.dloss, c.part, s);
     release_block(m, store, l, true, whole, c.last_micro_step);
   }

@@ -1,8 +1,9 @@
 // model/gpt_layout.cu - the GPT's parameters as placed tensors (model/gpt.h, gpt_layout): which
 // units a rank holds, which block of each tensor, how each is initialised and reduced.
 //
-// A dense block is one unit; an MoE block (model/moe.h) is two: its attention, LayerNorms and
-// router, and its experts, whose gradients are summed over the ranks holding the same experts
+// A dense block is one unit; an MoE block (model/moe.h) is two: its attention, LayerNorms,
+// router and shared experts (an MLP of hidden size n_shared_experts * d_expert, split over tp
+// like the dense one: "mlp/shared/..."), and its experts, whose gradients are summed over the ranks holding the same experts
 // (Axis::EPDP). The root (embeddings, final LayerNorm) is held by the first and the last
 // pipeline stage. Every tensor's name keys its random init and its checkpoint dataset.
 //
@@ -84,10 +85,12 @@ static ParamUnit llama_block_unit(const GPTLayout& g, int l) {
                             (g.NH + 2 * g.NKV) * HS));
   add_tensor(u, init_normal(tp_row_parallel_weight(h + "attn/proj/weight", C, g.NH * HS, tp),
                             proj_std, C));
-  if (!moe) {
-    add_tensor(u, init_normal(tp_column_parallel(h + "mlp/fc/weight", 2 * F, C, 2, tp), std,
-                              2 * F));
-    add_tensor(u, init_normal(tp_row_parallel_weight(h + "mlp/proj/weight", C, F, tp), proj_std,
+  if (!moe || g.shared_hidden > 0) {  // the dense MLP, or an MoE block's shared experts
+    const int64_t H = moe ? g.shared_hidden : F;
+    const std::string mlp = h + (moe ? "mlp/shared/" : "mlp/");
+    add_tensor(u, init_normal(tp_column_parallel(mlp + "fc/weight", 2 * H, C, 2, tp), std,
+                              2 * H));
+    add_tensor(u, init_normal(tp_row_parallel_weight(mlp + "proj/weight", C, H, tp), proj_std,
                               C));
   }
   add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/weight", C, 1, tp), 1));
@@ -116,16 +119,17 @@ static ParamUnit block_unit(const GPTLayout& g, int l) {
   add_tensor(u, init_normal(tp_column_parallel(h + "attn/qkv/weight", 3 * C, C, 3, tp), std,
                             3 * C));
   add_tensor(u, init_normal(tp_row_parallel_weight(h + "attn/proj/weight", C, C, tp), proj_std, C));
-  if (!moe) {
-    add_tensor(u, init_normal(tp_column_parallel(h + "mlp/fc/weight", 4 * C, C, 1, tp), std,
-                              4 * C));
-    add_tensor(u, init_normal(tp_row_parallel_weight(h + "mlp/proj/weight", C, 4 * C, tp),
-                              proj_std, C));
+  const bool mlp = !moe || g.shared_hidden > 0;  // the dense MLP, or the shared experts
+  const int64_t H = moe ? g.shared_hidden : 4 * C;
+  const std::string f = h + (moe ? "mlp/shared/" : "mlp/");
+  if (mlp) {
+    add_tensor(u, init_normal(tp_column_parallel(f + "fc/weight", H, C, 1, tp), std, H));
+    add_tensor(u, init_normal(tp_row_parallel_weight(f + "proj/weight", C, H, tp), proj_std, C));
   }
   add_tensor(u, init_const(tp_column_parallel(h + "attn/qkv/bias", 3 * C, 1, 3, tp), 0));
-  if (!moe) add_tensor(u, init_const(tp_column_parallel(h + "mlp/fc/bias", 4 * C, 1, 1, tp), 0));
+  if (mlp) add_tensor(u, init_const(tp_column_parallel(f + "fc/bias", H, 1, 1, tp), 0));
   add_tensor(u, init_const(tp_row_parallel_bias(h + "attn/proj/bias", C, tp), 0));
-  if (!moe) add_tensor(u, init_const(tp_row_parallel_bias(h + "mlp/proj/bias", C, tp), 0));
+  if (mlp) add_tensor(u, init_const(tp_row_parallel_bias(f + "proj/bias", C, tp), 0));
   add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/weight", C, 1, tp), 1));
   add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_1/bias", C, 1, tp), 0));
   add_tensor(u, init_const(tp_sequence_parallel_replica(h + "ln_2/weight", C, 1, tp), 1));
@@ -149,8 +153,15 @@ const std::vector<int>& block_tensor_order(const GPTLayout& g, int l) {
                                        kLn1B, kLn2W,      kLn2B, kRouterW};
   static const std::vector<int> llama_dense = {kQkvW, kAttnProjW, kFcW, kFcProjW, kLn1W, kLn2W};
   static const std::vector<int> llama_moe = {kQkvW, kAttnProjW, kLn1W, kLn2W, kRouterW};
-  if (g.llama) return g.moe[l] ? llama_moe : llama_dense;
-  return g.moe[l] ? moe : dense;
+  // with shared experts: the dense block's order, then the router
+  static const std::vector<int> moe_shared = {kQkvW,  kAttnProjW, kFcW,  kFcProjW, kQkvB,
+                                              kFcB,   kAttnProjB, kFcProjB, kLn1W, kLn1B,
+                                              kLn2W,  kLn2B,      kRouterW};
+  static const std::vector<int> llama_moe_shared = {kQkvW, kAttnProjW, kFcW,  kFcProjW,
+                                                    kLn1W, kLn2W,      kRouterW};
+  const bool shared = g.shared_hidden > 0;
+  if (g.llama) return g.moe[l] ? (shared ? llama_moe_shared : llama_moe) : llama_dense;
+  return g.moe[l] ? (shared ? moe_shared : moe) : dense;
 }
 
 // The experts of MoE block l held by this expert-parallel rank: E/ep consecutive experts, each
@@ -252,11 +263,13 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.E = m.n_experts;
   g.top_k = m.n_experts > 0 ? m.top_k : 0;
   g.d_expert = m.expert_hidden();
+  g.shared_hidden = m.shared_hidden();
   g.moe.resize(g.L);
   for (int l = 0; l < g.L; l++) g.moe[l] = m.is_moe(l);
   g.NH_local = g.NH / tp.size();
   g.NKV_local = g.NKV / tp.size();
   g.F_local = g.F / tp.size();
+  g.Fs_local = g.shared_hidden / tp.size();
   g.Vp_local = g.Vp / tp.size();
   g.vocab_first = tp.rank() * g.Vp_local;
   const int S = pp.p() * pp.v;  // the stages' first blocks: pp_layers, or equal stages

@@ -11,8 +11,28 @@
 // Llama's experts are Mixtral's SwiGLU MLPs without biases: h = x W_fc,e^T = [gate | up] (2D),
 // out_e = (silu(gate) * up) W_proj,e^T; h then holds 2D columns, hg (the SwiGLU output) D.
 //
-// Dropless: every token reaches all its experts (no capacity factor, no token ever dropped).
-// The router's choice has no gradient; the gates do, through p, to W_r.
+// Options ([model] router_score, n_shared_experts; [train] moe_balance, moe_capacity_factor):
+//   sigmoid scores: p = sigmoid(z) instead of the softmax; the gates are the same formulas (the
+//     chosen p normalised over the top_k; top_k = 1: the raw p). lse, for the z-loss, stays
+//     logsumexp(z), and the balance loss' P_e is the mean sigmoid score.
+//   balancing biases (DeepSeek-V3's auxiliary-loss-free balancing): every MoE layer has a bias
+//     b_e per expert, added to the scores for the choice only: chosen = the top_k by p + b; the
+//     gates stay the unbiased p. After each applied optimizer step b_e += moe_bias_rate *
+//     sign(mean_e' load - load_e), the loads being the step's pairs that chose each expert,
+//     summed over every rank that routes for the layer (dp x cp x tp-with-sp ranks and the
+//     micro-batches: the world sum of moe_step_report, where each stage holds its own layers)
+//     so every replica moves its biases alike. They are state: the checkpoint keeps them.
+//   shared experts: n_shared_experts MLPs of hidden d_expert that every token runs, summed with
+//     the routed output; held as one MLP of hidden n_shared_experts * d_expert in the block's
+//     dense-MLP tensors and run by model/gpt.cu's dense MLP code (split over tp like it):
+//     out = residual + shared(x) + routed(x).
+//   capacity (training only; validation, evaluation and sampling run dropless): each expert
+//     takes at most cap = ceil(factor * tokens * top_k / E) pairs of a micro-batch, tokens being
+//     the micro-batch's B * seq_len wherever its positions sit, walked in token order (sequence,
+//     position) then slot order; a dropped pair contributes zero and its gate gets no gradient
+//     (model/moe_balance.cu). The balance loss still counts the router's choices.
+// Otherwise dropless: every token reaches all its experts. The router's choice has no
+// gradient; the gates do, through p, to W_r.
 //
 // Two losses steer the router, both added to the language-model loss:
 //   load balance (per sequence s, E experts, T positions):
@@ -48,6 +68,7 @@
 #include <algorithm>
 
 #include "model/gpt.h"
+#include "model/moe_balance.h"
 
 // ---------------------------------------------------------------------------------------------
 // Buffers
@@ -88,6 +109,13 @@ void moe_create(GPT& m) {
   st->ep = ExpertParallel{g.ep, g.E, g.top_k};
   st->aux_coef = m.moe_aux_loss;
   st->z_coef = m.moe_z_loss;
+  st->score = m.moe_router_score;
+  st->capacity_factor = m.moe_capacity_factor;
+  st->bias_rate = m.moe_bias_rate;
+  if (m.moe_bias_balance) {
+    st->bias.assign((size_t)g.L * g.E, 0.0f);
+    st->bias_device = (float*)gpt_new_buffer(m, st->bias.size() * sizeof(float));  // zeroed
+  }
   const int Nt = g.tp.tokens(m.B * m.T);
   const size_t E = g.E, k = g.top_k, C = g.C, D = g.d_expert, H = fc_cols(g);
   const size_t a = dtype_size(m.dt);
@@ -110,7 +138,9 @@ void moe_create(GPT& m) {
     st->shared.h = gpt_new_buffer(m, rows * H * a);
     st->shared.y = gpt_new_buffer(m, Nt * k * C * a);
   }
+  if (g.shared_hidden > 0) st->shared_sum = gpt_new_buffer(m, (size_t)Nt * C * a);
   st->stats.tokens.assign(g.L, {});
+  st->stats.dropped.assign(g.L, 0.0);
 }
 
 void moe_destroy(GPT& m) {
@@ -118,47 +148,6 @@ void moe_destroy(GPT& m) {
   for (MoeActs* a : m.moe->owned_acts) delete a;  // their buffers are the model's memory
   delete m.moe;
   m.moe = nullptr;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The load-balancing statistics (host)
-// ---------------------------------------------------------------------------------------------
-// The sequence (0..B-1) of local token i: this rank's tokens are the rows [first, first + Nt)
-// of the micro-batch's B x T local positions (T per sequence on this rank), stored chunk-major
-// under context parallelism (parallel/tensor_parallel.h, TokenPositions).
-struct SequenceOf {
-  int first, B, len;
-  int operator()(int i) const { return ((first + i) % (B * len)) / len; }
-};
-
-// Counts per (sequence, expert) over every rank holding part of the sequences, then the gradient
-// of the balance term w.r.t. p for each local token (a.balance_grad) and this rank's share of the
-// term's value. Returns that share (summed over all ranks: the term's value for the micro-batch).
-static double balance(GPT& m, MoeActs& a, const std::vector<int>& expert,
-                      const std::vector<float>& probs, int B, int T, float dloss_scale) {
-  const GPTLayout& g = m.layout;
-  const int E = g.E, k = g.top_k, Nt = g.tp.tokens(B * T);
-  const bool sp = g.tp.sp && g.tp.size() > 1;
-  const int chunks = g.cp->size > 1 ? 2 : 1;
-  const SequenceOf seq{sp ? g.tp.rank() * Nt : 0, B, T / chunks};
-  std::vector<int> counts((size_t)B * E, 0);
-  for (int i = 0; i < Nt; i++)
-    for (int j = 0; j < k; j++) counts[(size_t)seq(i) * E + expert[(size_t)i * k + j]]++;
-  if (sp) all_reduce_host_sum(*g.tp.group, counts.data(), B * E);
-  if (g.cp->size > 1) all_reduce_host_sum(*g.cp, counts.data(), B * E);
-  // d term / d p_{t,e} = aux_coef * E * f_{s,e} / (T_full * sequences) = aux_coef * E * f *
-  // dloss_scale, dloss_scale being 1 / (tokens of the global batch).
-  const double T_full = (double)T * g.cp->size;
-  const double scale = (double)m.moe->aux_coef * dloss_scale * E / (T_full * k);
-  a.balance_grad.resize((size_t)Nt * E);
-  double share = 0;
-  for (int i = 0; i < Nt; i++)
-    for (int e = 0; e < E; e++) {
-      const size_t at = (size_t)i * E + e;
-      a.balance_grad[at] = (float)(scale * counts[(size_t)seq(i) * E + e]);
-      share += (double)a.balance_grad[at] * probs[at];
-    }
-  return share;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -186,22 +175,27 @@ void moe_route_from_device(int* expert, const int* device_expert, int pairs, int
 }
 
 // The router: logits (fp32), then softmax, top-k and gates.
-static void router_forward(GPT& m, MoeActs& a, const void* inp, const void* router_w, int Nt,
-                           ops::Stream s) {
+static void router_forward(GPT& m, MoeActs& a, int layer, const void* inp, const void* router_w,
+                           int Nt, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  void* z = m.dt == DType::F32 ? (void*)a.logits : m.moe->logits_dt;
+  const MoeState& st = *m.moe;
+  void* z = m.dt == DType::F32 ? (void*)a.logits : st.logits_dt;
   ops::matmul_forward(z, nullptr, inp, router_w, nullptr, nullptr, Nt, g.C, g.E, m.dt, s);
   if (z != a.logits) ops::cast(a.logits, DType::F32, z, m.dt, (size_t)Nt * g.E, s);
-  ops::moe_router_forward(a.logits, Nt, g.E, g.top_k, a.expert, a.gate, a.probs, a.lse, s);
+  const float* bias = st.bias_device ? st.bias_device + (size_t)layer * g.E : nullptr;
+  ops::moe_router_forward(a.logits, Nt, g.E, g.top_k, a.expert, a.gate, a.probs, a.lse, s,
+                          st.score, bias);
 }
 
 // The step's statistics of one layer: tokens per expert, the two loss terms (this rank's share).
-static void record_stats(GPT& m, MoeActs& a, int layer, const std::vector<float>& lse,
-                         double balance_share, float dloss_scale) {
+static void record_stats(GPT& m, int layer, const std::vector<int>& expert,
+                         const std::vector<float>& lse, double balance_share, float dloss_scale) {
   MoeStepStats& st = m.moe->stats;
   std::vector<double>& tokens = st.tokens[layer];
   tokens.resize(m.layout.E, 0.0);
-  for (int e = 0; e < m.layout.E; e++) tokens[e] += a.route.plan.expert_counts[e];
+  std::vector<int> chosen(m.layout.E, 0);  // the router's choices, before any capacity drop
+  for (int e : expert) chosen[e]++;
+  for (int e = 0; e < m.layout.E; e++) tokens[e] += chosen[e];
   double z = 0;
   for (float x : lse) z += (double)x * x;
   st.aux_loss += balance_share;
@@ -241,7 +235,7 @@ static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights
   const int k = m.layout.top_k, C = m.layout.C;
   void* rows = ep_trip_buffer(st.ep, st.send, a.x);  // with ep = 1 the trips are in place
   void* expert_out = ep_trip_buffer(st.ep, st.expert_out, a.y);
-  ops::moe_permute(rows, inp, a.route.token_of_row, Nt * k, C, m.dt, s);
+  ops::moe_permute(rows, inp, a.route.token_of_row, a.route.plan.kept, C, m.dt, s);
   ep_to_experts(st.ep, a.route, rows, a.x, st.recv, C, m.dt, s);
   experts_forward(m, a, w, expert_out, s);
   ep_to_home(st.ep, a.route, expert_out, a.y, st.send, C, m.dt, s);
@@ -258,17 +252,18 @@ void moe_forward(GPT& m, MoeActs& a, int layer, void* out, const void* inp, cons
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T), k = g.top_k, C = g.C;
-  router_forward(m, a, inp, router_w, Nt, s);
+  router_forward(m, a, layer, inp, router_w, Nt, s);
   std::vector<int> expert((size_t)Nt * k);
   m.moe_route_source(expert.data(), a.expert, Nt * k, g.E, s);  // waits: the one sync
-  ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
   if (dloss_scale != 0) {  // training: the balance gradient and the step's statistics
     std::vector<float> probs((size_t)Nt * g.E), lse(Nt);
     read_to_host(probs.data(), a.probs, probs.size() * sizeof(float), s);
     read_to_host(lse.data(), a.lse, lse.size() * sizeof(float), s);
-    const double share = balance(m, a, expert, probs, B, T, dloss_scale);
-    record_stats(m, a, layer, lse, share, dloss_scale);
+    const double share = moe_balance(m, a, expert, probs, B, T, dloss_scale);
+    record_stats(m, layer, expert, lse, share, dloss_scale);
+    if (st.capacity_factor > 0) st.stats.dropped[layer] += moe_drop_over_capacity(m, expert, B, T);
   }
+  ep_route(a.route, st.ep, expert.data(), Nt, s);  // the dispatch is planned on the host
 
   run_experts(m, a, inp, w, Nt, s);
   ops::moe_combine(out, a.y, a.gate, a.route.position, Nt, k, C, m.dt, s);
@@ -327,7 +322,7 @@ static void router_backward(GPT& m, MoeActs& a, const void* inp, const void* rou
   MoeState& st = *m.moe;
   ops::copy_to_device_async(st.dprobs, a.balance_grad.data(), a.balance_grad.size() * 4, s);
   ops::moe_router_backward(st.dlogits, a.probs, a.expert, a.gate, st.dgate, st.dprobs, a.lse,
-                           st.z_coef * dloss_scale, Nt, g.E, g.top_k, s);
+                           st.z_coef * dloss_scale, Nt, g.E, g.top_k, s, st.score, a.logits);
   if (part == GradPart::Input)
     ops::copy_on_device(a.logits, st.dlogits, (size_t)Nt * g.E * sizeof(float), s);
   void* dz = st.dlogits;
@@ -381,37 +376,4 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
   }
   ops::matmul_backward(nullptr, d_router_w, nullptr, dz, inp, nullptr, nullptr, Nt, g.C, g.E,
                        m.dt, s);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Statistics
-// ---------------------------------------------------------------------------------------------
-MoeReport moe_step_report(GPT& m, Comm& world, int islands) {
-  const GPTLayout& g = m.layout;
-  MoeStepStats& st = m.moe->stats;
-  std::vector<double> sums((size_t)g.L * g.E + 2, 0.0);  // every layer's counts, then the losses
-  for (int l = 0; l < g.L; l++)
-    for (size_t e = 0; e < st.tokens[l].size(); e++) sums[(size_t)l * g.E + e] = st.tokens[l][e];
-  sums[(size_t)g.L * g.E] = st.aux_loss;
-  sums[(size_t)g.L * g.E + 1] = st.z_loss;
-  all_reduce_host_sum(world, sums.data(), (int)sums.size());
-  // Without sequence parallelism the tp ranks route the same tokens: count them once.
-  const double copies = g.tp.size() > 1 && !g.tp.sp ? g.tp.size() : 1;
-  for (double& x : sums) x /= copies;
-  MoeReport r;
-  r.aux_loss = sums[(size_t)g.L * g.E] / islands;
-  r.z_loss = sums[(size_t)g.L * g.E + 1] / islands;
-  for (int l = 0; l < g.L; l++) {
-    if (!g.moe[l]) continue;
-    MoeLayerReport lr;
-    lr.layer = l;
-    lr.tokens.assign(sums.begin() + (size_t)l * g.E, sums.begin() + (size_t)(l + 1) * g.E);
-    lr.min = *std::min_element(lr.tokens.begin(), lr.tokens.end());
-    lr.max = *std::max_element(lr.tokens.begin(), lr.tokens.end());
-    for (double x : lr.tokens) lr.mean += x / g.E;
-    r.layers.push_back(lr);
-  }
-  st = MoeStepStats{};
-  st.tokens.assign(g.L, {});
-  return r;
 }

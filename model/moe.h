@@ -1,7 +1,7 @@
 // model/moe.h - the mixture-of-experts MLP: router, top-k, experts, combine, and the two router
 // losses (load balance, z-loss). model/gpt.cu calls it in place of the dense MLP in MoE blocks;
-// the math is at the top of model/moe.cu, the token movement between ranks in
-// parallel/expert_parallel.cu.
+// the math is at the top of model/moe.cu (the host bookkeeping in model/moe_balance.cu), the
+// token movement between ranks in parallel/expert_parallel.cu.
 #pragma once
 #include <vector>
 
@@ -31,6 +31,7 @@ struct MoeActs {
 // What the layers have seen this step, on this rank (summed over the ranks by the trainer).
 struct MoeStepStats {
   std::vector<std::vector<double>> tokens;  // per global layer: pairs routed to each expert
+  std::vector<double> dropped;              // per global layer: pairs the capacity dropped
   double aux_loss = 0, z_loss = 0;          // their terms of the loss, this rank's share
 };
 
@@ -38,7 +39,8 @@ struct MoeStepStats {
 struct MoeLayerReport {
   int layer = 0;
   double min = 0, max = 0, mean = 0;  // (token, slot) pairs routed to an expert, over the experts
-  std::vector<double> tokens;         // per expert
+  std::vector<double> tokens;         // per expert: the pairs the router chose it for
+  double dropped = 0;                 // the fraction of the layer's pairs the capacity dropped
 };
 struct MoeReport {
   double aux_loss = 0, z_loss = 0;    // the two terms the optimizer saw (coefficients included)
@@ -49,6 +51,15 @@ struct MoeReport {
 struct MoeState {
   ExpertParallel ep;
   float aux_coef = 0, z_coef = 0;  // [train] moe_aux_loss, moe_z_loss
+  ops::RouterScore score = ops::RouterScore::Softmax;  // [model] router_score
+  float capacity_factor = 0;       // [train] moe_capacity_factor (0: dropless)
+  float bias_rate = 0;             // [train] moe_bias_rate (with moe_balance = "bias")
+  // moe_balance = "bias": every layer's balancing biases, (L x E) fp32 (a dense layer's unused),
+  // the same on every rank; bias_device is their copy the router reads. Empty / null otherwise.
+  std::vector<float> bias;
+  float* bias_device = nullptr;
+  void* shared_sum = nullptr;      // (Nt,C) shared experts: residual + their output; backward:
+                                   // their d(ln2) (model/gpt.cu, gpt_backward.cu)
   int max_rows = 0;                // rows this rank's experts can receive per micro-batch
   // scratch, shared by every layer: N = tokens of a micro-batch on this rank (Nt)
   void* send = nullptr;            // (max rows,C) rows on their way (ep > 1)
@@ -81,6 +92,16 @@ MoeActs* moe_new_acts(GPT& m);
 // and resets them for the next step. The token counts are the whole world's; the two losses the
 // mean over `islands` DiLoCo islands (each island's optimizer saw its own; 1 without islands).
 MoeReport moe_step_report(GPT& m, Comm& world, int islands);
+
+// moe_balance = "bias", after each applied optimizer step, on every rank alike: each MoE layer's
+// biases move by bias_rate x sign(mean load - load_e), the loads being the report's token counts
+// (the pairs the router chose each expert for, summed over every rank and micro-batch of the
+// step: moe_step_report). Uploaded on s. Nothing without bias balancing.
+void moe_bias_update(GPT& m, const MoeReport& r, ops::Stream s);
+// The biases as a checkpoint keeps them (empty without bias balancing), and back (resume: the
+// same L x E, else the job stops naming both sizes; a checkpoint without any starts from zeros).
+std::vector<float> moe_bias_state(const GPT& m);
+void moe_bias_restore(GPT& m, const std::vector<float>& bias, ops::Stream s);
 
 // The expert weights of MoE block l, from its expert unit (weights or gradients).
 struct ExpertWeights {

@@ -6,7 +6,8 @@
 // expert's first row (expert_offsets); a second pass, in pair order, puts every pair at its
 // expert's next free row, so the pairs of one expert keep their token order. O(N*top_k + E) time,
 // no comparisons. The rank counts are sums of the consecutive experts each rank holds, and the
-// inverse permutation is one more pass. Deterministic: a pure function of its inputs.
+// inverse permutation is one more pass. Deterministic: a pure function of its inputs. A pair the
+// capacity dropped (expert kDroppedPair) is skipped by every pass: it gets no row.
 #include "parallel/expert_dispatch_plan.h"
 
 #include <cstdio>
@@ -35,6 +36,7 @@ static void count_experts(ExpertDispatchPlan& p, const int* expert) {
   const int pairs = p.N * p.top_k;
   p.expert_counts.assign(p.E, 0);
   for (int i = 0; i < pairs; i++) {
+    if (expert[i] == kDroppedPair) continue;
     if (expert[i] < 0 || expert[i] >= p.E)
       FATAL("expert dispatch: pair %d (token %d, slot %d) routed to expert %d, not in [0, %d)", i,
             i / p.top_k, i % p.top_k, expert[i], p.E);
@@ -51,11 +53,13 @@ ExpertDispatchPlan expert_dispatch_plan_build(const int* expert, int N, int top_
   p.N = N, p.top_k = top_k, p.E = E, p.ep = ep, p.experts_per_rank = E / ep;
   count_experts(p, expert);
   const int pairs = N * top_k;
-  p.order.assign(pairs, -1);
-  p.position.assign(pairs, -1);
+  p.kept = p.expert_offsets[E];
+  p.order.assign(p.kept, -1);
+  p.position.assign(pairs, -1);  // a dropped pair keeps -1
   std::vector<int> next(p.expert_offsets.begin(), p.expert_offsets.end() - 1);  // free row
-  for (int i = 0; i < pairs; i++) p.order[next[expert[i]]++] = i;  // pair order: stable
-  for (int row = 0; row < pairs; row++) p.position[p.order[row]] = row;
+  for (int i = 0; i < pairs; i++)  // pair order: stable
+    if (expert[i] != kDroppedPair) p.order[next[expert[i]]++] = i;
+  for (int row = 0; row < p.kept; row++) p.position[p.order[row]] = row;
   p.rank_send_counts.assign(ep, 0);
   p.rank_offsets.assign(ep + 1, 0);
   for (int r = 0; r < ep; r++) {

@@ -16,16 +16,23 @@
 //
 // Combine. position is the inverse permutation: pair p sits in row position[p] of the dispatch
 // buffer, so token n's output is sum_j gate[n, j] * expert_out[position[n * top_k + j]].
+//
+// Dropped pairs. A pair whose expert is kDroppedPair (the capacity factor dropped it, model/moe.cu)
+// goes nowhere: it has no row (order lists the `kept` others), position[p] = -1, and no expert
+// counts it. Without drops kept = N*top_k and the plan is the dropless one.
 #pragma once
 
 #include <string>
 #include <vector>
 
+constexpr int kDroppedPair = -1;  // the "expert" of a dropped pair
+
 struct ExpertDispatchPlan {
   int N = 0, top_k = 0, E = 0, ep = 1;
+  int kept = 0;                       // pairs with an expert (N*top_k less the dropped)
   int experts_per_rank = 0;           // E / ep
-  std::vector<int> order;             // (N*top_k) row i of the dispatch buffer holds pair order[i]
-  std::vector<int> position;          // (N*top_k) the inverse: position[order[i]] == i
+  std::vector<int> order;             // (kept) row i of the dispatch buffer holds pair order[i]
+  std::vector<int> position;          // (N*top_k) the inverse: position[order[i]] == i; -1: dropped
   std::vector<int> expert_counts;     // (E) pairs routed to each expert
   std::vector<int> expert_offsets;    // (E+1) prefix sums of expert_counts, from 0
   std::vector<int> rank_send_counts;  // (ep) pairs routed to each rank's experts

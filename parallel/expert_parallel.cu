@@ -25,8 +25,9 @@
 //   [e0 e0 e1 | e1]          ->    [e0 e0 | e1 e1]       experts: fc, gelu, proj
 //   ... and back: ungroup to source-major, all-to-all-v (combine), gate-weighted sum at home.
 //
-// Why the counts go first. The layer is dropless: every token reaches its experts, however
-// unbalanced the router is. So a receiver cannot know how many rows arrive until the senders
+// Why the counts go first. The layer is dropless by default: every token reaches its experts,
+// however unbalanced the router is (with [train] moe_capacity_factor the pairs over an expert's
+// capacity are dropped before the plan, model/moe.cu, and simply travel nowhere). So a receiver cannot know how many rows arrive until the senders
 // say so: before the payload, the ranks exchange their per-expert counts (an all-to-all of E/ep
 // ints to each peer, on the host, where the router's choices already are). From them each rank
 // knows its receive counts, the rows of each of its experts, and where in the received buffer
@@ -117,10 +118,10 @@ static void regroup_indices(const ExpertRoute& r, const ExpertParallel& ep,
 
 void ep_route(ExpertRoute& r, ExpertParallel& ep, const int* expert, int N, ops::Stream s) {
   r.plan = expert_dispatch_plan_build(expert, N, ep.top_k, ep.E, ep.size());
-  const int pairs = N * ep.top_k;
-  std::vector<int> token_of_row(pairs);
-  for (int i = 0; i < pairs; i++) token_of_row[i] = r.plan.order[i] / ep.top_k;
-  ops::copy_to_device_async(r.token_of_row, token_of_row.data(), pairs * sizeof(int), s);
+  const int pairs = N * ep.top_k, kept = r.plan.kept;  // kept < pairs: the capacity dropped some
+  std::vector<int> token_of_row(kept);
+  for (int i = 0; i < kept; i++) token_of_row[i] = r.plan.order[i] / ep.top_k;
+  ops::copy_to_device_async(r.token_of_row, token_of_row.data(), kept * sizeof(int), s);
   ops::copy_to_device_async(r.position, r.plan.position.data(), pairs * sizeof(int), s);
   r.send_counts.assign(r.plan.rank_send_counts.begin(), r.plan.rank_send_counts.end());
   exchange_counts(r, ep);

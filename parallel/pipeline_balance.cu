@@ -52,10 +52,12 @@ StageFlops pipeline_part_flops(const ModelConfig& m) {
   for (int l = 0; l < m.n_layer; l++) {
     double mlp = 8 * C * C + 5 * C;  // fc and proj with biases
     if (m.is_llama()) mlp = 3 * C * m.ffn_hidden();  // gate, up, down
-    if (m.is_moe(l)) {  // the router, and top_k of the experts (Llama's: gate, up, down)
+    if (m.is_moe(l)) {  // the router, top_k of the experts (Llama's: gate, up, down), the shared
       const double D = m.expert_hidden();
       mlp = m.n_experts * C +
             m.top_k * (m.is_llama() ? 3 * C * D : 2 * C * D + D + C);
+      const double S = m.shared_hidden();  // the shared experts: one MLP every token runs
+      if (S > 0) mlp += m.is_llama() ? 3 * C * S : 2 * C * S + S + C;
     }
     f.block.push_back(6.0 * (attention + mlp) + 6.0 * C * T);
   }

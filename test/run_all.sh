@@ -91,6 +91,7 @@ run ops         env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_ops.py
 run llama-ops   env OPS_LIB="$BUILD/libops_cpu.so" $PY test/test_llama_ops.py
 run model       $PY test/test_model.py
 run moe-grads   $PY test/test_moe_grads.py
+run moe-options $PY test/test_moe_options.py
 run train       $PY test/test_train.py
 run data        "$BUILD/test_data"
 run pipeline-schedule "$BUILD/test_pipeline_schedule"

@@ -42,7 +42,8 @@ DEFAULTS = {
     "train": {"micro_batch": 4, "grad_accum": 1, "steps": None, "lr": 3e-4, "warmup_steps": 0,
               "lr_schedule": "cosine", "min_lr": 0.0, "weight_decay": 0.0, "grad_clip": 1.0,
               "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "seed": 1337, "recompute": "none",
-              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "skip_spikes": 0.0, "max_skips": 5,
+              "moe_aux_loss": 0.01, "moe_z_loss": 0.0, "moe_balance": "aux_loss",
+              "moe_bias_rate": 0.001, "moe_capacity_factor": 0.0, "skip_spikes": 0.0, "max_skips": 5,
               "optimizer_offload": "none", "offload_dir": ""},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "cp_comm": "ring", "cp_a2a": 0, "ep": 1,
                  "sp": True, "zero": 0,
@@ -71,10 +72,11 @@ DEFAULTS = {
 MODEL_KEYS = ["n_layer", "n_head", "d_model", "seq_len", "vocab_size"]  # required
 # max_seq_len defaults to seq_len or maxT; the mixture-of-experts keys to a dense model's values
 PRINTED_MODEL_KEYS = MODEL_KEYS + ["max_seq_len", "n_experts", "top_k", "moe_every", "d_expert",
-                                   "arch", "n_kv_head", "d_ff", "rope_theta", "norm_eps",
+                                   "n_shared_experts", "router_score", "arch", "n_kv_head", "d_ff", "rope_theta", "norm_eps",
                                    "tie_embeddings"]
 FLOAT32_KEYS = {"lr", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "eps",
-                "moe_aux_loss", "moe_z_loss", "skip_spikes", "straggler_factor"}
+                "moe_aux_loss", "moe_z_loss", "moe_bias_rate", "moe_capacity_factor", "skip_spikes",
+                "straggler_factor"}
 
 
 def check(ok, what):

@@ -475,6 +475,30 @@ def test_moe(rng):
                      f"max rel err {r:.1e} over {steps} steps (tol {FP32_TOL:.0e})")
 
 
+def test_moe_options(rng):
+    """The MoE options of test/test_moe_options.py on the CUDA backend against the CPU one, fp32:
+    a shared expert, sigmoid scores, balancing biases moved every step (rate 0.01) and a capacity
+    factor of 1 (pairs dropped every step, positions -1 through the dispatch kernels)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = STEPS["moe"]
+        sec = small_experiment(tmp, rng, steps, model=False)
+        del sec["init"]
+        sec["train"].update(moe_z_loss=0.001, moe_balance="bias", moe_bias_rate=0.01,
+                            moe_capacity_factor=1.0)
+        sec["model"] = model_section(n_experts=8, top_k=2, moe_every=1, d_expert=SIZES["C"],
+                                     n_shared_experts=1, router_score="sigmoid")
+        cpu_rec = train_records(TRAIN_CPU, tmp, "moeopt_cpu", sec)
+        gpu_rec = train_records(TRAIN, tmp, "moeopt_gpu", sec)
+        cpu, gpu = losses(cpu_rec), losses(gpu_rec)
+        r = max_rel(gpu, cpu) if len(gpu) == len(cpu) == steps else float("inf")
+        tol = FP32_TOL if EMULATED else 1e-4
+        dropped = [l["dropped"] for s in gpu_rec for l in s.get("moe", [])]
+        checks.check(f"MoE options {steps} steps ./train fp32 vs ./train_cpu",
+                     r < tol and dropped and min(dropped) > 0,
+                     f"max rel err {r:.1e} per step (tol {tol:.0e}); dropped fractions "
+                     f"{min(dropped or [0]):.3f} to {max(dropped or [0]):.3f}")
+
+
 # --- 9. Llama -----------------------------------------------------------------------------------
 
 def test_llama(rng):
@@ -619,7 +643,8 @@ def main():
     rng = seeded_rng("test_gpu_train", f"; TRAIN={TRAIN} TRAIN_CPU={TRAIN_CPU} BUILD={BUILD}"
                      f"{' (emulated sizes)' if EMULATED else ''}")
     tests = [test_model_grads, test_precisions_vs_cpu, test_bf16_follows_fp32, test_layouts,
-             test_documents, test_recompute_train, test_moe, test_checkpoint_crossing, test_plan, test_llama]
+             test_documents, test_recompute_train, test_moe, test_moe_options,
+             test_checkpoint_crossing, test_plan, test_llama]
     only = sys.argv[1:]  # test names (or parts of them) to run; all by default
     for test in tests:
         if only and not any(o in test.__name__ for o in only):

@@ -13,6 +13,11 @@
 // on stdout, written over the random init. DIRS: K directions, each a vector of every parameter
 // in that order (fp32); for each the loss is evaluated at W + EPS*d and W - EPS*d.
 //
+// The newer MoE options come from the environment (unset: off): MOE_SHARED = [model]
+// n_shared_experts, MOE_SCORE = [model] router_score ("sigmoid"), MOE_CAPACITY = [train]
+// moe_capacity_factor, MOE_BIAS = a file of L*E fp32 balancing biases (moe_balance = "bias",
+// the biases set as if resumed; they change only after an optimizer step, which this never takes).
+//
 // Stdout: one "name numel" line per tensor. OUT (little-endian):
 //   float64 lm, aux, z            the three terms the optimizer sees (lm: the mean LM loss)
 //   float64 total_fine            lm summed in float64 over the per-token losses, + aux + z
@@ -148,6 +153,11 @@ int main(int argc, char** argv) {
   mc.d_expert = std::atoi(argv[9]);
   const float aux = (float)std::atof(argv[10]), z = (float)std::atof(argv[11]);
   const uint64_t seed = std::strtoull(argv[12], nullptr, 10);
+  const char* shared = std::getenv("MOE_SHARED");
+  const char* score = std::getenv("MOE_SCORE");
+  const char* capacity = std::getenv("MOE_CAPACITY");
+  const char* bias = std::getenv("MOE_BIAS");
+  if (shared) mc.n_shared_experts = std::atoi(shared);
   Harness h;
   h.B = std::atoi(argv[13]);
   h.T = mc.seq_len;
@@ -166,7 +176,11 @@ int main(int argc, char** argv) {
                    random_init_fill(seed));
   h.model.moe_aux_loss = aux;
   h.model.moe_z_loss = z;
+  if (score && std::string(score) == "sigmoid") h.model.moe_router_score = ops::RouterScore::Sigmoid;
+  if (capacity) h.model.moe_capacity_factor = (float)std::atof(capacity);
+  h.model.moe_bias_balance = bias != nullptr;
   gpt_create(h.model, h.layout, DType::F32, Recompute::None, h.B, h.T, h.s);
+  if (bias) moe_bias_restore(h.model, read_floats(bias, (size_t)mc.n_layer * mc.n_experts), h.s);
 
   for (size_t u = 0; u < h.layout.units.size(); u++)
     for (const TensorPlacement& t : h.layout.units[u].tensors) {

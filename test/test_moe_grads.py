@@ -12,6 +12,15 @@ the gates are far from uniform and every path carries weight; fresh random token
   D  as A with the router rows of experts 1 and 2 both set to the mean of rows 0 and 3 in every
      MoE layer: z_1 = z_2 exactly (fp32 and float64) and between z_0 and z_3, so every token's
      2nd and 3rd best experts tie, and the rule (the lower index) must pick expert 1
+  E  as A with 2 shared experts (MOE_SHARED: one MLP of 2 x d_expert every token runs)
+  F  as C with sigmoid router scores (MOE_SCORE)
+  G  as A with balancing biases N(0, 0.3) per layer and expert (MOE_BIAS): chosen by p + b,
+     gated by p; at least one token must choose otherwise than by p alone
+  H  as A with capacity factor 0.5 (MOE_CAPACITY): room for half the pairs, so pairs are
+     dropped (counted in the reference), contributing nothing and no gate gradient
+  I  fine-grained: E=16 of d_expert 6, top_k=8, with all of E-H at once (capacity 0.75)
+  (checks 1 and 2 for E-I, and 3 and 4 for F; the reference implements each from its
+  definition at the top of test/moe_reference.py)
 Checks:
   1. routing: the reference's own top-k equals the trainer's choices (a token where they differ
      must be a near tie, |p_k - p_k+1| < 1e-6, and then the reference takes the trainer's
@@ -105,7 +114,7 @@ def harness(tmp, cfg, tokens, seed, weights=None, dirs=None, eps=0.0):
                                           "D", "aux", "z")]
     args += [str(seed), str(cfg["B"]), tok_path, out]
     if weights is not None or dirs is not None:
-        key = tuple(sorted(cfg.items()))
+        key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("bias", "bias_file")))
         if key not in NAMES:  # the order the harness reads them in
             NAMES[key] = harness(tmp, cfg, tokens, seed)[0]
         names = NAMES[key]
@@ -118,8 +127,13 @@ def harness(tmp, cfg, tokens, seed, weights=None, dirs=None, eps=0.0):
             dpath = os.path.join(tmp, "dirs.bin")
             np.stack([flat(d, names) for d in dirs]).tofile(dpath)
             args += [dpath, repr(eps)]
-    r = subprocess.run(args, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for key, var in (("S", "MOE_SHARED"), ("score", "MOE_SCORE"), ("capacity", "MOE_CAPACITY")):
+        if cfg.get(key):
+            env[var] = str(cfg[key])
+    if cfg.get("bias_file"):
+        env["MOE_BIAS"] = cfg["bias_file"]
+    r = subprocess.run(args, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr + r.stdout
     names = [(ln.split()[0], int(ln.split()[1])) for ln in r.stdout.split("\n") if ln]
     return names, parse(open(out, "rb").read(), names, cfg["E"])
@@ -154,7 +168,7 @@ def spread(W, cfg, rng):
 
 def torch_params(W, cfg):
     shapes = mref.param_shapes(cfg["L"], cfg["C"], cfg["T"], cfg["V"], cfg["E"], cfg["D"],
-                               cfg["moe_every"])
+                               cfg["moe_every"], cfg.get("S", 0))
     assert set(shapes) == set(W), sorted(set(shapes) ^ set(W))
     return {n: torch.tensor(W[n].astype(np.float64).reshape(shapes[n]), requires_grad=True)
             for n in W}
@@ -178,17 +192,19 @@ def reference(W, cfg, inputs, targets, trainer_choice):
     disagree, far = 0, 0
     for l, ch in own.items():
         differ = (torch.sort(ch, -1).values != torch.sort(trainer[l], -1).values).any(-1)
+        key = probs[l] + cfg["bias"][l] if cfg.get("bias") else probs[l]  # what chose
         for b, t in differ.nonzero().tolist():
             disagree += 1
-            p = torch.sort(probs[l][b, t], descending=True).values
+            p = torch.sort(key[b, t], descending=True).values
             if k < cfg["E"] and p[k - 1] - p[k] >= 1e-6:
                 far += 1
     if disagree:
         out = mref.moe_gpt_loss(P, idx, tgt, cfg, chosen=trainer)
+    dropped = mref.moe_gpt_loss.dropped
     out[0].backward()
     grads = {n: p.grad.numpy().ravel() for n, p in P.items()}
     return dict(lm=out[1].item(), aux=float(out[2]), z=float(out[3]), grads=grads,
-                disagree=disagree, far=far, P=P, idx=idx, tgt=tgt, chosen=own)
+                disagree=disagree, far=far, P=P, idx=idx, tgt=tgt, chosen=own, dropped=dropped)
 
 
 def moe_layers(cfg):
@@ -203,7 +219,8 @@ def compare(label, got, want, cfg):
     checks.check(f"{label}: loss terms", all(e < 1e-6 for _, e in terms),
                  ", ".join(f"{t} {got[t]:.7g} vs {want[t]:.7g} (rel {e:.1e})" for t, e in terms))
     errs = sorted(((rel(got["G"][n], want["grads"][n]), n) for n in got["G"]), reverse=True)
-    moe = [e for e in errs if "mlp/router" in e[1] or "mlp/experts" in e[1]]
+    moe = [e for e in errs if "mlp/router" in e[1] or "mlp/experts" in e[1] or
+           "mlp/shared" in e[1]]
     checks.check(f"{label}: gradients", errs[0][0] < 1e-5,
                  f"{len(errs)} tensors, worst rel err {errs[0][0]:.1e} ({errs[0][1]}); worst "
                  f"router/expert {moe[0][0]:.1e} ({moe[0][1]})")
@@ -281,12 +298,24 @@ def reference_fd(label, want, cfg, rng):
                  f"{n} router and expert elements, worst |fd - g| / max(|g|, 1e-2) {worst:.1e}")
 
 
-def run_case(tmp, label, cfg, rng, tie=False, fd=True):
+def plant_bias(tmp, cfg, rng):
+    """Random balancing biases (N(0, 0.3), comparable to the scores' spread) for every layer,
+    as the harness's file and as the reference's {layer: tensor}."""
+    L, E = cfg["L"], cfg["E"]
+    b = (0.3 * rng.standard_normal((L, E))).astype(np.float32)
+    cfg["bias_file"] = os.path.join(tmp, "bias.bin")
+    b.tofile(cfg["bias_file"])
+    cfg["bias"] = {l: torch.tensor(b[l].astype(np.float64)) for l in range(L)}
+
+
+def run_case(tmp, label, cfg, rng, tie=False, fd=True, overflow=False):
     seed = int(rng.integers(1, 2**31))
     B, T, V = cfg["B"], cfg["T"], cfg["V"]
     inputs = rng.integers(0, V, size=(B, T))
     targets = rng.integers(0, V, size=(B, T))
     tokens = np.concatenate([inputs.ravel(), targets.ravel()])
+    if cfg.get("bias") == "random":
+        plant_bias(tmp, cfg, rng)
     _, init = harness(tmp, cfg, tokens, seed)
     W = spread(init["W"], cfg, rng)
     if tie:  # z_1 = z_2 = (z_0 + z_3) / 2: between the two, so the 2nd and 3rd best tie
@@ -296,6 +325,18 @@ def run_case(tmp, label, cfg, rng, tie=False, fd=True):
     _, got = harness(tmp, cfg, tokens, seed, weights=W)
     want = reference(W, cfg, inputs, targets, got["chosen"])
     compare(label, got, want, cfg)
+    if cfg.get("bias"):  # the biases must have changed some choice, else this tests nothing
+        changed = 0
+        for l in moe_layers(cfg):
+            p = torch.tensor(got["probs"][l].astype(np.float64))
+            plain = torch.sort(mref.choose(p, cfg["top_k"]), -1).values
+            changed += int((plain != torch.sort(torch.tensor(got["chosen"][l]), -1).values)
+                           .any(-1).sum())
+        checks.check(f"{label}: the biases moved choices", changed > 0,
+                     f"{changed} token(s) chose otherwise than by the scores alone")
+    if overflow:  # a factor below 1 leaves room for fewer pairs than there are: drops for sure
+        checks.check(f"{label}: the capacity dropped pairs", want["dropped"] > 0,
+                     f"{want['dropped']} pairs over capacity dropped (float64 reference)")
     if tie:
         ties = wrong = 0
         for l in moe_layers(cfg):
@@ -355,6 +396,15 @@ def main():
         run_case(tmp, "B: dense + MoE, top_k=1", dict(BASE, moe_every=2, top_k=1), rng)
         run_case(tmp, "C: E=6, top_k=3", dict(BASE, E=6, top_k=3), rng)
         run_case(tmp, "D: exact router ties", dict(BASE), rng, tie=True, fd=False)
+        run_case(tmp, "E: 2 shared experts", dict(BASE, S=2), rng, fd=False)
+        run_case(tmp, "F: sigmoid scores, E=6, top_k=3", dict(BASE, E=6, top_k=3,
+                                                              score="sigmoid"), rng)
+        run_case(tmp, "G: balancing biases choose", dict(BASE, bias="random"), rng, fd=False)
+        run_case(tmp, "H: capacity 0.5 drops", dict(BASE, capacity=0.5), rng, fd=False,
+                 overflow=True)
+        run_case(tmp, "I: fine-grained E=16 top_k=8, all of E-H",
+                 dict(BASE, E=16, top_k=8, D=6, S=1, score="sigmoid", bias="random",
+                      capacity=0.75), rng, fd=False, overflow=True)
         identical_experts(tmp, rng)
     checks.report()
 

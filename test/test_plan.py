@@ -7,7 +7,9 @@ FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "bloc
 in bf16, "hybrid" at cp4 x cp_a2a 2, Llama all-to-all at cp4 (kv heads copied) with recompute
 "block"; dp2 x pp2 x cp2 x tp2 FSDP
 (np = 16); MoE: dp4 x ep4 FSDP bf16 with recompute "gelu", dp2 x cp2 x tp2 (SP) x ep2 fp8,
-dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed; Llama (GQA, SwiGLU,
+dp2 x tp2 (SP) x ep2 fp8 with recompute "block" and dense and MoE blocks mixed, dp2 x tp2 (SP) x
+ep2 with 2 shared experts (split over tp), sigmoid scores, balancing biases and a capacity factor
+(its drops' all-reduce over tp) under recompute "gelu"; Llama (GQA, SwiGLU,
 RMSNorm, RoPE tables): dp2 x pp2 x tp2 FSDP untied (embedding and head units on two stages, no
 tied sum), tied cp2 x tp2 bf16 with recompute "gelu", MoE (SwiGLU experts) dp2 x ep2 x pp2 zb-h1;
 dp2 x pp2 x ep2 FSDP with dense and MoE blocks mixed (their expert all-to-alls' bytes depend
@@ -38,8 +40,8 @@ bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, g
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
 schedule, micro_batch and grad_accum) as the config gives it.
-Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (36 of the
-47 run): combinations whose parts the other layouts check on their own.
+Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (37 of the
+48 run): combinations whose parts the other layouts check on their own.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -95,6 +97,10 @@ LAYOUTS = [
     ("MoE dp2 x tp2 sp x ep2 fp8 recompute block", {"dp": 2, "tp": 2, "ep": 2},
      {"model": dict(MOE, moe_every=2), "precision": {"compute": "fp8"},
       "train": {"recompute": "block"}}),
+    ("MoE shared experts, sigmoid, bias, capacity dp2 x tp2 sp x ep2 recompute gelu",
+     {"dp": 2, "tp": 2, "ep": 2},
+     {"model": dict(MOE, n_shared_experts=2, router_score="sigmoid"),
+      "train": {"moe_balance": "bias", "moe_capacity_factor": 1.0, "recompute": "gelu"}}),
     ("MoE dp2 x pp2 x ep2 FSDP", {"dp": 2, "pp": 2, "ep": 2, "fsdp": True},
      {"model": dict(MOE, moe_every=2), "train": {"grad_accum": 2}}),
     ("pp2 zb-h1 m4", {"pp": 2, "pp_schedule": "zb-h1"}, {"train": {"grad_accum": 4}}),

@@ -181,12 +181,16 @@ static std::string duration_text(double seconds) {
 // busiest expert's pairs over the mean (1 = perfectly balanced).
 static std::string moe_text(const StepReport& r) {
   if (!r.moe) return "";
-  double worst = 0;
-  for (const MoeLayerReport& l : r.moe_report.layers)
+  double worst = 0, dropped = 0;
+  for (const MoeLayerReport& l : r.moe_report.layers) {
     if (l.mean > 0) worst = std::max(worst, l.max / l.mean);
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), " | aux %.4f z %.4f | expert load max/mean %.2f",
-                r.moe_report.aux_loss, r.moe_report.z_loss, worst);
+    dropped = std::max(dropped, l.dropped);
+  }
+  char buf[128];
+  int n = std::snprintf(buf, sizeof(buf), " | aux %.4f z %.4f | expert load max/mean %.2f",
+                        r.moe_report.aux_loss, r.moe_report.z_loss, worst);
+  if (dropped > 0)  // [train] moe_capacity_factor: the worst layer's dropped fraction
+    std::snprintf(buf + n, sizeof(buf) - n, " dropped %.3f", dropped);
   return buf;
 }
 
@@ -229,7 +233,8 @@ static void print_step_line(const StepReport& r) {
   std::fflush(stdout);
 }
 
-// `,"aux_loss":x,"z_loss":x,"moe":[{"layer":l,"min":..,"max":..,"mean":..,"tokens":[..]}..]`
+// `,"aux_loss":x,"z_loss":x,"moe":[{"layer":l,"min":..,"max":..,"mean":..,"tokens":[..],
+// "dropped":x}..]` (dropped: the fraction of the layer's pairs the capacity dropped)
 static void print_moe_json(FILE* f, const MoeReport& m) {
   std::fprintf(f, ",\"aux_loss\":%.9g,\"z_loss\":%.9g,\"moe\":[", m.aux_loss, m.z_loss);
   for (size_t i = 0; i < m.layers.size(); i++) {
@@ -238,7 +243,7 @@ static void print_moe_json(FILE* f, const MoeReport& m) {
                  i ? "," : "", l.layer, l.min, l.max, l.mean);
     for (size_t e = 0; e < l.tokens.size(); e++)
       std::fprintf(f, "%s%.0f", e ? "," : "", l.tokens[e]);
-    std::fprintf(f, "]}");
+    std::fprintf(f, "],\"dropped\":%.9g}", l.dropped);
   }
   std::fprintf(f, "]");
 }

@@ -34,7 +34,8 @@ void unpermute_backward_typed(T* din, const T* dout, const int* position, int N,
     T* d = din + (size_t)n * C;
     for (int c = 0; c < C; c++) {
       float acc = 0.0f;
-      for (int j = 0; j < top_k; j++) acc += load(dout, (size_t)pos[j] * C + c);
+      for (int j = 0; j < top_k; j++)
+        if (pos[j] >= 0) acc += load(dout, (size_t)pos[j] * C + c);  // < 0: a dropped pair
       store(d, c, acc);
     }
   }
@@ -50,7 +51,8 @@ void combine_typed(T* out, const T* expert_out, const float* gate, const int* po
     for (int c = 0; c < C; c++) {
       float acc = 0.0f;
       for (int j = 0; j < top_k; j++)
-        acc = std::fmaf(gate[p0 + j], load(expert_out, (size_t)position[p0 + j] * C + c), acc);
+        if (position[p0 + j] >= 0)  // a dropped pair contributes nothing
+          acc = std::fmaf(gate[p0 + j], load(expert_out, (size_t)position[p0 + j] * C + c), acc);
       store(o, c, acc);
     }
   }
@@ -75,6 +77,10 @@ void combine_backward_typed(T* d_expert_out, float* d_gate, const T* dout, const
   for (long n = 0; n < (long)N; n++)
     for (int j = 0; j < top_k; j++) {
       const size_t p = (size_t)n * top_k + j, row = (size_t)position[p] * C;
+      if (position[p] < 0) {  // a dropped pair: no row, no gradient for its gate
+        d_gate[p] = 0.0f;
+        continue;
+      }
       combine_backward_pair(d_expert_out + row, d_gate + p, dout + (size_t)n * C,
                             expert_out + row, gate[p], C);
     }

@@ -53,6 +53,7 @@ __global__ void unpermute_backward_kernel(T* __restrict__ din, const T* __restri
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] = 0.0f;
     for (int j = 0; j < top_k; j++) {
+      if (pos[j] < 0) continue;  // a dropped pair
       float x[W];
       load_floats<W>(x, dout + (size_t)pos[j] * C + c);
 #pragma unroll
@@ -74,6 +75,7 @@ __global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ expert
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] = 0.0f;
     for (int j = 0; j < top_k; j++) {
+      if (position[p0 + j] < 0) continue;  // a dropped pair contributes nothing
       const float g = gate[p0 + j];
       float x[W];
       load_floats<W>(x, expert_out + (size_t)position[p0 + j] * C + c);
@@ -98,6 +100,10 @@ __global__ void combine_backward_kernel(T* __restrict__ d_expert_out, float* __r
   const T* d = dout + (size_t)n * C;
   for (int j = 0; j < top_k; j++) {
     const size_t p = (size_t)n * top_k + j, row = (size_t)position[p] * C;
+    if (position[p] < 0) {  // a dropped pair: no row, no gradient for its gate
+      if (lane == 0) d_gate[p] = 0.0f;
+      continue;
+    }
     const float g = gate[p];
     float dot = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {

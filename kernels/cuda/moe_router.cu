@@ -1,8 +1,9 @@
 // kernels/cuda/moe_router.cu - the mixture-of-experts router, CUDA backend (contracts in
 // kernels/ops_decls.h): from the router logits z (N,E), fp32 throughout,
-//   forward:  p = softmax(z), lse = logsumexp(z), the top_k experts of each token (chosen on z,
-//             decreasing, ties to the lower index) and their gates (p renormalised over the
-//             chosen experts when top_k > 1, the raw p when top_k == 1);
+//   forward:  p = softmax(z) (or sigmoid(z)), lse = logsumexp(z), the top_k experts of each token
+//             (chosen on z, or on p + b with balancing biases b; decreasing, ties to the lower
+//             index) and their gates (p renormalised over the chosen experts when top_k > 1, the
+//             raw p when top_k == 1);
 //   backward: dz through the gates, the load-balancing loss' dp (given: model/moe.cu makes it on
 //             the host) and the z-loss, per row.
 // The same formulas and the same per-row order of the small sums over slots as the CPU backend
@@ -47,26 +48,36 @@ __device__ __forceinline__ Pick warp_best(Pick x) {
 }
 
 __global__ void router_forward_kernel(const float* __restrict__ logits, int N, int E, int top_k,
+                                      RouterScore score, const float* __restrict__ bias,
                                       int* expert, float* gate, float* probs, float* lse) {
   const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;  // the whole warp leaves together
   const float* z = logits + (size_t)n * E;
+  const bool sigmoid = score == RouterScore::Sigmoid;
   float m = -INFINITY;
   for (int e = lane; e < E; e += 32) m = fmaxf(m, z[e]);
   m = warp_reduce_max(m);
   float sum = 0.0f;
   for (int e = lane; e < E; e += 32) sum += expf(z[e] - m);
   sum = warp_reduce_sum(sum);
-  for (int e = lane; e < E; e += 32) probs[(size_t)n * E + e] = expf(z[e] - m) / sum;
+  // The score of expert e: the same expression as the CPU backend's.
+  auto score_of = [&](int e) {
+    return sigmoid ? 1.0f / (1.0f + expf(-z[e])) : expf(z[e] - m) / sum;
+  };
+  for (int e = lane; e < E; e += 32) probs[(size_t)n * E + e] = score_of(e);
   if (lane == 0) lse[n] = m + logf(sum);
+  // Ranked on z without a bias (the scores' order, without their rounding), on p + b with one.
+  auto key = [&](int e) { return bias ? score_of(e) + bias[e] : z[e]; };
   Pick prev{0.0f, -1};
   float S = 0.0f;
   for (int j = 0; j < top_k; j++) {
     Pick best{0.0f, -1};
-    for (int e = lane; e < E; e += 32)
-      if (prev.idx < 0 || ranks_before(prev.z, prev.idx, z[e], e)) best = better(best, {z[e], e});
+    for (int e = lane; e < E; e += 32) {
+      const float k = key(e);
+      if (prev.idx < 0 || ranks_before(prev.z, prev.idx, k, e)) best = better(best, {k, e});
+    }
     best = warp_best(best);
-    const float p = expf(best.z - m) / sum;  // the same expression as probs[] above
+    const float p = score_of(best.idx);  // the same expression as probs[] above
     S += p;
     if (lane == 0) {
       expert[(size_t)n * top_k + j] = best.idx;
@@ -93,7 +104,8 @@ __global__ void router_backward_kernel(float* dlogits, const float* __restrict__
                                        const float* __restrict__ dgate,
                                        const float* __restrict__ dprobs_aux,
                                        const float* __restrict__ lse, float z_coef, int N, int E,
-                                       int top_k) {
+                                       int top_k, RouterScore score,
+                                       const float* __restrict__ logits) {
   const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   const float* p = probs + (size_t)n * E;
@@ -105,10 +117,18 @@ __global__ void router_backward_kernel(float* dlogits, const float* __restrict__
     S += p[ex[j]];
     G += dg[j] * gate[(size_t)n * top_k + j];
   }
+  const float zl = 2.0f * z_coef * lse[n];
+  if (score == RouterScore::Sigmoid) {
+    const float* z = logits + (size_t)n * E;
+    for (int e = lane; e < E; e += 32) {
+      const float dp = router_dp(e, da, ex, dg, top_k, S, G);
+      dlogits[(size_t)n * E + e] = dp * (p[e] * (1.0f - p[e])) + zl * expf(z[e] - lse[n]);
+    }
+    return;
+  }
   float dot = 0.0f;
   for (int e = lane; e < E; e += 32) dot += p[e] * router_dp(e, da, ex, dg, top_k, S, G);
   dot = warp_reduce_sum(dot);
-  const float zl = 2.0f * z_coef * lse[n];
   for (int e = lane; e < E; e += 32) {
     const float dp = router_dp(e, da, ex, dg, top_k, S, G);
     dlogits[(size_t)n * E + e] = p[e] * (dp - dot) + zl * p[e];
@@ -118,26 +138,30 @@ __global__ void router_backward_kernel(float* dlogits, const float* __restrict__
 }  // namespace
 
 void moe_router_forward(const float* logits, int N, int E, int top_k, int* expert, float* gate,
-                        float* probs, float* lse, Stream s) {
+                        float* probs, float* lse, Stream s, RouterScore score,
+                        const float* choice_bias) {
   OP_SPAN(moe_router_forward);
   if (is_dry(s)) return;
   if (top_k < 1 || top_k > E) FATAL("moe_router_forward: top_k %d not in [1, E = %d]", top_k, E);
   if (N <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  router_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(logits, N, E, top_k, expert,
-                                                                      gate, probs, lse);
+  router_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(
+      logits, N, E, top_k, score, choice_bias, expert, gate, probs, lse);
   LAUNCH_CHECK();
 }
 
 void moe_router_backward(float* dlogits, const float* probs, const int* expert, const float* gate,
                          const float* dgate, const float* dprobs_aux, const float* lse,
-                         float z_coef, int N, int E, int top_k, Stream s) {
+                         float z_coef, int N, int E, int top_k, Stream s, RouterScore score,
+                         const float* logits) {
   OP_SPAN(moe_router_backward);
   if (is_dry(s)) return;
+  if (score == RouterScore::Sigmoid && !logits)
+    FATAL("moe_router_backward: sigmoid scores need the logits");
   if (N <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   router_backward_kernel<<<blocks, 32 * kRowsPerBlock, 0, s->stream>>>(
-      dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E, top_k);
+      dlogits, probs, expert, gate, dgate, dprobs_aux, lse, z_coef, N, E, top_k, score, logits);
   LAUNCH_CHECK();
 }
 
