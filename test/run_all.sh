@@ -45,10 +45,10 @@ if have_cuda_headers && ! make -j2 BUILD="$BUILD" emu-bins; then
   emu_run=run_alone
 fi
 
+SUITE_JOBS=${SUITE_JOBS:-2}      # two groups at a time (test/suite.sh); SUITE_JOBS=1: one
 source test/suite.sh
 suite_options "$@"
 SUITE_GROUPS="${SUITE_ARGS[*]}"  # `test/run_all.sh plan model`: only those groups
-SUITE_JOBS=${SUITE_JOBS:-2}      # two groups at a time (test/suite.sh); SUITE_JOBS=1: one
 
 # The longest groups first, so that the two lanes end together.
 # The CUDA backend on the CPU emulator (test/emu/README.md; needs only the CUDA headers): every
