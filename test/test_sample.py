@@ -88,10 +88,10 @@ def main():
         long = sample_of(tmp, gpt2_sections(tmp), [f"--log.sample_tokens={2 * T + 3}"])
         checks.check("a sample longer than the window (the cache restarts)",
                      len(long) == 2 * T + 3 and long[:TOKENS] == greedy, f"{len(long)}")
-        # --sample from a checkpoint: 2 steps saved, then resumed for a sample (no training)
+        # --sample from a checkpoint: 8 steps saved, then resumed for a sample (no training)
         sec = gpt2_sections(tmp)
-        sec["train"]["steps"] = 2
-        sec["checkpoint"] = {"dir": os.path.join(tmp, "ckpt"), "every": 2}
+        sec["train"]["steps"] = 8
+        sec["checkpoint"] = {"dir": os.path.join(tmp, "ckpt"), "every": 8}
         run(write_config(tmp, "train.toml", sec))
         sec["checkpoint"]["resume"] = "latest"
         resumed = sample_of(tmp, sec)
