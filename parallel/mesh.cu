@@ -55,18 +55,31 @@ static bool same_island(const MeshShape& m, const MeshCoords& c, int r) {
 // HSDP's sub-groups of a gradient group (parallel/hsdp.cu): its members cut into R blocks of
 // consecutive members; the shard group is w's block, the replica group the members at w's place
 // in every block. Without HSDP (R = 1) neither is used: w alone.
+// A group cut into blocks of `block` consecutive members: this rank's block (within = true), or
+// the members at this rank's place in every block (within = false). HSDP cuts dp (dp*cp, ep-dp)
+// into dp_replicate blocks (shard inside, replicas across); hybrid cp cuts cp into blocks of
+// cp_a2a (the all-to-all inside, the ring across).
+static std::vector<int> block_members(const MeshShape& m, Axis whole, int block, bool within,
+                                      int w) {
+  const std::vector<int> all = mesh_group_members(m, whole, w);
+  CHECK(block > 0 && all.size() % block == 0, "mesh: blocks of %d do not divide the %s group "
+        "of %zu ranks", block, axis_name(whole), all.size());
+  const int blocks = (int)all.size() / block;
+  const int at = (int)(std::find(all.begin(), all.end(), w) - all.begin());
+  std::vector<int> g;
+  for (int i = 0; i < (within ? block : blocks); i++)
+    g.push_back(within ? all[at / block * block + i] : all[i * block + at % block]);
+  return g;
+}
+
+// HSDP's groups ([parallel] dp_replicate = R): R blocks of the gradient group.
 static std::vector<int> hsdp_members(const MeshShape& m, Axis whole, bool shard, int w) {
   const int R = m.dp_replicate;
   if (R <= 1) return {w};
-  const std::vector<int> all = mesh_group_members(m, whole, w);
-  CHECK(all.size() % R == 0, "mesh: dp_replicate = %d does not divide the %s group of %zu ranks",
-        R, axis_name(whole), all.size());
-  const int S = (int)all.size() / R;
-  const int at = (int)(std::find(all.begin(), all.end(), w) - all.begin());
-  std::vector<int> g;
-  for (int i = 0; i < (shard ? S : R); i++)
-    g.push_back(shard ? all[at / S * S + i] : all[i * S + at % S]);
-  return g;
+  const int members = (int)mesh_group_members(m, whole, w).size();
+  CHECK(members % R == 0, "mesh: dp_replicate = %d does not divide the %s group of %d ranks", R,
+        axis_name(whole), members);
+  return block_members(m, whole, members / R, shard, w);
 }
 
 std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
@@ -105,20 +118,10 @@ std::vector<int> mesh_group_members(const MeshShape& m, Axis axis, int w) {
     case Axis::TP: vary(m.tp, &MeshCoords::tp); break;
     case Axis::PP: vary(m.pp, &MeshCoords::pp); break;
     case Axis::CP: vary(m.cp, &MeshCoords::cp); break;
-    case Axis::CPA2A:
-    case Axis::CPRing: {  // hybrid only: blocks of cp_a2a cp ranks, and across the blocks
-      const int a = m.cp_a2a, n = axis == Axis::CPA2A ? a : m.cp / a;
-      if (a <= 1 || a >= m.cp) {
-        g = {w};
-        break;
-      }
-      for (int i = 0; i < n; i++) {
-        MeshCoords x = c;
-        x.cp = axis == Axis::CPA2A ? c.cp / a * a + i : i * a + c.cp % a;
-        g.push_back(mesh_world_rank(m, x));
-      }
-      break;
-    }
+    case Axis::CPA2A:  // hybrid only: blocks of cp_a2a cp ranks, and across the blocks
+    case Axis::CPRing:
+      if (m.cp_a2a <= 1 || m.cp_a2a >= m.cp) return {w};
+      return block_members(m, Axis::CP, m.cp_a2a, axis == Axis::CPA2A, w);
     case Axis::DPCP:  // (the island's)
       for (int i = 0; i < per * m.cp; i++) g.push_back(at_dpcp(m, c, first + i));
       break;
