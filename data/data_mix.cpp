@@ -9,21 +9,14 @@
 #include <sstream>
 
 #include "kernels/common.h"
+#include "kernels/counter_rng.h"
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
 constexpr uint64_t kMixStream = 0x6d69785f726f7773ull;  // "mix_rows": the draws' own stream
 constexpr const char* kMixHeader =
     "# data mix, format 1: \"mix <datasets> <rows drawn>\", then per dataset \"dataset <weight> "
     "<epoch> <shard> <row> <rows drawn from it> <glob>\" and its data manifest\n";
-
-uint64_t splitmix64(uint64_t x) {
-  x += kGolden;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::string text_of(const char* fmt, long long a, long long b, long long c) {
   char line[128];
@@ -60,8 +53,9 @@ void data_mix_init(DataMix& mix, const std::vector<std::string>& patterns,
 
 int data_mix_source(const DataMix& mix, int64_t row) {
   if (mix.sources.size() == 1) return 0;
-  const uint64_t x = splitmix64(splitmix64(mix.seed ^ kMixStream) + (uint64_t)row * kGolden);
-  const double u = (double)(x >> 11) * 0x1.0p-53;  // uniform in [0, 1), 53 bits
+  const uint64_t stream = splitmix64(mix.seed ^ kMixStream);
+  const uint64_t x = splitmix64(stream + (uint64_t)row * kSplitMixGamma);
+  const double u = uniform53(x);  // [0, 1)
   for (size_t k = 0; k + 1 < mix.upper.size(); k++)
     if (u < mix.upper[k]) return (int)k;
   return (int)mix.upper.size() - 1;

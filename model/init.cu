@@ -14,12 +14,7 @@
 #include <cmath>
 #include <vector>
 
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+#include "kernels/counter_rng.h"
 
 uint64_t tensor_key(const std::string& name) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -31,7 +26,7 @@ float counter_normal(uint64_t seed, uint64_t key, uint64_t index) {
   const uint64_t stream = splitmix64(seed ^ splitmix64(key));
   const uint64_t h1 = splitmix64(stream + 2 * index), h2 = splitmix64(stream + 2 * index + 1);
   const double u1 = ((h1 >> 11) + 1) * 0x1.0p-53;  // (0, 1]: log is finite
-  const double u2 = (h2 >> 11) * 0x1.0p-53;        // [0, 1)
+  const double u2 = uniform53(h2);                 // [0, 1)
   return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
 }
 
