@@ -22,6 +22,7 @@
 // (warp, tile) steps whose products a warp computes, so that test/gpu/test_attention.cu can see
 // the skipping; a GPU build counts nothing (count_tile is empty and compiles away).
 #pragma once
+#include "kernels/cuda/document_rows.cuh"
 #ifdef GPT5D_EMULATED_CUDA
 #include <atomic>
 #endif
@@ -36,28 +37,9 @@ struct SequenceDocs {
   // The id of row t; rows past the end read the last id (a tile's rows past T are never stored).
   __device__ __forceinline__ int at(int t) const { return ids[min(t, T - 1)]; }
 
-  // The first row of row t's document (a binary search over the non-decreasing ids).
-  __device__ int first_row(int t) const {
-    const int doc = ids[t];
-    int lo = 0, hi = t;  // the answer is in [lo, hi]
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (ids[mid] < doc) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
-  // One past the last row of row t's document.
-  __device__ int end_row(int t) const {
-    const int doc = ids[t];
-    int lo = t + 1, hi = T;  // the answer is in [lo, hi]
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (ids[mid] <= doc) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
+  // The first row of row t's document, and one past its last (kernels/cuda/document_rows.cuh).
+  __device__ int first_row(int t) const { return document_first(ids, t); }
+  __device__ int end_row(int t) const { return document_end(ids, t, T); }
 
   // Whether some query of rows [q0, q1] sees some key of rows [k0, k1] (the rule at the top).
   __device__ __forceinline__ bool sees(int q0, int q1, int k0, int k1) const {

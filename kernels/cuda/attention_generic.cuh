@@ -23,6 +23,7 @@
 // the loops are exactly the causal loops.
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/document_rows.cuh"
 
 namespace attention_generic {
 
@@ -70,30 +71,6 @@ __device__ __forceinline__ RowCoords row_coords(int heads) {
   return c;
 }
 
-// The first row of row t's document in one sequence's ids (0 without ids).
-__device__ __forceinline__ int document_first(const int* docs, int t) {
-  if (!docs) return 0;
-  const int doc = docs[t];
-  int lo = 0, hi = t;  // the answer is in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (docs[mid] < doc) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-// One past the last row of row t's document (seq_len without ids).
-__device__ __forceinline__ int document_end(const int* docs, int t, int seq_len) {
-  if (!docs) return seq_len;
-  const int doc = docs[t];
-  int lo = t + 1, hi = seq_len;  // the answer is in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (docs[mid] <= doc) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
 // Sequence b's ids (null stays null).
 __device__ __forceinline__ const int* sequence_docs(const int* docs, int b, int seq_len) {
   return docs ? docs + (size_t)b * seq_len : nullptr;
