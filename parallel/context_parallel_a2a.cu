@@ -152,13 +152,35 @@ std::vector<Columns> out_columns(const ContextParallel& cp, int i) {
 
 // Token layout (2B Tc rows of src_width, this rank's positions, all heads) -> head-split layout
 // (the whole sequence or the ring chunks, `width` columns of this rank's heads), over the group.
+// The exchange buffer (block i: peer i's two chunks, each B rows of Tc positions) to and from the
+// whole sequence in token order (place_of): into_heads copies buffer -> heads (after the
+// all-to-all), else heads -> buffer (packing peer i's positions into send block i).
+void move_chunks(ContextParallel& cp, char* heads, char* buffer, int width, int B, bool into_heads,
+                 ops::Stream s) {
+  const int a = group_size(cp);
+  const size_t e = dtype_size(cp.dt), Tc = cp.heads.Tc, rows = 2 * (size_t)B * Tc;
+  for (int i = 0; i < a; i++) {
+    int chunks[2];
+    cp_local_chunks(cp.size() * a, cp_rank_of(cp, i), &chunks[0], &chunks[1]);
+    for (int k = 0; k < 2; k++) {
+      const Place p = place_of(cp, chunks[k], B);
+      char* in_heads = heads + p.first * width * e;
+      char* in_buffer = buffer + (i * rows + k * B * Tc) * width * e;
+      const int heads_ld = as_int(p.stride * width), buffer_ld = as_int(Tc * width);
+      if (into_heads)
+        ops::copy_columns(in_heads, heads_ld, cp.dt, in_buffer, buffer_ld, cp.dt, B, buffer_ld, s);
+      else
+        ops::copy_columns(in_buffer, buffer_ld, cp.dt, in_heads, heads_ld, cp.dt, B, buffer_ld, s);
+    }
+  }
+}
+
 void to_heads(ContextParallel& cp, void* heads, const void* tokens, int src_width,
               std::vector<Columns> (*columns)(const ContextParallel&, int), int width, int B,
               ops::Stream s) {
   const int a = group_size(cp);
   const size_t e = dtype_size(cp.dt), Tc = cp.heads.Tc, rows = 2 * (size_t)B * Tc;
   char* send = (char*)cp.heads.send;
-  const char* recv = (const char*)cp.heads.recv;
   for (int i = 0; i < a; i++) {  // block i: peer i's heads of every local token
     int at = 0;
     for (const Columns& col : columns(cp, i)) {
@@ -169,32 +191,7 @@ void to_heads(ContextParallel& cp, void* heads, const void* tokens, int src_widt
     }
   }
   all_to_all(*cp.a2a, cp.heads.send, cp.heads.recv, rows * width, cp.dt, s);
-  for (int i = 0; i < a; i++) {  // peer i's two chunks, each B rows of Tc positions
-    int chunks[2];
-    cp_local_chunks(cp.size() * a, cp_rank_of(cp, i), &chunks[0], &chunks[1]);
-    for (int k = 0; k < 2; k++) {
-      const Place p = place_of(cp, chunks[k], B);
-      ops::copy_columns((char*)heads + p.first * width * e, as_int(p.stride * width), cp.dt,
-                        recv + (i * rows + k * B * Tc) * width * e, as_int(Tc * width), cp.dt, B,
-                        as_int(Tc * width), s);
-    }
-  }
-}
-
-// The reverse, packing: peer i's positions of the head-split layout into send block i.
-void pack_positions(ContextParallel& cp, const void* heads, int width, int B, ops::Stream s) {
-  const int a = group_size(cp);
-  const size_t e = dtype_size(cp.dt), Tc = cp.heads.Tc, rows = 2 * (size_t)B * Tc;
-  for (int i = 0; i < a; i++) {
-    int chunks[2];
-    cp_local_chunks(cp.size() * a, cp_rank_of(cp, i), &chunks[0], &chunks[1]);
-    for (int k = 0; k < 2; k++) {
-      const Place p = place_of(cp, chunks[k], B);
-      ops::copy_columns((char*)cp.heads.send + (i * rows + k * B * Tc) * width * e,
-                        as_int(Tc * width), cp.dt, (const char*)heads + p.first * width * e,
-                        as_int(p.stride * width), cp.dt, B, as_int(Tc * width), s);
-    }
-  }
+  move_chunks(cp, (char*)heads, (char*)cp.heads.recv, width, B, true, s);
 }
 
 // Head-split layout (`width` columns) -> token layout (dst_width columns): every peer's block of
@@ -205,7 +202,7 @@ void to_tokens(ContextParallel& cp, void* tokens, int dst_width, const void* hea
                ops::Stream s) {
   const int a = group_size(cp);
   const size_t e = dtype_size(cp.dt), rows = 2 * (size_t)B * cp.heads.Tc;
-  pack_positions(cp, heads, width, B, s);
+  move_chunks(cp, (char*)heads, (char*)cp.heads.send, width, B, false, s);
   all_to_all(*cp.a2a, cp.heads.send, cp.heads.recv, rows * width, cp.dt, s);
   const bool summed = cp.heads.kv_copied && columns == qkv_columns;
   const size_t kv_rows = rows * 2 * cp.HS;  // one kv head's [k | v] of every local token
