@@ -232,7 +232,7 @@ static void experts_forward(GPT& m, MoeActs& a, const ExpertWeights& w, void* y,
 static void run_experts(GPT& m, MoeActs& a, const void* inp, const ExpertWeights& w, int Nt,
                         ops::Stream s) {
   MoeState& st = *m.moe;
-  const int k = m.layout.top_k, C = m.layout.C;
+  const int C = m.layout.C;
   void* rows = ep_trip_buffer(st.ep, st.send, a.x);  // with ep = 1 the trips are in place
   void* expert_out = ep_trip_buffer(st.ep, st.expert_out, a.y);
   ops::moe_permute(rows, inp, a.route.token_of_row, a.route.plan.kept, C, m.dt, s);
