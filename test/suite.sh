@@ -19,7 +19,8 @@
 # wall-clock time (a watchdog's timeout, a straggler's delay, a refusal "within 3 s"): it waits
 # for the running groups, runs by itself, and only then lets the next ones start. A group's time
 # is its own wall-clock time; with SUITE_JOBS > 1 it shares the cores, so it reads longer than
-# the group alone would take.
+# the group alone would take. Its CPU seconds (user + system of all its processes) do not depend
+# on the other lane: they are what to cut when the suite runs long.
 #
 #   lane 1: |== emu-gpu ===========|== pipeline ==|== ... ==|           |== watchdog ==|
 #   lane 2: |== emu-asan ==|== diloco ==|== zero ==|== ... ====|        (run_alone: one lane)
@@ -61,9 +62,20 @@ start_group() {
     "$@" > "$SUITE_LOGS/$name.log" 2>&1
     rc=$?
     echo $((SECONDS - start)) > "$SUITE_LOGS/$name.secs"
+    cpu_seconds "$SUITE_LOGS/$name.cpu"
     echo $rc > "$SUITE_LOGS/$name.rc"
   ) &
   suite_running[$!]=$name
+}
+
+# The processor seconds (user + system) of this subshell's finished children, written to $1:
+# the group's whole work, whatever the other lane was doing meanwhile (its wall time is not: it
+# grows when the lanes share the cores). `times` prints the shell's own line, then the
+# children's; it must run in this shell (in a pipe it would report a fresh subshell's nothing).
+cpu_seconds() {
+  times > "$1.times"
+  awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] }
+                 printf "%.0f\n", n }' "$1.times" > "$1"
 }
 
 # Print a finished group's log and its verdict, and count it.
@@ -71,19 +83,20 @@ report_group() {
   local name=$1 rc secs line
   rc=$(cat "$SUITE_LOGS/$name.rc" 2>/dev/null || echo 1)
   secs=$(cat "$SUITE_LOGS/$name.secs" 2>/dev/null || echo "?")
+  secs="$secs s, CPU $(cat "$SUITE_LOGS/$name.cpu" 2>/dev/null || echo "?") s"
   echo "=== $name"
   cat "$SUITE_LOGS/$name.log"
   while IFS= read -r line; do
     skipped+=("$name: $line")
   done < <(sed -nE 's/^[[:space:]]*SKIP(PED)?:?[[:space:]]*//p' "$SUITE_LOGS/$name.log")
   if [ "$rc" -eq 77 ]; then
-    echo "=== $name: SKIPPED ($secs s)"
+    echo "=== $name: SKIPPED ($secs)"
   elif [ "$rc" -eq 0 ]; then
     passed=$((passed + 1))
-    echo "=== $name: passed ($secs s)"
+    echo "=== $name: passed ($secs)"
   else
     failed+=("$name")
-    echo "=== $name: FAILED ($secs s)"
+    echo "=== $name: FAILED ($secs)"
   fi
 }
 
@@ -118,8 +131,11 @@ skip() {
 }
 
 suite_finish() {
-  local summary="$passed passed" joined
+  local summary joined
   wait_for_groups 0
+  summary="$passed passed"
+  cpu_seconds "$SUITE_LOGS/suite.cpu"
+  local took="$SECONDS s, CPU $(cat "$SUITE_LOGS/suite.cpu") s"
   rm -rf "$SUITE_LOGS"
   if [ ${#skipped[@]} -gt 0 ]; then
     joined=$(printf '%s; ' "${skipped[@]}")
@@ -129,9 +145,9 @@ suite_finish() {
     summary="$summary; only the checks naming \"$TEST_ONLY\" (each group's count above)"
   echo
   if [ ${#failed[@]} -eq 0 ]; then
-    echo "$1: all test groups passed ($summary) in $SECONDS s"
+    echo "$1: all test groups passed ($summary) in $took"
   else
-    echo "$1: ${#failed[@]} FAILED (${failed[*]}), $summary, $SECONDS s"
+    echo "$1: ${#failed[@]} FAILED (${failed[*]}), $summary, $took"
     exit 1
   fi
 }

@@ -15,7 +15,7 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    T = 80: a partial tile).
 2. AdamW steps of ./train against ./train_cpu from the same llm.c file, in fp32, bf16 and fp8
    (each against the CPU's run in the same precision): per-step loss and gradient norm within
-   PRECISION_TOL (see there: measured differences and why each tolerance).
+   PRECISION_TOL, norms at least FP32_NORM_TOL (see there: measured differences and why).
 3. 100 steps of a 4-layer model (C = 256, HS = 64, T = 128) on learnable data: ./train bf16
    within 1% of ./train fp32 at every step (on a GPU only: a hundred emulated steps of that model
    cost too much, and 2. compares bf16 with the CPU's bf16 directly).
@@ -26,7 +26,7 @@ CPU. The emulator runs the same checks on a smaller model and fewer steps (SIZES
    or MPI's, whole-sequence attention per rank), and HSDP dp=4 = 2 x 2 ZeRO-2 (np = 4: the
    dp-shard and dp-replica groups); on one GPU the ranks share it and use the MPI backend; on the emulator every
    layout but FSDP runs over NCCL (parallel/comm_nccl.cu on the NCCL stand-in), and so does an
-   added DDP dp=2. Within FP32_TOL (fp32: 1e-5 on a GPU, 2e-6 emulated, see PRECISION_TOL).
+   added DDP dp=2. Losses within FP32_TOL (1e-5 on a GPU, 2e-6 emulated), norms FP32_NORM_TOL (1e-5).
    tp=2 sp, pp=2 and cp=2 run 2 micro-batches and log the gradient noise scale: their small and
    big squared norms (the first micro-batch summed over cp, tp and the tied embedding's stages
    before squaring, parallel/small_batch_norm.cu) within FP32_TOL of the one-rank CPU run's.
@@ -98,6 +98,13 @@ STEPS = (dict(precision=6, layouts=4, recompute=3, moe=4, checkpoint=4) if EMULA
 # bf16 8.4e-5 and 4.6e-4, fp8 3.5e-4 and 3.2e-3 (a flipped FP8 code moves a norm visibly). The
 # tolerances are about 10x those; FP32_TOL also holds the layouts, MoE and checkpoint runs.
 FP32_TOL = 2e-6 if EMULATED else 1e-5
+# Gradient norms spread wider than losses after a few AdamW steps: a one-ulp difference in a
+# gradient moves the next weights, and where the loss rises (lr 1e-3 on these tiny models) the
+# steps amplify it. Measured on the emulator: fp32 6 steps up to 2.3e-6 (SEED=651453777, loss
+# 4.638 -> 4.674; 5e-8 to 4e-7 on the other seeds), Llama 2.0e-6 once in a suite run. So the
+# norms get 1e-5 (a wrong gradient moves them by far more: test_model_grads holds the gradients
+# themselves to 1e-5 per tensor), the losses keep FP32_TOL.
+FP32_NORM_TOL = max(FP32_TOL, 1e-5)
 PRECISION_TOL = ({"fp32": FP32_TOL, "bf16": 5e-3, "fp8": 3e-2} if EMULATED else
                  {"fp32": 1e-4, "bf16": 1e-2, "fp8": 1e-1})
 
@@ -265,9 +272,11 @@ def test_precisions_vs_cpu(rng):
             gpu = train_records(TRAIN, tmp, f"gpu_{dtype}", sec)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
             tol = PRECISION_TOL[dtype]
+            norm_tol = max(tol, FP32_NORM_TOL)
             checks.check(f"{steps} steps ./train {dtype} vs ./train_cpu {dtype}",
-                         max(r, rn) < tol, f"max rel err loss {r:.1e}, norm {rn:.1e} per step "
-                         f"(tol {tol:.0e}); loss {cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
+                         r < tol and rn < norm_tol, f"max rel err loss {r:.1e}, norm {rn:.1e} "
+                         f"per step (tol {tol:.0e}, norm {norm_tol:.0e}); loss "
+                         f"{cpu[0]['loss']:.5f} -> {cpu[-1]['loss']:.5f}")
 
 
 # --- 3. bf16 follows fp32 for 100 steps ----------------------------------------------------------
@@ -376,7 +385,8 @@ def test_layouts(rng):
             if noise:
                 check_noise_scale(label, backend, gpu, cpu_noise)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
-            checks.check(f"{label} over {backend} vs one-rank CPU", max(r, rn) < FP32_TOL,
+            checks.check(f"{label} over {backend} vs one-rank CPU",
+                         r < FP32_TOL and rn < FP32_NORM_TOL,
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
                          f"(tol {FP32_TOL:.0e})")
             check_allocator_peaks(label, tmp, label.replace(" ", "_").replace("=", ""), sec)
@@ -405,7 +415,8 @@ def test_documents(rng):
             sec["parallel"] = parallel
             gpu = train_records(TRAIN, tmp, f"doc_gpu{np_ranks}", sec, np_ranks=np_ranks)
             r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
-            checks.check(f"documents {label} vs one-rank CPU", max(r, rn) < FP32_TOL,
+            checks.check(f"documents {label} vs one-rank CPU",
+                         r < FP32_TOL and rn < FP32_NORM_TOL,
                          f"max rel err loss {r:.1e}, norm {rn:.1e} over {steps} steps "
                          f"(tol {FP32_TOL:.0e})")
 
@@ -515,11 +526,9 @@ def test_llama(rng):
         cpu = train_records(TRAIN_CPU, tmp, "llama_cpu", sec)
         gpu = train_records(TRAIN, tmp, "llama_gpu", sec)
         r, rn = steps_rel(gpu, cpu), steps_rel(gpu, cpu, "grad_norm")
-        # The gradient norm after 3 AdamW steps spreads wider than GPT-2's (the backends' exp in
-        # SwiGLU differ in the last bits: the CPU's vectorised exp, CUDA's expf): measured 0 to
-        # 5.9e-7 over 5 seeds and 2.0e-6 once in a full suite run, so the norm gets 1e-5 (loss:
-        # <= 1.1e-7, FP32_TOL).
-        norm_tol = max(FP32_TOL, 1e-5)
+        # The norm: FP32_NORM_TOL (the backends' exp in SwiGLU also differ in the last bits: the
+        # CPU's vectorised exp, CUDA's expf; measured 0 to 5.9e-7 over 5 seeds, 2.0e-6 once).
+        norm_tol = FP32_NORM_TOL
         checks.check(f"Llama GQA {steps} steps ./train fp32 vs ./train_cpu",
                      r < FP32_TOL and rn < norm_tol, f"max rel err loss {r:.1e}, norm {rn:.1e} "
                      f"(tol {FP32_TOL:.0e}, norm {norm_tol:.0e}); loss {cpu[0]['loss']:.5f} -> "
