@@ -24,10 +24,14 @@ step), moe_aux_loss 0.001, moe_z_loss 0.001; a global batch of 8 sequences of T 
    same biases at step 10 bit for bit; resumed by dp2 x ep2 (resharded) within 1e-6.
 3. Refused before any work, naming the key and both values: top_k > n_experts, capacity factor
    < 0, moe_balance = "bias" and n_shared_experts with a dense model.
-4. configs/demo_deepseek.toml (shared, fine-grained, sigmoid, bias, capacity) trains 3 steps on
-   this data at its own shape: finite losses, 4 MoE layers of 32 experts in the metrics.
+4. configs/demo_deepseek.toml (shared, fine-grained, sigmoid, bias, capacity) and
+   configs/demo_mixtral.toml (a Llama with 8 SwiGLU experts, top-2) train 3 steps on this data
+   at their own shapes: finite losses, 4 MoE layers of 32 and of 8 experts in the metrics; the
+   Mixtral demo's checkpoint exports (tools/export.py hf) as MixtralForCausalLM.
 """
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -188,19 +192,29 @@ def test_refused(tmp):
 
 def test_demo(tmp):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    metrics = os.path.join(tmp, "demo.jsonl")
-    run(os.path.join(root, "configs", "demo_deepseek.toml"),
-        [f"--data.train={tmp}/train_*.bin", f"--data.val={tmp}/val_*.bin",
-         f"--model.vocab_size={V}", "--train.steps=3", "--train.warmup_steps=0",
-         "--train.micro_batch=2", "--log.every=1", "--log.val_every=0", "--log.sample_every=0",
-         f"--log.metrics={metrics}"])
-    steps = read_metrics(metrics)[0]
-    loss = [s["loss"] for s in steps]
-    shape = len(steps[0]["moe"]) == 4 and len(steps[0]["moe"][0]["tokens"]) == 32
-    checks.check("configs/demo_deepseek.toml trains", len(loss) == 3 and
-                 all(np.isfinite(loss)) and shape,
-                 f"losses {', '.join(f'{x:.4f}' for x in loss)}; layers "
-                 f"{len(steps[0]['moe'])}, experts {len(steps[0]['moe'][0]['tokens'])}")
+    for name, layers, experts in (("demo_deepseek", 4, 32), ("demo_mixtral", 4, 8)):
+        metrics, ckpt = os.path.join(tmp, f"{name}.jsonl"), os.path.join(tmp, f"{name}_ckpt")
+        run(os.path.join(root, "configs", f"{name}.toml"),
+            [f"--data.train={tmp}/train_*.bin", f"--data.val={tmp}/val_*.bin",
+             f"--model.vocab_size={V}", "--train.steps=3", "--train.warmup_steps=0",
+             "--train.micro_batch=2", "--log.every=1", "--log.val_every=0",
+             "--log.sample_every=0", f"--log.metrics={metrics}"] +
+            ([f"--checkpoint.dir={ckpt}", "--checkpoint.every=3"] if name == "demo_mixtral"
+             else []))
+        steps = read_metrics(metrics)[0]
+        loss = [s["loss"] for s in steps]
+        shape = len(steps[0]["moe"]) == layers and len(steps[0]["moe"][0]["tokens"]) == experts
+        checks.check(f"configs/{name}.toml trains", len(loss) == 3 and
+                     all(np.isfinite(loss)) and shape,
+                     f"losses {', '.join(f'{x:.4f}' for x in loss)}; layers "
+                     f"{len(steps[0]['moe'])}, experts {len(steps[0]['moe'][0]['tokens'])}")
+    out = os.path.join(tmp, "demo_mixtral_hf")
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "export.py"), "hf", ckpt, out],
+                       capture_output=True, text=True, timeout=120)
+    arch = json.load(open(os.path.join(out, "config.json")))["architectures"] \
+        if r.returncode == 0 else r.stderr.strip()
+    checks.check("configs/demo_mixtral.toml exports as MixtralForCausalLM",
+                 arch == ["MixtralForCausalLM"], f"config.json architectures {arch}")
 
 
 def main():
