@@ -8,7 +8,7 @@ Mixtral (softmax over all E, torch.topk, renormalised over the chosen k: the rou
 model/moe.cu, config/config_hf.cu says why); [train] moe_aux_loss and moe_z_loss are 0, so the
 trainer's loss is the language-model loss alone.
 1. Import -> 10 AdamW steps (lr 3e-3): the per-step losses (step 1's is the imported model's
-   loss) equal float64's within 1e-5 relative (measured <= 1.5e-6 over 25 seeds), on one rank
+   loss) equal float64's within 3e-5 relative (measured <= 2.4e-6 over 25 seeds), on one rank
    and on dp2 x ep2 (each expert-parallel rank reads only its experts' w1, w3, w2).
 2. Import -> one lr = 0 step -> checkpoint -> tools/export.py hf: every tensor bit-identical to
    the directory read and config.json's keys equal, at dp2 x ep2 (F32) and on one rank from the
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = [sys.executable, os.path.join(ROOT, "tools", "export.py")]
 L, NH, NKV, C, F_, V, T, E, K = 2, 4, 2, 32, 24, 101, 16, 4, 2
 STEPS, LR = 10, 3e-3
-TRAIN_TOL = 1e-5  # measured <= 1.5e-6 relative over 25 seeds
+TRAIN_TOL = 3e-5  # measured <= 2.4e-6 relative over 25 seeds
 DP2_EP2 = (["--parallel.dp=2", "--parallel.ep=2", "--train.micro_batch=1"], 2)
 
 
