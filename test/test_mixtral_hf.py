@@ -13,7 +13,8 @@ trainer's loss is the language-model loss alone.
 2. Import -> one lr = 0 step -> checkpoint -> tools/export.py hf: every tensor bit-identical to
    the directory read and config.json's keys equal, at dp2 x ep2 (F32) and on one rank from the
    BF16 shards exported as BF16 (the same bits).
-3. Refused before any work (no metrics or checkpoint written), naming the key and both values:
+3. Refused before any work (no metrics or checkpoint written), naming the key and both values
+   (the reader reports every problem of a config at once, so these take five runs):
    [model] n_experts, top_k, d_expert, n_kv_head, router_score, n_shared_experts and moe_every
    disagreeing with config.json; num_experts_per_tok = 1, router_jitter_noise != 0, a
    sliding_window shorter than max_position_embeddings; a Llama directory with [model]
@@ -141,25 +142,26 @@ def refused(tmp, what, sec, words):
 
 
 def test_refusals(tmp, rng):
+    """The config reader reports every problem of a run at once: the keys are refused in three
+    runs (two of [model] keys, one of config.json keys), each message checked."""
     path, _ = mixtral_dir(tmp, rng, "bad")
-    for key, value, theirs in (("n_experts", 8, "num_local_experts = 4"),
-                               ("top_k", 3, "num_experts_per_tok = 2"),
-                               ("d_expert", 32, "intermediate_size = 24"),
-                               ("n_kv_head", 4, "num_key_value_heads = 2"),
-                               ("router_score", "sigmoid", "softmax"),
-                               ("n_shared_experts", 1, "no shared experts"),
-                               ("moe_every", 2, "moe_every = 1")):
-        shown = f'"{value}"' if isinstance(value, str) else str(value)
-        refused(tmp, f"[model] {key} disagrees", sections(tmp, path, **{key: value}),
-                [f"{key} = {shown}", theirs, "config.json"])
-    for what, changes, words in (
-            ("num_experts_per_tok = 1", {"num_experts_per_tok": 1},
-             ["num_experts_per_tok = 1", "renormalises"]),
-            ("router_jitter_noise", {"router_jitter_noise": 0.01}, ["router_jitter_noise = 0.01"]),
-            ("a sliding window", {"sliding_window": 8},
-             ["sliding_window = 8", "max_position_embeddings = 64"])):
-        p, _ = mixtral_dir(tmp, rng, "bad_" + what.split()[0], **changes)
-        refused(tmp, what, sections(tmp, p), words)
+    for keys in ((("n_experts", 8, "num_local_experts = 4"),
+                  ("top_k", 3, "num_experts_per_tok = 2"),
+                  ("d_expert", 32, "intermediate_size = 24"),
+                  ("n_kv_head", 4, "num_key_value_heads = 2")),
+                 (("router_score", "sigmoid", "a softmax router"),
+                  ("n_shared_experts", 1, "no shared experts"), ("moe_every", 2, "moe_every = 1"))):
+        words = [w for key, value, theirs in keys
+                 for w in (f"{key} = " + (f'"{value}"' if isinstance(value, str) else str(value)),
+                           theirs)]
+        refused(tmp, "[model] " + ", ".join(k for k, _, _ in keys) + " disagree",
+                sections(tmp, path, **{k: v for k, v, _ in keys}), words + ["config.json"])
+    p, _ = mixtral_dir(tmp, rng, "unsupported", num_experts_per_tok=1, router_jitter_noise=0.01,
+                       sliding_window=8)
+    refused(tmp, "num_experts_per_tok = 1, router_jitter_noise, a sliding window",
+            sections(tmp, p), ["num_experts_per_tok = 1", "renormalises",
+                               "router_jitter_noise = 0.01", "sliding_window = 8",
+                               "max_position_embeddings = 64"])
     p, cfg = mixtral_dir(tmp, rng, "missing")
     _, P = ref.read_hf_dir(p)
     gone = "model.layers.1.block_sparse_moe.experts.3.w3.weight"
