@@ -1,7 +1,9 @@
-// checkpoint/hf_llama.cu - Hugging Face Llama weights as a ParamFill (checkpoint/hf_llama.h).
+// checkpoint/hf_llama.cu - Hugging Face Llama and Mixtral weights as a ParamFill
+// (checkpoint/hf_llama.h).
 //
 // Each of our tensors is a stack of row sections, each section all the rows of one Hugging Face
-// tensor (qkv: q, k, v; fc: gate, up; the rest: one). A block of our tensor is read as runs of
+// tensor (qkv: q, k, v; fc: gate, up; a Mixtral's experts: w1, w3 per expert for fc, w2 per
+// expert for proj; the rest: one). A block of our tensor is read as runs of
 // rows inside one section: whole rows in one pread, a column range a pread per row. Rows past
 // the last section (the padded vocabulary) are zero.
 #include "checkpoint/hf_llama.h"
@@ -30,6 +32,12 @@ std::vector<OurTensor> our_tensors(const ModelConfig& m) {
     out.push_back({h + "ln_2/weight", 1, true});
     out.push_back({h + "attn/qkv/weight", C, false});
     out.push_back({h + "attn/proj/weight", NH * HS, false});
+    if (m.is_moe(l)) {  // a Mixtral's sparse MoE block
+      out.push_back({h + "mlp/router/weight", C, false});
+      out.push_back({h + "mlp/experts/fc/weight", C, false});
+      out.push_back({h + "mlp/experts/proj/weight", m.expert_hidden(), false});
+      continue;
+    }
     out.push_back({h + "mlp/fc/weight", C, false});
     out.push_back({h + "mlp/proj/weight", F, false});
   }
@@ -75,6 +83,23 @@ std::string check_tensors(const SafetensorsSet& set, const ModelConfig& m) {
   return "";
 }
 
+// A Mixtral's experts, stacked: expert e's fc rows [2eD, 2eD + D) are its w1 (gate), the next D
+// its w3 (up); its proj rows [eC, eC + C) are its w2 (down).
+std::vector<HfSection> mixtral_expert_sections(const std::string& kind, const std::string& p,
+                                               const ModelConfig& m) {
+  const int64_t C = m.d_model, D = m.expert_hidden();
+  std::vector<HfSection> out;
+  for (int64_t e = 0; e < m.n_experts; e++) {
+    const std::string x = p + std::to_string(e) + ".";
+    if (kind == "mlp/experts/fc/weight") {
+      out.push_back({2 * e * D, D, x + "w1.weight"});
+      out.push_back({2 * e * D + D, D, x + "w3.weight"});
+    } else if (kind == "mlp/experts/proj/weight")
+      out.push_back({e * C, C, x + "w2.weight"});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<HfSection> hf_llama_sections(const std::string& name, const ModelConfig& m) {
@@ -97,7 +122,8 @@ std::vector<HfSection> hf_llama_sections(const std::string& name, const ModelCon
   if (kind == "mlp/fc/weight")
     return {{0, F, p + "mlp.gate_proj.weight"}, {F, F, p + "mlp.up_proj.weight"}};
   if (kind == "mlp/proj/weight") return {{0, C, p + "mlp.down_proj.weight"}};
-  return {};
+  if (kind == "mlp/router/weight") return {{0, m.n_experts, p + "block_sparse_moe.gate.weight"}};
+  return mixtral_expert_sections(kind, p + "block_sparse_moe.experts.", m);
 }
 
 HfLlamaModel hf_llama_open(const std::string& dir, const ModelConfig& m) {

@@ -1,4 +1,5 @@
-// checkpoint/hf_llama.h - the first weights from a Hugging Face LlamaForCausalLM directory
+// checkpoint/hf_llama.h - the first weights from a Hugging Face LlamaForCausalLM (or
+// MixtralForCausalLM) directory
 // ([init] from = "DIR": config.json + model.safetensors, or shards with
 // model.safetensors.index.json; F32 or BF16 tensors).
 //
@@ -19,6 +20,12 @@
 //   h.l/attn/proj/weight       self_attn.o_proj
 //   h.l/mlp/fc/weight          two row sections: mlp.gate_proj (F rows), mlp.up_proj (F rows)
 //   h.l/mlp/proj/weight        mlp.down_proj
+// A Mixtral (MixtralForCausalLM: every layer a sparse MoE block, E = n_experts experts of hidden
+// D = d_expert, prefix model.layers.l.block_sparse_moe.) has instead of the two MLP tensors:
+//   h.l/mlp/router/weight        (E, C)    gate.weight
+//   h.l/mlp/experts/fc/weight    (E*2D, C) per expert e two row sections: experts.e.w1 (D rows,
+//                                          the gate), experts.e.w3 (D rows, the up projection)
+//   h.l/mlp/experts/proj/weight  (E*C, D)  per expert e: experts.e.w2 (C rows)
 // RoPE needs no permutation: Hugging Face's q_proj and k_proj rows are already in the
 // rotate_half order our kernels use.
 #pragma once

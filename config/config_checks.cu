@@ -312,7 +312,7 @@ static void check_experts(Checker& c) {
   if (cfg.parallel.ep > 0 && m.n_experts % cfg.parallel.ep != 0)
     c.problems.add(key("model.n_experts") + " is not a multiple of " + key("parallel.ep") +
                    " (each expert-parallel rank holds n_experts/ep experts)");
-  if (!cfg.init.from.empty())
+  if (!cfg.init.from.empty() && !is_hf_directory(cfg.init.from))  // a Mixtral directory is read
     c.problems.add(key("init.from") + " names an llm.c model, which is dense; it cannot start "
                    "a model with " + key("model.n_experts"));
 }

@@ -1,5 +1,6 @@
-// config/config_hf.cu - [init] from = "DIR" where DIR is a Hugging Face Llama directory: the
-// [model] keys from DIR/config.json, each one given in the config checked against it.
+// config/config_hf.cu - [init] from = "DIR" where DIR is a Hugging Face Llama or Mixtral
+// directory: the [model] keys from DIR/config.json, each one given in the config checked against
+// it.
 //
 // A key given in [model] must equal config.json's value (a mismatch names the key, both values
 // and where each came from); a key not given is filled from config.json, as the llm.c reader
@@ -11,14 +12,34 @@
 //   rms_norm_eps -> norm_eps (1e-6)   rope_theta -> rope_theta (10000)
 //   tie_word_embeddings -> tie_embeddings (false)
 //   max_position_embeddings -> max_seq_len; seq_len must not exceed it and defaults to it
-// and what our model cannot be is refused: model_type other than "llama", hidden_act other than
-// "silu", attention_bias or mlp_bias true, head_dim other than hidden_size/num_attention_heads,
-// and any non-null rope_scaling (Llama 3.1's long-context frequency rescaling is not built).
-// [model] arch is filled as "llama" (arch = "gpt2" with a Hugging Face directory is a mismatch).
+// and what our model cannot be is refused: model_type other than "llama" or "mixtral", hidden_act
+// other than "silu", attention_bias or mlp_bias true, head_dim other than
+// hidden_size/num_attention_heads, and any non-null rope_scaling (Llama 3.1's long-context
+// frequency rescaling is not built). A "llama" directory is dense: [model] n_experts > 0 is a
+// mismatch. [model] arch is filled as "llama" (arch = "gpt2" with a Hugging Face directory is a
+// mismatch).
+//
+// Mixtral (model_type "mixtral", MixtralForCausalLM) is a Llama whose every MLP is a sparse MoE
+// block: a router block_sparse_moe.gate (E, d_model) and E SwiGLU experts w1 (gate), w3 (up),
+// w2 (down) of hidden size intermediate_size. Its keys, with MixtralConfig's defaults:
+//   num_local_experts -> n_experts (8)     num_experts_per_tok -> top_k (2)
+//   intermediate_size -> d_expert (not d_ff: a Mixtral has no dense MLP)
+//   num_key_value_heads (8), rms_norm_eps (1e-5), rope_theta (1e6)
+// and [model] moe_every = 1, n_shared_experts = 0, router_score = "softmax" (filled, or checked
+// when given). Mixtral's router, p = softmax(gate(x)) over all E experts, the top k of p, their
+// weights renormalised over the chosen k (routing_weights /= sum), is model/moe.cu's softmax
+// router exactly for top_k >= 2 (a tie between two p inside the top k is decided by index here,
+// by torch.topk there: measure zero with real weights). It cannot be expressed for: top_k = 1
+// (Mixtral renormalises the one gate to 1, ours keeps the raw p_e), router_jitter_noise other
+// than 0 (multiplicative noise on the router's input in training) and a sliding_window shorter
+// than max_position_embeddings (attention here sees every earlier position): each refused.
+// router_aux_loss_coef and output_router_logits are Hugging Face's training options and are not
+// read; [train] moe_aux_loss and moe_z_loss set ours.
 // The tensors themselves are checked when they are read (checkpoint/hf_llama.cu).
 #include <sys/stat.h>
 
 #include <cmath>
+#include <functional>
 
 #include "config/config_schema.h"
 #include "config/json.h"
@@ -99,8 +120,9 @@ struct HfKeys {
 // What our Llama cannot be: each a problem naming the key.
 void refuse_unsupported(HfKeys& k) {
   const JsonValue* type = k.member("model_type", JsonValue::String);
-  if (type && type->text != "llama")
-    k.problem("model_type = \"" + type->text + "\": only \"llama\" (LlamaForCausalLM) is read");
+  if (type && type->text != "llama" && type->text != "mixtral")
+    k.problem("model_type = \"" + type->text + "\": only \"llama\" (LlamaForCausalLM) and "
+              "\"mixtral\" (MixtralForCausalLM) are read");
   const JsonValue* act = k.member("hidden_act", JsonValue::String);
   if (act && act->text != "silu")
     k.problem("hidden_act = \"" + act->text + "\": the Llama MLP here is SwiGLU (\"silu\")");
@@ -119,6 +141,55 @@ void refuse_unsupported(HfKeys& k) {
     k.problem(strf("head_dim = %g, but hidden_size / num_attention_heads = %d / %d: only "
                    "head_dim = hidden_size / num_attention_heads is supported",
                    head_dim->number, m.d_model, m.n_head));
+}
+
+// A [model] key that a Mixtral fixes (moe_every 1, n_shared_experts 0, router_score "softmax"):
+// filled, or a mismatch when given otherwise.
+void fixed_key(HfKeys& k, const char* id, bool given_agrees, const char* theirs,
+               const std::string& ours, const std::function<void()>& fill) {
+  if (!k.given(id)) fill(), k.origins[id] = k.origin();
+  else if (!given_agrees) k.mismatch(id, "model_type", ours, theirs);
+}
+
+// Mixtral's experts and router (the comment at the top says how its router maps onto ours).
+void mixtral_keys(HfKeys& k) {
+  ModelConfig& m = k.cfg.model;
+  k.int_key("num_local_experts", "model.n_experts", &m.n_experts, false, 8);
+  k.int_key("num_experts_per_tok", "model.top_k", &m.top_k, false, 2);
+  k.int_key("intermediate_size", "model.d_expert", &m.d_expert, true, 0);
+  fixed_key(k, "model.moe_every", m.moe_every == 1,
+            "\"mixtral\" (every layer an MoE layer: moe_every = 1)",
+            std::to_string(m.moe_every), [&] { m.moe_every = 1; });
+  fixed_key(k, "model.n_shared_experts", m.n_shared_experts == 0,
+            "\"mixtral\" (no shared experts: n_shared_experts = 0)",
+            std::to_string(m.n_shared_experts), [&] { m.n_shared_experts = 0; });
+  fixed_key(k, "model.router_score", m.router_score == "softmax",
+            "\"mixtral\" (a softmax router: router_score = \"softmax\")",
+            "\"" + m.router_score + "\"", [&] { m.router_score = "softmax"; });
+  const JsonValue* top_k = k.member("num_experts_per_tok", JsonValue::Number);
+  if (top_k && top_k->is_integer && top_k->integer == 1)
+    k.problem("num_experts_per_tok = 1: Mixtral renormalises the one chosen gate to 1, while "
+              "the router here (model/moe.cu) keeps the raw softmax probability at top_k = 1; "
+              "only num_experts_per_tok >= 2 is read");
+  const JsonValue* jitter = k.member("router_jitter_noise", JsonValue::Number);
+  if (jitter && jitter->number != 0)
+    k.problem(strf("router_jitter_noise = %g: the router here has no input noise; only 0 is "
+                   "read", jitter->number));
+  const JsonValue* window = k.member("sliding_window", JsonValue::Number);
+  const JsonValue* max_pos = k.member("max_position_embeddings", JsonValue::Number);
+  if (window && max_pos && window->number < max_pos->number)
+    k.problem(strf("sliding_window = %g is shorter than max_position_embeddings = %g: "
+                   "attention here sees every earlier position; only a null or no shorter "
+                   "window is read", window->number, max_pos->number));
+}
+
+// A "llama" directory is dense: experts given in [model] disagree with it.
+void llama_has_no_experts(HfKeys& k) {
+  const ModelConfig& m = k.cfg.model;
+  if (k.given("model.n_experts") && m.n_experts > 0)
+    k.mismatch("model.n_experts", "model_type", std::to_string(m.n_experts),
+               "\"llama\" (a dense LlamaForCausalLM: no experts; a Mixtral has model_type "
+               "\"mixtral\")");
 }
 
 // seq_len (default: max_position_embeddings) and max_seq_len must fit the trained positions.
@@ -168,14 +239,17 @@ void resolve_hf_model(Config& cfg, Origins& origins, Problems& problems) {
   k.int_key("hidden_size", "model.d_model", &m.d_model, true, 0);
   k.int_key("num_hidden_layers", "model.n_layer", &m.n_layer, true, 0);
   k.int_key("num_attention_heads", "model.n_head", &m.n_head, true, 0);
-  k.int_key("intermediate_size", "model.d_ff", &m.d_ff, true, 0);
+  const JsonValue* type = json.find("model_type");
+  const bool mixtral = type && type->kind == JsonValue::String && type->text == "mixtral";
+  if (mixtral) mixtral_keys(k);
+  else k.int_key("intermediate_size", "model.d_ff", &m.d_ff, true, 0), llama_has_no_experts(k);
   k.int_key("vocab_size", "model.vocab_size", &m.vocab_size, true, 0);
-  const int n_head = m.n_head;  // num_key_value_heads defaults to the file's head count
+  const int n_head = m.n_head;  // Llama's num_key_value_heads defaults to the file's head count
   const JsonValue* nh = json.find("num_attention_heads");
   k.int_key("num_key_value_heads", "model.n_kv_head", &m.n_kv_head, false,
-            nh && nh->is_integer ? (int)nh->integer : n_head);
-  k.float_key("rms_norm_eps", "model.norm_eps", &m.norm_eps, 1e-6);
-  k.float_key("rope_theta", "model.rope_theta", &m.rope_theta, 10000.0);
+            mixtral ? 8 : nh && nh->is_integer ? (int)nh->integer : n_head);
+  k.float_key("rms_norm_eps", "model.norm_eps", &m.norm_eps, mixtral ? 1e-5 : 1e-6);
+  k.float_key("rope_theta", "model.rope_theta", &m.rope_theta, mixtral ? 1e6 : 10000.0);
   k.bool_key("tie_word_embeddings", "model.tie_embeddings", &m.tie_embeddings, false);
   refuse_unsupported(k);
   position_keys(k);

@@ -13,6 +13,13 @@ LlamaForCausalLM as written in its modeling file, in float64:
     cross-entropy over the V logits.
 Parameters carry Hugging Face's names ("model.layers.0.self_attn.q_proj.weight", ...).
 
+Mixtral (config model_type "mixtral", MixtralForCausalLM), as its modeling file writes the sparse
+MoE block that replaces every MLP: router logits = h gate^T (E = num_local_experts), weights =
+softmax over all E, the top k = num_experts_per_tok of them by torch.topk, renormalised over
+those k; out = sum over the chosen experts of weight * w2(silu(w1 h) * w3 h), experts of hidden
+size intermediate_size, no biases. Its tensors: block_sparse_moe.gate.weight (E, C) and
+block_sparse_moe.experts.e.{w1,w3}.weight (F, C), w2.weight (C, F).
+
 Files:
   - safetensors, read and written with struct + json + numpy: an 8-byte little-endian header
     length n, n bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}} with an
@@ -114,6 +121,21 @@ def llama_config(L, NH, NKV, C, F_, V, max_pos=64, theta=10000.0, eps=1e-5, tied
             "rope_scaling": None, "torch_dtype": "float32", "initializer_range": 0.02}
 
 
+def mixtral_config(L, NH, NKV, C, F_, V, E, top_k, **kw):
+    """A MixtralForCausalLM config.json dict (llama_config's keys otherwise)."""
+    cfg = llama_config(L, NH, NKV, C, F_, V, **kw)
+    for key in ("attention_bias", "mlp_bias"):
+        del cfg[key]
+    cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": E, "num_experts_per_tok": top_k, "sliding_window": None,
+                "router_jitter_noise": 0.0})
+    return cfg
+
+
+def is_mixtral(cfg):
+    return cfg.get("model_type") == "mixtral"
+
+
 def hf_shapes(cfg):
     """{name: shape} of every tensor of a LlamaForCausalLM with config cfg."""
     C, V, F_ = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
@@ -129,8 +151,16 @@ def hf_shapes(cfg):
                   p + "self_attn.q_proj.weight": (NH * HS, C),
                   p + "self_attn.k_proj.weight": (NKV * HS, C),
                   p + "self_attn.v_proj.weight": (NKV * HS, C),
-                  p + "self_attn.o_proj.weight": (C, NH * HS),
-                  p + "mlp.gate_proj.weight": (F_, C), p + "mlp.up_proj.weight": (F_, C),
+                  p + "self_attn.o_proj.weight": (C, NH * HS)})
+        if is_mixtral(cfg):
+            m = p + "block_sparse_moe."
+            s[m + "gate.weight"] = (cfg["num_local_experts"], C)
+            for e in range(cfg["num_local_experts"]):
+                x = f"{m}experts.{e}."
+                s.update({x + "w1.weight": (F_, C), x + "w3.weight": (F_, C),
+                          x + "w2.weight": (C, F_)})
+            continue
+        s.update({p + "mlp.gate_proj.weight": (F_, C), p + "mlp.up_proj.weight": (F_, C),
                   p + "mlp.down_proj.weight": (C, F_)})
     return s
 
@@ -206,8 +236,22 @@ def rope_cos_sin(T, hd, theta):
     return emb.cos(), emb.sin()
 
 
+def mixtral_moe(P, m, h, cfg):
+    """Mixtral's sparse MoE block on h (B, T, C): softmax over all E, top k, renormalised."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    weights = (h @ P[m + "gate.weight"].T).softmax(dim=-1)
+    top, chosen = torch.topk(weights, k, dim=-1)
+    top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e in range(E):
+        x = f"{m}experts.{e}."
+        y = (F.silu(h @ P[x + "w1.weight"].T) * (h @ P[x + "w3.weight"].T)) @ P[x + "w2.weight"].T
+        out = out + (top * (chosen == e)).sum(dim=-1, keepdim=True) * y
+    return out
+
+
 def llama_loss(P, idx, targets, cfg):
-    """Mean cross-entropy (float64) of LlamaForCausalLM over idx (B, T)."""
+    """Mean cross-entropy (float64) of LlamaForCausalLM (or MixtralForCausalLM) over idx (B, T)."""
     B, T = idx.shape
     C, NH = cfg["hidden_size"], cfg["num_attention_heads"]
     NKV = cfg.get("num_key_value_heads", NH)
@@ -229,6 +273,9 @@ def llama_loss(P, idx, targets, cfg):
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * HS)
         x = x + y @ P[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
+        if is_mixtral(cfg):
+            x = x + mixtral_moe(P, p + "block_sparse_moe.", h, cfg)
+            continue
         mlp = F.silu(h @ P[p + "mlp.gate_proj.weight"].T) * (h @ P[p + "mlp.up_proj.weight"].T)
         x = x + mlp @ P[p + "mlp.down_proj.weight"].T
     x = rms_norm(x, P["model.norm.weight"], eps)

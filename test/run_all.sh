@@ -137,7 +137,7 @@ run fp8         $PY test/test_fp8.py
 run fp8-linear  "$BUILD/test_fp8_linear"
 run checkpoint-writers "$BUILD/test_checkpoint_writers"
 run export      $PY test/test_export.py
-run llama-hf    $PY test/test_llama_hf.py
+run llama-hf    bash -c "$PY test/test_llama_hf.py && $PY test/test_mixtral_hf.py"  # Llama, Mixtral in/out
 run usability   $PY test/test_usability.py
 run checkpoint-safety $PY test/test_checkpoint_safety.py
 run loss-spikes $PY test/test_loss_spikes.py

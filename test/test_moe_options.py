@@ -24,10 +24,23 @@ step), moe_aux_loss 0.001, moe_z_loss 0.001; a global batch of 8 sequences of T 
    same biases at step 10 bit for bit; resumed by dp2 x ep2 (resharded) within 1e-6.
 3. Refused before any work, naming the key and both values: top_k > n_experts, capacity factor
    < 0, moe_balance = "bias" and n_shared_experts with a dense model.
-4. configs/demo_deepseek.toml (shared, fine-grained, sigmoid, bias, capacity) trains 3 steps on
-   this data at its own shape: finite losses, 4 MoE layers of 32 experts in the metrics.
+4. configs/demo_deepseek.toml (shared, fine-grained, sigmoid, bias, capacity) and
+   configs/demo_mixtral.toml (a Llama with 8 SwiGLU experts, top-2) train 3 steps on this data
+   at their own shapes: finite losses, 4 MoE layers of 32 and of 8 experts in the metrics; the
+   Mixtral demo's checkpoint exports (tools/export.py hf) as MixtralForCausalLM.
+5. Against float64 (test/moe_reference.py, its own AdamW loop and bias updates), one rank, 10
+   AdamW steps at lr 1e-3 with weight decay 0.1 (not on the router), a batch of 8 sequences,
+   the biases moving every step (rate 0.01, b_e += rate x sign(mean load - load_e), in float32
+   as the trainer keeps them), from the trainer's own random init (read from a 1-step lr 0 run):
+   M itself (shared expert, sigmoid, capacity 1.0) and fine-grained E=16 of d_expert 8, top_k
+   8, softmax, capacity 0.75 (room for 3/4 of the pairs: an overflow every step). Loss, aux_loss
+   and z_loss within 1e-6 relative (measured <= 1.1e-7 over 25 seeds), the tokens per expert
+   equal every step, the dropped fractions equal (every step drops), the biases at step 10 bit
+   for bit.
 """
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -188,25 +201,128 @@ def test_refused(tmp):
 
 def test_demo(tmp):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    metrics = os.path.join(tmp, "demo.jsonl")
-    run(os.path.join(root, "configs", "demo_deepseek.toml"),
-        [f"--data.train={tmp}/train_*.bin", f"--data.val={tmp}/val_*.bin",
-         f"--model.vocab_size={V}", "--train.steps=3", "--train.warmup_steps=0",
-         "--train.micro_batch=2", "--log.every=1", "--log.val_every=0", "--log.sample_every=0",
-         f"--log.metrics={metrics}"])
-    steps = read_metrics(metrics)[0]
-    loss = [s["loss"] for s in steps]
-    shape = len(steps[0]["moe"]) == 4 and len(steps[0]["moe"][0]["tokens"]) == 32
-    checks.check("configs/demo_deepseek.toml trains", len(loss) == 3 and
-                 all(np.isfinite(loss)) and shape,
-                 f"losses {', '.join(f'{x:.4f}' for x in loss)}; layers "
-                 f"{len(steps[0]['moe'])}, experts {len(steps[0]['moe'][0]['tokens'])}")
+    for name, layers, experts in (("demo_deepseek", 4, 32), ("demo_mixtral", 4, 8)):
+        metrics, ckpt = os.path.join(tmp, f"{name}.jsonl"), os.path.join(tmp, f"{name}_ckpt")
+        run(os.path.join(root, "configs", f"{name}.toml"),
+            [f"--data.train={tmp}/train_*.bin", f"--data.val={tmp}/val_*.bin",
+             f"--model.vocab_size={V}", "--train.steps=3", "--train.warmup_steps=0",
+             "--train.micro_batch=2", "--log.every=1", "--log.val_every=0",
+             "--log.sample_every=0", f"--log.metrics={metrics}"] +
+            ([f"--checkpoint.dir={ckpt}", "--checkpoint.every=3"] if name == "demo_mixtral"
+             else []))
+        steps = read_metrics(metrics)[0]
+        loss = [s["loss"] for s in steps]
+        shape = len(steps[0]["moe"]) == layers and len(steps[0]["moe"][0]["tokens"]) == experts
+        checks.check(f"configs/{name}.toml trains", len(loss) == 3 and
+                     all(np.isfinite(loss)) and shape,
+                     f"losses {', '.join(f'{x:.4f}' for x in loss)}; layers "
+                     f"{len(steps[0]['moe'])}, experts {len(steps[0]['moe'][0]['tokens'])}")
+    out = os.path.join(tmp, "demo_mixtral_hf")
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "export.py"), "hf", ckpt, out],
+                       capture_output=True, text=True, timeout=120)
+    arch = json.load(open(os.path.join(out, "config.json")))["architectures"] \
+        if r.returncode == 0 else r.stderr.strip()
+    checks.check("configs/demo_mixtral.toml exports as MixtralForCausalLM",
+                 arch == ["MixtralForCausalLM"], f"config.json architectures {arch}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Against float64 over 10 AdamW steps, the biases moving
+# ---------------------------------------------------------------------------------------------
+FLOAT64_CASES = [  # (label, [model] changes, [train] changes), TRAIN's otherwise
+    ("shared, sigmoid, bias, capacity 1.0", {}, dict(lr=1e-3, weight_decay=0.1)),
+    ("fine-grained E=16 top_k=8, softmax, bias, capacity 0.75",
+     dict(n_experts=16, top_k=8, d_expert=8, n_shared_experts=0, router_score="softmax"),
+     dict(lr=1e-3, weight_decay=0.1, moe_capacity_factor=0.75))]
+FLOAT64_TOL = 1e-6  # measured <= 1.1e-7 relative (loss, aux, z) over 25 seeds
+
+
+def initial_weights(tmp, name, model, train_kw):
+    """The trainer's random init (same seed): a 1-step run at lr 0 and bias rate 0 keeps it."""
+    import h5py
+    ck = os.path.join(tmp, name + "_init")
+    sec = sections(tmp, name + "_init", steps=1, micro_batch=ROWS, grad_accum=1, model=model,
+                   **dict(train_kw, lr=0.0, moe_bias_rate=0.0))
+    sec["checkpoint"] = {"dir": ck, "every": 1}
+    run(write_config(tmp, name + "_init.toml", sec))
+    with h5py.File(os.path.join(ck, "step_000001", "checkpoint.h5"), "r") as f:
+        names = []
+        f["model"].visit(lambda n: names.append(n) if isinstance(f["model"][n], h5py.Dataset)
+                         else None)
+        return {n: np.asarray(f["model"][n][...], dtype=np.float64) for n in names}
+
+
+def float64_run(W, model, train_kw, tokens):
+    """Per step: (lm, aux, z, {layer: tokens per expert}, {layer: dropped}) and the final biases
+    (float32, as the trainer keeps them) of float64 AdamW training with bias balancing."""
+    import torch
+    import gpt2_reference as gref
+    import moe_reference as mref
+    t = dict(TRAIN, **train_kw)
+    E, k = model["n_experts"], model["top_k"]
+    P = {n: torch.tensor(a.reshape(mref.param_shapes(L, C, T, V, E, model["d_expert"], 1,
+                                                     model["n_shared_experts"])[n]),
+                         requires_grad=True) for n, a in W.items()}
+    decay = [p for n, p in P.items() if p.dim() >= 2 and not n.endswith("router/weight")]
+    rest = [p for n, p in P.items() if not (p.dim() >= 2 and not n.endswith("router/weight"))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
+                             {"params": rest, "weight_decay": 0.0}], lr=t["lr"],
+                            betas=(0.9, 0.95), eps=t["eps"], foreach=False)
+    bias = {l: np.zeros(E, np.float32) for l in range(L)}
+    cfg = dict(L=L, NH=NH, V=V, E=E, top_k=k, moe_every=1, aux=t["moe_aux_loss"],
+               z=t["moe_z_loss"], S=model["n_shared_experts"], score=model["router_score"],
+               capacity=t["moe_capacity_factor"])
+    batches, out = gref.llmc_batches(tokens, ROWS, T), []
+    for _ in range(STEPS):
+        x, y = next(batches)
+        cfg["bias"] = {l: torch.tensor(b, dtype=torch.float64) for l, b in bias.items()}
+        opt.zero_grad()
+        total, lm, aux, zl, chosen, _ = mref.moe_gpt_loss(P, x, y, cfg)
+        total.backward()
+        opt.step()
+        loads = {l: np.bincount(c.reshape(-1).numpy(), minlength=E) for l, c in chosen.items()}
+        drops = {l: float((mref.keep_within_capacity(c, E, cfg["capacity"]) == 0).sum()) /
+                 c.numel() for l, c in chosen.items()}
+        for l, load in loads.items():  # b_e += rate * sign(mean load - load_e), in float32
+            step = np.float32(t["moe_bias_rate"]) * np.sign(load.mean() - load).astype(np.float32)
+            bias[l] = (bias[l] + step).astype(np.float32)
+        out.append((lm.item(), float(aux), float(zl), loads, drops))
+    return out, np.concatenate([bias[l] for l in range(L)])
+
+
+def test_float64(tmp, tokens):
+    for i, (label, model_kw, train_kw) in enumerate(FLOAT64_CASES):
+        model = dict(M, **model_kw)
+        W = initial_weights(tmp, f"f64_{i}", model, train_kw)
+        want, want_bias = float64_run(W, model, train_kw, tokens)
+        ck = os.path.join(tmp, f"f64_{i}_ck")
+        sec = sections(tmp, f"f64_{i}", micro_batch=ROWS, grad_accum=1, model=model, **train_kw)
+        sec["checkpoint"] = {"dir": ck, "every": STEPS}
+        run(write_config(tmp, f"f64_{i}.toml", sec))
+        got = read_metrics(sec["log"]["metrics"])[0]
+        errs = [max_rel([s[key] for s in got], [w[j] for w in want])
+                for j, key in enumerate(("loss", "aux_loss", "z_loss"))]
+        routed = all([list(map(int, l["tokens"])) for l in s["moe"]] ==
+                     [w[3][l].tolist() for l in range(L)] for s, w in zip(got, want))
+        dropped = max(abs(l["dropped"] - w[4][l["layer"]]) for s, w in zip(got, want)
+                      for l in s["moe"])
+        bias = bias_attr(os.path.join(ck, f"step_{STEPS:06d}"))
+        checks.check(f"float64, {STEPS} AdamW steps: {label}",
+                     len(got) == STEPS and max(errs) < FLOAT64_TOL and routed and
+                     dropped < 1e-8 and np.array_equal(bias, want_bias) and
+                     min(w[4][l] for w in want for l in range(L)) > 0 and np.any(want_bias),
+                     f"max rel error loss {errs[0]:.1e}, aux {errs[1]:.1e}, z {errs[2]:.1e} "
+                     f"(tolerance {FLOAT64_TOL:g}); tokens per expert equal every step: {routed}; "
+                     f"dropped fractions within {dropped:.0e}; biases at step {STEPS} bit for bit: "
+                     f"{np.array_equal(bias, want_bias)} "
+                     f"({np.count_nonzero(want_bias)} of {want_bias.size} non-zero)")
 
 
 def main():
     rng = seeded_rng("test_moe_options")
     with tempfile.TemporaryDirectory() as tmp:
-        make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, model=False)
+        tokens = make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, model=False)
+        test_float64(tmp, tokens)
         test_refused(tmp)
         test_layouts(tmp)
         test_resume(tmp)

@@ -9,7 +9,8 @@ how many ranks wrote it.
                                                          ./train_cpu reads it with [init] from
     /usr/bin/python3 tools/export.py hf CKPT OUT_DIR [--dtype bf16]
                                                          a Llama checkpoint ([model] arch =
-                                                         "llama"): Hugging Face LlamaForCausalLM,
+                                                         "llama"): Hugging Face LlamaForCausalLM
+                                                         (MixtralForCausalLM with experts),
                                                          F32 or BF16; [init] from = OUT_DIR
                                                          reads it back
 
@@ -19,8 +20,15 @@ shorter seq_len, so the export loads at any seq_len up to max_seq_len.
 CKPT is a checkpoint directory (dir/step_000123), its checkpoint.h5, or a [checkpoint] dir, in
 which case the checkpoint that dir/latest names is taken. Every file is checked against the
 manifest (size and CRC32) first: a missing source file of a virtual dataset would otherwise
-read as NaN. A mixture-of-experts checkpoint (attribute n_experts > 0) is refused: neither
-format has experts or a router.
+read as NaN. A GPT-2 mixture-of-experts checkpoint (attribute n_experts > 0) is refused:
+neither format has experts or a router.
+
+A Llama with experts (n_experts > 0) is written as Hugging Face MixtralForCausalLM: each layer's
+router as block_sparse_moe.gate, expert e's fc rows [gate | up] as experts.e.w1 and w3, its proj
+as experts.e.w2; config.json gets model_type "mixtral", num_local_experts, num_experts_per_tok
+(top_k), intermediate_size = d_expert, sliding_window null, router_jitter_noise 0. What a
+Mixtral cannot hold is refused: moe_every other than 1, shared experts, sigmoid router scores,
+top_k = 1 (config/config_hf.cu says why).
 
 Llama (the index's attribute llama = 1, with n_kv_head, d_ff and tie_embeddings; rope_theta and
 norm_eps come from the [model] section of the config text the checkpoint stores):
@@ -101,9 +109,10 @@ def verify_manifest(ckpt):
 
 
 def refuse_moe(f, ckpt):
-    """Experts and routers have no place in llm.c's or Hugging Face's GPT-2."""
+    """Experts and routers have no place in llm.c's or Hugging Face's GPT-2 (a Llama with
+    experts is exported as a Mixtral: mixtral_keys)."""
     experts = int(f.attrs.get("n_experts", 0))  # absent before MoE existed: dense
-    if experts > 0:
+    if experts > 0 and not int(f.attrs.get("llama", 0)):
         sys.exit(f"error: {ckpt} is a mixture-of-experts model (n_experts = {experts}): MoE has "
                  "no llm.c or Hugging Face GPT-2 equivalent, so it cannot be exported")
 
@@ -214,6 +223,30 @@ def llama_keys(f):
         if key not in model:
             sys.exit(f"error: {f.filename}: the config it stores has no [model] {key}")
         m[key] = float(model[key])
+    if int(f.attrs.get("n_experts", 0)) > 0:
+        m.update(mixtral_keys(f, model))
+    return m
+
+
+def mixtral_keys(f, model):
+    """A Llama with experts as a Mixtral: n_experts, d_expert from the index's attributes, top_k
+    from the stored [model]; what MixtralForCausalLM cannot hold is refused (config/config_hf.cu
+    says why each)."""
+    m = {"n_experts": int(f.attrs["n_experts"]), "d_expert": int(f.attrs["d_expert"]),
+         "top_k": int(model.get("top_k", 2))}
+    rules = [("moe_every", int(f.attrs.get("moe_every", 1)) != 1, "every layer of a Mixtral "
+              "is an MoE layer (moe_every = 1)"),
+             ("n_shared_experts", int(f.attrs.get("n_shared_experts", 0)) != 0,
+              "a Mixtral has no shared experts"),
+             ("router_score", model.get("router_score", "softmax") != "softmax",
+              "a Mixtral's router is a softmax"),
+             ("top_k", m["top_k"] < 2, "a Mixtral renormalises a single gate to 1, the router "
+              "here keeps the raw softmax probability")]
+    for key, bad, why in rules:
+        if bad:
+            value = model.get(key, f.attrs.get(key))
+            sys.exit(f"error: {f.filename}: [model] {key} = {value!r}: not expressible as a "
+                     f"Hugging Face Mixtral ({why})")
     return m
 
 
@@ -228,15 +261,32 @@ def llama_tensors(f, s, m):
     for l in range(L):
         h, p = f"h.{l}/", f"model.layers.{l}."
         qkv = model_tensor(f, h + "attn/qkv/weight")
-        fc = model_tensor(f, h + "mlp/fc/weight")
         out += [(p + "input_layernorm.weight", model_tensor(f, h + "ln_1/weight")),
                 (p + "post_attention_layernorm.weight", model_tensor(f, h + "ln_2/weight")),
                 (p + "self_attn.q_proj.weight", qkv[:NH * HS]),
                 (p + "self_attn.k_proj.weight", qkv[NH * HS:(NH + NKV) * HS]),
                 (p + "self_attn.v_proj.weight", qkv[(NH + NKV) * HS:]),
-                (p + "self_attn.o_proj.weight", model_tensor(f, h + "attn/proj/weight")),
-                (p + "mlp.gate_proj.weight", fc[:F]), (p + "mlp.up_proj.weight", fc[F:]),
+                (p + "self_attn.o_proj.weight", model_tensor(f, h + "attn/proj/weight"))]
+        if "n_experts" in m:
+            out += mixtral_tensors(f, h, p + "block_sparse_moe.", m, C)
+            continue
+        fc = model_tensor(f, h + "mlp/fc/weight")
+        out += [(p + "mlp.gate_proj.weight", fc[:F]), (p + "mlp.up_proj.weight", fc[F:]),
                 (p + "mlp.down_proj.weight", model_tensor(f, h + "mlp/proj/weight"))]
+    return out
+
+
+def mixtral_tensors(f, h, p, m, C):
+    """One MoE layer as Mixtral's block_sparse_moe: gate (E, C); per expert w1 (gate) and w3 (up)
+    from the expert's fc rows [gate | up] (D each), w2 its proj (C, D)."""
+    E, D = m["n_experts"], m["d_expert"]
+    fc = model_tensor(f, h + "mlp/experts/fc/weight").reshape(E, 2 * D, C)
+    proj = model_tensor(f, h + "mlp/experts/proj/weight").reshape(E, C, D)
+    out = [(p + "gate.weight", model_tensor(f, h + "mlp/router/weight"))]
+    for e in range(E):
+        x = f"{p}experts.{e}."
+        out += [(x + "w1.weight", fc[e, :D]), (x + "w3.weight", fc[e, D:]),
+                (x + "w2.weight", proj[e])]
     return out
 
 
@@ -252,12 +302,26 @@ def llama_config(s, m, dtype):
             "use_cache": True, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
 
 
+def mixtral_config(s, m, dtype):
+    """MixtralForCausalLM's config.json: the Llama keys, intermediate_size the experts' hidden
+    size, a full attention window, no router noise."""
+    c = llama_config(s, m, dtype)
+    for key in ("attention_bias", "mlp_bias"):
+        del c[key]
+    c.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+              "intermediate_size": m["d_expert"], "num_local_experts": m["n_experts"],
+              "num_experts_per_tok": m["top_k"], "sliding_window": None,
+              "router_jitter_noise": 0.0})
+    return c
+
+
 def export_llama(f, s, m, out_dir, dtype):
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, "model.safetensors"), llama_tensors(f, s, m),
                       {"format": "pt", "step": str(int(f.attrs["step"]))}, dtype)
     with open(os.path.join(out_dir, "config.json"), "w") as o:
-        json.dump(llama_config(s, m, dtype), o, indent=2)
+        json.dump((mixtral_config if "n_experts" in m else llama_config)(s, m, dtype), o,
+                  indent=2)
         o.write("\n")
 
 
