@@ -51,13 +51,16 @@ bool sharded(const ParamStore& st) { return st.mode != ShardingMode::Replicated;
 // The bytes a unit's fp32 gradient bucket holds (padding included).
 size_t grad_bytes(const UnitState& us) { return us.padded_numel * sizeof(float); }
 
+// Unit u holds an MoE block's experts: the unit before it is their block (ParamUnit::paired).
+bool experts(const std::vector<ParamUnit>& units, int u) { return u > 0 && units[u - 1].paired; }
+
 // Whether unit u may join the bucket that ends with unit u - 1.
 bool may_join(const ParamStore& st, const std::vector<ParamUnit>& units, int u, size_t bytes) {
   const UnitState &a = st.units[u - 1], &b = st.units[u];
-  const ParamUnit &pa = units[u - 1], &pb = units[u];
   const double cap = st.bucket_mb * 1024.0 * 1024.0;
   return !a.whole_step && !b.whole_step && a.group == b.group && a.replica == b.replica &&
-         pa.stage == pb.stage && !pa.paired && (double)(bytes + grad_bytes(b)) <= cap;
+         units[u - 1].stage == units[u].stage && !experts(units, u) && !experts(units, u - 1) &&
+         (double)(bytes + grad_bytes(b)) <= cap;
 }
 
 // A rank's part of bucket b: each unit's shard (DDP: the whole unit), one after the other.
