@@ -139,6 +139,11 @@ struct ParallelConfig {   // [parallel]
   // The dtype the data-parallel gradient reductions travel and sum in (parallel/reduce_dtype.cu):
   // "fp32" | "bf16" (half the bytes, each partial sum rounded to bf16).
   std::string reduce_dtype = "fp32";
+  // Gradient buckets (parallel/grad_buckets.cu): consecutive units whose fp32 gradients fit in
+  // bucket_mb MiB travel in one reduction. 0: one bucket per unit.
+  double bucket_mb = 0;
+  // FSDP (parallel/fsdp.cu): how many units ahead of the one computing are gathered (>= 1).
+  int fsdp_prefetch = 1;
   double topk_ratio = 0.01;
   // DiLoCo (parallel/diloco.cu): the dp ranks form diloco_islands islands of consecutive dp
   // ranks that train alone and meet every diloco_every steps for an outer Nesterov SGD step.

@@ -201,6 +201,26 @@ static void check_hsdp(Checker& c) {
                    "is measured over the whole dp group");
 }
 
+// Gradient buckets (parallel/grad_buckets.cu) and FSDP's prefetch depth (parallel/fsdp.cu).
+// Compressed reductions keep an error-feedback residual per unit, so they are not bucketed.
+static void check_buckets_and_prefetch(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ParallelConfig& p = cfg.parallel;
+  c.require(p.bucket_mb >= 0, "parallel.bucket_mb",
+            "must be >= 0 (MiB of fp32 gradients per bucket; 0 = one bucket per unit)");
+  if (p.bucket_mb > 0 && p.grad_compression != "none")
+    c.problems.add(mention(cfg, c.origins, "parallel.bucket_mb") + " is not supported with " +
+                   mention(cfg, c.origins, "parallel.grad_compression") + ": compressed "
+                   "reductions keep their error feedback per unit (set bucket_mb = 0 or "
+                   "grad_compression = \"none\")");
+  c.require(p.fsdp_prefetch >= 1, "parallel.fsdp_prefetch",
+            "must be >= 1 (the units gathered ahead of the one computing)");
+  if (p.fsdp_prefetch > 1 && p.zero != 3)
+    c.problems.add(mention(cfg, c.origins, "parallel.fsdp_prefetch") + " needs FSDP: " +
+                   mention(cfg, c.origins, "parallel.zero") + " keeps whole weights, there is "
+                   "nothing to gather ahead (set zero = 3, or fsdp_prefetch = 1)");
+}
+
 // DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks, with any ZeRO stage,
 // tp, pp, cp, ep and experts inside. (K | dp and ep | dp/K * cp are layout rules:
 // config/layout_rules.cu.)
@@ -480,6 +500,7 @@ void check_values(Checker& c) {
   check_noise_scale(c);
   check_diloco(c);
   check_hsdp(c);
+  check_buckets_and_prefetch(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

@@ -87,6 +87,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
       KEY(parallel, grad_compression, "none", "int8", "topk"), KEY(parallel, topk_ratio),
       KEY(parallel, dp_replicate), KEY(parallel, reduce_dtype, "fp32", "bf16"),
+      KEY(parallel, bucket_mb), KEY(parallel, fsdp_prefetch),
       KEY(parallel, diloco_islands), KEY(parallel, diloco_every), KEY(parallel, diloco_outer_lr),
       KEY(parallel, diloco_outer_momentum), KEY(parallel, diloco_compression, "none", "int8"),
       KEY(parallel, pp_schedule, "1f1b", "gpipe", "interleaved", "zb-h1", "zb-v", "file:"),

@@ -443,10 +443,22 @@ void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights&
     moe_recompute(m, *a.moe, a.ln2, bw.experts, B, T, s);
 }
 
-// The unit to prefetch while unit `current` computes: `next`, unless that is `current` itself
-// (a chunk of one block whose forward is followed by its backward: nothing to fetch).
-void prefetch(ParamStore& store, int current, int next) {
-  if (next != current) params_prefetch(store, next);
+// The units to prefetch while block j computes: the next fsdp_prefetch blocks of the pass, and
+// past its end the next action's first unit, unless that is the current unit itself (a chunk of
+// one block whose forward is followed by its backward: nothing to fetch).
+void prefetch_ahead(GPT& m, ParamStore& store, const StageCall& c, int j, int step) {
+  const GPTLayout& g = m.layout;
+  const int first = g.first_block(c.chunk), n = g.blocks(c.chunk);
+  const int current = g.block_unit[first + j];
+  for (int k = 1; k <= store.fsdp_prefetch; k++) {
+    const int i = j + k * step;
+    if (i >= 0 && i < n) {
+      params_prefetch(store, g.block_unit[first + i]);
+      continue;
+    }
+    if (c.next_unit != current) params_prefetch(store, c.next_unit);
+    return;
+  }
 }
 
 // The chunk's blocks, in order, one unit acquired at a time.
@@ -456,7 +468,7 @@ static void chunk_forward(GPT& m, ParamStore& store, const StageCall& c, ops::St
   for (int j = 0; j < n; j++) {
     const int l = first + j;
     const BlockWeights bw = acquire_block(m, store, l, true, false);
-    prefetch(store, g.block_unit[l], j + 1 < n ? g.block_unit[l + 1] : c.next_unit);
+    prefetch_ahead(m, store, c, j, +1);
     block_forward(m, m.slots[c.slot], j, l, bw, c.B, c.T, true, c.dloss, s);
     release_block(m, store, l, true, false, false);
   }

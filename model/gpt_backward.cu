@@ -179,7 +179,7 @@ void gpt_stage_backward(GPT& m, ParamStore& store, const StageCall& c, ops::Stre
   for (int j = n - 1; j >= 0; j--) {
     const int l = first + j;
     const BlockWeights bw = acquire_block(m, store, l, true, whole);
-    prefetch(store, g.block_unit[l], j > 0 ? g.block_unit[l - 1] : c.next_unit);
+    prefetch_ahead(m, store, c, j, -1);
     if (m.recompute == Recompute::Block)
       block_forward(m, sl, j, l, bw, c.B, c.T, false, c.dloss, s);
     if (m.recompute == Recompute::Gelu && g.has_mlp(l)) recompute_gelu(m, sl.layers[j], l, N, s);

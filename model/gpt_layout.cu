@@ -300,6 +300,7 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
     if (pipeline_stage_owner(pp.order, pp.p(), stage) != pp.rank()) continue;  // elsewhere
     g.block_unit[l] = (int)g.units.size();
     u.paired = g.moe[l];  // used with its experts
+    u.stage = experts.stage = stage;
     g.units.push_back(u);
     if (!g.moe[l]) continue;
     g.expert_unit[l] = (int)g.units.size();

@@ -47,8 +47,10 @@ const void* block_input(const ActivationSlot& sl, int j);
 // recompute for its backward, all but the output).
 void block_forward(GPT& m, ActivationSlot& sl, int j, int l, const BlockWeights& bw, int B,
                    int T, bool write_output, float dloss, ops::Stream s);
-// Starts fetching unit `next` while unit `current` computes (nothing when they are the same).
-void prefetch(ParamStore& store, int current, int next);
+// While block j of the chunk computes, starts fetching the units the next [parallel]
+// fsdp_prefetch acquisitions need: blocks j + step, j + 2 step, ... of the chunk (step +1 in the
+// forward, -1 in the backward), then the schedule's next action's first unit (c.next_unit).
+void prefetch_ahead(GPT& m, ParamStore& store, const StageCall& c, int j, int step);
 // Where this rank's tokens of the micro-batch sit in their sequences (zigzag under cp), or inside
 // their documents ([data] document_positions: the slot's doc_positions).
 TokenPositions token_positions(const GPT& m, const StageCall& c);

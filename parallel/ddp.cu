@@ -17,7 +17,9 @@
 // root: embeddings + final LayerNorm) - and a bucket is launched on the comm stream the moment
 // the backward of its unit is done, so the all-reduce of block l runs while blocks l-1 ... 0
 // compute their backward. With gradient accumulation only the last micro-step reduces; the
-// earlier ones accumulate locally (PyTorch's no_sync).
+// earlier ones accumulate locally (PyTorch's no_sync). [parallel] bucket_mb groups consecutive
+// units into one bucket, one all-reduce of their concatenated gradients when the last of them is
+// released (parallel/grad_buckets.cu): fewer calls, the same bytes.
 //
 //   compute  |bwd L|bwd L-1|bwd L-2| ... |bwd 0|emb|        |optimizer
 //   comm           |AR L   |AR L-1 | ...       |AR 0|AR root|

@@ -44,6 +44,18 @@
 //   comm     |AG 1|AG 2  |AG 3  |            ...|AG 2|AG 1  |AG 0  |
 //                                                     |RS 2  |RS 1  |RS 0|RS root|
 //
+// Prefetch depth ([parallel] fsdp_prefetch = N, default 1, torchtitan's and FSDP2's
+// prefetch/limit_all_gathers knobs): while u computes, the next N units of the pass are being
+// gathered (params_prefetch on each, model/gpt.cu: prefetch_ahead), so a slow or jittery gather
+// has N units' compute to hide behind instead of one. The price is memory: the gather pool holds
+// N + 1 block-sized buffers (one more with MoE's paired experts) instead of 2, N - 1 more
+// blocks' weights in the compute dtype (the planner counts them; test_plan checks the
+// difference). The bytes and the order of the gathers are the same at any N, only issued earlier;
+// the arithmetic is untouched, so the losses are bitwise those of N = 1. N = 2:
+//
+//   compute  |blk 0 |blk 1 |blk 2 |blk 3 | ...
+//   comm     |AG 1 AG 2|AG 3 |AG 4 |          (two gathered ahead of the block computing)
+//
 // Ordering without host waits: a gather waits (on the comm stream) for everything queued on
 // the compute stream before it was issued - which includes the optimizer step that produced
 // the shard and the last use of the buffer it overwrites - and the compute stream waits for
@@ -64,7 +76,8 @@ void fsdp_init(ParamStore& st) {
     if (us.whole_step) us.params = allocate(work, us.padded_numel * elem);  // the root's own
     else largest_block = std::max(largest_block, us.padded_numel);
   }
-  pool_init(st.gather_pool, st.pool_slots, largest_block * elem, st.units.size(), work);
+  pool_init(st.gather_pool, st.pool_slots + st.fsdp_prefetch - 1, largest_block * elem,
+            st.units.size(), work);
   st.gathered.assign(st.units.size(), 0);
   sharded_grads_init(st);
 }

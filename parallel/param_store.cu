@@ -51,6 +51,8 @@ ShardingMode store_options(ParamStore& st, const Config& cfg) {
   st.compression.compressor.topk_ratio = cfg.parallel.topk_ratio;
   st.small_batch.on = cfg.log.grad_noise_scale;
   st.reduce_dt = reduce_dtype(cfg.parallel.reduce_dtype);
+  st.bucket_mb = cfg.parallel.bucket_mb;
+  st.fsdp_prefetch = cfg.parallel.fsdp_prefetch;
   return sharding_mode(cfg.parallel.zero);
 }
 
@@ -206,6 +208,7 @@ void param_store_init(ParamStore& st, const std::vector<ParamUnit>& units, Shard
   }
   if (!store_offloaded(st)) device_optimizer_state(st);
   grad_compression_init(st);  // the compressed BucketReduction
+  grad_buckets_init(st, units);
   reduce_dtype_init(st);
   const int world = st.world ? st.world->size : 1;
   st.norm_parts = (float*)allocate_zeroed(st.work_memory, (1 + world) * sizeof(float), compute);
@@ -263,14 +266,19 @@ static bool summed_at_step_end(const ParamStore& st, const UnitState& us) {
 
 void grads_release(ParamStore& st, int unit, bool last_micro_step) {
   small_batch_on_release(st, unit);  // before its reduction ([log] grad_noise_scale)
+  if (in_grad_bucket(st, unit)) return grad_bucket_release(st, unit, last_micro_step);
   switch (st.mode) {
     case ShardingMode::Replicated: ddp_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO1: zero1_grads_release(st, unit, last_micro_step); break;
     case ShardingMode::ZeRO2:
     case ShardingMode::FSDP: sharded_grads_release(st, unit); break;
   }
-  if (last_micro_step) hsdp_reduce_replicas(st, unit);
-  if (last_micro_step && store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
+  if (last_micro_step) unit_grads_reduced(st, unit);
+}
+
+void unit_grads_reduced(ParamStore& st, int unit) {
+  hsdp_reduce_replicas(st, unit);
+  if (store_offloaded(st) && !summed_at_step_end(st, st.units[unit]))
     offload_grad_to_host(st, unit);
 }
 

@@ -125,6 +125,16 @@ struct BucketReduction {
 };
 BucketReduction plain_bucket_reduction();
 
+// [parallel] bucket_mb (parallel/grad_buckets.cu): consecutive units whose gradients travel in
+// one reduction. A rank's part of the bucket is its shard of each unit, one after the other (DDP:
+// the whole units); the staging buffer holds every rank's part, rank by rank.
+struct GradBucket {
+  std::vector<int> units;      // consecutive unit indices: one group, one replica, one stage
+  std::vector<size_t> offset;  // each unit's first element in a rank's part
+  size_t part = 0;             // elements of one rank's part
+  int released = 0;            // units released since the bucket last went out
+};
+
 struct ParamStore {
   ShardingMode mode = ShardingMode::Replicated;
   DType dt = DType::F32;   // compute dtype of the working copy
@@ -139,8 +149,17 @@ struct ParamStore {
   // their bf16 scratch (working memory) when it is not fp32.
   DType reduce_dt = DType::F32;
   void* reduce_scratch_bf16 = nullptr;
+  // [parallel] bucket_mb and the buckets of more than one unit (parallel/grad_buckets.cu);
+  // bucket_of[u] = -1: unit u goes out alone, as it does by default.
+  double bucket_mb = 0;
+  std::vector<GradBucket> buckets;
+  std::vector<int> bucket_of;
+  float* bucket_staging = nullptr;  // every rank's part of the bucket going out (fp32)
+  float* bucket_scratch = nullptr;  // this rank's part of a reduce-scatter's sum
   // FSDP's gathered weights (compute dtype) and the gradient buckets of ZeRO-2 and FSDP (fp32).
+  // The gather pool holds fsdp_prefetch - 1 more than pool_slots ([parallel] fsdp_prefetch).
   int pool_slots = 2;
+  int fsdp_prefetch = 1;
   UnitBufferPool gather_pool, grad_pool;
   std::vector<char> gathered;  // FSDP, per unit: its gather is issued and not yet released
   std::vector<ops::Event> grad_slot_reduced;  // the last reduce-scatter out of a slot is done
@@ -289,6 +308,14 @@ void reduce_dtype_init(ParamStore& store);
 void grad_sum(ParamStore& store, Comm& group, float* buf, size_t n);
 void grad_sum_scatter(ParamStore& store, Comm& group, const float* full, float* shard,
                       size_t shard_n);
+// Gradient buckets (parallel/grad_buckets.cu): plan them from bucket_mb (after the mode's init,
+// before reduce_dtype_init); whether a unit travels in a bucket of several; its release.
+void grad_buckets_init(ParamStore& store, const std::vector<ParamUnit>& units);
+bool in_grad_bucket(const ParamStore& store, int unit);
+void grad_bucket_release(ParamStore& store, int unit, bool last_micro_step);
+// A unit's gradient summed over its group for the step (its last micro-step's reduction is
+// queued): HSDP's replica sum and the offload's copy to the host follow (param_store.cu).
+void unit_grads_reduced(ParamStore& store, int unit);
 // HSDP (parallel/hsdp.cu): the shard's gradient summed over the unit's replicas.
 void hsdp_reduce_replicas(ParamStore& store, int unit);
 // Optimizer offload (parallel/offload.cu).

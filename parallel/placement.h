@@ -95,6 +95,9 @@ struct ParamUnit {
   // Acquired together with the next unit (an MoE block's dense part and its experts, model/gpt.cu):
   // FSDP then keeps one more gathered buffer, so that the next block can still be prefetched.
   bool paired = false;
+  // The pipeline stage (model chunk) the unit belongs to: [parallel] bucket_mb's gradient
+  // buckets never span two (parallel/grad_buckets.cu), since chunks release in any order.
+  int stage = 0;
 };
 // FSDP's gathered buffers for the non-root units: one in use and one being prefetched, plus one
 // when units are acquired in pairs.

@@ -22,7 +22,8 @@
 // (grad_compression has its own codes; refused together).
 //
 // Memory: one bf16 scratch buffer on the device of (largest padded unit + largest shard)
-// elements, in the store's working memory (the planner counts it).
+// elements (with [parallel] bucket_mb: of the largest bucket, parallel/grad_buckets.cu), in the
+// store's working memory (the planner counts it).
 //
 //   comm stream   |cast bf16|all-reduce / reduce-scatter (bf16)|cast fp32|   per bucket
 #include "parallel/param_store.h"
@@ -35,13 +36,19 @@ DType reduce_dtype(const std::string& s) {
   BUG("[parallel] reduce_dtype = \"%s\"", s.c_str());
 }
 
-// The bf16 scratch: a whole padded unit (the input) and a shard (a reduce-scatter's output).
+// The bf16 scratch: a whole padded unit or bucket (the input) and a shard (a reduce-scatter's
+// output).
 void reduce_dtype_init(ParamStore& st) {
   if (st.reduce_dt == DType::F32) return;
   size_t unit = 0, shard = 0;
   for (const UnitState& us : st.units) {
     unit = std::max({unit, us.padded_numel, us.numel});
     shard = std::max(shard, us.shard_numel);
+  }
+  for (const GradBucket& b : st.buckets) {  // [parallel] bucket_mb (parallel/grad_buckets.cu)
+    const int ranks = st.mode == ShardingMode::Replicated ? 1 : st.units[b.units[0]].group->size;
+    unit = std::max(unit, b.part * ranks);
+    shard = std::max(shard, b.part);
   }
   st.reduce_scratch_bf16 = allocate(st.work_memory, (unit + shard) * dtype_size(st.reduce_dt));
 }

@@ -21,6 +21,10 @@
 // shard-sized buffer the reduce-scatter lands in. Bytes: a reduce-scatter of each unit's 4 x
 // padded_numel bytes per micro-batch, (G-1)/G of it on the wire per rank in a ring.
 //
+// With [parallel] bucket_mb the release copies the unit's gradient into a bucket of several units
+// and gives the pool buffer back; the bucket is reduce-scattered when its last unit is released
+// (parallel/grad_buckets.cu).
+//
 // Ordering without host waits: a bucket is reused only after the reduce-scatter out of it is
 // done (an event per pool slot, waited for on the compute stream before the next unit's backward
 // writes it), and the reduce-scatter waits for everything queued on the compute stream before it.

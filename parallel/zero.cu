@@ -52,7 +52,8 @@
 // accumulator.
 //
 // Overlap. The buckets are reduced on the comm stream while the backward of the units before
-// them runs (as DDP's); the all-gathers run on the comm stream after the update, one per unit,
+// them runs (as DDP's; one unit per bucket, or with [parallel] bucket_mb several consecutive ones
+// in one reduce-scatter, parallel/grad_buckets.cu); the all-gathers run on the comm stream after the update, one per unit,
 // and the forward of the next step waits for each unit's own gather only, so the first blocks
 // compute while the last ones are still being gathered.
 //

@@ -50,6 +50,7 @@ DEFAULTS = {
                  "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
                  "pp_balance": "equal", "backend": "", "timeout_s": 600.0,
                  "grad_compression": "none", "topk_ratio": 0.01, "dp_replicate": 1, "reduce_dtype": "fp32",
+                 "bucket_mb": 0.0, "fsdp_prefetch": 1,
                  "diloco_islands": 0,
                  "diloco_every": 50, "diloco_outer_lr": 0.7, "diloco_outer_momentum": 0.9,
                  "diloco_compression": "none"},
@@ -411,6 +412,18 @@ def file_error_cases(tmp):
                  ['reduce_dtype = "bf16"', 'grad_compression = "int8"', "own codes"],
                  ((keys["parallel.grad_compression"][0], keys["parallel.grad_compression"][2]),
                   (keys["parallel.reduce_dtype"][0], keys["parallel.reduce_dtype"][2])))
+    # Gradient buckets and FSDP's prefetch depth (parallel/grad_buckets.cu, parallel/fsdp.cu).
+    case("negative bucket_mb", {"parallel.bucket_mb": "-1"}, ["bucket_mb = -1", "must be >= 0"],
+         "parallel.bucket_mb")
+    case("bucket_mb with grad_compression",
+         {"parallel.dp": "2", "parallel.bucket_mb": "25", "parallel.grad_compression": '"int8"'},
+         ["bucket_mb = 25", 'grad_compression = "int8"', "error feedback per unit"],
+         "parallel.bucket_mb")
+    for value in ("0", "-2"):
+        case(f"fsdp_prefetch {value}", {"parallel.zero": "3", "parallel.fsdp_prefetch": value},
+             [f"fsdp_prefetch = {value}", "must be >= 1"], "parallel.fsdp_prefetch")
+    case("fsdp_prefetch without FSDP", {"parallel.fsdp_prefetch": "2"},
+         ["fsdp_prefetch = 2", "needs FSDP", "zero = 0"], "parallel.fsdp_prefetch")
     case("train glob matches nothing", {"data.train": f'"{tmp}/nothing_*.bin"'},
          ["[data] train", f"{tmp}/nothing_*.bin", "matches no file"], "data.train")
     case("val glob matches nothing", {"data.val": f'"{tmp}/nothing_*.bin"'},

@@ -25,6 +25,16 @@ fp32, 20 steps:
    there: measured), and not equal to the fp32 reduction's (the rounding happens); every
    reduce-scatter and all-reduce of the dp groups moves exactly half the bytes of the same
    layout in fp32, with the same calls, and the all-gathers of the weights the same bytes.
+5. Gradient buckets ([parallel] bucket_mb, parallel/grad_buckets.cu: the two blocks, 2 x ~96 KB,
+   in one bucket of 0.5 MiB) and FSDP's prefetch depth ([parallel] fsdp_prefetch, parallel/
+   fsdp.cu): at dp2 with one micro-batch every stage is bitwise DDP, and so is DDP, ZeRO-1,
+   ZeRO-2 (TEST_FULL=1) and FSDP with bucket_mb (FSDP also with fsdp_prefetch 2): losses and
+   norms bit for bit the dp2 DDP run's, each bucketed reduction one call fewer per step (the blocks' two become
+   one) with the same bytes. Then against the one-rank run within 1e-5 (bf16 reductions within
+   BF16_*_TOL): dp2 x pp2 FSDP with grad_accum 2 and fsdp_prefetch 3 (across the pipeline's
+   actions); dp2 x tp2 (SP) ZeRO-2 with grad_accum 2 and bucket_mb (the buckets' sums added to
+   the shards every micro-batch); dp2 x cp2 = 2 x 1 HSDP FSDP, cp_comm "all-to-all", bucket_mb,
+   fsdp_prefetch 2 and reduce_dtype "bf16".
 (Refusals - dp_replicate not dividing dp, < 1, with grad_compression, DiLoCo or the noise scale -
 are test/test_bad_input.py's; the planner's exactness under HSDP is test/test_plan.py's.)
 """
@@ -33,6 +43,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import FULL  # noqa: E402
 from trainer import (Checks, base_sections, make_experiment, max_rel, read_metrics,  # noqa: E402
                      read_run_info, round_up, run, seeded_rng, unit_numels, write_config)
 
@@ -220,12 +231,66 @@ def test_bf16_reductions(tmp):
                      f"{bf16[0]['comm']} vs fp32 {fp32[0]['comm']}")
 
 
+# (what, parallel, zero): bitwise the dp2 DDP run (one micro-batch: every stage is DDP at dp2)
+BUCKET_MB = 0.5
+BITWISE_LAYOUTS = [("dp2 DDP bucket_mb", {"dp": 2, "bucket_mb": BUCKET_MB}, 0),
+                   ("dp2 ZeRO-1 bucket_mb", {"dp": 2, "bucket_mb": BUCKET_MB}, 1),
+                   ("dp2 ZeRO-2 bucket_mb", {"dp": 2, "bucket_mb": BUCKET_MB}, 2),  # FULL
+                   ("dp2 FSDP bucket_mb fsdp_prefetch 2",
+                    {"dp": 2, "bucket_mb": BUCKET_MB, "fsdp_prefetch": 2}, 3)]
+# (what, parallel, zero, grad_accum, tolerance on losses and norms) against one rank
+BUCKET_LAYOUTS = [
+    # one block per stage: no bucket of two; the prefetch crosses the pipeline's actions
+    ("dp2 x pp2 FSDP grad_accum 2 fsdp_prefetch 3", {"dp": 2, "pp": 2, "fsdp_prefetch": 3}, 3, 2,
+     (ONE_RANK_TOL, ONE_RANK_TOL)),
+    ("dp2 x tp2 sp ZeRO-2 grad_accum 2 bucket_mb", {"dp": 2, "tp": 2, "bucket_mb": BUCKET_MB}, 2,
+     2, (ONE_RANK_TOL, ONE_RANK_TOL)),
+    ("dp2 x cp2 = 2 x 1 FSDP all-to-all bucket_mb fsdp_prefetch 2 bf16",
+     {"dp": 2, "cp": 2, "dp_replicate": 2, "cp_comm": "all-to-all", "bucket_mb": BUCKET_MB,
+      "fsdp_prefetch": 2, "reduce_dtype": "bf16"}, 3, 1, (BF16_LOSS_TOL, BF16_NORM_TOL))]
+
+
+def reductions(step, axis="dp"):
+    """{collective: (calls, bytes)} of a step's gradient reductions on an axis."""
+    kinds = step["comm"].get(axis, {})
+    return {k: (c["calls"], c["bytes"]) for k, c in kinds.items()
+            if k in ("all_reduce", "reduce_scatter")}
+
+
+def test_buckets_and_prefetch(tmp):
+    ref, _ = train(tmp, "dp2_ddp", {"dp": 2}, 0)
+    for what, par, zero in BITWISE_LAYOUTS:
+        if zero == 2 and not FULL:  # its release path runs in the dp2 x tp2 layout below
+            continue
+        steps, _ = train(tmp, what.replace(" ", "_"), par, zero)
+        same = len(steps) == STEPS and all(
+            (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]) for a, b in zip(steps, ref))
+        checks.check(f"{what}: losses and norms bit for bit dp2 DDP's", same,
+                     f"max rel err loss {rel(steps, ref, 'loss'):.2e} "
+                     f"norm {rel(steps, ref, 'grad_norm'):.2e}")
+        # unbucketed: one call per unit (the root, two blocks); here the two blocks share one
+        units = unit_numels(L, C, T, V)
+        padded = units if zero == 0 else [round_up(n, 2 * 64) for n in units]
+        want = {"reduce_scatter" if zero else "all_reduce": (len(units) - 1, 4 * sum(padded))}
+        got = reductions(steps[0])
+        checks.check(f"{what}: the bucket is one reduction: one call fewer, the same bytes",
+                     got == want, f"{got} vs {want}")
+    one, _ = train(tmp, "one_rank", {})
+    for what, par, zero, accum, (loss_tol, norm_tol) in BUCKET_LAYOUTS:
+        steps, _ = train(tmp, what.replace(" ", "_").replace("=", ""), par, zero, accum)
+        loss, norm = rel(steps, one, "loss"), rel(steps, one, "grad_norm")
+        checks.check(f"{what}: losses within {loss_tol:.0e}, norms within {norm_tol:.0e} of one "
+                     "rank", len(steps) == STEPS and loss < loss_tol and norm < norm_tol,
+                     f"max rel err loss {loss:.2e} norm {norm:.2e} over {len(steps)} steps")
+
+
 def main():
     rng = seeded_rng("test_hsdp")
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V)
         checks.run_each(lambda: test_equivalence(tmp), lambda: test_checkpoints(tmp),
-                        lambda: test_bf16_reductions(tmp))
+                        lambda: test_bf16_reductions(tmp),
+                        lambda: test_buckets_and_prefetch(tmp))
     checks.report()
 
 

@@ -30,7 +30,9 @@ meetings, dp4 DDP and dp4 ZeRO-1 (int8 gradients) with int8 meetings, MoE dp2 x 
 (cp and the expert groups inside each island); HSDP (dp_replicate, parallel/hsdp.cu): dp4 = 2 x 2
 FSDP with grad_accum 2, dp2 x cp2 = 2 x 1 ZeRO-2, MoE dp4 x ep2 = 2 x 2 ZeRO-1 bf16 (the shard
 and replica sub-groups of dp, dp x cp and the experts' ranks), and dp4 = 2 x 2 FSDP with
-reduce_dtype = "bf16" (half the reductions' bytes, the bf16 scratch). For each, rank 0 of the plan (`--plan-json`) must
+reduce_dtype = "bf16" (half the reductions' bytes, the bf16 scratch); gradient buckets (bucket_mb: their staging
+buffers, fewer calls) on dp2 x pp2 ZeRO-2 over 2 micro-batches and dp2 FSDP with fsdp_prefetch 3
+and bf16 reductions (the bf16 scratch of a bucket). For each, rank 0 of the plan (`--plan-json`) must
 equal what the run measured exactly: state bytes and activation bytes (the metrics' run
 record) and the communication of every step (calls and bytes per axis and collective); every
 rank's peak bytes must equal that rank's device memory peak as the backend's allocator counted
@@ -40,8 +42,8 @@ bubble equals the schedule's formula at equal costs ((p-1)/(v*m+p-1) for 1f1b, g
 interleaved, 1 - 3m/max(3m+p-1, 2m+2p-1) for zb-h1, 1 - 6m/(6m+max(p-1, 2(2p-1-m))) for zb-v);
 the JSON records the layout it planned (the degrees, the ZeRO stage and offload, sp, the
 schedule, micro_batch and grad_accum) as the config gives it.
-Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (37 of the
-48 run): combinations whose parts the other layouts check on their own.
+Without TEST_FULL=1 (make test-full) the 11 layouts of FULL_ONLY below are left out (39 of the
+50 run): combinations whose parts the other layouts check on their own.
 Bad input: a plan whose layout does not fit in [plan] memory_gib names the rank and the excess
 and exits non-zero; --plan-search with no layout that fits says so and exits non-zero; a
 --plan-search of 8 lists only layouts of 8 GPUs, at the config's global batch (dp x grad_accum
@@ -51,6 +53,8 @@ The lean head (model/gpt_head.cu), from plans that differ only in the vocabulary
 pp2 x tp2, pp2 zb-v and pp2 interleaved with block recompute, the ranks without the last stage
 plan no byte more for a 32x larger vocabulary, the rank with it at most a quarter of one
 micro-batch's logits more plus two vocabulary rows.
+FSDP's prefetch depth: the plan of dp2 FSDP at fsdp_prefetch 3 holds exactly two gathered blocks
+more than at 1 on each rank (peak bytes), the state and activations unchanged.
 """
 import json
 import os
@@ -162,6 +166,12 @@ LAYOUTS = [
     # [parallel] reduce_dtype = "bf16" (parallel/reduce_dtype.cu): half the bytes, a bf16 scratch
     ("dp4 = 2 x 2 FSDP reduce_dtype bf16 grad_accum 2",
      {"dp": 4, "dp_replicate": 2, "zero": 3, "reduce_dtype": "bf16"}, {"train": {"grad_accum": 2}}),
+    # [parallel] bucket_mb (parallel/grad_buckets.cu: staging buffers, fewer calls) and
+    # fsdp_prefetch (parallel/fsdp.cu: more gathered buffers); blocks of ~50 KB, buckets of 3
+    ("dp2 x pp2 ZeRO-2 bucket_mb grad_accum 2", {"dp": 2, "pp": 2, "zero": 2, "bucket_mb": 0.15},
+     {"train": {"grad_accum": 2}}),
+    ("dp2 FSDP fsdp_prefetch 3 bucket_mb reduce_dtype bf16",
+     {"dp": 2, "zero": 3, "fsdp_prefetch": 3, "bucket_mb": 0.15, "reduce_dtype": "bf16"}, {}),
 ]
 # Run only with TEST_FULL=1 (make test-full): each is a combination whose parts the layouts above
 # check on their own (recompute "block" with tp and cp, FSDP on all four axes, MoE with cp and
@@ -440,6 +450,23 @@ def test_head_placement(tmp):
                      "; ".join(bad) or f"head rank +<= {allowed} B, others +0 B")
 
 
+def test_prefetch_memory(tmp):
+    """[parallel] fsdp_prefetch = N holds N gathered units ahead: the plan of dp2 FSDP at N = 3
+    holds exactly two more gathered blocks (fp32, padded to 2 x 64) than at N = 1, on every
+    rank, and the same state and activation bytes."""
+    plans = []
+    for depth in (1, 3):
+        sec = sections(tmp, "prefetch", {"dp": 2, "zero": 3, "fsdp_prefetch": depth}, {})
+        plans.append(plan_json(tmp, sec, "prefetch"))
+    block = -(-unit_numels(L, C, T, V)[1] // 128) * 128 * 4
+    diffs = [(b["peak_bytes"] - a["peak_bytes"], b["state_bytes"] - a["state_bytes"],
+              b["activation_bytes"] - a["activation_bytes"])
+             for a, b in zip(plans[0]["ranks"], plans[1]["ranks"])]
+    checks.check("dp2 FSDP fsdp_prefetch 3: the plan holds two more gathered blocks than at 1",
+                 len(diffs) == 2 and all(d == (2 * block, 0, 0) for d in diffs),
+                 f"(peak, state, activation) bytes more per rank: {diffs}; block {block} B")
+
+
 def plan_peak(tmp, sec, zero, offload="none"):
     """The largest device peak (the GPU-only terms included) in the plan of sec's layout at one
     rung of the ladder: what --plan-search compares with [plan] memory_gib."""
@@ -485,6 +512,7 @@ def main():
             test_bad_input(tmp)
             test_search_ladder(tmp)
             test_head_placement(tmp)
+            test_prefetch_memory(tmp)
     checks.report()
 
 

@@ -18,8 +18,10 @@ Layouts (two ranks, NCCL stand-in unless said): DDP, ZeRO-1 with the optimizer i
 memory, ZeRO-2 with it in a file, FSDP (over NCCL, and over MPI: device buffers staged through
 the host),
 int8 and top-k compressed DDP gradients, tp = 2 with and without SP, pp = 2 1F1B and zb-v,
-cp = 2 ring attention, MoE dp2 x ep2, Llama cp2, DiLoCo (2 islands), and DDP saving
-asynchronous checkpoints (their tensors compared too). In `make test` (the emu-streams group) the
+cp = 2 ring attention, MoE dp2 x ep2, Llama cp2, DiLoCo (2 islands), DDP saving
+asynchronous checkpoints (their tensors compared too), ZeRO-2 with gradient buckets of two
+blocks (bucket_mb) over 2 micro-batches, and Llama (4 blocks) FSDP gathering two units ahead
+(fsdp_prefetch = 2) with buckets. In `make test` (the emu-streams group) the
 core layouts (ZeRO-2 offloaded to a file, pp 1F1B, cp ring, DDP with asynchronous checkpoints)
 run under `late` and `others-first`, which run each pair of streams both ways round;
 TEST_FULL=1 runs every layout under those and two random seeds.
@@ -27,7 +29,7 @@ TEST_FULL=1 runs every layout under those and two random seeds.
 Sabotage: copies of ./train_emu with one dependency broken (SABOTAGES: one source file changed,
 recompiled and linked with ./train_emu's other objects) must differ from their own sync run under
 at least one schedule - the check that the schedules can fail. `make test` runs the DDP one,
-TEST_FULL=1 all five.
+TEST_FULL=1 all six.
 
 Host synchronisations: a non-logging step waits on the host at most the number HOST_SYNCS
 states (EMU_HOST_SYNCS=1 counts them): zero, or the stated waits for what the host computes on
@@ -76,6 +78,9 @@ LAYOUTS = [
     ("Llama cp=2", {"cp": 2}, {"llama": True}, False),
     ("DiLoCo 2 islands", {"dp": 2, "diloco_islands": 2, "diloco_every": 2}, {}, False),
     ("DDP async checkpoints", {"dp": 2}, {"checkpoint": True}, True),
+    ("ZeRO-2 dp=2 bucket_mb", {"dp": 2, "zero": 2, "bucket_mb": 4}, {"grad_accum": 2}, False),
+    ("FSDP dp=2 fsdp_prefetch 2 bucket_mb", {"dp": 2, "fsdp": True, "fsdp_prefetch": 2,
+                                              "bucket_mb": 1}, {"layers": 4}, False),
 ]
 
 
@@ -191,6 +196,9 @@ SABOTAGES = [
      [("  ops::event_record(cp.ready, s);\n  ops::stream_wait_event(cp.ring, cp.ready);\n", "")],
      "ring attention's ring stream receives the next K/V without waiting for the compute "
      "stream: the receive overwrites the buffer the previous blocks still read"),
+    ("bucket-no-wait", "ZeRO-2 dp=2 bucket_mb", "parallel/grad_buckets.cu",
+     [("  comm_after_compute(st);  // the unit's backward is queued on the compute stream\n", "")],
+     "a gradient bucket's copy out of the unit's gradient does not wait for its backward"),
 ]
 CORE_SABOTAGES = ("ddp-no-wait",)
 
@@ -275,7 +283,8 @@ HOST_SYNCS = {"DDP dp=2": 0, "ZeRO-1 dp=2 offload cpu": 7, "ZeRO-2 dp=2 offload 
               "FSDP dp=2": 0, "FSDP dp=2 (MPI)": 60, "DDP int8 compression": 0,
               "DDP top-k compression": 0, "tp=2 sp": 0, "tp=2 no sp": 0, "pp=2 1f1b": 0,
               "pp=2 zb-v": 0, "cp=2 ring attention": 0, "MoE dp=2 ep=2": 6, "Llama cp=2": 0,
-              "DiLoCo 2 islands": 0, "DDP async checkpoints": 20}
+              "DiLoCo 2 islands": 0, "DDP async checkpoints": 20, "ZeRO-2 dp=2 bucket_mb": 0,
+              "FSDP dp=2 fsdp_prefetch 2 bucket_mb": 0}
 # The check can fail: a copy whose step reads the gradient norm back (TEST_FULL=1).
 SYNC_SABOTAGE = ("norm-read-back", "DDP dp=2", "parallel/param_store.cu",
                  [("                          st.compute);\n}\n",
