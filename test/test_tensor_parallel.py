@@ -32,9 +32,11 @@ clipping, cosine schedule.
    vocabulary, seq_len with sp.
 7. [parallel] tp_overlap (parallel/tensor_parallel_overlap.cu) against the runs of 1 without it:
    tp=2 and dp2 x tp2 (DDP) bitwise equal (losses, gradient norms, validation loss, sample: the
-   GEMMs are cut by rows and the two ranks' pieces add the same either way round); tp=4 within
-   1e-6 of tp=4 without it (its reduce-scatters add the four pieces in rank order, MPI's in an
-   order of its own; measured <= 2.3e-8 over 20 seeds) and within 1e-5 of one rank; the tp axis
+   GEMMs are cut by rows and the two ranks' pieces add the same either way round); tp=4 against
+   tp=4 without it, losses within 1e-5 and gradient norms within 5e-4 (its reduce-scatters add
+   the four pieces in rank order, MPI's in an order of its own, and twenty Adam steps at lr 1e-2
+   amplify the difference: measured over 19 seeds <= 5.2e-7 and <= 4.7e-5, the plain tp=4 run's
+   norms drift from one rank's alike), and losses within 1e-5 of one rank; the tp axis
    counters equal the analytic count (the blocks' 6L all-gathers and 4L reduce-scatters as tp - 1
    sends and receives of N/tp rows each, the same bytes on the wire).
 """
@@ -216,13 +218,14 @@ def test_overlap(tmp, plain):
                 info["val_loss"] == want_info["val_loss"] and info["sample"] == want_info["sample"]
             checks.check(f"tp_overlap {label}: bitwise equal to tp_overlap = false", same,
                          f"losses {losses(steps)[:2]}... vs {losses(want)[:2]}...")
-        else:
-            d = max(max_rel(losses(steps), losses(want)),
-                    max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in want]))
+        else:  # (tolerances: the docstring's 7)
+            d = max_rel(losses(steps), losses(want))
+            n = max_rel([s["grad_norm"] for s in steps], [s["grad_norm"] for s in want])
             r = max_rel(losses(steps), ref)
-            checks.check(f"tp_overlap {label}: within 1e-6 of tp_overlap = false, 1e-5 of one "
-                         "rank", len(steps) == STEPS and d < 1e-6 and r < 1e-5,
-                         f"max rel err {d:.2e} (losses and norms), {r:.2e} vs one rank")
+            checks.check(f"tp_overlap {label}: losses, norms within 1e-5, 5e-4 of tp_overlap = "
+                         "false, losses within 1e-5 of one rank",
+                         len(steps) == STEPS and d < 1e-5 and n < 5e-4 and r < 1e-5,
+                         f"max rel err {d:.2e}, {n:.2e}; {r:.2e} vs one rank")
         want_comm = expected_tp_comm(tp, True, GLOBAL_ROWS // dp, dp, False, overlap=True)
         got = [s["comm"].get("tp", {}) for s in steps]
         checks.check(f"tp_overlap {label}: comm per step", all(g == want_comm for g in got),
