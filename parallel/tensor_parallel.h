@@ -183,8 +183,9 @@ const void* tp_vocabulary_row(const TensorParallel& tp, void* all, const void* m
 // ---------------------------------------------------------------------------------------------
 // [parallel] tp_overlap (parallel/tensor_parallel_overlap.cu): sequence parallelism's all-gathers
 // and reduce-scatters in tp chunks on a communication stream, each chunk's GEMM rows beside the
-// next chunk's transfer. Bitwise the same results as without (the GEMMs are cut by rows; the
-// chunks' partial sums are added in rank order, as the reductions add them).
+// next chunk's transfer. The GEMMs are cut by rows and the chunks' partial sums added in rank
+// order, so the results equal those without it up to the reductions' own rounding order (bitwise
+// at tp = 2; the file's header says where else).
 // ---------------------------------------------------------------------------------------------
 struct TpOverlap {
   ops::Stream ring = nullptr;        // the transfers: the model's communication stream

@@ -53,12 +53,18 @@
 //   compute  |Y0 ..|Y3 ..|Y2 ..|Y1|attn...|P1|P2   |P3    |P0|  |sum|+b,x|LN2
 //             qkv GEMM, chunk by chunk     proj GEMM by owner    wait, add in rank order
 //
-// (sK rL: send chunk K, receive chunk L; Yk: the column GEMM's rows of chunk k; Pd: the row
-// GEMM's rows owner d gets.) Without overlap the compute stream would stop for each whole
-// collective: |AG|qkv|attn|proj|RS|+b,x|. On a GPU the chunk GEMMs of N/t rows may be picked a
-// different cuBLASLt algorithm than the one of N rows (rounding within the GEMM's own error);
-// on the CPU backend and the emulated CUDA tier the results are bitwise those of tp_overlap =
-// false (test/test_tensor_parallel.py).
+// (All-gather steps: sK rL = send chunk K, receive chunk L; reduce-scatter steps: sD rF = send
+// owner D's rows, receive rank F's piece of ours. Yk: the column GEMM's rows of chunk k; Pd: the
+// row GEMM's rows owner d gets.) Without overlap the compute stream would stop for each whole
+// collective: |AG|qkv|attn|proj|RS|+b,x|. The ring stream is the one the data-parallel bucket
+// reductions use (the model's communication stream, as ring attention's): a chunk queued behind
+// a bucket's all-reduce waits for it. A stream of its own would let the chunks pass; not done. On a GPU the chunk GEMMs of N/t rows may be picked a
+// different cuBLASLt algorithm than the one of N rows (rounding within the GEMM's own error).
+// On the CPU backend and the emulated CUDA tier the results at tp = 2 are bitwise those of
+// tp_overlap = false (test/test_tensor_parallel.py, test/test_gpu_train.py); at tp > 2 too on
+// the emulated tier in fp32 (its NCCL adds in rank order), not in bf16 (each add here rounds to
+// bf16, the reduction rounds its fp32 sum once) nor over MPI (whose reduce-scatter adds in an
+// order of its own): rounding-level differences, within test_tensor_parallel's tolerances.
 #include <utility>
 #include <vector>
 
