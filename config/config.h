@@ -118,6 +118,10 @@ struct ParallelConfig {   // [parallel]
   std::string cp_comm = "ring";  // "ring" | "all-to-all" | "hybrid"
   int cp_a2a = 0;
   bool sp = true;         // sequence parallel (meaningful when tp > 1)
+  // Tensor parallelism with sequence parallelism, its all-gathers and reduce-scatters cut into
+  // tp chunks on the communication stream, each chunk's GEMM rows starting when its piece
+  // arrives (parallel/tensor_parallel_overlap.cu). Needs tp > 1 and sp.
+  bool tp_overlap = false;
   // "1f1b" | "gpipe" | "interleaved" | "zb-h1" | "zb-v" | "file:PATH" (pp > 1)
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;     // model chunks per pipeline rank ("interleaved": >= 2; "zb-v": 2)

@@ -221,6 +221,30 @@ static void check_buckets_and_prefetch(Checker& c) {
                    "nothing to gather ahead (set zero = 3, or fsdp_prefetch = 1)");
 }
 
+// [parallel] tp_overlap (parallel/tensor_parallel_overlap.cu) cuts sequence parallelism's
+// all-gathers and reduce-scatters into tp chunks: it needs tp > 1 and sp. FP8 linears scale each
+// GEMM call by its own input's amax (agreed over the group), so a GEMM cut into chunks would scale
+// differently: refused with FP8.
+static void check_tp_overlap(Checker& c) {
+  const Config& cfg = c.cfg;
+  const ParallelConfig& p = cfg.parallel;
+  if (!p.tp_overlap) return;
+  const std::string key = mention(cfg, c.origins, "parallel.tp_overlap");
+  if (p.tp <= 1)
+    c.problems.add(key + " overlaps tensor parallelism's collectives with its GEMMs, but " +
+                   mention(cfg, c.origins, "parallel.tp") + " has none: set tp > 1 or "
+                   "tp_overlap = false");
+  if (!p.sp)
+    c.problems.add(key + " cuts sequence parallelism's all-gathers and reduce-scatters into "
+                   "chunks, but " + mention(cfg, c.origins, "parallel.sp") + ": set sp = true "
+                   "or tp_overlap = false");
+  if (cfg.precision.compute == "fp8")
+    c.problems.add(key + " is not supported with " +
+                   mention(cfg, c.origins, "precision.compute") + ": an FP8 GEMM scales by its "
+                   "whole input's amax, which a GEMM cut into chunks would not see (set "
+                   "tp_overlap = false or compute = \"bf16\")");
+}
+
 // DiLoCo islands (parallel/diloco.cu): K islands of dp/K consecutive dp ranks, with any ZeRO stage,
 // tp, pp, cp, ep and experts inside. (K | dp and ep | dp/K * cp are layout rules:
 // config/layout_rules.cu.)
@@ -501,6 +525,7 @@ void check_values(Checker& c) {
   check_diloco(c);
   check_hsdp(c);
   check_buckets_and_prefetch(c);
+  check_tp_overlap(c);
 }
 
 // "" when `dir` is a directory this process can create files in, else what is wrong. Tries it:

@@ -84,7 +84,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(train, optimizer_offload, "none", "cpu", "nvme"), KEY(train, offload_dir),
       KEY(parallel, dp), KEY(parallel, tp), KEY(parallel, pp), KEY(parallel, cp),
       KEY(parallel, cp_comm, "ring", "all-to-all", "hybrid"), KEY(parallel, cp_a2a),
-      KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, zero), KEY(parallel, fsdp),
+      KEY(parallel, ep), KEY(parallel, sp), KEY(parallel, tp_overlap), KEY(parallel, zero), KEY(parallel, fsdp),
       KEY(parallel, grad_compression, "none", "int8", "topk"), KEY(parallel, topk_ratio),
       KEY(parallel, dp_replicate), KEY(parallel, reduce_dtype, "fp32", "bf16"),
       KEY(parallel, bucket_mb), KEY(parallel, fsdp_prefetch),

@@ -204,6 +204,7 @@ void gpt_create(GPT& m, const GPTLayout& layout, DType dt, Recompute recompute, 
   m.cp = new ContextParallel;  // with one cp rank it allocates nothing
   cp_create(*m.cp, layout.cp_ring, B, T * layout.cp->size, layout.NH_local, layout.NKV_local,
             layout.HS, dt, m.memory, ring, layout.cp_a2a);  // the plan is over whole sequences
+  tp_overlap_create(m.layout.tp, m.memory, ring);  // [parallel] tp_overlap: its events
   ops::stream_sync(s);
 }
 
@@ -242,6 +243,7 @@ void gpt_destroy(GPT& m) {
   m.fp8 = nullptr;
   delete m.cp;
   m.cp = nullptr;
+  tp_overlap_destroy(m.layout.tp);
   allocator_free(m.memory);  // every buffer and event of the model's parts
   m.slots.clear();
   m.grads.clear();

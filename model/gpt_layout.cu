@@ -251,7 +251,7 @@ GPTLayout gpt_layout(const ModelConfig& m, Mesh& mesh) {
   g.F = m.ffn_hidden();
   g.norm_eps = (float)m.norm_eps;
   g.rope_theta = m.rope_theta;
-  g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp};
+  g.tp = TensorParallel{&mesh[Axis::TP], mesh.shape.sp, mesh.shape.tp_overlap};
   g.pp = PipelinePlace{&mesh[Axis::PP], mesh.shape.pp_virtual, mesh.shape.pp_order};
   g.cp = &mesh[Axis::CP];
   const int a2a = mesh.shape.cp_a2a, cp = mesh.shape.cp;

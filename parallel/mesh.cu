@@ -14,6 +14,7 @@ MeshShape mesh_shape(const Config& c) {
   m.pp_virtual = p.pp_virtual;
   m.cp_a2a = cp_a2a_degree(p);
   m.sp = p.sp;
+  m.tp_overlap = p.tp_overlap;
   m.islands = std::max(1, p.diloco_islands);  // 0 (off) is one island
   m.dp_replicate = p.dp_replicate;
   if (p.pp > 1 || p.pp_virtual > 1) {

@@ -50,6 +50,7 @@ struct MeshShape {
   int cp_a2a = 1;      // the all-to-all groups' size inside cp (cp_a2a_degree: 1 for the ring)
   int pp_virtual = 1;  // model chunks per pipeline rank
   bool sp = false;     // sequence parallelism over tp (it changes nothing when tp = 1)
+  bool tp_overlap = false;  // [parallel] tp_overlap: tp's collectives in chunks beside the GEMMs
   int islands = 1;     // DiLoCo islands: the dp group is the island's (parallel/diloco.cu)
   int dp_replicate = 1;  // HSDP replicas: the gradient groups' shard and replica sub-groups
   StageOrder pp_order = StageOrder::Loop;  // which rank and chunk hold each pipeline stage

@@ -78,7 +78,10 @@
 //            N/2     N tokens, 1/2 of heads    N/2     N tokens, 1/2 of 4C    N/2
 //
 // The collectives run on the compute stream, in order with the GEMMs around them (no host
-// waits); overlapping them with the GEMMs is left for later.
+// waits). With [parallel] tp_overlap (and SP) the four linears below hand over to their
+// overlapped forms instead: the all-gathers and reduce-scatters in tp chunks on the
+// communication stream, each chunk's GEMM rows beside the next chunk's transfer
+// (parallel/tensor_parallel_overlap.cu, with its own timeline).
 //
 // The file, top to bottom: the compute-dtype GEMM; f and g; the column- and row-parallel linears;
 // the vocabulary-parallel embedding, loss and logits row; where each split weight is placed; the
@@ -146,6 +149,9 @@ const void* column_parallel_forward(const TensorParallel& tp, const LinearGemm& 
                                     const TpBuffers& buf, void* out, void* pre_gelu,
                                     const void* inp_mine, const void* weight, const void* bias,
                                     int N, int K, int OC, ops::Stream s) {
+  if (tp_overlapped(tp))
+    return overlap_column_forward(tp, gemm, buf, out, pre_gelu, inp_mine, weight, bias, N, K, OC,
+                                  s);
   const void* inp = all_tokens(tp, buf.gathered, inp_mine, N, K, gemm.dt, s);  // f forward
   gemm.forward(gemm, out, pre_gelu, inp, weight, bias, nullptr, N, K, OC, s);
   return inp;
@@ -160,6 +166,9 @@ const void* column_parallel_backward(const TensorParallel& tp, const LinearGemm&
                                      const void* weight, int N, int K, int OC, ops::Stream s,
                                      GradPart part) {
   const bool input_grad = part != GradPart::Weight, weight_grad = part != GradPart::Input;
+  if (tp_overlapped(tp) && input_grad)
+    return overlap_column_backward(tp, gemm, buf, dweight, dbias, dout, inp_mine, gathered_kept,
+                                   weight, N, K, OC, s, part);
   // The weight gradient needs the input over all tokens: under SP gather it again, unless the
   // forward's gather is still in buf.gathered.
   const void* inp = nullptr;
@@ -191,6 +200,8 @@ const void* column_parallel_sum_input_grad(const TensorParallel& tp, const TpBuf
 void row_parallel_forward(const TensorParallel& tp, const LinearGemm& gemm, const TpBuffers& buf,
                           void* out, const void* inp, const void* weight, const void* bias,
                           const void* residual, int N, int K, int OC, ops::Stream s) {
+  if (tp_overlapped(tp))
+    return overlap_row_forward(tp, gemm, buf, out, inp, weight, bias, residual, N, K, OC, s);
   if (!tp.active()) {  // nothing to sum: the epilogue adds bias and residual
     gemm.forward(gemm, out, nullptr, inp, weight, bias, residual, N, K, OC, s);
     return;
@@ -204,6 +215,9 @@ void row_parallel_backward(const TensorParallel& tp, const LinearGemm& gemm, con
                            void* dinp, float* dweight, float* dbias, const void* dout_mine,
                            const void* inp, const void* weight, const void* gelu_input, int N,
                            int K, int OC, ops::Stream s, GradPart part) {
+  if (tp_overlapped(tp) && part != GradPart::Weight)
+    return overlap_row_backward(tp, gemm, buf, dinp, dweight, dbias, dout_mine, inp, weight,
+                                gelu_input, N, K, OC, s, part);
   const void* dout = all_tokens(tp, buf.gathered, dout_mine, N, OC, gemm.dt, s);  // g backward
   if (part == GradPart::Input) dweight = nullptr, dbias = nullptr, inp = nullptr;
   if (part == GradPart::Weight) dinp = nullptr, weight = nullptr, gelu_input = nullptr;

@@ -15,15 +15,22 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/placement.h"
+
+struct TpOverlap;
 
 // This rank's tensor-parallel group (the mesh's, parallel/mesh.h) and whether sequence
 // parallelism is on.
 struct TensorParallel {
   Comm* group = nullptr;
   bool sp = false;       // sequence parallel: LayerNorms and residuals on N/tp tokens per rank
+  bool overlap = false;  // [parallel] tp_overlap: asked for (it needs sp and tp > 1)
+  // Its stream and events, made by tp_overlap_create where it applies (null: the collectives
+  // run whole on the compute stream).
+  TpOverlap* chunks = nullptr;
   int size() const { return group->size; }
   int rank() const { return group->rank; }
   bool active() const { return size() > 1; }
@@ -172,6 +179,48 @@ void tp_cross_entropy(const TensorParallel& tp, void* logits, float* losses, flo
 // in rank order gathered into `all` (tp x Vs; with one rank `mine` itself). Returns where they are.
 const void* tp_vocabulary_row(const TensorParallel& tp, void* all, const void* mine, int Vs,
                               DType dt, ops::Stream s);
+
+// ---------------------------------------------------------------------------------------------
+// [parallel] tp_overlap (parallel/tensor_parallel_overlap.cu): sequence parallelism's all-gathers
+// and reduce-scatters in tp chunks on a communication stream, each chunk's GEMM rows beside the
+// next chunk's transfer. The GEMMs are cut by rows and the chunks' partial sums added in rank
+// order, so the results equal those without it up to the reductions' own rounding order (bitwise
+// at tp = 2; the file's header says where else).
+// ---------------------------------------------------------------------------------------------
+struct TpOverlap {
+  ops::Stream ring = nullptr;        // the transfers: the model's communication stream
+  ops::Event ready = nullptr;        // compute stream: everything queued before an all-gather
+  std::vector<ops::Event> gathered;  // tp - 1: all-gather step j's chunk is here (ring stream)
+  std::vector<ops::Event> computed;  // tp - 1: reduce-scatter piece j's rows are written (compute)
+  std::vector<ops::Event> reduced;   // tp - 1: reduce-scatter step j's piece is here (ring)
+};
+// Makes tp.chunks when tp.overlap, tp > 1 and sp (events from `memory`; ring: the stream the
+// transfers run on); otherwise leaves it null. tp_overlap_destroy frees the struct (the events
+// go with `memory`).
+void tp_overlap_create(TensorParallel& tp, Allocator& memory, ops::Stream ring);
+void tp_overlap_destroy(TensorParallel& tp);
+// Whether the linears below run overlapped (tp.chunks is set and sp is on: the KV-cache sampler
+// turns sp off for its few tokens).
+bool tp_overlapped(const TensorParallel& tp);
+// The overlapped forms of the four parallel linears (same contracts as the plain ones below,
+// which call them when tp_overlapped; column backward and row backward only for GradPart::Both
+// and ::Input: the weight half alone has nothing to overlap).
+const void* overlap_column_forward(const TensorParallel& tp, const LinearGemm& gemm,
+                                   const TpBuffers& buf, void* out, void* pre_gelu,
+                                   const void* inp_mine, const void* weight, const void* bias,
+                                   int N, int K, int OC, ops::Stream s);
+const void* overlap_column_backward(const TensorParallel& tp, const LinearGemm& gemm,
+                                    const TpBuffers& buf, float* dweight, float* dbias,
+                                    const void* dout, const void* inp_mine, bool gathered_kept,
+                                    const void* weight, int N, int K, int OC, ops::Stream s,
+                                    GradPart part);
+void overlap_row_forward(const TensorParallel& tp, const LinearGemm& gemm, const TpBuffers& buf,
+                         void* out, const void* inp, const void* weight, const void* bias,
+                         const void* residual, int N, int K, int OC, ops::Stream s);
+void overlap_row_backward(const TensorParallel& tp, const LinearGemm& gemm, const TpBuffers& buf,
+                          void* dinp, float* dweight, float* dbias, const void* dout_mine,
+                          const void* inp, const void* weight, const void* gelu_input, int N,
+                          int K, int OC, ops::Stream s, GradPart part);
 
 // ---------------------------------------------------------------------------------------------
 // Where the split weights live (parallel/placement.h), rank tp.rank() of tp.size()

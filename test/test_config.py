@@ -46,7 +46,7 @@ DEFAULTS = {
               "moe_bias_rate": 0.001, "moe_capacity_factor": 0.0, "skip_spikes": 0.0, "max_skips": 5,
               "optimizer_offload": "none", "offload_dir": ""},
     "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "cp_comm": "ring", "cp_a2a": 0, "ep": 1,
-                 "sp": True, "zero": 0,
+                 "sp": True, "tp_overlap": False, "zero": 0,
                  "fsdp": False, "pp_schedule": "1f1b", "pp_virtual": 1, "pp_layers": [],
                  "pp_balance": "equal", "backend": "", "timeout_s": 600.0,
                  "grad_compression": "none", "topk_ratio": 0.01, "dp_replicate": 1, "reduce_dtype": "fp32",
@@ -404,6 +404,15 @@ def file_error_cases(tmp):
     case("dp_replicate with diloco_islands",
          {"parallel.dp": "2", "parallel.dp_replicate": "2", "parallel.diloco_islands": "1"},
          ["dp_replicate = 2", "diloco_islands = 1", "not supported"], "parallel.dp_replicate")
+    # [parallel] tp_overlap (parallel/tensor_parallel_overlap.cu): tp > 1, sp, not with FP8.
+    case("tp_overlap with tp = 1", {"parallel.tp_overlap": "true"},
+         ["tp_overlap = true", "[parallel] tp = 1", "set tp > 1"], "parallel.tp_overlap")
+    case("tp_overlap without sp",
+         {"parallel.tp": "2", "parallel.sp": "false", "parallel.tp_overlap": "true"},
+         ["tp_overlap = true", "[parallel] sp = false", "set sp = true"], "parallel.tp_overlap")
+    case("tp_overlap with fp8",
+         {"parallel.tp": "2", "parallel.tp_overlap": "true", "precision.compute": '"fp8"'},
+         ["tp_overlap = true", 'compute = "fp8"', "not supported"], "parallel.tp_overlap")
     case("unknown reduce_dtype", {"parallel.reduce_dtype": '"fp16"'},
          ["reduce_dtype", '"fp32", "bf16"'], "parallel.reduce_dtype")
     text, keys, _ = render(secs, {"parallel.dp": "2", "parallel.reduce_dtype": '"bf16"',

@@ -2,7 +2,8 @@
 
 For real CPU layouts of a tiny GPT (L = 4, 4 heads, C = 32, T = 16), each trained for 2 steps:
 one rank fp32; dp2 DDP bf16; dp2 x tp2 fp8 with recompute "block" (the amax all-reduces); dp2
-FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; pp2 1f1b over
+FSDP with grad_accum 2; tp2 with and without SP, and with SP and recompute "block"; tp4 with SP,
+tp_overlap (its chunks as sends and receives) and recompute "block" (TEST_FULL); pp2 1f1b over
 4 micro-batches and gpipe over 2; cp2, also with recompute "block"; cp_comm = "all-to-all" at cp2
 in bf16, "hybrid" at cp4 x cp_a2a 2, Llama all-to-all at cp4 (kv heads copied) with recompute
 "block"; dp2 x pp2 x cp2 x tp2 FSDP
@@ -84,6 +85,8 @@ LAYOUTS = [
     ("tp2 sp", {"tp": 2}, {}),
     ("tp2 no sp", {"tp": 2, "sp": False}, {}),
     ("tp2 sp recompute block", {"tp": 2}, {"train": {"recompute": "block"}}),
+    ("tp4 sp overlap recompute block", {"tp": 4, "tp_overlap": True},
+     {"train": {"recompute": "block"}}),
     ("pp2 1f1b m4", {"pp": 2}, {"train": {"grad_accum": 4}}),
     ("pp2 gpipe m2", {"pp": 2, "pp_schedule": "gpipe"}, {"train": {"grad_accum": 2}}),
     ("cp2", {"cp": 2}, {}),
@@ -174,11 +177,13 @@ LAYOUTS = [
      {"dp": 2, "zero": 3, "fsdp_prefetch": 3, "bucket_mb": 0.15, "reduce_dtype": "bf16"}, {}),
 ]
 # Run only with TEST_FULL=1 (make test-full): each is a combination whose parts the layouts above
-# check on their own (recompute "block" with tp and cp, FSDP on all four axes, MoE with cp and
+# check on their own (recompute "block" with tp and cp, and with tp_overlap, whose per-step counts
+# test_tensor_parallel holds to the analytic ones; FSDP on all four axes, MoE with cp and
 # with zb-v, NVMe offload and DiLoCo at np = 8, DiLoCo over FSDP and with int8 meetings alone,
 # the noise scale on cp x tp x pp, int8 compression across pipeline stages).
 FULL_ONLY = [
     "tp2 sp recompute block",
+    "tp4 sp overlap recompute block",
     "cp2 recompute block",
     "dp2 x pp2 x cp2 x tp2 FSDP (np=16)",
     "MoE dp2 x cp2 x tp2 sp x ep2 fp8 (np=8)",

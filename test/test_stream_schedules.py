@@ -17,7 +17,8 @@ bit for bit with its run under `sync` (every piece of work run when it is queued
 Layouts (two ranks, NCCL stand-in unless said): DDP, ZeRO-1 with the optimizer in pinned host
 memory, ZeRO-2 with it in a file, FSDP (over NCCL, and over MPI: device buffers staged through
 the host),
-int8 and top-k compressed DDP gradients, tp = 2 with and without SP, pp = 2 1F1B and zb-v,
+int8 and top-k compressed DDP gradients, tp = 2 with and without SP and with SP overlapped
+(tp_overlap: chunks on the communication stream), pp = 2 1F1B and zb-v,
 cp = 2 ring attention, MoE dp2 x ep2, Llama cp2, DiLoCo (2 islands), DDP saving
 asynchronous checkpoints (their tensors compared too), ZeRO-2 with gradient buckets of two
 blocks (bucket_mb) over 2 micro-batches, and Llama (4 blocks) FSDP gathering two units ahead
@@ -29,7 +30,8 @@ TEST_FULL=1 runs every layout under those and two random seeds.
 Sabotage: copies of ./train_emu with one dependency broken (SABOTAGES: one source file changed,
 recompiled and linked with ./train_emu's other objects) must differ from their own sync run under
 at least one schedule - the check that the schedules can fail. `make test` runs the DDP one,
-TEST_FULL=1 all six.
+TEST_FULL=1 all eight (two of them tp_overlap's: a chunk's GEMM not waiting for its piece, a
+reduce-scatter piece sent before its GEMM wrote it).
 
 Host synchronisations: a non-logging step waits on the host at most the number HOST_SYNCS
 states (EMU_HOST_SYNCS=1 counts them): zero, or the stated waits for what the host computes on
@@ -70,6 +72,7 @@ LAYOUTS = [
     ("DDP top-k compression", {"dp": 2, "grad_compression": "topk", "topk_ratio": 0.1}, {}, False),
     ("tp=2 sp", {"tp": 2, "sp": True}, {"grad_accum": 2}, False),
     ("tp=2 no sp", {"tp": 2, "sp": False}, {}, False),
+    ("tp=2 sp overlap", {"tp": 2, "sp": True, "tp_overlap": True}, {"grad_accum": 2}, False),
     ("pp=2 1f1b", {"pp": 2}, {"grad_accum": 2}, True),
     ("pp=2 zb-v", {"pp": 2, "pp_schedule": "zb-v", "pp_virtual": 2},
      {"grad_accum": 2, "layers": 4}, False),
@@ -199,6 +202,13 @@ SABOTAGES = [
     ("bucket-no-wait", "ZeRO-2 dp=2 bucket_mb", "parallel/grad_buckets.cu",
      [("  comm_after_compute(st);  // the unit's backward is queued on the compute stream\n", "")],
      "a gradient bucket's copy out of the unit's gradient does not wait for its backward"),
+    ("tp-overlap-no-chunk-wait", "tp=2 sp overlap", "parallel/tensor_parallel_overlap.cu",
+     [("  if (j > 0) ops::stream_wait_event(s, tp.chunks->gathered[j - 1]);\n", "")],
+     "tp_overlap's GEMM on a gathered chunk does not wait for the chunk to arrive"),
+    ("tp-overlap-send-unwritten", "tp=2 sp overlap", "parallel/tensor_parallel_overlap.cu",
+     [("    ops::stream_wait_event(o.ring, o.computed[j]);\n", "")],
+     "tp_overlap's reduce-scatter sends an owner's rows without waiting for the GEMM that "
+     "writes them"),
 ]
 CORE_SABOTAGES = ("ddp-no-wait",)
 
@@ -281,7 +291,8 @@ def test_sabotage(rng):
 # every layout.
 HOST_SYNCS = {"DDP dp=2": 0, "ZeRO-1 dp=2 offload cpu": 7, "ZeRO-2 dp=2 offload nvme": 7,
               "FSDP dp=2": 0, "FSDP dp=2 (MPI)": 60, "DDP int8 compression": 0,
-              "DDP top-k compression": 0, "tp=2 sp": 0, "tp=2 no sp": 0, "pp=2 1f1b": 0,
+              "DDP top-k compression": 0, "tp=2 sp": 0, "tp=2 no sp": 0, "tp=2 sp overlap": 0,
+              "pp=2 1f1b": 0,
               "pp=2 zb-v": 0, "cp=2 ring attention": 0, "MoE dp=2 ep=2": 6, "Llama cp=2": 0,
               "DiLoCo 2 islands": 0, "DDP async checkpoints": 20, "ZeRO-2 dp=2 bucket_mb": 0,
               "FSDP dp=2 fsdp_prefetch 2 bucket_mb": 0}
