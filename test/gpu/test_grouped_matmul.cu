@@ -6,7 +6,9 @@
 // As in test_matmul.cu the oracle is ref:: in fp32 on the very values the GPU sees (bf16 inputs
 // rounded first): tolerances fp32 1e-5, bf16 outputs 1e-2 (their rounding), fp32 gradients
 // 1e-3 in bf16 mode. The grouped kernel and cuBLASLt sum in different orders, so the two CUDA
-// paths are held to the same tolerances against each other, not to the bit.
+// paths are held to the same tolerances against each other, not to the bit. Measured on the
+// emulated tier: fp32 grouped vs CPU 0 (both sum k in order with fmaf) up to 2e-8 (dGELU),
+// grouped vs the emulated cuBLASLt loop ~1.2e-7 (fp32) and 2.7e-3 (bf16: one output rounding).
 //
 // Groups {5, 0, 70, 17}: an empty group, one spanning two row tiles (64), tails. Shapes:
 //   awkward (C 37, OC 19)  scalar loads everywhere (widths not multiples of a 16-byte pack)
