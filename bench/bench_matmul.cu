@@ -126,8 +126,9 @@ double forward_ms(const Bench& b, const std::string& name) {
   return 0;
 }
 
-// Mixture of experts (model/moe.cu): E experts' MLPs run as one GEMM per expert on its rows (a
-// loop of cuBLASLt calls), against the same FLOPs as one dense GEMM pair on all the rows. The
+// Mixture of experts (model/moe.cu): E experts' MLPs as one GEMM per expert on its rows (a loop
+// of cuBLASLt calls) and as the grouped GEMMs the model runs (ops::grouped_matmul_forward, one
+// launch per GEMM), against the same FLOPs as one dense GEMM pair on all the rows. The
 // rows are N*top_k pairs spread evenly (a balanced router): E = 8, top_k = 2, hidden 4C each.
 void bench_experts(Bench& b, const ModelShape& m) {
   const int E = 8, top_k = 2, C = m.C, D = 4 * C;
@@ -160,6 +161,13 @@ void bench_experts(Bench& b, const ModelShape& m) {
     }
   });
   report(b, std::string(m.name) + " moe per-expert loop fwd", shape, flops, experts);
+  const std::vector<int> counts(E, (int)per);  // the same experts as one grouped GEMM each
+  const double grouped = time_op(b, [&](int) {
+    ops::grouped_matmul_forward(hg, h, x, fc, nullptr, counts.data(), E, C, D, bf16, b.stream);
+    ops::grouped_matmul_forward(y, nullptr, hg, proj, nullptr, counts.data(), E, D, C, bf16,
+                                b.stream);
+  });
+  report(b, std::string(m.name) + " moe grouped fwd", shape, flops, grouped);
   for (void* p : {x, fc, proj, h, hg, y}) ops::release(p);
 }
 

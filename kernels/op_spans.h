@@ -90,6 +90,28 @@
                (dweight ? (size_t)N * C * OPB_D + 2 * (size_t)OC * C * OPB_F : 0) +             \
                (dbias ? 2 * (size_t)OC * OPB_F : 0),                                            \
            {"N", N}, {"C", C}, {"OC", OC})
+// The grouped GEMMs: N = the groups' rows together, every group's weights.
+inline size_t op_group_rows(const int* rows, int groups) {
+  size_t n = 0;
+  for (int g = 0; g < groups; g++) n += rows[g];
+  return n;
+}
+#define OP_SPAN_grouped_matmul_forward                                                          \
+  TRACE_OP("grouped_matmul_forward", s,                                                        \
+           OPB_D * (op_group_rows(rows, groups) * ((size_t)C + (size_t)OC * (pre_gelu ? 2 : 1)) + \
+                    (size_t)groups * OC * C + (bias ? (size_t)groups * OC : 0)),               \
+           {"N", (long long)op_group_rows(rows, groups)}, {"groups", groups}, {"C", C}, {"OC", OC})
+#define OP_SPAN_grouped_matmul_backward                                                         \
+  TRACE_OP("grouped_matmul_backward", s,                                                       \
+           op_group_rows(rows, groups) * OC * OPB_D +                                          \
+               (dinp ? OPB_D * (op_group_rows(rows, groups) * C * (gelu_input ? 2 : 1) +       \
+                                (size_t)groups * OC * C)                                       \
+                     : 0) +                                                                    \
+               (dweight ? op_group_rows(rows, groups) * C * OPB_D +                            \
+                              2 * (size_t)groups * OC * C * OPB_F                              \
+                        : 0) +                                                                 \
+               (dbias ? 2 * (size_t)groups * OC * OPB_F : 0),                                  \
+           {"N", (long long)op_group_rows(rows, groups)}, {"groups", groups}, {"C", C}, {"OC", OC})
 #define OP_SPAN_bias_backward                                                                   \
   TRACE_OP("bias_backward", s, (size_t)N * OC * OPB_D + 2 * (size_t)OC * OPB_F, {"N", N},      \
            {"OC", OC})

@@ -156,6 +156,19 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* weight, const void* gelu_input, int N, int C, int OC, DType dt,
                      Stream s);
 
+// Grouped linear layers: `groups` layers side by side (a rank's experts), each over its own
+// consecutive block of rows of one activation. Group g owns rows[g] rows (host array; 0 allowed),
+// starting at the sum of the rows before it, and its own weight (OC,C) at weight + g*OC*C (bias
+// + g*OC; dweight + g*OC*C, dbias + g*OC). Per group the contracts of matmul_forward (no
+// residual) and matmul_backward. The CPU backend loops over matmul_*; the CUDA backend runs each
+// GEMM of all groups in one launch, the counts passed as kernel arguments (no copy, no sync).
+void grouped_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
+                            const void* bias, const int* rows, int groups, int C, int OC,
+                            DType dt, Stream s);
+void grouped_matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
+                             const void* inp, const void* weight, const void* gelu_input,
+                             const int* rows, int groups, int C, int OC, DType dt, Stream s);
+
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(void* out, const void* inp, size_t n, DType dt, Stream s);
 // dinp = dout * gelu'(inp); dinp may alias dout.

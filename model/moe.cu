@@ -52,7 +52,7 @@
 // parallel/expert_parallel.cu, the identity with ep = 1):
 //   router GEMM -> moe_router_forward -> choices to the host (the one sync: the dispatch plan is
 //   made there) -> balance statistics -> route -> gather the pairs' rows into expert order ->
-//   [to the experts' ranks] -> per local expert: fc + GELU, proj (one GEMM each on all its rows)
+//   [to the experts' ranks] -> fc + GELU, proj (each one grouped GEMM over all local experts)
 //   -> [back home] -> combine with the gates, + residual.
 // The backward runs it in reverse: combine backward (d rows, d gates), [to the experts], the
 // expert GEMMs' backward, [home], unpermute backward (each token sums its top_k rows), then the
@@ -153,15 +153,6 @@ void moe_destroy(GPT& m) {
 // ---------------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------------
-// Expert j's (of this rank) weights inside the unit: each tensor stacks the experts' blocks.
-static ExpertWeights expert_at(const GPTLayout& g, const ExpertWeights& w, int j, size_t elem) {
-  const size_t C = g.C, D = g.d_expert, H = fc_cols(g);
-  auto at = [&](void* base, size_t per) {
-    return base ? (void*)((char*)base + j * per * elem) : nullptr;  // Llama: no biases
-  };
-  return {at(w.fc_w, H * C), at(w.proj_w, C * D), at(w.fc_b, H), at(w.proj_b, C)};
-}
-
 // A device buffer's contents on the host, once the stream has written it. On the dry stream (the
 // planner's) nothing is copied: dst keeps what it holds.
 static void read_to_host(void* dst, const void* src, size_t bytes, ops::Stream s) {
@@ -202,29 +193,20 @@ static void record_stats(GPT& m, int layer, const std::vector<int>& expert,
   st.z_loss += (double)m.moe->z_coef * dloss_scale * z;
 }
 
-// Each local expert's rows through fc + GELU and proj: x (M,C) -> y (M,C), expert-major.
+// Each local expert's rows through fc + GELU and proj: x (M,C) -> y (M,C), expert-major. Each
+// GEMM runs all local experts at once (ops::grouped_matmul_*: one launch in the CUDA backend),
+// the experts' row counts from the route (host).
 static void experts_forward(GPT& m, MoeActs& a, const ExpertWeights& w, void* y, ops::Stream s) {
   const GPTLayout& g = m.layout;
-  const size_t C = g.C, D = g.d_expert, H = fc_cols(g), e = dtype_size(m.dt);
-  const ExpertRoute& r = a.route;
-  for (int j = 0; j < m.moe->ep.experts_per_rank(); j++) {
-    const int n = r.expert_rows[j];
-    if (n == 0) continue;
-    const size_t row = r.expert_first[j];
-    const ExpertWeights ew = expert_at(g, w, j, e);
-    void* h = (char*)a.h + row * H * e;
-    void* hg = (char*)a.hg + row * D * e;
-    if (g.llama) {  // h = [gate | up], hg = silu(gate) * up
-      ops::matmul_forward(h, nullptr, (char*)a.x + row * C * e, ew.fc_w, nullptr, nullptr, n, C,
-                          (int)H, m.dt, s);
-      ops::swiglu_forward(hg, h, n, (int)D, m.dt, s);
-    } else {
-      ops::matmul_forward(hg, h, (char*)a.x + row * C * e, ew.fc_w, ew.fc_b, nullptr, n, C, D,
-                          m.dt, s);
-    }
-    ops::matmul_forward((char*)y + row * C * e, nullptr, hg, ew.proj_w, ew.proj_b, nullptr, n, D,
-                        C, m.dt, s);
+  const int C = g.C, D = g.d_expert, H = (int)fc_cols(g), experts = m.moe->ep.experts_per_rank();
+  const int* rows = a.route.expert_rows.data();
+  if (g.llama) {  // h = [gate | up], hg = silu(gate) * up
+    ops::grouped_matmul_forward(a.h, nullptr, a.x, w.fc_w, nullptr, rows, experts, C, H, m.dt, s);
+    if (a.route.M > 0) ops::swiglu_forward(a.hg, a.h, a.route.M, D, m.dt, s);
+  } else {
+    ops::grouped_matmul_forward(a.hg, a.h, a.x, w.fc_w, w.fc_b, rows, experts, C, D, m.dt, s);
   }
+  ops::grouped_matmul_forward(y, nullptr, a.hg, w.proj_w, w.proj_b, rows, experts, D, C, m.dt, s);
 }
 
 // The pairs' rows along the route to this rank's experts, through them, and back home:
@@ -288,27 +270,20 @@ static void experts_backward(GPT& m, MoeActs& a, const ExpertWeights& w, const E
     else ops::gelu_forward(a.hg, a.h, (size_t)r.M * D, m.dt, s);
   }
   if (split) ops::copy_on_device(a.dy, dy, (size_t)r.M * C * e, s);
-  for (int j = 0; j < st.ep.experts_per_rank(); j++) {
-    const int n = r.expert_rows[j];
-    if (n == 0) continue;
-    const size_t row = r.expert_first[j];
-    const ExpertWeights ew = expert_at(g, w, j, e);
-    const ExpertWeights gw = split ? ExpertWeights{} : expert_at(g, dw, j, 4);
-    void* dy_j = (char*)dy + row * C * e;
-    void* dh = (char*)st.dh + row * H * e;
-    void* h = (char*)a.h + row * H * e;
-    if (g.llama) {  // d hg = dy Wp, then d h = [d gate | d up]
-      void* dhg = (char*)st.dhg + row * D * e;
-      ops::matmul_backward(dhg, (float*)gw.proj_w, nullptr, dy_j, (char*)a.hg + row * D * e,
-                           ew.proj_w, nullptr, n, D, C, m.dt, s);
-      ops::swiglu_backward(dh, dhg, h, n, (int)D, m.dt, s);
-    } else {
-      ops::matmul_backward(dh, (float*)gw.proj_w, (float*)gw.proj_b, dy_j,
-                           (char*)a.hg + row * D * e, ew.proj_w, h, n, D, C, m.dt, s);
-    }
-    ops::matmul_backward(dy_j, (float*)gw.fc_w, (float*)gw.fc_b, dh, (char*)a.x + row * C * e,
-                         ew.fc_w, nullptr, n, C, (int)H, m.dt, s);
+  const int* rows = r.expert_rows.data();
+  const int experts = st.ep.experts_per_rank();
+  const ExpertWeights gw = split ? ExpertWeights{} : dw;  // the weight gradients, when they run
+  if (g.llama) {  // d hg = dy Wp, then d h = [d gate | d up]
+    ops::grouped_matmul_backward(st.dhg, (float*)gw.proj_w, nullptr, dy, a.hg, w.proj_w, nullptr,
+                                 rows, experts, (int)D, (int)C, m.dt, s);
+    if (r.M > 0) ops::swiglu_backward(st.dh, st.dhg, a.h, r.M, (int)D, m.dt, s);
+  } else {
+    ops::grouped_matmul_backward(st.dh, (float*)gw.proj_w, (float*)gw.proj_b, dy, a.hg, w.proj_w,
+                                 a.h, rows, experts, (int)D, (int)C, m.dt, s);
   }
+  // d(expert input) overwrites dy, which the GEMMs above have finished reading
+  ops::grouped_matmul_backward(dy, (float*)gw.fc_w, (float*)gw.fc_b, st.dh, a.x, w.fc_w, nullptr,
+                               rows, experts, (int)C, (int)H, m.dt, s);
   if (split) ops::copy_on_device(a.h, st.dh, (size_t)r.M * H * e, s);
 }
 
@@ -357,18 +332,13 @@ void moe_weight_pass(GPT& m, const MoeActs& a, const void* inp, float* d_router_
   const GPTLayout& g = m.layout;
   MoeState& st = *m.moe;
   const int Nt = g.tp.tokens(B * T);
-  const size_t C = g.C, D = g.d_expert, H = fc_cols(g), e = dtype_size(m.dt);
-  const ExpertRoute& r = a.route;
-  for (int j = 0; j < st.ep.experts_per_rank(); j++) {  // d(output) in dy, d(h) in h
-    const int n = r.expert_rows[j];
-    if (n == 0) continue;
-    const size_t row = r.expert_first[j];
-    const ExpertWeights gw = expert_at(g, dw, j, 4);
-    ops::matmul_backward(nullptr, (float*)gw.proj_w, (float*)gw.proj_b, (char*)a.dy + row * C * e,
-                         (char*)a.hg + row * D * e, nullptr, nullptr, n, D, C, m.dt, s);
-    ops::matmul_backward(nullptr, (float*)gw.fc_w, (float*)gw.fc_b, (char*)a.h + row * H * e,
-                         (char*)a.x + row * C * e, nullptr, nullptr, n, C, (int)H, m.dt, s);
-  }
+  const int C = g.C, D = g.d_expert, H = (int)fc_cols(g);
+  const int* rows = a.route.expert_rows.data();  // d(output) in dy, d(h) in h
+  const int experts = st.ep.experts_per_rank();
+  ops::grouped_matmul_backward(nullptr, (float*)dw.proj_w, (float*)dw.proj_b, a.dy, a.hg, nullptr,
+                               nullptr, rows, experts, D, C, m.dt, s);
+  ops::grouped_matmul_backward(nullptr, (float*)dw.fc_w, (float*)dw.fc_b, a.h, a.x, nullptr,
+                               nullptr, rows, experts, C, H, m.dt, s);
   const void* dz = a.logits;  // d(router logits), fp32
   if (m.dt != DType::F32) {
     ops::cast(st.logits_dt, m.dt, a.logits, DType::F32, (size_t)Nt * g.E, s);

@@ -8,6 +8,9 @@
 //             dbias += sum_n dout                         (double per column, added once)
 // Parallelism and determinism come from gemm(): tiles are independent and every sum runs over k
 // in order. dbias splits the columns between threads, each summing its columns over all rows.
+//
+// grouped (a rank's experts): one loop over the groups, each the plain layer on its rows and its
+// own weights, so a group's results are those of matmul_forward / matmul_backward, bit for bit.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -112,6 +115,56 @@ void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
     if (dweight)
       cpu::matmul_backward_weight(dweight, (const S*)dout, (const S*)inp, N, C, OC, dt, s);
     if (dbias) cpu::matmul_backward_bias(dbias, (const S*)dout, N, OC);
+  });
+}
+
+void grouped_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
+                            const void* bias, const int* rows, int groups, int C, int OC,
+                            DType dt, Stream s) {
+  OP_SPAN(grouped_matmul_forward);
+  if (is_dry(s)) return;
+  const size_t e = dtype_size(dt);
+  size_t row = 0;
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    for (int g = 0; g < groups; g++) {
+      const int n = rows[g];
+      auto at = [&](const void* base, size_t offset) {
+        return base ? (S*)((char*)base + offset * e) : nullptr;
+      };
+      if (n > 0)
+        cpu::matmul_forward_typed(at(out, row * OC), at(pre_gelu, row * OC), at(inp, row * C),
+                                  at(weight, (size_t)g * OC * C), at(bias, (size_t)g * OC),
+                                  (const S*)nullptr, n, C, OC, dt, s);
+      row += n;
+    }
+  });
+}
+
+void grouped_matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
+                             const void* inp, const void* weight, const void* gelu_input,
+                             const int* rows, int groups, int C, int OC, DType dt, Stream s) {
+  OP_SPAN(grouped_matmul_backward);
+  if (is_dry(s)) return;
+  const size_t e = dtype_size(dt);
+  size_t row = 0;
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    auto at = [&](const void* base, size_t offset) {
+      return base ? (S*)((char*)base + offset * e) : nullptr;
+    };
+    for (int g = 0; g < groups; g++) {
+      const int n = rows[g];
+      const size_t w = (size_t)g * OC * C;
+      const S* dout_g = at(dout, row * OC);
+      if (n > 0 && dinp)
+        cpu::matmul_backward_inputs(at(dinp, row * C), dout_g, at(weight, w),
+                                    at(gelu_input, row * C), n, C, OC, dt, s);
+      if (n > 0 && dweight)
+        cpu::matmul_backward_weight(dweight + w, dout_g, at(inp, row * C), n, C, OC, dt, s);
+      if (n > 0 && dbias) cpu::matmul_backward_bias(dbias + (size_t)g * OC, dout_g, n, OC);
+      row += n;
+    }
   });
 }
 

@@ -57,9 +57,9 @@ case "$mode" in
     tests="layernorm rope swiglu sum_ cast attention_awkward attention_block attention_cached copy_columns classifier
            moe_ encoder_backward grad_compression"
     if [ "${TEST_FULL:-0}" = 1 ]; then
-      tests="$tests rmsnorm add_ fp8_amax gelu attention_ragged"
+      tests="$tests rmsnorm add_ fp8_amax gelu attention_ragged grouped_matmul"
     else
-      echo "emu-asan: rmsnorm add_ fp8_amax gelu attention_ragged only with TEST_FULL=1 (make test-emu-full)"
+      echo "emu-asan: rmsnorm add_ fp8_amax gelu attention_ragged grouped_matmul only with TEST_FULL=1 (make test-emu-full)"
     fi
     for t in $tests; do
       EMU_ORDER=forward GPU_TEST_EMULATED=1 "$bin" "$t" || status=1
