@@ -165,9 +165,10 @@ struct ParallelConfig {   // [parallel]
 
 struct PrecisionConfig {  // [precision]
   std::string compute = "fp32";  // "fp32" | "bf16" | "fp8" (block GEMMs in FP8, the rest bf16)
-  std::string fp8_recipe = "tensorwise";  // "tensorwise" (current scaling) | "delayed"
+  // "tensorwise" (current scaling) | "delayed" | "rowwise" | "blockwise" | "mxfp8" (model/fp8.h)
+  std::string fp8_recipe = "tensorwise";
   int fp8_amax_history = 16;  // delayed: casts of amax history per tensor
-  int fp8_margin = 0;         // scales divided by 2^margin
+  int fp8_margin = 0;         // scales divided by 2^margin (not mxfp8: its scale rule is fixed)
 };
 
 struct KernelsConfig {    // [kernels]

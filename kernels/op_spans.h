@@ -192,6 +192,13 @@ inline size_t op_group_rows(const int* rows, int groups) {
            (size_t)K * (M + N) + (size_t)M * N * dtype_size(out_dt) * (accumulate ? 2 : 1) +    \
                2 * OPB_F,                                                                       \
            {"M", M}, {"N", N}, {"K", K})
+#define OP_SPAN_fp8_cast_blocks                                                                 \
+  TRACE_OP("fp8_cast_blocks", s, (size_t)rows * cols * (2 * OPB_D + 1), {"rows", rows},         \
+           {"cols", cols})
+#define OP_SPAN_gemm_fp8_blocks                                                                 \
+  TRACE_OP("gemm_fp8_blocks", s,                                                               \
+           (size_t)K * (M + N) + (size_t)M * N * dtype_size(out_dt) * (accumulate ? 2 : 1),     \
+           {"M", M}, {"N", N}, {"K", K})
 
 // ---- Optimizer and reductions (fp32) ------------------------------------------------------------
 #define OP_SPAN_adamw_update                                                                    \

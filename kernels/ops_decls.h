@@ -393,6 +393,24 @@ void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int ro
 void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
               const void* b, DType b_fp8, int M, int N, int K, const float* a_scale_inv,
               const float* b_scale_inv, Stream s);
+// Block-scaled FP8 (the rowwise, blockwise and mxfp8 recipes, model/fp8.h). The logical matrix X
+// is x (rows x cols) or, with transpose, x^T (cols x rows). Each block_rows x block_cols block of
+// X (edge blocks partial: as if X were padded with zeros) gets a power-of-two scale from its own
+// amax (kernels/fp8.h fp8_block_scale_inv: e8m0 picks the MX rule, else the power-of-two rule with
+// `margin`); out (X's shape, row-major) = X * scale of its block, rounded as fp8_cast rounds, and
+// scale_inv[bi * ceil(X cols / block_cols) + bj] = 1 / scale of block (bi, bj).
+void fp8_cast_blocks(void* out, float* scale_inv, DType fp8, const void* x, DType dt, int rows,
+                     int cols, bool transpose, int block_rows, int block_cols, bool e8m0,
+                     int margin, Stream s);
+// out (M x N, F32 with accumulate "+=", or BF16) = A . B^T, A (M x K) and B (N x K) the decoded
+// block-scaled operands (code * scale_inv of its block, layouts as fp8_cast_blocks writes them),
+// products summed in fp32. workspace: (M + N) * K * 2 bytes (the CUDA backend dequantises the
+// operands into it as bf16 - exact, the scales being powers of two - and runs the bf16 GEMM; the
+// CPU backend does not use it).
+void gemm_fp8_blocks(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+                     const float* a_scale_inv, int a_block_rows, int a_block_cols, const void* b,
+                     DType b_fp8, const float* b_scale_inv, int b_block_rows, int b_block_cols,
+                     int M, int N, int K, void* workspace, Stream s);
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer and reductions (fp32)

@@ -218,6 +218,7 @@ void gpt_create_from_config(GPT& m, const GPTLayout& layout, const Config& cfg,
                             Comm* amax_group, int slots, ops::Stream s, ops::Stream ring) {
   const PrecisionConfig& p = cfg.precision;
   Fp8Recipe recipe;
+  recipe.granularity = fp8_granularity(p.fp8_recipe);
   recipe.delayed = p.fp8_recipe == "delayed";
   recipe.history = p.fp8_amax_history;
   recipe.margin = p.fp8_margin;

@@ -16,7 +16,9 @@
    output, input gradient, weight gradient and bias gradient against float64 on the operands
    decoded here from the recipe's scales, within analytic rounding bounds, and every scale bitwise
    the recipe's; tensorwise and delayed, one rank and tp=2, dense blocks (qkv, attention
-   projection, fc, fc projection) and an MoE block's attention GEMMs.
+   projection, fc, fc projection) and an MoE block's attention GEMMs; rowwise, blockwise and
+   mxfp8 (every block's scale bitwise): rowwise and mxfp8 on one rank, blockwise tp=2 with MoE
+   (all five, both MoE modes and tp=1/2: test_fp8_sites by hand; 20 seeds pass).
 5. Layouts: one rank, pp=2, dp=2 FSDP and tp=2 (sp), bf16 and fp8, 6 steps: the step-1 gradient
    norm, every step's norm and loss against the one-rank run of the same dtype, at tolerances
    about 10x the worst measured over 8 seeds (stated at LAYOUTS, with why tp and later steps
@@ -28,6 +30,10 @@
    the final losses within 5% of each other (a claim about the recipe's quality, not a rounding
    bound: measured 0.02-0.66% over 3 seeds), and not the same (the quantisation is real: some
    step's loss differs).
+   The block recipes (rowwise, blockwise, mxfp8), 6 steps each: on one rank, step-1 gradient
+   norm within FP8_VS_BF16_NORM of bf16's, no metrics "fp8" object (no per-tensor scales);
+   blockwise under pp=2: every loss and norm equal to its one-rank run at fp32 rounding
+   (pipelining changes no block).
 6. Refused before any work: an unknown recipe, fp8_amax_history = 0, d_model/tp not a multiple
    of 16, micro_batch * seq_len not a multiple of 16.
 """
@@ -210,7 +216,8 @@ def test_sites(rng):
     """Both recipes on one rank and under tp=2, each with dense blocks (every site kind) once and
     with an MoE block (its attention GEMMs: MoE-adjacent) once."""
     for recipe, moe, ranks in [("tensorwise", 0, 1), ("delayed", 1, 1), ("tensorwise", 1, 2),
-                               ("delayed", 0, 2)]:
+                               ("delayed", 0, 2), ("rowwise", 0, 1), ("blockwise", 1, 2),
+                               ("mxfp8", 0, 1)]:
         cmd = [os.path.join(BUILD, "test_fp8_sites"), recipe, str(moe), str(rng.integers(1 << 30))]
         if ranks > 1:
             cmd = MPIRUN + ["-np", str(ranks)] + cmd
@@ -232,12 +239,14 @@ def test_sites(rng):
 L, NH, C, T, V = 2, 4, 64, 16, 101
 
 
-def train(tmp, name, steps, precision, dp=1, tp=1, pp=1, fsdp=False, lr=3e-3):
+def train(tmp, name, steps, precision, dp=1, tp=1, pp=1, fsdp=False, lr=3e-3, recipe=None):
     sec = base_sections(tmp, steps, lr=lr, micro_batch=4 // dp)
     del sec["init"]
     sec["model"] = {"n_layer": L, "n_head": NH, "d_model": C, "seq_len": T, "vocab_size": V}
     sec["train"]["seed"] = 77
     sec["precision"] = {"compute": precision}
+    if recipe:
+        sec["precision"]["fp8_recipe"] = recipe
     sec["parallel"] = {"dp": dp, "tp": tp, "pp": pp, "fsdp": fsdp}
     sec["log"]["metrics"] = os.path.join(tmp, f"{name}.jsonl")
     world = dp * tp * pp
@@ -312,6 +321,32 @@ def test_layouts(tmp, one):
                              "rank's", want == have, f"{have} vs {want}")
 
 
+# Block recipes against their own one-rank run under pp=2 (relative: step-1 norm, norms, losses;
+# the tensorwise pp=2 tolerances).
+BLOCK_RECIPES = ("rowwise", "blockwise", "mxfp8")
+BLOCK_PP_TOLS = (3e-7, 3e-7, 1e-6)
+
+
+def test_block_recipes(tmp, one):
+    bf = one["bf16"][:LAYOUT_STEPS]
+    for recipe in BLOCK_RECIPES:
+        solo = train(tmp, f"{recipe}_1", LAYOUT_STEPS, "fp8", recipe=recipe)
+        r = abs(norms(solo)[0] / norms(bf)[0] - 1)
+        checks.check(f"{recipe}: step-1 gradient norm vs bf16's, no per-tensor scales",
+                     len(solo) == LAYOUT_STEPS and r < FP8_VS_BF16_NORM and
+                     all(math.isfinite(x) for x in losses(solo)) and "fp8" not in solo[0],
+                     f"{norms(solo)[0]:.6g} vs {norms(bf)[0]:.6g}: rel {r:.1e} "
+                     f"(tolerance {FP8_VS_BF16_NORM})")
+        if recipe != "blockwise":
+            continue
+        pp = train(tmp, f"{recipe}_pp2", LAYOUT_STEPS, "fp8", pp=2, recipe=recipe)
+        errs = (max_rel(norms(pp)[:1], norms(solo)[:1]), max_rel(norms(pp), norms(solo)),
+                max_rel(losses(pp), losses(solo)))
+        checks.check(f"{recipe} pp=2 vs one rank: step-1 norm, norms, losses",
+                     len(pp) == LAYOUT_STEPS and all(e < t for e, t in zip(errs, BLOCK_PP_TOLS)),
+                     "max rel err %.1e, %.1e, %.1e (tolerances %s)" % (*errs, BLOCK_PP_TOLS))
+
+
 def test_training(tmp):
     """Returns the two runs, for test_layouts."""
     f8 = train(tmp, "fp8", 200, "fp8")
@@ -332,8 +367,8 @@ def test_refused(tmp, rng):
     make_experiment(tmp, rng, L=1, NH=4, C=40, T=16, V=101, model=False)
     model = {"n_layer": 1, "n_head": 4, "d_model": 40, "seq_len": 16, "vocab_size": 101}
     good = {"n_layer": 1, "n_head": 4, "d_model": 64, "seq_len": 16, "vocab_size": 101}
-    cases = [("unknown recipe", good, {"compute": "fp8", "fp8_recipe": "rowwise"}, 2, 1,
-              ["fp8_recipe", "rowwise"]),
+    cases = [("unknown recipe", good, {"compute": "fp8", "fp8_recipe": "columnwise"}, 2, 1,
+              ["fp8_recipe", "columnwise"]),
              ("fp8_amax_history < 1", good, {"compute": "fp8", "fp8_amax_history": 0}, 2, 1,
               ["fp8_amax_history", "positive"]),
              ("d_model/tp not a multiple of 16", model, {"compute": "fp8"}, 2, 1,
@@ -357,7 +392,9 @@ def main():
     test_sites(rng)
     with tempfile.TemporaryDirectory() as tmp:
         make_experiment(tmp, rng, L=L, NH=NH, C=C, T=T, V=V, model=False, n_tokens=40000)
-        test_layouts(tmp, test_training(tmp))
+        one = test_training(tmp)
+        test_layouts(tmp, one)
+        test_block_recipes(tmp, one)
     with tempfile.TemporaryDirectory() as tmp:
         test_refused(tmp, rng)
     checks.report()

@@ -1,7 +1,7 @@
 // test/test_fp8_sites.cpp - every FP8 linear call of a real training step, checked against
 // float64 (model/fp8.h is the recipe under test).
 //
-//   [mpirun -np TP] test_fp8_sites tensorwise|delayed MOE(0|1) SEED
+//   [mpirun -np TP] test_fp8_sites tensorwise|delayed|rowwise|blockwise|mxfp8 MOE(0|1) SEED
 //
 // A small GPT-2 (awkward sizes: d_model 96, 6 heads, 2 x 24 tokens, vocabulary 101; with MOE=1
 // its second block is a mixture of experts, whose attention GEMMs stay FP8) runs two micro-steps
@@ -13,6 +13,14 @@
 //           group), the recipe's history for "delayed" (kept here, per site and operand), then
 //           scale = fp8_max / amax / 2^margin in fp32. The code's stored scale and 1/scale must
 //           equal these bit for bit. The backward casts the weight with the forward's scale.
+//   blocks  (rowwise, blockwise, mxfp8) per block of each operand, in the layout the GEMM reads
+//           it (rows x K; the backward's transposed operands blocked along their own K), the
+//           power-of-two scale from the block's local amax: the smallest 2^-k that keeps the
+//           amax within the format (times 2^-margin), or for mxfp8 k = floor(log2 amax) - emax
+//           of the element format (8 E4M3, 15 E5M2), found here with frexp in double; every
+//           block's stored 1/scale must equal 2^k bit for bit. Blocks: rowwise 1 x K; blockwise
+//           1 x 128 for activations and gradients, 128 x 128 for weights; mxfp8 1 x 32. No amax
+//           is agreed over ranks for these recipes (model/fp8.h).
 //   codes   each operand element x * scale (fp32) rounded to the nearest E4M3 / E5M2 value by a
 //           frexp-based rounding written here (ties to even, saturating at 448 / 57344).
 //   GEMMs   the decoded operands multiplied in float64 and scaled by both 1/scales: the output
@@ -64,8 +72,72 @@ double fp8_round(float x, int mbits, int min_exp, double vmax) {
 struct Format {
   int mbits, min_exp;
   double vmax;
+  int emax;  // exponent of the largest normal value
 };
-const Format kE4M3{3, -6, 448.0}, kE5M2{2, -14, 57344.0};
+const Format kE4M3{3, -6, 448.0, 8}, kE5M2{2, -14, 57344.0, 15};
+
+// ---- the block recipes' reference ------------------------------------------------------------
+struct BlockShape {
+  int rows, cols;
+};
+enum class Granularity { Tensor, Row, Block, Mx };
+Granularity granularity_of(const std::string& recipe) {
+  if (recipe == "rowwise") return Granularity::Row;
+  if (recipe == "blockwise") return Granularity::Block;
+  if (recipe == "mxfp8") return Granularity::Mx;
+  return Granularity::Tensor;
+}
+// The block of an operand (rows x K) of a recipe (the table at the top of this file).
+BlockShape block_of(Granularity g, bool weight, int K) {
+  if (g == Granularity::Row) return {1, K};
+  if (g == Granularity::Block) return weight ? BlockShape{128, 128} : BlockShape{1, 128};
+  return {1, 32};
+}
+
+// 2^k, the dequantisation factor of a block whose amax is `amax`.
+double block_scale_inv(double amax, const Format& fmt, bool mx, int margin) {
+  if (amax == 0) return mx ? std::ldexp(1.0, -127) : 1.0;
+  int e;
+  std::frexp(amax, &e);  // amax in [2^(e-1), 2^e)
+  int k;
+  if (mx) {
+    k = std::max(-127, std::min(127, e - 1 - fmt.emax));
+  } else {
+    k = e - 1 - fmt.emax - 1;
+    while (amax > fmt.vmax * std::ldexp(1.0, k)) k++;
+    k = std::max(-126, std::min(127, k + margin));
+  }
+  return std::ldexp(1.0, k);
+}
+
+// An operand of a block recipe: the logical matrix X (R x K) - x itself, or with transpose x^T
+// for x (K x R) - decoded per block, and each block's 1/scale.
+struct Quantized {
+  std::vector<double> values;
+  std::vector<float> scale_inv;
+};
+Quantized quantize_blocks(const std::vector<float>& x, int R, int K, bool transpose,
+                          BlockShape b, const Format& fmt, bool mx, int margin) {
+  auto at = [&](int i, int j) { return transpose ? x[(size_t)j * R + i] : x[(size_t)i * K + j]; };
+  const int gr = (R + b.rows - 1) / b.rows, gc = (K + b.cols - 1) / b.cols;
+  Quantized q;
+  q.values.resize((size_t)R * K);
+  q.scale_inv.resize((size_t)gr * gc);
+  for (int bi = 0; bi < gr; bi++)
+    for (int bj = 0; bj < gc; bj++) {
+      const int i1 = std::min(R, (bi + 1) * b.rows), j1 = std::min(K, (bj + 1) * b.cols);
+      double amax = 0;
+      for (int i = bi * b.rows; i < i1; i++)
+        for (int j = bj * b.cols; j < j1; j++) amax = std::max(amax, (double)std::fabs(at(i, j)));
+      const double inv = block_scale_inv(amax, fmt, mx, margin);
+      q.scale_inv[(size_t)bi * gc + bj] = (float)inv;
+      for (int i = bi * b.rows; i < i1; i++)
+        for (int j = bj * b.cols; j < j1; j++)
+          q.values[(size_t)i * K + j] =
+              fp8_round((float)(at(i, j) / inv), fmt.mbits, fmt.min_exp, fmt.vmax) * inv;
+    }
+  return q;
+}
 
 std::vector<float> download_bf16(const void* d, size_t n) {
   std::vector<uint16_t> h(n);
@@ -100,6 +172,7 @@ struct Observer {
   std::map<std::pair<int, int>, std::deque<float>> history;  // (site, operand) -> amaxes
   std::map<int, float> weight_scale;                         // site -> the last forward's
   std::map<std::string, Worst> worst;                        // "qkv out" -> ...
+  Granularity granularity = Granularity::Tensor;
   int scale_mismatches = 0, calls = 0;
   bool seen[kBlockLinears][2] = {};
   // Before a call: what it reads (copies, since it may overwrite them)
@@ -174,7 +247,40 @@ void record(Observer& o, int site, const char* what, double err, double bound, d
   w.elements++;
 }
 
+// A block recipe's operand: the reference's quantisation, its scales checked bitwise against
+// the code's (`stored`, after the call).
+std::vector<double> block_operand(Observer& o, const Fp8Context& f, const float* stored,
+                                  const std::vector<float>& x, int R, int K, bool transpose,
+                                  bool weight, const Format& fmt, const char* what, int site) {
+  const bool mx = o.granularity == Granularity::Mx;
+  Quantized q = quantize_blocks(x, R, K, transpose, block_of(o.granularity, weight, K), fmt, mx,
+                                f.recipe.margin);
+  const std::vector<float> got = download_f32(stored, q.scale_inv.size());
+  for (size_t i = 0; i < got.size(); i++)
+    if (std::memcmp(&got[i], &q.scale_inv[i], 4) != 0) {
+      if (o.scale_mismatches++ < 5)
+        std::printf("[rank %d] site %d %s: block %zu 1/scale %.9g, the recipe's %.9g\n", o.rank,
+                    site, what, i, got[i], q.scale_inv[i]);
+      break;
+    }
+  return std::move(q.values);
+}
+
+void check_forward_output(Observer& o, const Fp8Call& c, const std::vector<double>& y,
+                          const std::vector<double>& mag);
+
+void check_forward_blocks(Observer& o, const Fp8Context& f, const Fp8Call& c) {
+  const std::vector<double> x =
+      block_operand(o, f, f.x8_scale, o.inp, c.N, c.C, false, false, kE4M3, "input", c.site);
+  const std::vector<double> w =
+      block_operand(o, f, f.w8_scale, o.weight, c.OC, c.C, false, true, kE4M3, "weight", c.site);
+  std::vector<double> y, mag;
+  gemm64(x, c.C, 1, w, c.C, 1, c.N, c.OC, c.C, 1.0, y, mag);
+  check_forward_output(o, c, y, mag);
+}
+
 void check_forward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
+  if (o.granularity != Granularity::Tensor) return check_forward_blocks(o, f, c);
   const Fp8Linear& L = f.linears[c.site];
   const float sx = reference_scale(o, f, c.site, 0, local_amax(o.inp), kE4M3);
   const float sw = reference_scale(o, f, c.site, 1, local_amax(o.weight), kE4M3);
@@ -184,6 +290,12 @@ void check_forward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
   std::vector<double> y, mag;
   gemm64(decode(o.inp, sx, kE4M3), c.C, 1, decode(o.weight, sw, kE4M3), c.C, 1, c.N, c.OC, c.C,
          (double)(1.0f / sx) * (double)(1.0f / sw), y, mag);
+  check_forward_output(o, c, y, mag);
+}
+
+// y (N,OC): the float64 product; then + bias + residual and GELU against the call's outputs.
+void check_forward_output(Observer& o, const Fp8Call& c, const std::vector<double>& y,
+                          const std::vector<double>& mag) {
   const size_t n = (size_t)c.N * c.OC;
   const std::vector<float> pre = download_bf16(c.pre_gelu ? c.pre_gelu : c.out, n);
   const std::vector<float> out = c.pre_gelu ? download_bf16(c.out, n) : pre;
@@ -202,10 +314,15 @@ void check_forward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
   }
 }
 
-void check_backward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
+// The float64 products of a backward call: the input gradient (N,C) and the weight gradient's
+// increment (OC,C), with the sums of their terms' magnitudes.
+struct BackwardRef {
+  std::vector<double> dinp, dinp_mag, dw, dw_mag;
+};
+
+BackwardRef backward_tensorwise(Observer& o, const Fp8Context& f, const Fp8Call& c) {
   // The step here is gpt_forward_backward's, whole backwards (the B/W split of zero-bubble
   // pipelines scales W's gradient with grad_w, which these references do not model).
-  CHECK(c.part == GradPart::Both, "test_fp8_sites: a split backward (site %d)", c.site);
   const Fp8Linear& L = f.linears[c.site];
   const float sg = reference_scale(o, f, c.site, 2, local_amax(o.dout), kE5M2);
   const float sx = reference_scale(o, f, c.site, 3, local_amax(o.inp), kE4M3);
@@ -214,27 +331,55 @@ void check_backward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
   check_scale(o, L.input_bwd, sx, "input (backward)", c.site);
   check_scale(o, L.weight, sw, "weight (backward)", c.site);
   const std::vector<double> g8 = decode(o.dout, sg, kE5M2), x8 = decode(o.inp, sx, kE4M3);
-  std::vector<double> ref, mag;
-  if (c.dinp) {  // dinp (N,C) = g (N,OC) . w (OC,C)
+  BackwardRef r;
+  if (c.dinp)  // dinp (N,C) = g (N,OC) . w (OC,C)
     gemm64(g8, c.OC, 1, decode(o.weight, sw, kE4M3), 1, c.C, c.N, c.C, c.OC,
-           (double)(1.0f / sg) * (double)(1.0f / sw), ref, mag);
+           (double)(1.0f / sg) * (double)(1.0f / sw), r.dinp, r.dinp_mag);
+  // dW (OC,C) += g^T (OC,N) . x (N,C)
+  gemm64(g8, 1, c.OC, x8, 1, c.C, c.OC, c.C, c.N, (double)(1.0f / sg) * (double)(1.0f / sx),
+         r.dw, r.dw_mag);
+  return r;
+}
+
+// Block recipes: each operand in the layout its GEMM reads, blocked along its own K.
+BackwardRef backward_blocks(Observer& o, const Fp8Context& f, const Fp8Call& c) {
+  BackwardRef r;
+  if (c.dinp) {  // dinp (N,C) = g (N,OC) . (w^T (C,OC))^T
+    const std::vector<double> g = block_operand(o, f, f.g8_scale, o.dout, c.N, c.OC, false, false,
+                                                kE5M2, "grad", c.site);
+    const std::vector<double> wt = block_operand(o, f, f.w8t_scale, o.weight, c.C, c.OC, true,
+                                                 true, kE4M3, "weight^T", c.site);
+    gemm64(g, c.OC, 1, wt, c.OC, 1, c.N, c.C, c.OC, 1.0, r.dinp, r.dinp_mag);
+  }
+  // dW (OC,C) += g^T (OC,N) . (x^T (C,N))^T
+  const std::vector<double> gt = block_operand(o, f, f.g8t_scale, o.dout, c.OC, c.N, true, false,
+                                               kE5M2, "grad^T", c.site);
+  const std::vector<double> xt = block_operand(o, f, f.x8t_scale, o.inp, c.C, c.N, true, false,
+                                               kE4M3, "input^T", c.site);
+  gemm64(gt, c.N, 1, xt, c.N, 1, c.OC, c.C, c.N, 1.0, r.dw, r.dw_mag);
+  return r;
+}
+
+void check_backward(Observer& o, const Fp8Context& f, const Fp8Call& c) {
+  CHECK(c.part == GradPart::Both, "test_fp8_sites: a split backward (site %d)", c.site);
+  const BackwardRef r = o.granularity == Granularity::Tensor ? backward_tensorwise(o, f, c)
+                                                             : backward_blocks(o, f, c);
+  if (c.dinp) {
     const std::vector<float> got = download_bf16(c.dinp, (size_t)c.N * c.C);
     for (size_t i = 0; i < got.size(); i++) {
       const double gp = c.gelu_input ? gelu_grad(o.gelu_input[i]) : 1.0;
-      const double want = ref[i] * gp;
-      const double bound = 1.01 * (2 * kBf16 * std::fabs(want) + (c.OC + 4) * kF32 * mag[i] *
-                                   std::fabs(gp) + 1e-6 * std::fabs(ref[i])) + 1e-30;
+      const double want = r.dinp[i] * gp;
+      const double bound = 1.01 * (2 * kBf16 * std::fabs(want) + (c.OC + 4) * kF32 *
+                                   r.dinp_mag[i] * std::fabs(gp) + 1e-6 * std::fabs(r.dinp[i])) +
+                           1e-30;
       record(o, c.site, "input grad", std::fabs(got[i] - want), bound, want);
     }
   }
-  // dW (OC,C) += g^T (OC,N) . x (N,C), in fp32
-  gemm64(g8, 1, c.OC, x8, 1, c.C, c.OC, c.C, c.N, (double)(1.0f / sg) * (double)(1.0f / sx), ref,
-         mag);
   const std::vector<float> dw = download_f32(c.dweight, (size_t)c.OC * c.C);
   for (size_t i = 0; i < dw.size(); i++) {
-    const double want = o.dweight[i] + ref[i];
-    const double bound = 1.01 * ((c.N + 4) * kF32 * mag[i] +
-                                 2 * kF32 * (std::fabs(o.dweight[i]) + std::fabs(ref[i]))) + 1e-30;
+    const double want = o.dweight[i] + r.dw[i];
+    const double bound = 1.01 * ((c.N + 4) * kF32 * r.dw_mag[i] +
+                                 2 * kF32 * (std::fabs(o.dweight[i]) + std::fabs(r.dw[i]))) + 1e-30;
     record(o, c.site, "weight grad", std::fabs(dw[i] - want), bound, want);
   }
   if (c.dbias) {
@@ -281,8 +426,10 @@ void observe(const Fp8Context& f, const Fp8Call& c, void* user) {
 int main(int argc, char** argv) {
   int world_rank = 0, world_size = 1, local_rank = 0;
   runtime_init(&argc, &argv, &world_rank, &world_size, &local_rank);
-  CHECK(argc == 4, "usage: %s tensorwise|delayed MOE(0|1) SEED", argv[0]);
-  const bool delayed = std::string(argv[1]) == "delayed";
+  CHECK(argc == 4, "usage: %s tensorwise|delayed|rowwise|blockwise|mxfp8 MOE(0|1) SEED",
+        argv[0]);
+  const std::string recipe_name = argv[1];
+  const bool delayed = recipe_name == "delayed";
   const bool moe = std::atoi(argv[2]) != 0;
   const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   ops::device_init(local_rank);
@@ -300,7 +447,9 @@ int main(int argc, char** argv) {
   param_store_init(store, layout.units, ShardingMode::Replicated, DType::BF16, mesh_comms(mesh), s,
                    s, random_init_fill(seed));
   Fp8Recipe recipe;
-  recipe.delayed = delayed, recipe.history = 3, recipe.margin = delayed ? 1 : 0;
+  recipe.granularity = fp8_granularity(recipe_name);
+  recipe.delayed = delayed, recipe.history = 3;
+  recipe.margin = delayed || recipe_name == "blockwise" ? 1 : 0;
   recipe.amax_group = &mesh[Axis::Stage];
   GPT model;
   gpt_create(model, layout, DType::BF16, Recompute::None, B, T, s, &recipe);
@@ -308,6 +457,7 @@ int main(int argc, char** argv) {
   r.verbose = world_rank == 0;
   Observer o;
   o.amax_group = recipe.amax_group, o.rank = world_rank;
+  o.granularity = granularity_of(recipe_name);
   model.fp8->observer = observe;
   model.fp8->observer_user = &o;
 

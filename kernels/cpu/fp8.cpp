@@ -6,6 +6,11 @@
 // an fp32 value), runs the fp32 GEMM of kernels/cpu/gemm.h and applies the two dequantisation
 // scales in the epilogue; the sums over k run in another order than on the tensor cores, so the
 // GEMM matches the GPU within fp32 accumulation rounding, not bit for bit.
+//
+// Block-scaled recipes (fp8_cast_blocks, gemm_fp8_blocks): per block, the amax, the power-of-two
+// scale of kernels/fp8.h and the cast, in the order of the logical matrix; the GEMM decodes each
+// operand with its block's scale_inv (exact: a power of two) and sums in fp32.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -35,6 +40,29 @@ std::vector<float> decode_fp8(const void* src, DType fmt, size_t n) {
   const uint8_t* p = (const uint8_t*)src;
 #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
   for (size_t i = 0; i < n; i++) out[i] = table[p[i]];
+  return out;
+}
+
+// The logical matrix X (R x C) of fp8_cast_blocks: x, or x^T (x is rows x cols).
+template <typename T>
+struct LogicalMatrix {
+  const T* x;
+  int cols;  // of x
+  bool transpose;
+  float at(int i, int j) const {
+    return transpose ? load(x, (size_t)j * cols + i) : load(x, (size_t)i * cols + j);
+  }
+};
+
+// All R*K codes of a block-scaled operand decoded: code * scale_inv of its block.
+std::vector<float> decode_fp8_blocks(const void* src, DType fmt, const float* scale_inv, int R,
+                                     int K, int block_rows, int block_cols) {
+  std::vector<float> out = decode_fp8(src, fmt, (size_t)R * K);
+  const int grid_cols = (K + block_cols - 1) / block_cols;
+#pragma omp parallel for schedule(static) if ((size_t)R * K > CPU_PARALLEL_MIN)
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < K; j++)
+      out[(size_t)i * K + j] *= scale_inv[(size_t)(i / block_rows) * grid_cols + j / block_cols];
   return out;
 }
 
@@ -108,6 +136,65 @@ void gemm_fp8(void* out, DType out_dt, bool accumulate, const void* a, DType a_f
       const size_t at = (size_t)row * N + col0 + j;
       if (out_dt == DType::F32) ((float*)out)[at] = accumulate ? ((float*)out)[at] + y : y;
       else ((uint16_t*)out)[at] = f32_to_bf16(y);
+    }
+  });
+}
+
+void fp8_cast_blocks(void* out, float* scale_inv, DType fp8, const void* x, DType dt, int rows,
+                     int cols, bool transpose, int block_rows, int block_cols, bool e8m0,
+                     int margin, Stream s) {
+  OP_SPAN(fp8_cast_blocks);
+  if (is_dry(s)) return;
+  CHECK(rows >= 0 && cols >= 0 && block_rows > 0 && block_cols > 0,
+        "fp8_cast_blocks: shape %d x %d, blocks %d x %d", rows, cols, block_rows, block_cols);
+  const int R = transpose ? cols : rows, C = transpose ? rows : cols;
+  const int grid_rows = (R + block_rows - 1) / block_rows;
+  const int grid_cols = (C + block_cols - 1) / block_cols;
+  const Fp8Format f = fp8_format(fp8);
+  uint8_t* o = (uint8_t*)out;
+  cpu::dispatch_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    const cpu::LogicalMatrix<S> X{(const S*)x, cols, transpose};
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols > CPU_PARALLEL_MIN)
+    for (int b = 0; b < grid_rows * grid_cols; b++) {
+      const int i0 = b / grid_cols * block_rows, j0 = b % grid_cols * block_cols;
+      const int i1 = std::min(i0 + block_rows, R), j1 = std::min(j0 + block_cols, C);
+      float m = 0.0f;
+      for (int i = i0; i < i1; i++)
+        for (int j = j0; j < j1; j++) {
+          const float a = std::fabs(X.at(i, j));
+          if (a > m || std::isnan(a)) m = a;
+          if (std::isnan(m)) break;
+        }
+      const float inv = fp8_block_scale_inv(m, f.max_finite, f.emax, e8m0, margin);
+      const float sc = 1.0f / inv;  // exact: a power of two
+      scale_inv[b] = inv;
+      for (int i = i0; i < i1; i++)
+        for (int j = j0; j < j1; j++) o[(size_t)i * C + j] = f32_to_fp8(X.at(i, j) * sc, fp8);
+    }
+  });
+}
+
+void gemm_fp8_blocks(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+                     const float* a_scale_inv, int a_block_rows, int a_block_cols, const void* b,
+                     DType b_fp8, const float* b_scale_inv, int b_block_rows, int b_block_cols,
+                     int M, int N, int K, void* workspace, Stream s) {
+  OP_SPAN(gemm_fp8_blocks);
+  if (is_dry(s)) return;
+  (void)workspace;
+  CHECK(out_dt == DType::F32 || (out_dt == DType::BF16 && !accumulate),
+        "gemm_fp8_blocks: output %s%s", dtype_name(out_dt), accumulate ? " with accumulate" : "");
+  const std::vector<float> A =
+      cpu::decode_fp8_blocks(a, a_fp8, a_scale_inv, M, K, a_block_rows, a_block_cols);
+  const std::vector<float> B =
+      cpu::decode_fp8_blocks(b, b_fp8, b_scale_inv, N, K, b_block_rows, b_block_cols);
+  const cpu::MatrixRef am{A.data(), DType::F32, (size_t)K, 1};
+  const cpu::MatrixRef bm{B.data(), DType::F32, 1, (size_t)K};  // B^T: (K, N) view
+  cpu::gemm(s, am, bm, M, N, K, [&](int row, int col0, const float* sums, int ncols) {
+    for (int j = 0; j < ncols; j++) {
+      const size_t at = (size_t)row * N + col0 + j;
+      if (out_dt == DType::F32) ((float*)out)[at] = accumulate ? ((float*)out)[at] + sums[j] : sums[j];
+      else ((uint16_t*)out)[at] = f32_to_bf16(sums[j]);
     }
   });
 }

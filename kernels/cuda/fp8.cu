@@ -30,11 +30,28 @@
 // formats. NaN differs: the CPU gives 0x7F | sign, CUDA the canonical NaN 0x7F without the sign,
 // so a negative NaN casts to 0xFF on the CPU and 0x7F here. Training never casts NaN (a NaN amax
 // stops it first), and the tests do not either. (Not yet run on a GPU.)
+//
+// fp8_cast_blocks (rowwise, blockwise, mxfp8). One thread block per scale block: its threads
+// stride over the block's elements once for the amax (max of |x| bits, as amax above: NaN wins),
+// one thread turns it into the power-of-two scale (kernels/fp8.h fp8_block_scale_inv, the same
+// function the CPU calls), then they stride again to cast. With transpose the reads walk x's
+// columns: uncoalesced. Simple and exact, not tuned (a 1 x 32 block uses one warp).
+//
+// gemm_fp8_blocks: the dequantise-in-the-loop path. Each operand is decoded into bf16 in the
+// caller's workspace (code * scale_inv: exact, the scales being powers of two), then the bf16
+// GEMM of kernels/cuda/matmul.cu runs (fp32 accumulation, as cuBLASLt's FP8 GEMM). Slower than a
+// native scaled FP8 GEMM: two extra passes writing 2 bytes per element and a bf16 GEMM at half
+// the FP8 tensor-core rate. The native path is cuBLASLt's scale modes (cublasLt.h of CUDA 13,
+// CUBLASLT_MATMUL_DESC_A/B_SCALE_MODE): OUTER_VEC_32F (one fp32 per row of A and of B:
+// rowwise), VEC128_32F and BLK128x128_32F (1 x 128 and 128 x 128 fp32 scales: blockwise;
+// cuBLAS 12.9 or later, Hopper sm_90), VEC32_UE8M0 (MXFP8; Blackwell sm_100 only, with scales
+// in cuBLASLt's own swizzled tile layout). Not used yet: not run on such hardware here.
 #include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/fp8.h"
 
 namespace ops {
 namespace {
@@ -173,6 +190,73 @@ void launch_cast(void* out, void* out_t, const void* x, int rows, int cols, cons
   LAUNCH_CHECK();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Block-scaled cast and the dequantise-in-the-loop GEMM
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ float logical_at(const T* x, int cols, bool transpose, int i, int j) {
+  return to_float(transpose ? x[(size_t)j * cols + i] : x[(size_t)i * cols + j]);
+}
+
+template <typename T, __nv_fp8_interpretation_t kFormat>
+__global__ void cast_blocks_kernel(uint8_t* __restrict__ out, float* __restrict__ scale_inv,
+                                   const T* __restrict__ x, int cols, bool transpose, int R,
+                                   int C, int block_rows, int block_cols, int grid_cols,
+                                   float fp8_max, int emax, bool e8m0, int margin) {
+  const int b = blockIdx.x;
+  const int i0 = b / grid_cols * block_rows, j0 = b % grid_cols * block_cols;
+  const int h = min(block_rows, R - i0), w = min(block_cols, C - j0);
+  const int n = h * w;
+  unsigned m = 0;
+  for (int e = threadIdx.x; e < n; e += blockDim.x)
+    m = max(m, abs_bits(logical_at(x, cols, transpose, i0 + e / w, j0 + e % w)));
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ float block_scale;
+  m = __reduce_max_sync(0xffffffffu, m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < (int)blockDim.x / 32; k++) m = max(m, warp_max[k]);
+    const float inv = fp8_block_scale_inv(__uint_as_float(m), fp8_max, emax, e8m0, margin);
+    scale_inv[b] = inv;
+    block_scale = 1.0f / inv;  // exact: a power of two
+  }
+  __syncthreads();
+  const float sc = block_scale;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    const int i = i0 + e / w, j = j0 + e % w;
+    out[(size_t)i * C + j] = to_fp8<kFormat>(logical_at(x, cols, transpose, i, j) * sc);
+  }
+}
+
+// out (bf16) = code * scale_inv of its block, for q (R x K); with transpose out is K x R.
+template <__nv_fp8_interpretation_t kFormat>
+__global__ void dequantize_blocks_kernel(__nv_bfloat16* __restrict__ out,
+                                         const uint8_t* __restrict__ q,
+                                         const float* __restrict__ scale_inv, int R, int K,
+                                         int block_rows, int block_cols, bool transpose) {
+  const int grid_cols = (K + block_cols - 1) / block_cols;
+  const size_t n = (size_t)R * K, stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t at = blockIdx.x * (size_t)blockDim.x + threadIdx.x; at < n; at += stride) {
+    const int i = (int)(at / K), j = (int)(at % K);
+    __half_raw raw = __nv_cvt_fp8_to_halfraw(q[at], kFormat);
+    const float v = __half2float(__half(raw)) *
+                    scale_inv[(size_t)(i / block_rows) * grid_cols + j / block_cols];
+    out[transpose ? (size_t)j * R + i : at] = __float2bfloat16_rn(v);
+  }
+}
+
+void launch_dequantize(void* out, const void* q, DType fp8, const float* scale_inv, int R, int K,
+                       int block_rows, int block_cols, bool transpose, Stream s) {
+  const size_t n = (size_t)R * K;
+  const int blocks = (int)std::min(ceil_div(n, (size_t)kThreads), (size_t)65535);
+  auto kernel = fp8 == DType::E4M3 ? dequantize_blocks_kernel<__NV_E4M3>
+                                   : dequantize_blocks_kernel<__NV_E5M2>;
+  kernel<<<blocks, kThreads, 0, s->stream>>>((__nv_bfloat16*)out, (const uint8_t*)q, scale_inv,
+                                             R, K, block_rows, block_cols, transpose);
+  LAUNCH_CHECK();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -227,6 +311,57 @@ void fp8_cast(void* out, void* out_t, DType fp8, const void* x, DType dt, int ro
     if (fp8 == DType::E4M3) launch_cast<T, __NV_E4M3>(out, out_t, x, rows, cols, scale, s);
     else launch_cast<T, __NV_E5M2>(out, out_t, x, rows, cols, scale, s);
   });
+}
+
+void fp8_cast_blocks(void* out, float* scale_inv, DType fp8, const void* x, DType dt, int rows,
+                     int cols, bool transpose, int block_rows, int block_cols, bool e8m0,
+                     int margin, Stream s) {
+  OP_SPAN(fp8_cast_blocks);
+  if (is_dry(s)) return;
+  CHECK(rows >= 0 && cols >= 0 && block_rows > 0 && block_cols > 0,
+        "fp8_cast_blocks: shape %d x %d, blocks %d x %d", rows, cols, block_rows, block_cols);
+  CHECK(fp8 == DType::E4M3 || fp8 == DType::E5M2, "fp8_cast_blocks: %s is not FP8",
+        dtype_name(fp8));
+  const int R = transpose ? cols : rows, C = transpose ? rows : cols;
+  if (R == 0 || C == 0) return;
+  const int grid_rows = (int)ceil_div(R, block_rows), grid_cols = (int)ceil_div(C, block_cols);
+  const size_t blocks = (size_t)grid_rows * grid_cols;
+  CHECK(blocks <= 0x7FFFFFFF, "fp8_cast_blocks: %zu blocks", blocks);
+  const size_t per_block = (size_t)std::min(block_rows, R) * std::min(block_cols, C);
+  const int threads = (int)std::min((size_t)kThreads, round_up(per_block, (size_t)32));
+  const Fp8Format f = fp8_format(fp8);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    auto kernel = fp8 == DType::E4M3 ? cast_blocks_kernel<T, __NV_E4M3>
+                                     : cast_blocks_kernel<T, __NV_E5M2>;
+    kernel<<<(unsigned)blocks, threads, 0, s->stream>>>(
+        (uint8_t*)out, scale_inv, (const T*)x, cols, transpose, R, C, block_rows, block_cols,
+        grid_cols, f.max_finite, f.emax, e8m0, margin);
+  });
+  LAUNCH_CHECK();
+}
+
+void gemm_fp8_blocks(void* out, DType out_dt, bool accumulate, const void* a, DType a_fp8,
+                     const float* a_scale_inv, int a_block_rows, int a_block_cols, const void* b,
+                     DType b_fp8, const float* b_scale_inv, int b_block_rows, int b_block_cols,
+                     int M, int N, int K, void* workspace, Stream s) {
+  OP_SPAN(gemm_fp8_blocks);
+  if (is_dry(s)) return;
+  CHECK(out_dt == DType::F32 || (out_dt == DType::BF16 && !accumulate),
+        "gemm_fp8_blocks: output %s%s", dtype_name(out_dt), accumulate ? " with accumulate" : "");
+  CHECK(M > 0 && N > 0 && K > 0 && workspace, "gemm_fp8_blocks: M=%d N=%d K=%d workspace %p", M,
+        N, K, workspace);
+  void* a16 = workspace;
+  void* b16 = (char*)workspace + (size_t)M * K * 2;
+  // With accumulate, the bf16 weight-gradient GEMM (dweight += dout^T inp) takes its operands
+  // K-major the other way round: dequantise them transposed, A^T (K x M) and B^T (K x N).
+  launch_dequantize(a16, a, a_fp8, a_scale_inv, M, K, a_block_rows, a_block_cols, accumulate, s);
+  launch_dequantize(b16, b, b_fp8, b_scale_inv, N, K, b_block_rows, b_block_cols, accumulate, s);
+  if (accumulate)  // out (M x N) += (A^T)^T (K x M)^T . B^T (K x N)
+    matmul_backward(nullptr, (float*)out, nullptr, a16, b16, nullptr, nullptr, K, N, M,
+                    DType::BF16, s);
+  else  // out (M x N) = A (M x K) . B (N x K)^T
+    matmul_forward(out, nullptr, a16, b16, nullptr, nullptr, M, K, N, DType::BF16, s);
 }
 
 }  // namespace ops

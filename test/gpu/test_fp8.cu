@@ -17,8 +17,16 @@
 // rounding) and bitwise equal to the oracle's bf16 result in all but a handful of elements
 // (rounding ties that the summation order can flip). E4M3 x E4M3 and E5M2 x E4M3, E4M3 x E5M2.
 // bias_backward: fp32 and bf16, awkward and GPT shapes, accumulating into a random dbias, 1e-5.
+// fp8_cast_blocks (rowwise, blockwise, mxfp8): codes and per-block scale_inv bit-identical to
+// the CPU's, both formats, bf16 input, plain and transposed, blocks 1 x K, 1 x 128, 128 x 128,
+// 1 x 32 over awkward shapes (partial edge blocks), margin 0 and 1, with the inputs of fp8_cast
+// scaled per row by powers of ten (so blocks differ) and one all-zero block.
+// gemm_fp8_blocks: the same codes and scales on both sides (the dequantise-and-bf16-GEMM path
+// against the oracle's fp32 sums of the decoded operands): fp32 accumulate at 1e-5, bf16 out at
+// 4e-3.
 // The FP8 cases are skipped (and say so) on a GPU without FP8 (below sm_89).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/fp8.h"
@@ -272,6 +280,103 @@ GPU_TEST(fp8_gemm) {
   check_gemm(ctx, 128, 768, 256, DType::E4M3, DType::E4M3);
   check_gemm(ctx, 128, 768, 256, DType::E5M2, DType::E4M3);
   check_gemm(ctx, 64, 256, 768, DType::E4M3, DType::E5M2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-scaled cast and GEMM
+// ---------------------------------------------------------------------------------------------
+size_t block_count(int R, int C, int br, int bc) {
+  return (size_t)((R + br - 1) / br) * ((C + bc - 1) / bc);
+}
+
+void check_cast_blocks(TestContext& ctx, int rows, int cols, DType fmt, bool transpose, int br,
+                       int bc, bool e8m0, int margin) {
+  const size_t n = (size_t)rows * cols;
+  auto x = fp8_inputs(ctx, n, fmt);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = std::isfinite(x[i]) ? x[i] * std::pow(10.0f, (float)((i / cols) % 7) - 3.0f) : x[i];
+    if (i / cols == 1) x[i] = 0.0f;  // an all-zero row
+  }
+  x = rounded(x, DType::BF16);
+  auto xb = host_bytes(x, DType::BF16);
+  const int R = transpose ? cols : rows, C = transpose ? rows : cols;
+  const size_t nb = block_count(R, C, br, bc);
+  std::vector<uint8_t> want(n);
+  std::vector<float> want_scale(nb);
+  ref::fp8_cast_blocks(want.data(), want_scale.data(), fmt, xb.data(), DType::BF16, rows, cols,
+                       transpose, br, bc, e8m0, margin, ctx.ref_stream);
+  void* d_x = device_bytes(xb.data(), xb.size());
+  void* d_out = ops::alloc(n + 16);
+  void* d_scale = ops::alloc(nb * 4 + 16);
+  poison(d_out, n);
+  poison(d_scale, nb * 4);
+  ops::fp8_cast_blocks(d_out, (float*)d_scale, fmt, d_x, DType::BF16, rows, cols, transpose, br,
+                       bc, e8m0, margin, ctx.stream);
+  char name[160];
+  std::snprintf(name, sizeof(name), "fp8_cast_blocks %s %dx%d%s blocks %dx%d%s margin %d",
+                dtype_name(fmt), rows, cols, transpose ? " transposed" : "", br, bc,
+                e8m0 ? " e8m0" : "", margin);
+  size_t bad = count_differences(host_of(d_out, n), want);
+  std::vector<uint8_t> want_scale_bytes(nb * 4);
+  std::memcpy(want_scale_bytes.data(), want_scale.data(), nb * 4);
+  const size_t bad_scales = count_differences(host_of(d_scale, nb * 4), want_scale_bytes);
+  expect(ctx, bad == 0 && bad_scales == 0, std::string(name) + " (" + std::to_string(bad) +
+         " codes, " + std::to_string(bad_scales) + " scale bytes differ)");
+  for (void* p : {d_x, d_out, d_scale}) ops::release(p);
+}
+
+GPU_TEST(fp8_cast_blocks_bitwise) {
+  if (!ops::device_supports_fp8()) {
+    std::printf("  skipped: no FP8 on this GPU\n");
+    return;
+  }
+  for (DType fmt : {DType::E4M3, DType::E5M2})
+    for (bool transpose : {false, true}) {
+      const int rows = 37, cols = 200, K = transpose ? rows : cols;
+      check_cast_blocks(ctx, rows, cols, fmt, transpose, 1, K, false, 0);     // rowwise
+      check_cast_blocks(ctx, rows, cols, fmt, transpose, 1, 128, false, 1);   // blockwise act
+      check_cast_blocks(ctx, 136, 260, fmt, transpose, 128, 128, false, 0);   // blockwise weight
+      check_cast_blocks(ctx, rows, cols, fmt, transpose, 1, 32, true, 0);     // mxfp8
+    }
+}
+
+void check_gemm_blocks(TestContext& ctx, int M, int N, int K, DType a_fmt, DType b_fmt, int br,
+                       int bc, bool accumulate) {
+  auto a = random_fp8(ctx, (size_t)M * K, a_fmt);
+  auto b = random_fp8(ctx, (size_t)N * K, b_fmt);
+  std::vector<float> sa(block_count(M, K, 1, bc)), sb(block_count(N, K, br, bc));
+  for (size_t i = 0; i < sa.size(); i++) sa[i] = std::ldexp(1.0f, (int)(i % 5) - 6);
+  for (size_t i = 0; i < sb.size(); i++) sb[i] = std::ldexp(1.0f, (int)(i % 3) - 4);
+  void* d_a = device_bytes(a.data(), a.size());
+  void* d_b = device_bytes(b.data(), b.size());
+  void* d_sa = device_bytes(sa.data(), sa.size() * 4);
+  void* d_sb = device_bytes(sb.data(), sb.size() * 4);
+  void* d_ws = ops::alloc((size_t)(M + N) * K * 2 + 16);
+  const size_t n = (size_t)M * N;
+  const DType out_dt = accumulate ? DType::F32 : DType::BF16;
+  auto out0 = random_vector(ctx, n);
+  std::vector<float> want(accumulate ? out0 : std::vector<float>(n));
+  ref::gemm_fp8_blocks(want.data(), DType::F32, accumulate, a.data(), a_fmt, sa.data(), 1, bc,
+                       b.data(), b_fmt, sb.data(), br, bc, M, N, K, nullptr, ctx.ref_stream);
+  void* d_out = accumulate ? to_device(out0, DType::F32) : ops::alloc(n * 2 + 16);
+  ops::gemm_fp8_blocks(d_out, out_dt, accumulate, d_a, a_fmt, (const float*)d_sa, 1, bc, d_b,
+                       b_fmt, (const float*)d_sb, br, bc, M, N, K, d_ws, ctx.stream);
+  char name[128];
+  std::snprintf(name, sizeof(name), "gemm_fp8_blocks %s x %s %dx%dx%d blocks %dx%d %s",
+                dtype_name(a_fmt), dtype_name(b_fmt), M, N, K, br, bc, dtype_name(out_dt));
+  check_close(ctx, name, to_host(d_out, n, out_dt).data(), want.data(), n,
+              accumulate ? 1e-5 : 4e-3);
+  for (void* p : {d_a, d_b, d_sa, d_sb, d_ws, d_out}) ops::release(p);
+}
+
+GPU_TEST(fp8_gemm_blocks) {
+  if (!ops::device_supports_fp8()) {
+    std::printf("  skipped: no FP8 on this GPU\n");
+    return;
+  }
+  check_gemm_blocks(ctx, 48, 40, 200, DType::E4M3, DType::E4M3, 128, 128, false);
+  check_gemm_blocks(ctx, 48, 40, 200, DType::E5M2, DType::E4M3, 1, 32, true);
+  check_gemm_blocks(ctx, 33, 64, 96, DType::E5M2, DType::E4M3, 1, 96, false);
 }
 
 // ---------------------------------------------------------------------------------------------
