@@ -2,7 +2,7 @@
 // while the emulator runs it, written as JSON to `path` at exit with a short table on stdout.
 //
 // Per kernel (by the name its launch site writes and the host function that launches it, e.g.
-// "classifier_kernel<S, P> (classifier_forward)"): launches;
+// "classifier_kernel<S, P> (classifier_forward)"; in a lambda, its file): launches;
 // global-memory bytes read and written; the tensor-core FLOPs its mma instructions issue. Per
 // library call (cuBLASLt GEMMs, NCCL): calls, FLOPs and bytes by the call's documented semantics
 // (include/emu_counts.h; the stand-ins report them). cuDNN never runs here (its stand-in says
@@ -162,7 +162,9 @@ void counts_launch_end(const Site& site) {
   if (!c) return;
   counting = false;
   std::string name = site.kernel;  // "classifier_kernel<S, P> (classifier_forward)"
-  if (site.function) name += std::string(" (") + site.function + ")";
+  const char* file = std::strrchr(site.file, '/') ? std::strrchr(site.file, '/') + 1 : site.file;
+  const bool lambda = !site.function || std::strcmp(site.function, "operator()") == 0;
+  name += std::string(" (") + (lambda ? file : site.function) + ")";  // a lambda: its file
   KernelTotals& t = c->kernels[phase_now(*c)][name];
   t.launches += 1;
   for (const Region& r : c->regions) {

@@ -43,7 +43,7 @@ def main():
         failures += not ok
         print(f"  {name}: {'ok' if ok else 'FAIL'}"
               + ("" if ok else f" (got {got}, want {dict(zip(KEYS, want))})"))
-    gemm = library.get("cublasLtMatmul")
+    gemm = library.get("cublasLtMatmul 16x8x32")
     want = {"calls": 1, "flops": 2 * 16 * 8 * 32, "bytes_read": 4 * (16 * 32 + 32 * 8),
             "bytes_written": 4 * 16 * 8, "comm_bytes": 0}
     ok = gemm == want

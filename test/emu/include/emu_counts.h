@@ -5,11 +5,12 @@
 // (micro-step, optimizer step) whose work it is. count_library_call is weak: the stand-ins' own
 // tests link no emulator runtime, and there nothing is counted.
 #pragma once
+#include <string>
 
 namespace emu {
 
 struct LibraryCall {
-  const char* name;     // "cublasLtMatmul", "ncclAllReduce", ...
+  std::string name;     // "cublasLtMatmul 768x64x3072" (m x n x k [x batches]), "ncclAllReduce"
   double flops;         // 2 M N K per GEMM (times the batch); 0 for communication
   double bytes_read;    // device memory the call's documented semantics read once
   double bytes_written; // and write once

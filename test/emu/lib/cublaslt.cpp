@@ -378,7 +378,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
 namespace {
 
 // What one call computes and moves by cuBLASLt's documented semantics (EMU_COUNTS,
-// test/emu/counts.cpp): 2 M N K FLOPs per matrix of the batch; A, B and D once each, C when
+// test/emu/counts.cpp), named by its shape (m x n x k of D = op(A) op(B)): 2 M N K FLOPs per matrix of the batch; A, B and D once each, C when
 // beta != 0, the bias vector (read by BIAS and GELU_AUX_BIAS, written by BGRADB: one element
 // per row of D, or per column of op(B) for BGRADB), the GELU aux matrix (written by GELU_AUX*,
 // read by DGELU).
@@ -395,7 +395,10 @@ emu::LibraryCall gemm_counts(const Problem& p, float beta) {
   if (e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
     written += batches * m * n * type_size(p.aux_type);
   if (e == CUBLASLT_EPILOGUE_DGELU) read += batches * m * n * type_size(p.aux_type);
-  return {"cublasLtMatmul", 2.0 * batches * m * n * k, read, written, 0.0};
+  std::string name = "cublasLtMatmul " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
+                     std::to_string(p.k);
+  if (p.batches > 1) name += "x" + std::to_string(p.batches);
+  return {name, 2.0 * batches * m * n * k, read, written, 0.0};
 }
 
 }  // namespace
