@@ -8,9 +8,11 @@
 // (include/emu_counts.h; the stand-ins report them). cuDNN never runs here (its stand-in says
 // "not supported"), so it has no rows.
 //
-// How global memory is counted. The emulated kernels are compiled with GCC's
-// -fsanitize=kernel-address in its outline form (emu.mk: EMU_COUNT_FLAGS): every load and store
-// of kernel code calls __asan_{load,store}N_noabort(address), defined here. Outside a counted
+// How global memory is counted. The emulated kernels are compiled with GCC's -fsanitize=thread
+// instrumentation and no sanitizer runtime (emu.mk: EMU_COUNT_FLAGS): every load and store of
+// kernel code calls __tsan_{read,write}N(address), defined here. (AddressSanitizer's outline
+// calls would be cheaper, but GCC drops the check of a store to an address the same block has
+// just checked by a load - an in-place update such as AdamW's would count no writes.) Outside a counted
 // launch they return at once (one thread-local flag), which keeps the emulator's speed when
 // EMU_COUNTS is unset. Inside one, an access counts when its address lies in a live cudaMalloc
 // or cudaMallocHost allocation (shared memory, the fibers' stacks and the kernel's parameters
@@ -21,8 +23,7 @@
 //     (tools/emu_roofline.py) uses these.
 //   - accessed_read / accessed_written: the sum of the load and store instructions' sizes, every
 //     access counted (what the SMs ask of L1/L2); reuse shows as accessed > bytes.
-// An atomic counts as a write (GCC instruments it as a store). Counting runs the blocks on one
-// OS thread.
+// An atomic counts as a write (a load as a read). Counting runs the blocks on one OS thread.
 //
 // Phases: the NVTX ranges the host code pushes (ops::range_push -> nvtxRangePushA, which the
 // emulated build routes here: include/emu_cuda.h). Work inside a "step" range and inside a
@@ -298,29 +299,79 @@ struct WriteAtExit {
 
 }  // namespace emu
 
-// The outline instrumentation's entry points (GCC -fsanitize=kernel-address with
-// asan-instrumentation-with-call-threshold=0). Not in the AddressSanitizer build, whose runtime
-// defines them.
+// The instrumentation's entry points (GCC -fsanitize=thread with function entry/exit off: every
+// load and store of the emulated code calls one, and every atomic is one of these calls, which
+// must then do the operation). Not in the AddressSanitizer build (it is not instrumented so, and
+// its runtime must not meet these names).
 #if !defined(__SANITIZE_ADDRESS__)
-#define EMU_COUNT_ACCESS(n)                                                         \
-  extern "C" void __asan_load##n##_noabort(uintptr_t a) {                           \
-    if (__builtin_expect(emu::counting, 0)) emu::record(a, n, false);               \
-  }                                                                                 \
-  extern "C" void __asan_store##n##_noabort(uintptr_t a) {                          \
-    if (__builtin_expect(emu::counting, 0)) emu::record(a, n, true);                \
-  }
+extern "C" {
+#define EMU_COUNT_ACCESS(n)                                                              \
+  void __tsan_read##n(void* a) {                                                         \
+    if (__builtin_expect(emu::counting, 0)) emu::record((uintptr_t)a, n, false);         \
+  }                                                                                      \
+  void __tsan_write##n(void* a) {                                                        \
+    if (__builtin_expect(emu::counting, 0)) emu::record((uintptr_t)a, n, true);          \
+  }                                                                                      \
+  void __tsan_unaligned_read##n(void* a) { __tsan_read##n(a); }                          \
+  void __tsan_unaligned_write##n(void* a) { __tsan_write##n(a); }
 EMU_COUNT_ACCESS(1)
 EMU_COUNT_ACCESS(2)
 EMU_COUNT_ACCESS(4)
 EMU_COUNT_ACCESS(8)
 EMU_COUNT_ACCESS(16)
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) {
-  if (__builtin_expect(emu::counting, 0)) emu::record(a, n, false);
+void __tsan_read_range(void* a, size_t n) {
+  if (__builtin_expect(emu::counting, 0)) emu::record((uintptr_t)a, n, false);
 }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) {
-  if (__builtin_expect(emu::counting, 0)) emu::record(a, n, true);
+void __tsan_write_range(void* a, size_t n) {
+  if (__builtin_expect(emu::counting, 0)) emu::record((uintptr_t)a, n, true);
 }
-extern "C" void __asan_handle_no_return() {}
-extern "C" void __asan_before_dynamic_init(const char*) {}
-extern "C" void __asan_after_dynamic_init() {}
+void __tsan_init() {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit() {}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_vptr_read(void**) {}
+void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+
+// Atomics: done here (sequentially consistent, whatever order was asked: at least as strong); a
+// load counts as a read, anything that writes as a write.
+#define EMU_ATOMIC_RMW(bits, T, op, builtin)                                             \
+  T __tsan_atomic##bits##_##op(volatile T* a, T v, int) {                                \
+    __tsan_write##bits##_or_16((void*)a);                                                \
+    return builtin((T*)a, v, __ATOMIC_SEQ_CST);                                          \
+  }
+#define EMU_ATOMICS(bits, T, bytes)                                                      \
+  static inline void __tsan_write##bits##_or_16(void* a) { __tsan_write##bytes(a); }     \
+  T __tsan_atomic##bits##_load(const volatile T* a, int) {                               \
+    __tsan_read##bytes((void*)a);                                                        \
+    return __atomic_load_n((const T*)a, __ATOMIC_SEQ_CST);                               \
+  }                                                                                      \
+  void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                            \
+    __tsan_write##bytes((void*)a);                                                       \
+    __atomic_store_n((T*)a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                      \
+  EMU_ATOMIC_RMW(bits, T, exchange, __atomic_exchange_n)                                 \
+  EMU_ATOMIC_RMW(bits, T, fetch_add, __atomic_fetch_add)                                 \
+  EMU_ATOMIC_RMW(bits, T, fetch_sub, __atomic_fetch_sub)                                 \
+  EMU_ATOMIC_RMW(bits, T, fetch_and, __atomic_fetch_and)                                 \
+  EMU_ATOMIC_RMW(bits, T, fetch_or, __atomic_fetch_or)                                   \
+  EMU_ATOMIC_RMW(bits, T, fetch_xor, __atomic_fetch_xor)                                 \
+  EMU_ATOMIC_RMW(bits, T, fetch_nand, __atomic_fetch_nand)                               \
+  int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { \
+    __tsan_write##bytes((void*)a);                                                       \
+    return __atomic_compare_exchange_n((T*)a, c, v, false, __ATOMIC_SEQ_CST,             \
+                                       __ATOMIC_SEQ_CST);                                \
+  }                                                                                      \
+  int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {   \
+    return __tsan_atomic##bits##_compare_exchange_strong(a, c, v, 0, 0);                 \
+  }                                                                                      \
+  T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T c, T v, int, int) {      \
+    __tsan_atomic##bits##_compare_exchange_strong(a, &c, v, 0, 0);                       \
+    return c;                                                                            \
+  }
+EMU_ATOMICS(8, char, 1)
+EMU_ATOMICS(16, short, 2)
+EMU_ATOMICS(32, int, 4)
+EMU_ATOMICS(64, long, 8)
+}  // extern "C"
 #endif

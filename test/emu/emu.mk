@@ -40,10 +40,10 @@ EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) $(EMU_DEBUG) -fopenmp -ffp-contract=off -f
                 -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable
 EMU_ASAN     := -fsanitize=address,alignment -fno-sanitize-recover=alignment -fno-omit-frame-pointer
 # The counter of EMU_COUNTS (test/emu/counts.cpp): every load and store of the emulated code
-# calls __asan_{load,store}N_noabort, which counts.cpp defines (no sanitizer runtime, no shadow
-# memory: only the calls). Outside a counted launch each returns after one flag test.
-EMU_COUNT_FLAGS := -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
-                   --param asan-stack=0 --param asan-globals=0
+# calls __tsan_{read,write}N, which counts.cpp defines (no sanitizer runtime is linked: only the
+# calls). Outside a counted launch each returns after one flag test.
+EMU_COUNT_FLAGS := -fsanitize=thread --param tsan-instrument-func-entry-exit=0 \
+                   --param tsan-distinguish-volatile=0
 # The emulator itself (plain C++, not rewritten).
 EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wall -Wextra \
                 -Wno-unused-parameter -I. $(EMU_CUDA_INC)

@@ -3,6 +3,8 @@
 // each must move and compute:
 //   copy_floats       N floats in, N out: 4N bytes read and 4N written, accessed the same
 //   copy_float4s      the same through 16-byte vector loads and stores
+//   pack_copy         the same through cuda_common.cuh's load_floats / store_floats (16-byte packs)
+//   scale_in_place    x = 2x: the store after the load of the same address counts too (4N, 4N)
 //   reread            every one of 4 blocks reads all N floats and writes one: 4N distinct bytes
 //                     read, 4 x 4N accessed; 4 floats written, one 32-byte sector
 //   atomic_adds       N int atomicAdds to 8 counters: a write each (GCC instruments an atomic as
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention_ptx.cuh"
+#include "kernels/cuda/cuda_common.cuh"
 
 namespace {
 
@@ -34,6 +37,19 @@ __global__ void copy_floats(float* out, const float* in, int n) {
 __global__ void copy_float4s(float4* out, const float4* in, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n4) out[i] = in[i];
+}
+
+__global__ void pack_copy(float* out, const float* in, int n8) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float f[8];
+  if (i >= n8) return;
+  load_floats<8>(f, in + 8 * i);
+  store_floats<8>(out + 8 * i, f);
+}
+
+__global__ void scale_in_place(float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = 2.0f * x[i];
 }
 
 __global__ void reread(float* out, const float* in, int n) {
@@ -107,6 +123,8 @@ int main() {
   copy_floats<<<(N + 127) / 128, 128>>>(out, in, N);
   copy_float4s<<<2, 128>>>(reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in),
                            N / 4);
+  pack_copy<<<1, 128>>>(out, in, N / 8);
+  scale_in_place<<<(N + 127) / 128, 128>>>(out, N);
   reread<<<4, 32>>>(out, in, N);
   int* counters = reinterpret_cast<int*>(device_floats(8, 0.0f));
   cudaMemset(counters, 0, 8 * sizeof(int));

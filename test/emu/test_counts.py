@@ -15,6 +15,8 @@ N = 1000
 WANT = {  # name: (bytes_read, bytes_written, accessed_read, accessed_written, tensor_flops)
     "copy_floats (main)": (4 * N, 4 * N, 4 * N, 4 * N, 0),
     "copy_float4s (main)": (4 * N, 4 * N, 4 * N, 4 * N, 0),
+    "pack_copy (main)": (4 * N, 4 * N, 4 * N, 4 * N, 0),
+    "scale_in_place (main)": (4 * N, 4 * N, 4 * N, 4 * N, 0),
     "reread (main)": (4 * N, 32, 4 * 4 * N, 16, 0),
     "atomic_adds (main)": (0, 32, 0, 4 * N, 0),
     "cp_async_tile (main)": (512, 32, 512, 4, 0),
