@@ -15,16 +15,21 @@ overlap or not by the layout: training/plan.cu's business).
 The emulator runs a reduced shape; the tool scales its counts to the target:
   - layers: from two runs, L1 (n_layer 1) and L2 (n_layer 2): L1 + (layers - 1) x (L2 - L1);
   - tokens: micro-step rows x --tokens-scale (target B*T / measured B*T). A GEMM is rescaled
-    by its shape: the dimension equal to --measured-tokens grows by the scale, its FLOPs are
-    2MNK at the new shape and its bytes grow as (MK + KN + MN) does; attention kernels' FLOPs
+    by its shape: a dimension equal to --measured-tokens (or one of --token-dims: the
+    classifier's chunks) grows by the scale (the calls stay as many), its FLOPs are
+    2MNK at the new shape and its bytes grow by the operands' new elements (MK + KN + MN, at
+    --elem-bytes each: 2 for bf16) - an fp32 output that does not grow (a weight gradient)
+    stays as counted; attention kernels' FLOPs
     grow also with --seq-scale (target T / measured T: work per token is linear in T), their
-    bytes with the tokens only; every other kernel's bytes grow with the tokens (its weight-sized
+    bytes with the tokens only (--attention-flops-scale sets the FLOPs' factor instead: at a
+    short measured T the flash kernels' 128-row tiles are mostly padding); every other kernel's bytes grow with the tokens (its weight-sized
     part, e.g. LayerNorm's parameter gradients, is overstated by this);
   - the optimizer step is kept as measured (it moves parameter-sized tensors).
 MFU = --model-flops-per-token x tokens per step / (step time x peak).
 
 usage: tools/emu_roofline.py L1.json [L2.json] [--layers 12] [--device "H100 SXM"]
-         [--compute bf16] [--measured-tokens 64] [--tokens-scale 512] [--seq-scale 16]
+         [--compute bf16] [--measured-tokens 64] [--token-dims 16] [--tokens-scale 512]
+         [--seq-scale 16]
          [--grad-accum 1] [--model-flops-per-token F] [--launch-us 0] [--rows 20]"""
 import argparse
 import json
@@ -68,27 +73,30 @@ def extrapolate(one, two, layers):
     return out
 
 
-def scale_gemm(name, r, tokens, scale):
+def scale_gemm(name, r, tokens, scale, elem_bytes):
+    """tokens: the GEMM dimensions that count tokens (the micro-batch's B*T, and chunk sizes)."""
     m = re.match(r"cublasLtMatmul (\d+)x(\d+)x(\d+)(?:x\d+)?$", name)
     dims = [int(x) for x in m.groups()] if m else []
-    new = [d * scale if d == tokens else d for d in dims]
+    new = [d * scale if d in tokens else d for d in dims]
     if new == dims:  # no shape or no token dimension: FLOPs and bytes with the tokens
         return dict(r, flops=r["flops"] * scale, bytes=r["bytes"] * scale)
     M, N, K = dims
     M2, N2, K2 = new
+    grown = (M2 * K2 - M * K) + (K2 * N2 - K * N) + (M2 * N2 - M * N)  # elements, per call
     return dict(r, flops=r["flops"] * (M2 * N2 * K2) / (M * N * K),
-                bytes=r["bytes"] * (M2 * K2 + K2 * N2 + M2 * N2) / (M * K + K * N + M * N))
+                bytes=r["bytes"] + r["launches"] * grown * elem_bytes)
 
 
-def scale_micro(rows, tokens, scale, seq_scale):
+def scale_micro(rows, tokens, scale, seq_scale, elem_bytes, attention_flops_scale):
     out = {}
     for n, r in rows.items():
         if n.startswith("cublasLtMatmul"):
-            out[n] = scale_gemm(n, r, tokens, scale)
+            out[n] = scale_gemm(n, r, tokens, scale, elem_bytes)
         elif n.startswith("nccl"):
             out[n] = dict(r, comm=r["comm"] * scale)
         elif "attention" in n or "flash" in n:
-            out[n] = dict(r, bytes=r["bytes"] * scale, flops=r["flops"] * scale * seq_scale)
+            f = attention_flops_scale or scale * seq_scale
+            out[n] = dict(r, bytes=r["bytes"] * scale, flops=r["flops"] * f)
         else:
             out[n] = dict(r, bytes=r["bytes"] * scale)
     return out
@@ -128,8 +136,15 @@ def main():
     ap.add_argument("--device", default="H100 SXM")
     ap.add_argument("--compute", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--measured-tokens", type=int, default=0, help="B*T of the counted run")
+    ap.add_argument("--token-dims", default="", help="more GEMM dimensions that count tokens "
+                    "(the classifier's chunk of rows), comma-separated")
     ap.add_argument("--tokens-scale", type=float, default=1.0)
     ap.add_argument("--seq-scale", type=float, default=1.0)
+    ap.add_argument("--attention-flops-scale", type=float, default=0.0,
+                    help="attention FLOPs at the target / measured (default tokens x seq scale); "
+                    "the flash kernels' tile counts give it exactly: docs/PERF.md")
+    ap.add_argument("--elem-bytes", type=float, default=2.0,
+                    help="bytes per element a GEMM operand grows by (2: bf16)")
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--model-flops-per-token", type=float, default=0.0)
     ap.add_argument("--launch-us", type=float, default=0.0)
@@ -140,7 +155,9 @@ def main():
     if len(counts) == 2 and a.layers:
         micro = extrapolate(micro, rows_of(counts[1], "micro_step"), a.layers)
         opt = extrapolate(opt, rows_of(counts[1], "optimizer_step"), a.layers)
-    micro = scale_micro(micro, a.measured_tokens, a.tokens_scale, a.seq_scale)
+    token_dims = {a.measured_tokens} | {int(x) for x in a.token_dims.split(",") if x}
+    micro = scale_micro(micro, token_dims, a.tokens_scale, a.seq_scale, a.elem_bytes,
+                        a.attention_flops_scale)
     bf16, fp8, hbm = device_row(a.device)
     peak = (fp8 if a.compute == "fp8" else bf16) * 1e12
     print(f"{a.device}: {peak / 1e12:g} TFLOP/s dense {a.compute}, {hbm:g} GB/s HBM; "
