@@ -539,7 +539,9 @@ static int train_steps(Run& r) {
     trace::step_begin(step);  // [log] trace_steps (kernels/trace.h)
     std::optional<trace::Span> step_span(std::in_place, trace::Lane::Host, "step", "step",
                                          nullptr);
+    ops::range_push("step");  // an NVTX range for profilers, and the emulator's step counts
     train_step(r, step);
+    ops::range_pop();
     step_span.reset();
     const bool first = step == r.resumed_step + 1;
     const bool due = read_back_if_due(r, step, first);

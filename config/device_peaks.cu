@@ -1,6 +1,7 @@
 // config/device_peaks.cu - the peak table of config/device_peaks.h. Every number is NVIDIA's
 // datasheet figure for dense math (the datasheets list "with sparsity" figures, twice these; we
-// halve them). The driver's device names: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe",
+// halve them), and the datasheet's memory bandwidth (A100: the 80GB SXM's 2039 GB/s; its PCIe
+// card has 1935). The driver's device names: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe",
 // "NVIDIA H100 NVL", "NVIDIA H200" (SXM), "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
 // "NVIDIA A100 80GB PCIe", "NVIDIA B200": matched on the model and the form factor words.
 #include "config/device_peaks.h"
@@ -16,19 +17,19 @@ struct Row {
 };
 
 const Row kRows[] = {
-    {{"H100 PCIe", 756.5, 1513.0, "H100 PCIe datasheet: BF16 1513 and FP8 3026 TFLOPS with sparsity"},
+    {{"H100 PCIe", 756.5, 1513.0, 2000, "H100 PCIe datasheet: BF16 1513 and FP8 3026 TFLOPS with sparsity"},
      "H100", "PCIe"},
-    {{"H100 NVL", 835.5, 1671.0, "H100 NVL datasheet: BF16 1671 and FP8 3341 TFLOPS with sparsity"},
+    {{"H100 NVL", 835.5, 1671.0, 3900, "H100 NVL datasheet: BF16 1671 and FP8 3341 TFLOPS with sparsity"},
      "H100", "NVL"},
-    {{"H100 SXM", 989.4, 1978.9, "H100 SXM5 datasheet: BF16 1979 and FP8 3958 TFLOPS with sparsity"},
+    {{"H100 SXM", 989.4, 1978.9, 3350, "H100 SXM5 datasheet: BF16 1979 and FP8 3958 TFLOPS with sparsity"},
      "H100", nullptr},
-    {{"H200 NVL", 835.5, 1671.0, "H200 NVL datasheet: BF16 1671 and FP8 3341 TFLOPS with sparsity"},
+    {{"H200 NVL", 835.5, 1671.0, 4800, "H200 NVL datasheet: BF16 1671 and FP8 3341 TFLOPS with sparsity"},
      "H200", "NVL"},
-    {{"H200 SXM", 989.4, 1978.9, "H200 SXM datasheet: BF16 1979 and FP8 3958 TFLOPS with sparsity "
+    {{"H200 SXM", 989.4, 1978.9, 4800, "H200 SXM datasheet: BF16 1979 and FP8 3958 TFLOPS with sparsity "
       "(the H100's tensor cores)"}, "H200", nullptr},
-    {{"A100", 312.0, 312.0, "A100 datasheet: BF16 312 TFLOPS dense (SXM and PCIe alike); no FP8 "
+    {{"A100", 312.0, 312.0, 2039, "A100 datasheet: BF16 312 TFLOPS dense (SXM and PCIe alike); no FP8 "
       "tensor cores, so FP8 runs are measured against BF16"}, "A100", nullptr},
-    {{"B200", 2250.0, 4500.0, "HGX B200 datasheet: BF16 4.5 and FP8 9 PFLOPS per GPU with "
+    {{"B200", 2250.0, 4500.0, 8000, "HGX B200 datasheet: BF16 4.5 and FP8 9 PFLOPS per GPU with "
       "sparsity"}, "B200", nullptr},
 };
 

@@ -11,6 +11,7 @@ struct DevicePeak {
   const char* name;      // [plan] device's spelling, e.g. "H100 SXM"
   double bf16_tflops;    // dense (no 2:4 sparsity) BF16 tensor-core peak
   double fp8_tflops;     // dense FP8; the BF16 peak on GPUs without FP8 (A100)
+  double hbm_gbs;        // memory bandwidth, GB/s (the datasheet's; tools/emu_roofline.py)
   const char* source;    // where the numbers come from, in words
 };
 

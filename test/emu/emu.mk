@@ -39,11 +39,16 @@ EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) $(EMU_DEBUG) -fopenmp -ffp-contract=off -f
                 -Wno-unknown-pragmas -Wno-sign-compare \
                 -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable
 EMU_ASAN     := -fsanitize=address,alignment -fno-sanitize-recover=alignment -fno-omit-frame-pointer
+# The counter of EMU_COUNTS (test/emu/counts.cpp): every load and store of the emulated code
+# calls __tsan_{read,write}N, which counts.cpp defines (no sanitizer runtime is linked: only the
+# calls). Outside a counted launch each returns after one flag test.
+EMU_COUNT_FLAGS := -fsanitize=thread --param tsan-instrument-func-entry-exit=0 \
+                   --param tsan-distinguish-volatile=0
 # The emulator itself (plain C++, not rewritten).
 EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wall -Wextra \
                 -Wno-unused-parameter -I. $(EMU_CUDA_INC)
 
-EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
+EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/counts.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
                    test/emu/runtime.cpp test/emu/shared.cpp test/emu/streams.cpp \
                    test/emu/warps.cpp
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
@@ -60,7 +65,7 @@ $(EMU_DIR)/obj/%.o: % $(EMU_DIR)/rewrite
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CPPFLAGS) -x c++ -E -MMD -MP -MF $(@:.o=.d) -MT $@ $< -o $(@:.o=.ii)
 	$(EMU_DIR)/rewrite $(@:.o=.ii) $(@:.o=.rw.ii)
-	$(CXX) $(EMU_CXXFLAGS) -c $(@:.o=.rw.ii) -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_COUNT_FLAGS) -c $(@:.o=.rw.ii) -o $@
 $(EMU_ASAN_DIR)/obj/%.o: % $(EMU_DIR)/rewrite
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CPPFLAGS) $(EMU_ASAN) -x c++ -E -MMD -MP -MF $(@:.o=.d) -MT $@ $< -o $(@:.o=.ii)
@@ -91,6 +96,10 @@ $(EMU_ASAN_DIR)/test_gpu: $(call asan_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
 EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu
 $(EMU_DIR)/test_emu: $(call emu_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
                      $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
+	$(CXX) -o $@ $^ $(LDLIBS)
+# The counter's kernels of known traffic (test/emu/test_counts.cu, checked by test_counts.py).
+$(EMU_DIR)/test_counts: $(call emu_obj,test/emu/test_counts.cu) \
+                        $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC)) $(EMU_STANDINS)
 	$(CXX) -o $@ $^ $(LDLIBS)
 $(EMU_ASAN_DIR)/test_emu: $(call asan_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
                           $(patsubst %,$(EMU_ASAN_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
@@ -123,6 +132,7 @@ $(EMU_DIR)/test_fp8_sites: $(BUILD)/host/test/test_fp8_sites.cpp.o \
 
 .PHONY: emu-tests emu-gpu-tests emu-asan-tests emu-self-tests emu-train-tests test-emu emu-bins
 emu-bins: $(EMU_DIR)/test_gpu $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu $(EMU_DIR)/test_emu \
+          $(EMU_DIR)/test_counts \
           $(EMU_DIR)/rewrite train_emu $(EMU_DIR)/test_model_grads $(EMU_DIR)/test_fp8_sites \
           train_cpu $(BUILD)/test_model_grads
 emu-tests: emu-self-tests emu-gpu-tests emu-asan-tests
@@ -130,8 +140,9 @@ emu-gpu-tests: $(EMU_DIR)/test_gpu
 	test/emu/run_emu_tests.sh gpu $(EMU_DIR)/test_gpu
 emu-asan-tests: $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
 	test/emu/run_emu_tests.sh asan $(EMU_ASAN_DIR)/test_gpu $(EMU_ASAN_DIR)/test_emu
-emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite
+emu-self-tests: $(EMU_DIR)/test_emu $(EMU_DIR)/rewrite $(EMU_DIR)/test_counts
 	test/emu/run_emu_tests.sh self $(EMU_DIR)/test_emu
+	/usr/bin/python3 test/emu/test_counts.py $(EMU_DIR)/test_counts
 emu-train-tests: train_emu $(EMU_DIR)/test_model_grads $(EMU_DIR)/test_fp8_sites train_cpu \
                  $(BUILD)/test_model_grads
 	BUILD=$(BUILD) test/emu/run_emu_tests.sh train ./train_emu

@@ -151,6 +151,15 @@ int max_dynamic_shared(const void* kernel);
 constexpr size_t kStaticSharedLimit = 48 * 1024;
 constexpr size_t kSharedPerBlockLimit = 227 * 1024;  // sm_90's opt-in maximum
 
+// --- counts (counts.cpp, EMU_COUNTS) ---------------------------------------------------------
+// Whether EMU_COUNTS names a file; a counted launch's start and end (its first order only: the
+// order check's reruns are not counted), the mma FLOPs and cp.async reads of the running launch.
+bool counts_enabled();
+void counts_launch_begin();
+void counts_launch_end(const Site& site);
+void count_tensor_flops(double flops);
+void count_global_read(const void* p, size_t bytes);
+
 // --- PTX (ptx.cpp) ----------------------------------------------------------------------------
 // Completes every cp.async the fiber still has queued (at its exit).
 void complete_all_copies(Fiber& f);

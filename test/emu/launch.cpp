@@ -82,7 +82,7 @@ int worker_threads() {
   static const int n = [] {
     const char* env = std::getenv("EMU_THREADS");
     int t = env ? std::atoi(env) : omp_get_max_threads();
-    return t < 1 ? 1 : t;
+    return t < 1 || counts_enabled() ? 1 : t;  // counts.cpp counts on one OS thread
   }();
   return n;
 }
@@ -189,12 +189,16 @@ void run_checked(const Site& site, const LaunchDims& dims, ThreadBody body, cons
   const std::vector<OrderSpec>& orders = configured_orders();
   if (orders.size() == 1) {
     launch.order = orders[0];
+    counts_launch_begin();  // EMU_COUNTS (counts.cpp): the first order's run is counted
     run_grid(launch);
+    counts_launch_end(site);
     return;
   }
   const Snapshot before = take_snapshot(reach);
   launch.order = orders[0];
+  counts_launch_begin();
   run_grid(launch);
+  counts_launch_end(site);
   const Snapshot first = take_snapshot(reach);
   for (size_t k = 1; k < orders.size(); k++) {
     restore(before);

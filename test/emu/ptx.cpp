@@ -82,6 +82,7 @@ struct MmaIn {
 
 void complete_mma(WarpCall* const* lanes, unsigned mask) {
   check_full_warp(lanes, mask);
+  count_tensor_flops(2.0 * 16 * 8 * 16);  // EMU_COUNTS: one m16n8k16 per warp
   float A[16][16], B[16][8], C[16][8];
   for (int l = 0; l < 32; l++) {
     const MmaIn& in = *static_cast<const MmaIn*>(lanes[l]->in);
@@ -155,6 +156,7 @@ void cp_async(void* smem, const void* gmem, int cp_size, int src_size, const cha
   if (src_size > 0 && find_shared(gmem, 1))
     fail("%s (%s:%d): src %p is in shared memory; cp.async copies from global", name, file, line,
          gmem);
+  if (src_size > 0) count_global_read(gmem, (size_t)src_size);  // EMU_COUNTS
   f->copies.push_back(AsyncCopy{smem, gmem, cp_size, src_size, -1});
 }
 

@@ -10,7 +10,7 @@
 // Four rewrites:
 //
 //   kernel<T><<<grid, block, smem, stream>>>(a, b)
-//       -> ::emu::launch(::emu::Site{"file", line, "kernel<T>"}, ::emu::launch_dims(grid, block,
+//       -> ::emu::launch(::emu::Site{"file", line, "kernel<T>", __func__}, ::emu::launch_dims(grid, block,
 //          smem, stream), kernel<T>, a, b)
 //   __shared__ T name[N][M];   (emu_cuda.h turns __shared__ into the marker __emu_shared__)
 //       -> static const char key = 0;
@@ -273,7 +273,7 @@ void Rewriter::rewrite_launch(size_t at) {
   std::string args = src.substr(open + 1, close - open - 2);
   const bool no_args = args.find_first_not_of(" \t\n") == std::string::npos;
   add(kstart, close,
-      "::emu::launch(::emu::Site{" + quoted_site(at) + ", \"" + name + "\"}, ::emu::launch_dims(" +
+      "::emu::launch(::emu::Site{" + quoted_site(at) + ", \"" + name + "\", __func__}, ::emu::launch_dims(" +
           cfg + "), " + kernel + (no_args ? std::string() : ", " + args) + ")");
 }
 

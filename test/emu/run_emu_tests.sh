@@ -85,6 +85,8 @@ case "$mode" in
     done
     fp8_sites mpirun --oversubscribe --bind-to none -np 2 "${BUILD:-build}/emu/test_fp8_sites" \
       delayed 1 $RANDOM
+    # The step's counts per kernel (EMU_COUNTS) against test/emu_counts_table.json.
+    TRAIN=$bin /usr/bin/python3 test/test_emu_counts.py || status=1
     TRAIN=$bin CUDA_MODEL_GRADS=${BUILD:-build}/emu/test_model_grads GPU_TEST_EMULATED=1 \
       PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_gpu_train.py "${@:3}" || status=1
     exit $status

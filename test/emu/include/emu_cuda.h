@@ -71,6 +71,7 @@ struct Site {
   const char* file;
   int line;
   const char* kernel;  // the kernel expression as written, e.g. "cast_kernel<D, S>"
+  const char* function = nullptr;  // the host function that launches it (EMU_COUNTS names)
 };
 struct LaunchDims {
   dim3 grid, block;
@@ -166,6 +167,17 @@ constexpr int warpSize = 32;
 
 #include "emu_intrinsics.h"
 #include "emu_ptx.h"
+
+// NVTX ranges (kernels/cuda/runtime.cu's ops::range_push) go to the emulator's counter, which
+// attributes work to the micro-step or the optimizer step by them (test/emu/counts.cpp,
+// EMU_COUNTS). The header is included first so that its declarations are not renamed.
+#include <nvtx3/nvToolsExt.h>
+namespace emu {
+void nvtx_range_push(const char* name);
+void nvtx_range_pop();
+}  // namespace emu
+#define nvtxRangePushA(name) (::emu::nvtx_range_push(name), 0)
+#define nvtxRangePop() (::emu::nvtx_range_pop(), 0)
 
 // cuda_runtime.h declares this C++ overload only for nvcc (__CUDACC__): a kernel's address as the
 // function pointer it is.

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 
+#include "test/emu/include/emu_counts.h"
 #include "test/emu/include/emu_streams.h"
 #include "test/emu/lib/cublaslt_state.h"
 
@@ -374,6 +375,34 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
 // ---------------------------------------------------------------------------------------------
 // The GEMM
 // ---------------------------------------------------------------------------------------------
+namespace {
+
+// What one call computes and moves by cuBLASLt's documented semantics (EMU_COUNTS,
+// test/emu/counts.cpp), named by its shape (m x n x k of D = op(A) op(B)): 2 M N K FLOPs per matrix of the batch; A, B and D once each, C when
+// beta != 0, the bias vector (read by BIAS and GELU_AUX_BIAS, written by BGRADB: one element
+// per row of D, or per column of op(B) for BGRADB), the GELU aux matrix (written by GELU_AUX*,
+// read by DGELU).
+emu::LibraryCall gemm_counts(const Problem& p, float beta) {
+  const MatmulDesc& d = *p.desc;
+  const double batches = (double)p.batches, m = (double)p.m, n = (double)p.n, k = (double)p.k;
+  double read = batches * (m * k * type_size(p.a->type) + k * n * type_size(p.b->type));
+  double written = batches * m * n * type_size(p.d->type);
+  if (beta != 0.0f && p.c) read += batches * m * n * type_size(p.c->type);
+  const uint32_t e = d.epilogue;
+  if (e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+    read += batches * m * type_size(p.bias_type);
+  if (e == CUBLASLT_EPILOGUE_BGRADB) written += batches * n * type_size(p.bias_type);
+  if (e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+    written += batches * m * n * type_size(p.aux_type);
+  if (e == CUBLASLT_EPILOGUE_DGELU) read += batches * m * n * type_size(p.aux_type);
+  std::string name = "cublasLtMatmul " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
+                     std::to_string(p.k);
+  if (p.batches > 1) name += "x" + std::to_string(p.batches);
+  return {name, 2.0 * batches * m * n * k, read, written, 0.0};
+}
+
+}  // namespace
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                               const void* alpha, const void* A, cublasLtMatrixLayout_t a,
                               const void* B, cublasLtMatrixLayout_t b, const void* beta,
@@ -419,6 +448,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       *slots[i] = copies[i];
     }
   emu::submit(stream, fn, [call, workspace, needed, alpha_value, A, B, beta_value, C, D] {
+    emu::note_library_call(gemm_counts(call->p, beta_value));  // EMU_COUNTS
     std::memset(workspace, 0xA5, needed);  // what a kernel using its workspace would do
     run_matmul(call->p, alpha_value, A, B, beta_value, C, D);
     return true;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "test/emu/include/emu_streams.h"
+#include "test/emu/include/emu_counts.h"
 #include "test/emu/lib/nccl_state.h"
 
 namespace nccl_standin {
@@ -304,6 +305,8 @@ emu::StreamWork transfer_work(std::vector<Pending> ops, std::shared_ptr<ncclResu
   return [ops, transfers, posted, result]() {
     if (!*posted) {
       *posted = true;
+      for (const Pending& p : ops)  // EMU_COUNTS: each message's bytes, counted by its sender
+        if (p.is_send) emu::note_library_call({"ncclSend", 0, 0, 0, (double)p.bytes});
       for (int pass = 0; pass < 2; pass++)
         for (const Pending& p : ops) {
           if (p.is_send != (pass == 1)) continue;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "test/emu/include/emu_streams.h"
+#include "test/emu/include/emu_counts.h"
 #include "test/emu/lib/nccl_state.h"
 
 using namespace nccl_standin;
@@ -144,7 +145,14 @@ Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, co
 void submit_collective(Collective* raw, cudaStream_t stream, const char* fn,
                        std::function<bool(Collective&)> step) {
   std::shared_ptr<Collective> c(raw);
-  emu::submit(stream, fn, [c, step] { return step(*c); });
+  size_t payload = 0;  // the call's largest buffer: the sum of the blocks
+  for (size_t n : c->counts) payload += n * type_size(c->dt);
+  auto counted = std::make_shared<bool>(false);
+  emu::submit(stream, fn, [c, step, fn, payload, counted] {
+    if (!*counted) emu::note_library_call({fn, 0, 0, 0, (double)payload});  // EMU_COUNTS
+    *counted = true;
+    return step(*c);
+  });
 }
 
 }  // namespace
