@@ -37,6 +37,13 @@
 // so an expert GEMM large enough to fill the GPU runs slower here than in cuBLASLt; the grouped
 // launch wins where experts are many and small (fine-grained MoE), where a loop of GEMMs is
 // bound by launches and tails. Bytes: each operand element is read ceil(other dim / 64) times.
+//
+// Which path. Where the experts are large the op runs them as a loop of cuBLASLt GEMMs (the
+// matmul_* ops, on the tensor cores) instead: when the average non-empty group's GEMM is at least
+// kLoopFlops (1.5e8). The estimate behind it, to be measured on a GPU: fp32 FMA at ~30 TFLOP/s
+// here against ~600 on the tensor cores, a GEMM launch and its tail ~5 us, so the one launch wins
+// below ~5 us x 30 TFLOP/s = 1.5e8 FLOPs per group. The two paths differ only in the order of the
+// fp32 sums (test/gpu/test_grouped_matmul.cu runs both).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -284,6 +291,27 @@ void weight_and_bias_grads(float* dweight, float* dbias, const void* dout, const
   });
 }
 
+// The loop of cuBLASLt GEMMs pays where the average non-empty group does kLoopFlops or more.
+constexpr double kLoopFlops = 1.5e8;
+
+bool loop_of_gemms(const int* rows, int groups, int C, int OC) {
+  long long total = 0;
+  int busy = 0;
+  for (int g = 0; g < groups; g++) {
+    total += rows[g];
+    busy += rows[g] > 0;
+  }
+  return busy > 0 && 2.0 * (double)total / busy * C * OC >= kLoopFlops;
+}
+
+const void* at(const void* base, size_t elems, DType dt) {
+  return base ? (const char*)base + elems * dtype_size(dt) : nullptr;
+}
+void* at(void* base, size_t elems, DType dt) {
+  return base ? (char*)base + elems * dtype_size(dt) : nullptr;
+}
+float* at(float* base, size_t elems) { return base ? base + elems : nullptr; }
+
 }  // namespace
 
 void grouped_matmul_forward(void* out, void* pre_gelu, const void* inp, const void* weight,
@@ -293,6 +321,16 @@ void grouped_matmul_forward(void* out, void* pre_gelu, const void* inp, const vo
   if (is_dry(s)) return;
   CHECK(C > 0 && OC > 0, "grouped_matmul_forward: bad shape C=%d OC=%d", C, OC);
   const GroupTable t = group_table(rows, groups);
+  if (loop_of_gemms(rows, groups, C, OC)) {
+    for (int g = 0; g < groups; g++) {
+      if (rows[g] == 0) continue;
+      const size_t row = t.first[g];
+      matmul_forward(at(out, row * OC, dt), at(pre_gelu, row * OC, dt), at(inp, row * C, dt),
+                     at(weight, (size_t)g * OC * C, dt), at(bias, (size_t)g * OC, dt), nullptr,
+                     rows[g], C, OC, dt, s);
+    }
+    return;
+  }
   rows_gemm<false>(out, pre_gelu, inp, weight, bias, nullptr, t, OC, C, dt, s);
 }
 
@@ -303,6 +341,17 @@ void grouped_matmul_backward(void* dinp, float* dweight, float* dbias, const voi
   if (is_dry(s)) return;
   CHECK(C > 0 && OC > 0, "grouped_matmul_backward: bad shape C=%d OC=%d", C, OC);
   const GroupTable t = group_table(rows, groups);
+  if (loop_of_gemms(rows, groups, C, OC)) {
+    for (int g = 0; g < groups; g++) {
+      if (rows[g] == 0) continue;
+      const size_t row = t.first[g];
+      matmul_backward(at(dinp, row * C, dt), at(dweight, (size_t)g * OC * C),
+                      at(dbias, (size_t)g * OC), at(dout, row * OC, dt), at(inp, row * C, dt),
+                      at(weight, (size_t)g * OC * C, dt), at(gelu_input, row * C, dt), rows[g],
+                      C, OC, dt, s);
+    }
+    return;
+  }
   if (dinp) rows_gemm<true>(dinp, nullptr, dout, weight, nullptr, gelu_input, t, C, OC, dt, s);
   weight_and_bias_grads(dweight, dbias, dout, inp, t, C, OC, dt, s);
 }

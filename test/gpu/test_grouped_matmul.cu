@@ -13,6 +13,8 @@
 // Groups {5, 0, 70, 17}: an empty group, one spanning two row tiles (64), tails. Shapes:
 //   awkward (C 37, OC 19)  scalar loads everywhere (widths not multiples of a 16-byte pack)
 //   aligned (C 64, OC 96)  16-byte loads, two column tiles of OC
+//   large (C 1536, OC 1600)  experts large enough (2 x 30.7 rows x C x OC >= 1.5e8 FLOPs per
+//                            group) that the op runs them as a loop of cuBLASLt GEMMs
 // Outputs poisoned (NaN) first; gradients start from random values, so "+=" is checked.
 #include <string>
 #include <vector>
@@ -151,6 +153,13 @@ GPU_TEST(grouped_matmul_forward) {
       check_forward(ctx, sh, dt, true, false);
       check_forward(ctx, sh, dt, true, true);
     }
+}
+
+GPU_TEST(grouped_matmul_large_experts) {  // the op's loop of cuBLASLt GEMMs
+  const GroupedShape large{1536, 1600, "large"};
+  check_forward(ctx, large, DType::BF16, true, true);
+  check_backward(ctx, large, DType::BF16, kCases[0]);
+  check_backward(ctx, large, DType::BF16, kCases[1]);
 }
 
 GPU_TEST(grouped_matmul_backward) {
