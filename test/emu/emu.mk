@@ -45,7 +45,7 @@ EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wa
 
 EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
                    test/emu/runtime.cpp test/emu/shared.cpp test/emu/streams.cpp \
-                   test/emu/warps.cpp
+                   test/emu/warps.cpp test/emu/graphs.cpp
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
 
 emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))
@@ -88,7 +88,7 @@ $(EMU_ASAN_DIR)/test_gpu: $(call asan_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
 
 # The emulator's own tests: kernels written to probe it, compiled through it (also under
 # AddressSanitizer, where an index past a __shared__ array must be reported).
-EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu
+EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu test/emu/test_emu_graphs.cu
 $(EMU_DIR)/test_emu: $(call emu_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
                      $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
 	$(CXX) -o $@ $^ $(LDLIBS)

@@ -133,7 +133,7 @@ Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, co
                            void* recv) {
   Collective* c = new Collective;
   c->comm = comm;
-  c->serial = comm->collectives++;
+  c->serial = 0;  // taken when the work is made (submit_collective)
   c->dt = dt;
   c->op = op;
   c->send = static_cast<const char*>(send);
@@ -141,10 +141,16 @@ Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, co
   return c;
 }
 
+// Each run of the call (the call itself, or each replay of a captured graph) is a new collective
+// with the next serial number on its communicator (test/emu/graphs.cpp).
 void submit_collective(Collective* raw, cudaStream_t stream, const char* fn,
                        std::function<bool(Collective&)> step) {
-  std::shared_ptr<Collective> c(raw);
-  emu::submit(stream, fn, [c, step] { return step(*c); });
+  std::shared_ptr<const Collective> pristine(raw);
+  emu::submit_made(stream, fn, [pristine, step]() -> emu::StreamWork {
+    auto c = std::make_shared<Collective>(*pristine);
+    c->serial = c->comm->collectives++;
+    return [c, step] { return step(*c); };
+  });
 }
 
 }  // namespace
