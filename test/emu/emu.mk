@@ -143,9 +143,9 @@ test-emu: emu-gpu-tests
 
 # The streams' schedules (test/test_stream_schedules.py, test/emu/streams.cpp): every layout of
 # ./train_emu under EMU_STREAMS schedules against sync, and sabotaged copies of it that must
-# fail. emu-train-link-info prints what a sabotaged copy is built with (one host source changed,
+# fail; and [kernels] cuda_graph's replays against eager runs (test/test_cuda_graphs.py). emu-train-link-info prints what a sabotaged copy is built with (one host source changed,
 # compiled as $(BUILD)/host/%.o is, and linked as train_emu is).
-emu-streams-tests: train_emu
+emu-streams-tests: train_emu train_cpu
 	BUILD=$(BUILD) test/emu/run_emu_tests.sh streams ./train_emu
 emu-train-link-info:
 	@echo "CXX=$(CXX)"
