@@ -31,6 +31,7 @@
 #include "config/size_limits.h"
 #include "kernels/trace.h"
 #include "training/eval.h"
+#include "training/cuda_graph.h"
 #include "training/evaluate.h"
 #include "training/sample.h"
 #include "training/health.h"
@@ -73,6 +74,8 @@ struct Run {
   AsyncSave async_save;  // [checkpoint] async: the save in flight (checkpoint/async_save.h)
   LossTrend loss_trend;  // [train] skip_spikes (training/health.h)
   StepReadback readback;  // the steps whose loss and norm are still on the device
+  StepGraph graph;        // [kernels] cuda_graph: the step's forward and backward as a CUDA graph
+  std::string graph_line;  // what the log says of it
   StragglerWatch stragglers;
   Tokenizer tokenizer;
   MetricsLog metrics;
@@ -183,6 +186,8 @@ static void setup(Run& r, int world_rank, int local_rank) {
   gpt_create_from_config(r.model, r.layout, cfg, &r.mesh[Axis::Stage], r.pipeline.slots,
                          r.compute, r.comm);
   step_readback_init(r.readback, r.model.memory, r.mesh.shape.world(), r.compute);
+  r.graph_line = step_graph_init(r.graph, cfg, ops::backend_name(), r.compute, r.comm);
+  r.pipeline.untimed = r.graph.on;  // a graph's events mark nothing the host can read
   setup_data_and_logs(r);
 }
 
@@ -281,6 +286,7 @@ static void print_banner(const Run& r) {
   std::printf("memory   weights+grads+optimizer %.1f MiB on rank 0, activations %.1f MiB\n",
               r.store.state_memory.bytes / 1048576.0, r.model.memory.bytes / 1048576.0);
   std::printf("%s%s", grad_compression_banner(r.store).c_str(), offload_banner(r.store).c_str());
+  std::printf("%s", r.graph_line.c_str());
   print_flops_banner(r.info);
   std::fflush(stdout);
 }
@@ -350,12 +356,14 @@ static void train_step(Run& r, int step) {
   // 1/(tokens in the global batch); the dp x cp reduction then sums the ranks' contributions.
   // The mean over the batch of the group that reduces it (an island's, with DiLoCo).
   const float dloss = 1.0f / ((float)B * T * accum * (r.mesh.shape.dp / r.mesh.shape.islands));
-  gpt_train_step(r.model, r.store, r.pipeline,
-                 {r.tokens.data(), r.targets.data(), accum, B, T / r.mesh.shape.cp,
-                  c.data.document_mask ? r.docs.data() : nullptr,
-                  c.data.document_mask ? r.doc_positions.data() : nullptr},
-                 dloss,
-                 1.0f / ((float)B * T * accum), r.compute);
+  const MicroBatches mb = step_graph_inputs(  // at fixed device addresses for a graph
+      r.graph, {r.tokens.data(), r.targets.data(), accum, B, T / r.mesh.shape.cp,
+                c.data.document_mask ? r.docs.data() : nullptr,
+                c.data.document_mask ? r.doc_positions.data() : nullptr});
+  step_graph_run(r.graph, [&] {  // eager, or captured and launched, or replayed
+    gpt_train_step(r.model, r.store, r.pipeline, mb, dloss, 1.0f / ((float)B * T * accum),
+                   r.compute);
+  }, r.mesh.stats);
   r.readback.pending.emplace_back();
   PendingStep& pending = r.readback.pending.back();
   StepReport& rep = pending.rep;
@@ -468,6 +476,10 @@ static void evaluate(Run& r, int step) {
 // make the measured one larger) and the formula's, and with [log] pipeline_timeline the step
 // drawn per rank. Collective over pp.
 static void print_bubble(Run& r) {
+  if (r.pipeline.untimed) {
+    if (r.rank0) std::printf("pipeline not timed: the step ran as a CUDA graph\n");
+    return;
+  }
   const PipelineReport rep = pipeline_report(r.pipeline, r.cfg.log.pipeline_timeline);
   if (!r.rank0) return;
   std::printf("pipeline last step %.2f ms; busy per stage:", rep.span_ms);
@@ -640,6 +652,7 @@ int main(int argc, char** argv) {
   metrics_close(r.metrics);
   trace::shutdown();
   step_readback_destroy(r.readback);
+  step_graph_destroy(r.graph);
   gpt_destroy(r.model);
   pipeline_destroy(r.pipeline);
   param_store_destroy(r.store);

@@ -173,6 +173,9 @@ struct PrecisionConfig {  // [precision]
 
 struct KernelsConfig {    // [kernels]
   std::string attention = "auto";  // "auto" | "flash" | "cudnn"
+  // "off" | "step": the step's forward and backward captured as a CUDA graph once and replayed
+  // (training/cuda_graph.h); layouts whose step waits on the host run eagerly, saying why.
+  std::string cuda_graph = "off";
 };
 
 struct CheckpointConfig { // [checkpoint]

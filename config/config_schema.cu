@@ -97,7 +97,7 @@ const std::vector<Key>& schema() {  // function-local static: built once, read-o
       KEY(precision, compute, "fp32", "bf16", "fp8"),
       KEY(precision, fp8_recipe, "tensorwise", "delayed", "rowwise", "blockwise", "mxfp8"),
       KEY(precision, fp8_amax_history), KEY(precision, fp8_margin),
-      KEY(kernels, attention, "auto", "flash", "cudnn"),
+      KEY(kernels, attention, "auto", "flash", "cudnn"), KEY(kernels, cuda_graph, "off", "step"),
       KEY(checkpoint, dir), KEY(checkpoint, every), KEY(checkpoint, keep),
       KEY(checkpoint, resume), KEY(checkpoint, overwrite), KEY(checkpoint, async),
       KEY(checkpoint, lock_wait_s),

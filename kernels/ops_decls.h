@@ -5,8 +5,10 @@ namespace ops {
 
 struct StreamImpl;  // defined by each backend (CUDA: a cudaStream_t plus its cuBLASLt workspace)
 struct EventImpl;
+struct GraphImpl;   // a captured, instantiated CUDA graph (the CPU backend has none)
 typedef StreamImpl* Stream;
 typedef EventImpl* Event;
+typedef GraphImpl* Graph;
 
 // The dry stream: every op given it returns at once and does nothing (a sync returns, an event
 // is neither recorded nor waited for). The planner (training/plan.cu) runs the real training step
@@ -66,6 +68,19 @@ const char* attention_impl_name(Stream s);        // what AttentionImpl::Auto re
 void* native_stream(Stream s);
 void range_push(const char* name);        // NVTX range for profiles; no-op on the CPU
 void range_pop();
+// CUDA graphs (training/cuda_graph.h). Between graph_capture_begin(s) and graph_capture_end(s)
+// the work queued on s - and on every stream that waited for an event recorded on s during the
+// capture, which must be joined back into s the same way before the end - is recorded, not run,
+// with each kernel's arguments by value; graph_launch replays it on s, in stream order. Inside a
+// capture nothing may wait on the host or allocate (the capture fails at its end, naming the
+// call). After a capture a stream's scratch never frees a buffer (a graph may hold it). The CPU
+// backend has no graphs: graphs_supported() is false and the others stop with a message.
+bool graphs_supported();
+void graph_capture_begin(Stream s);
+Graph graph_capture_end(Stream s);   // instantiated, ready to launch
+void graph_launch(Graph g, Stream s);
+void graph_destroy(Graph g);
+bool stream_capturing(Stream s);     // s is inside a capture (its work is recorded, not run)
 
 // ---------------------------------------------------------------------------------------------
 // Kernels of the GPT forward and backward

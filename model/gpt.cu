@@ -532,15 +532,17 @@ void gpt_step_end(GPT& m, ParamStore& store, bool training) {
 }
 
 void gpt_upload(GPT& m, int slot, const int* tokens, const int* targets, int B, int T,
-                ops::Stream s, const int* docs, const int* doc_positions) {
+                ops::Stream s, const int* docs, const int* doc_positions, bool on_device) {
   CHECK(B <= m.B && T <= m.T, "batch %dx%d exceeds the model's buffers %dx%d", B, T, m.B, m.T);
   ActivationSlot& sl = m.slots[slot];
-  if (tokens) ops::copy_to_device_async(sl.tokens, tokens, (size_t)B * T * sizeof(int), s);
-  if (targets) ops::copy_to_device_async(m.targets, targets, (size_t)B * T * sizeof(int), s);
+  auto up = [&](void* dst, const int* src, size_t count) {
+    if (on_device) ops::copy_on_device(dst, src, count * sizeof(int), s);
+    else ops::copy_to_device_async(dst, src, count * sizeof(int), s);
+  };
+  if (tokens) up(sl.tokens, tokens, (size_t)B * T);
+  if (targets) up(m.targets, targets, (size_t)B * T);
   if (ops::is_dry(s)) return;  // the planner's step: nothing is copied or read
   CHECK(!m.document_mask || docs, "document_mask: a micro-batch came without its document ids");
-  if (sl.docs)
-    ops::copy_to_device_async(sl.docs, docs, (size_t)B * T * m.layout.cp->size * sizeof(int), s);
-  if (sl.doc_positions)
-    ops::copy_to_device_async(sl.doc_positions, doc_positions, (size_t)B * T * sizeof(int), s);
+  if (sl.docs) up(sl.docs, docs, (size_t)B * T * m.layout.cp->size);
+  if (sl.doc_positions) up(sl.doc_positions, doc_positions, (size_t)B * T);
 }

@@ -302,9 +302,11 @@ void gpt_step_begin(GPT& model, ParamStore& store, bool training);
 void gpt_step_end(GPT& model, ParamStore& store, bool training);
 // Copies a micro-batch (host, B*T each) to the device: tokens into the slot (first stage),
 // targets for the loss (last stage). Either may be null. With document_mask, on every stage, the
-// document ids (B*T*cp) and positions (B*T) of model/documents.h into the slot.
+// document ids (B*T*cp) and positions (B*T) of model/documents.h into the slot. on_device: the
+// four are device memory (a CUDA graph's step), copied on the device.
 void gpt_upload(GPT& model, int slot, const int* tokens, const int* targets, int B, int T,
-                ops::Stream s, const int* docs = nullptr, const int* doc_positions = nullptr);
+                ops::Stream s, const int* docs = nullptr, const int* doc_positions = nullptr,
+                bool on_device = false);
 
 struct StageCall {
   int chunk = 0, slot = 0, B = 0, T = 0;  // T: this rank's positions per sequence (seq_len/cp)

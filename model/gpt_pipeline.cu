@@ -54,7 +54,7 @@ static PipelineStages stages_of(GPT& m, ParamStore& store, const MicroBatches& m
     const size_t full = n * g.cp->size;  // a micro-batch's document ids cover the full rows
     gpt_upload(m, call.slot, tokens, targets, mb.B, mb.T, s,
                mb.docs ? mb.docs + a.micro * full : nullptr,
-               mb.doc_positions ? mb.doc_positions + a.micro * n : nullptr);
+               mb.doc_positions ? mb.doc_positions + a.micro * n : nullptr, mb.on_device);
     if (call.local_slot >= 0) local_input(m, call, elems, s);
     gpt_stage_forward(m, store, c, s);
   };

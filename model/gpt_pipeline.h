@@ -19,6 +19,9 @@ struct MicroBatches {
   // document_positions). Every stage uploads them.
   const int* docs = nullptr;
   const int* doc_positions = nullptr;
+  // The four arrays are in device memory (a CUDA graph's step: training/cuda_graph.h), copied
+  // on the device into the slots; otherwise host memory, copied up.
+  bool on_device = false;
 };
 
 // A training step's forward and backward: the gradients and model.loss_sum zeroed, every

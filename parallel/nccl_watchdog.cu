@@ -142,6 +142,14 @@ void nccl_watch_queued(Comm& c, uint64_t ticket, ops::Stream s) {
   Watcher* w = watcher_of(c);
   if (!w) return;
   std::lock_guard<std::mutex> lock(w->mutex);
+  if (ops::stream_capturing(s)) {  // recorded into a CUDA graph: no event the host could query
+    for (auto q = w->queued.begin(); q != w->queued.end(); ++q)
+      if (q->ticket == ticket) {
+        w->queued.erase(q);
+        break;
+      }
+    return;
+  }
   ops::Event e = nullptr;
   if (!w->spare.empty()) {
     e = w->spare.back();

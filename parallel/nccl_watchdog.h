@@ -14,6 +14,9 @@
 // launcher, and nothing else on this rank can end the job while its main thread is stuck).
 //
 // Without a deadline (timeout_s = 0, or no Watchdog) nothing is tracked and no thread runs.
+// An operation queued while its stream captures a CUDA graph ([kernels] cuda_graph,
+// training/cuda_graph.h) is not tracked: an event recorded in a capture marks nothing the host
+// can query, so the collectives of a replayed step are not watched.
 #pragma once
 #include <cstdint>
 

@@ -246,7 +246,7 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
   Executor ex = executor(pl.schedule, list, stages, *pl.comm, pl.slots, s);
   ex.grads = pool_of("gradient buffer", pl.grads);
   ex.grad_lending = grad_lending(pl.schedule, pl.comm->rank, list);
-  const bool timed = !pl.count_only;
+  const bool timed = !pl.count_only && !pl.untimed;
   if (timed) ops::event_record(pl.events[0], s);
   pl.computed.clear();
   size_t e = 1;
@@ -266,7 +266,7 @@ void pipeline_run(Pipeline& pl, const PipelineStages& stages, ops::Stream s) {
 // report calls it (pipeline_report), never a step.
 void pipeline_read_timing(Pipeline& pl) {
   pl.timing.clear();
-  if (pl.count_only || pl.computed.empty()) return;
+  if (pl.count_only || pl.untimed || pl.computed.empty()) return;
   ops::event_sync(pl.events[2 * pl.computed.size()]);
   for (size_t k = 0; k < pl.computed.size(); k++)
     pl.timing.push_back({pl.computed[k],

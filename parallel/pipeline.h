@@ -59,6 +59,9 @@ struct Pipeline {
   std::vector<ops::Event> events;
   std::vector<ActionTiming> timing;  // filled from the events by pipeline_report
   bool count_only = false;  // set before pipeline_init: no events, no timing (the planner)
+  // No timing events either: the step is captured as a CUDA graph, whose events mark nothing
+  // the host can read (training/cuda_graph.h). pipeline_report then has no timings.
+  bool untimed = false;
 };
 
 // Builds the schedule of m micro-batches and v chunks per rank over the pp group (its rules were

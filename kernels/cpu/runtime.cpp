@@ -164,4 +164,12 @@ void* native_stream(Stream s) { return nullptr; }
 void range_push(const char* name) {}
 void range_pop() {}
 
+// No graphs: every op runs when called (training/cuda_graph.h runs the step eagerly here).
+bool graphs_supported() { return false; }
+void graph_capture_begin(Stream) { FATAL("the CPU backend has no CUDA graphs"); }
+Graph graph_capture_end(Stream) { FATAL("the CPU backend has no CUDA graphs"); }
+void graph_launch(Graph, Stream) { FATAL("the CPU backend has no CUDA graphs"); }
+void graph_destroy(Graph g) { CHECK(!g, "the CPU backend has no CUDA graphs"); }
+bool stream_capturing(Stream) { return false; }
+
 }  // namespace ops

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "kernels/op_spans.h"
 #include "kernels/ops.h"
@@ -46,6 +47,7 @@ struct StreamImpl {
   size_t workspace_bytes = 0;
   void* scratch = nullptr;         // reductions' partial results; grows on demand
   size_t scratch_bytes = 0;
+  std::vector<void*> kept_scratch; // outgrown scratch that a captured CUDA graph may still use
   void* cudnn_plans = nullptr;     // cuDNN handle and attention plans (attention_cudnn.cu)
   void* gemm_signatures = nullptr; // cuBLASLt descriptors and algorithm per GEMM (matmul.cu)
   // What StreamOptions::attention turned into at the first forward and the first backward call

@@ -15,8 +15,12 @@
 // - Pinned host memory (alloc_host_pinned: cudaMallocHost) makes copy_to_host_async and
 //   copy_to_device_async real DMA transfers that overlap kernels (optimizer offload).
 // - Events are created with timing enabled; ranges go to NVTX3 (header-only, no library to link).
+// - CUDA graphs (training/cuda_graph.h): capture on a stream in the global mode, instantiate,
+//   launch. Once a graph exists, a stream's scratch that grows keeps the outgrown buffer (a
+//   replay still reads and writes it) until the stream is destroyed.
 #include <nvtx3/nvToolsExt.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -42,6 +46,13 @@ struct MemoryLedger {
 MemoryLedger& memory_ledger() {
   static MemoryLedger ledger;  // lazily created, lives until exit
   return ledger;
+}
+
+// Set once a graph was captured: from then on a stream's scratch that grows keeps its old
+// buffer (a graph's kernels may read and write it at every replay) until the stream is destroyed.
+std::atomic<bool>& graphs_captured() {
+  static std::atomic<bool> captured{false};
+  return captured;
 }
 
 [[noreturn]] void report_out_of_memory(size_t bytes) {
@@ -199,6 +210,7 @@ void stream_destroy(Stream s) {
   cudnn_sdpa::release_stream_state(s);
   release_gemm_signatures(s);
   release(s->scratch);
+  for (void* p : s->kept_scratch) release(p);
   release(s->workspace);
   CUBLAS_CHECK(cublasLtDestroy(s->lt));
   CUDA_CHECK(cudaStreamDestroy(s->stream));
@@ -219,12 +231,14 @@ void* stream_scratch(Stream s, size_t bytes) {
   CHECK(s != nullptr, "stream_scratch needs a stream");
   if (bytes <= s->scratch_bytes) return s->scratch;
   const size_t grown = round_up(bytes, kMiB);
-  if (s->scratch) {
+  if (s->scratch && graphs_captured().load()) {
+    s->kept_scratch.push_back(s->scratch);  // a captured graph may use it
+  } else if (s->scratch) {
     stream_sync(s);
     release(s->scratch);
-    s->scratch = nullptr;
-    s->scratch_bytes = 0;
   }
+  s->scratch = nullptr;
+  s->scratch_bytes = 0;
   s->scratch = alloc(grown);
   s->scratch_bytes = grown;
   return s->scratch;
@@ -281,5 +295,51 @@ float event_elapsed_ms(Event start, Event end) {
 
 void range_push(const char* name) { nvtxRangePushA(name); }
 void range_pop() { nvtxRangePop(); }
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs: stream capture (global mode: a host wait or an allocation anywhere during the
+// capture invalidates it) and replay
+// ---------------------------------------------------------------------------------------------
+struct GraphImpl {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+
+bool graphs_supported() { return true; }
+
+void graph_capture_begin(Stream s) {
+  CHECK(!is_dry(s), "graph_capture_begin on the dry stream");
+  CUDA_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeGlobal));
+}
+
+Graph graph_capture_end(Stream s) {
+  GraphImpl* g = new GraphImpl;
+  const cudaError_t err = cudaStreamEndCapture(s->stream, &g->graph);
+  CHECK(err == cudaSuccess, "the step's CUDA graph capture failed: %s (a host wait, an "
+        "allocation or an unjoined stream inside the step; [kernels] cuda_graph = \"off\" runs "
+        "it eagerly)", cudaGetErrorString(err));
+  CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  graphs_captured().store(true);
+  return g;
+}
+
+void graph_launch(Graph g, Stream s) {
+  if (is_dry(s)) return;
+  CUDA_CHECK(cudaGraphLaunch(g->exec, s->stream));
+}
+
+bool stream_capturing(Stream s) {
+  if (!s || is_dry(s)) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s->stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void graph_destroy(Graph g) {
+  if (!g) return;
+  CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+  CUDA_CHECK(cudaGraphDestroy(g->graph));
+  delete g;
+}
 
 }  // namespace ops

@@ -50,7 +50,7 @@ EMU_LIBFLAGS := -std=c++17 $(EMU_OPT) -g -MMD -MP -fopenmp -ffp-contract=off -Wa
 
 EMU_RUNTIME_SRC := test/emu/blocks.cpp test/emu/counts.cpp test/emu/fiber.cpp test/emu/launch.cpp test/emu/ptx.cpp \
                    test/emu/runtime.cpp test/emu/shared.cpp test/emu/streams.cpp \
-                   test/emu/warps.cpp
+                   test/emu/warps.cpp test/emu/graphs.cpp
 EMU_GPU_SRC  := $(wildcard kernels/cuda/*.cu) $(wildcard test/gpu/*.cu)
 
 emu_obj  = $(patsubst %,$(EMU_DIR)/obj/%.o,$(1))
@@ -93,7 +93,7 @@ $(EMU_ASAN_DIR)/test_gpu: $(call asan_obj,$(EMU_GPU_SRC)) $(EMU_REF_OBJ) \
 
 # The emulator's own tests: kernels written to probe it, compiled through it (also under
 # AddressSanitizer, where an index past a __shared__ array must be reported).
-EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu
+EMU_SELF_SRC := test/emu/test_emu.cu test/emu/test_emu_ptx.cu test/emu/test_emu_graphs.cu
 $(EMU_DIR)/test_emu: $(call emu_obj,$(EMU_SELF_SRC)) $(call obj,host,kernels/common.cpp) \
                      $(patsubst %,$(EMU_DIR)/lib/%.o,$(EMU_RUNTIME_SRC))
 	$(CXX) -o $@ $^ $(LDLIBS)
@@ -154,9 +154,9 @@ test-emu: emu-gpu-tests
 
 # The streams' schedules (test/test_stream_schedules.py, test/emu/streams.cpp): every layout of
 # ./train_emu under EMU_STREAMS schedules against sync, and sabotaged copies of it that must
-# fail. emu-train-link-info prints what a sabotaged copy is built with (one host source changed,
+# fail; and [kernels] cuda_graph's replays against eager runs (test/test_cuda_graphs.py). emu-train-link-info prints what a sabotaged copy is built with (one host source changed,
 # compiled as $(BUILD)/host/%.o is, and linked as train_emu is).
-emu-streams-tests: train_emu
+emu-streams-tests: train_emu train_cpu
 	BUILD=$(BUILD) test/emu/run_emu_tests.sh streams ./train_emu
 emu-train-link-info:
 	@echo "CXX=$(CXX)"

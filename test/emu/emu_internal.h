@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "test/emu/include/emu_cuda.h"
+#include "test/emu/include/emu_streams.h"
 
 namespace emu {
 
@@ -145,6 +146,18 @@ bool valid_stream(cudaStream_t s);
 void wait_stream(cudaStream_t s, const char* call);
 void wait_device(const char* call);
 uint64_t host_synchronisations();
+// Stream capture and replay (graphs.cpp), and the queue operations a replay uses (streams.cpp).
+bool capture_active();
+bool stream_capturing(cudaStream_t s);
+bool capture_take(cudaStream_t s, const char* what, const WorkMaker& make);
+bool capture_event_record(cudaEvent_t e, cudaStream_t s);
+cudaError_t capture_wait_event(cudaStream_t s, cudaEvent_t e, bool* handled);
+cudaError_t capture_refuses_event_use(cudaEvent_t e, const char* call);
+cudaError_t capture_refuses_host_wait(cudaStream_t s, bool whole_device, const char* call);
+cudaError_t capture_refuses_pageable(cudaStream_t s, const char* call);
+uint64_t queue_push(cudaStream_t s, const char* what, StreamWork work);  // its end position
+void queue_wait(cudaStream_t waiter, cudaStream_t on);  // for everything queued on `on` so far
+void queue_wait_position(cudaStream_t waiter, cudaStream_t on, uint64_t position);
 // The bytes of dynamic shared memory a kernel may use (48 KiB unless cudaFuncSetAttribute raised
 // it), and the device's limits.
 int max_dynamic_shared(const void* kernel);

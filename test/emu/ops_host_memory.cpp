@@ -35,6 +35,7 @@ void copy_to_device(void* dst, const void* src, size_t n) { std::memmove(dst, sr
 void copy_to_host(void* dst, const void* src, size_t n) { std::memmove(dst, src, n); }
 void copy_on_device(void* dst, const void* src, size_t n, Stream) { std::memmove(dst, src, n); }
 void stream_sync(Stream) {}
+bool stream_capturing(Stream) { return false; }  // no graphs here (the watchdog asks)
 void* native_stream(Stream) { return nullptr; }
 // Events, for the NCCL watchdog (parallel/comm_nccl.cu): the stand-in completes every operation
 // before it returns, so a recorded event is always done.

@@ -29,6 +29,8 @@
 #                               the trainer's layouts under the stream schedules of EMU_STREAMS,
 #                               bitwise against sync, and sabotaged copies that must fail
 #                               (test/test_stream_schedules.py; TEST_FULL=1: the full matrix)
+#                               and [kernels] cuda_graph's replays bitwise against eager runs
+#                               (test/test_cuda_graphs.py; TEST_FULL=1: its sabotaged copy too)
 #   run_emu_tests.sh self BIN   the emulator's own tests (test/emu/test_emu.cu), and two builds
 #                               that must fail: an intrinsic and a PTX instruction the emulator
 #                               does not provide must stop the build, naming them
@@ -94,7 +96,11 @@ case "$mode" in
   streams)
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 EMU_ORDER=forward
-    TRAIN=$bin PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_stream_schedules.py "${@:3}"
+    status=0
+    TRAIN=$bin PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_stream_schedules.py "${@:3}" || status=1
+    # [kernels] cuda_graph: the step captured and replayed, bitwise equal to eager
+    TRAIN=$bin PYTHONUNBUFFERED=1 /usr/bin/python3 test/test_cuda_graphs.py || status=1
+    exit $status
     ;;
   self)
     "$bin" || exit 1

@@ -133,6 +133,14 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
   if (dst_device && check_device_range(what, dst, bytes) != cudaSuccess) return last_error;
   if (src_device && check_device_range(what, src, bytes) != cudaSuccess) return last_error;
   if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  if (blocking) {
+    if (cudaError_t e = capture_refuses_host_wait(stream, true, what)) return e;
+  }
+  const bool pageable = (!src_device && !is_pinned(src, bytes)) ||
+                        (!dst_device && !is_pinned(dst, bytes));
+  if (pageable) {
+    if (cudaError_t e = capture_refuses_pageable(stream, what)) return e;
+  }
   if (!src_device && !is_pinned(src, bytes)) {
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
@@ -289,14 +297,17 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // Allocating and freeing separate the work of every stream from what follows (CUDA's implicit
 // synchronisation): the queues run first, and a free never pulls memory from under queued work.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (cudaError_t e = emu::capture_refuses_host_wait(nullptr, true, "cudaMalloc")) return e;
   emu::wait_device("cudaMalloc");
   return emu::allocate(p, bytes, emu::Memory::Device);
 }
 cudaError_t cudaFree(void* p) {
+  if (cudaError_t e = emu::capture_refuses_host_wait(nullptr, true, "cudaFree")) return e;
   emu::wait_device("cudaFree");
   return emu::release(p, emu::Memory::Device);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (cudaError_t e = emu::capture_refuses_host_wait(nullptr, true, "cudaMallocHost")) return e;
   emu::wait_device("cudaMallocHost");
   return emu::allocate(p, bytes, emu::Memory::PinnedHost);
 }
@@ -304,6 +315,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   return cudaMallocHost(p, bytes);
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (cudaError_t e = emu::capture_refuses_host_wait(nullptr, true, "cudaFreeHost")) return e;
   emu::wait_device("cudaFreeHost");
   return emu::release(p, emu::Memory::PinnedHost);
 }

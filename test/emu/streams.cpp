@@ -32,6 +32,8 @@
 // rank blocked in one communicator's collective could stop the rank it waits for.
 // EMU_HOST_SYNCS=1 prints, at exit, how often the host waited, in all and by the call that
 // waited (test/test_stream_schedules.py counts a training step's).
+// A capturing stream's work, events and waits go to graphs.cpp instead (CUDA graphs); the calls
+// CUDA prohibits during a capture are refused there.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -256,17 +258,55 @@ EventState* event_of(cudaEvent_t e) {
 
 }  // namespace
 
+// Queues work on q (no capture), running it at once under sync; q's new end.
+uint64_t push_now(Streams& s, Queue* q, const char* what, StreamWork work);
+
 void enqueue_work(cudaStream_t stream, const char* what, StreamWork work) {
   Streams& s = streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
-  Queue* q = queue_of(stream);
+  if (capture_take(stream, what, [work] { return work; })) return;
+  push_now(s, queue_of(stream), what, std::move(work));
+}
+
+void enqueue_made(cudaStream_t stream, const char* what, WorkMaker make) {
+  Streams& s = streams();
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
+  if (capture_take(stream, what, make)) return;
+  push_now(s, queue_of(stream), what, make());
+}
+
+uint64_t queue_push(cudaStream_t stream, const char* what, StreamWork work) {
+  Streams& s = streams();
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
+  return push_now(s, queue_of(stream), what, std::move(work));
+}
+
+void queue_wait_position(cudaStream_t waiter, cudaStream_t on, uint64_t position) {
+  Streams& s = streams();
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
+  Queue* q = queue_of(waiter);
+  const Mark m{queue_of(on), position};
+  if (reached(m)) return;
+  legacy_waits(s, q);
+  push(q, Work{"graph dependency", nullptr, m});
+}
+
+void queue_wait(cudaStream_t waiter, cudaStream_t on) {
+  Streams& s = streams();
+  std::lock_guard<std::recursive_mutex> lock(s.mutex);
+  queue_wait_position(waiter, on, queue_of(on)->queued);
+}
+
+uint64_t push_now(Streams& s, Queue* q, const char* what, StreamWork work) {
   legacy_waits(s, q);
   push(q, Work{what, std::move(work), Mark{}});
+  const uint64_t end = q->queued;
   if (s.schedule == Schedule::Sync) {
     drive(s, end_of(q));
   } else if (s.schedule == Schedule::Random && s.rng() % 4 == 0) {
     if (Queue* r = pick_random(s)) step(r);
   }
+  return end;
 }
 
 bool valid_stream(cudaStream_t stream) {
@@ -300,6 +340,8 @@ cudaError_t bad_handle() {
 }  // namespace
 
 cudaError_t cudaDeviceSynchronize() {
+  if (cudaError_t e = emu::capture_refuses_host_wait(nullptr, true, "cudaDeviceSynchronize"))
+    return e;
   emu::wait_device("cudaDeviceSynchronize");
   return cudaSuccess;
 }
@@ -332,6 +374,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   emu::Streams& s = emu::streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   if (!emu::is_queue(stream)) return bad_handle();
+  if (cudaError_t e = emu::capture_refuses_host_wait(stream, false, "cudaStreamSynchronize"))
+    return e;
   emu::host_wait(s, emu::end_of(emu::queue_of(stream)), "cudaStreamSynchronize");
   return cudaSuccess;
 }
@@ -339,6 +383,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   emu::Streams& s = emu::streams();
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   if (!emu::is_queue(stream)) return bad_handle();
+  if (cudaError_t e = emu::capture_refuses_host_wait(stream, false, "cudaStreamQuery")) return e;
   emu::Queue* q = emu::queue_of(stream);
   if (!q->work.empty()) emu::step(emu::pick(s, q));
   return q->work.empty() ? cudaSuccess : cudaErrorNotReady;
@@ -348,6 +393,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   emu::EventState* ev = emu::event_of(e);
   if (!emu::is_queue(stream) || !ev) return bad_handle();
+  bool captured = false;
+  if (cudaError_t err = emu::capture_wait_event(stream, e, &captured)) return err;
+  if (captured) return cudaSuccess;
   if (!ev->recorded || emu::reached(ev->mark)) return cudaSuccess;
   emu::Queue* q = emu::queue_of(stream);
   emu::legacy_waits(s, q);
@@ -381,6 +429,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   emu::EventState* ev = emu::event_of(e);
   if (!ev || !emu::is_queue(stream)) return bad_handle();
+  if (emu::capture_event_record(e, stream)) return cudaSuccess;
   emu::Queue* q = emu::queue_of(stream);
   emu::legacy_waits(s, q);
   ev->recorded = true;
@@ -397,6 +446,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   emu::EventState* ev = emu::event_of(e);
   if (!ev) return bad_handle();
+  if (cudaError_t err = emu::capture_refuses_event_use(e, "cudaEventSynchronize")) return err;
   emu::host_wait(s, ev->mark, "cudaEventSynchronize");
   return cudaSuccess;
 }
@@ -405,6 +455,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   std::lock_guard<std::recursive_mutex> lock(s.mutex);
   emu::EventState* ev = emu::event_of(e);
   if (!ev) return bad_handle();
+  if (cudaError_t err = emu::capture_refuses_event_use(e, "cudaEventQuery")) return err;
   if (!emu::reached(ev->mark)) emu::step(emu::pick(s, ev->mark.queue));
   return emu::reached(ev->mark) ? cudaSuccess : cudaErrorNotReady;
 }

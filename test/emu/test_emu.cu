@@ -302,6 +302,7 @@ int main(int argc, char** argv) {
   test_cp_async();
   test_fp8();
   test_launch_checks();
+  test_graphs();
   const std::string single = "EMU_ORDER=forward";
   expect_child_failure(self, "race", "EMU_ORDER=forward,reverse", "order check failed",
                        "a block reduction missing its __syncthreads fails the order check");

@@ -32,3 +32,6 @@ void test_ldmatrix();
 void test_mma();
 void test_cp_async();
 void test_fp8();
+
+// test_emu_graphs.cu
+void test_graphs();

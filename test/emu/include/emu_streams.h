@@ -10,6 +10,13 @@
 // never before the work queued ahead of it on that stream and the events it waits for.
 // enqueue_work is weak: the stand-ins' own tests link no runtime, and there submit() runs the
 // work at once, to its end.
+//
+// Stream capture (test/emu/graphs.cpp): work queued on a capturing stream is recorded instead of
+// run, and each replay of the graph runs a fresh piece of work made from the record. For work
+// that keeps no state between its steps (a kernel, a copy, a GEMM) the recorded closure is
+// copied; work with state, or with numbers it must take anew for each run (an NCCL call's
+// message serial numbers), is submitted through submit_made with a maker that the runtime calls
+// once now, or once per replay when captured.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,6 +26,7 @@
 namespace emu {
 
 using StreamWork = std::function<bool()>;
+using WorkMaker = std::function<StreamWork()>;
 
 // Queues `work` on `stream` (nullptr: the legacy default stream). `what` names it in messages.
 void enqueue_work(cudaStream_t stream, const char* what, StreamWork work) __attribute__((weak));
@@ -30,6 +38,17 @@ inline void submit(cudaStream_t stream, const char* what, StreamWork work) {
   }
   while (!work()) {
   }
+}
+
+// Queues make() on `stream`, or records `make` when the stream captures (graphs.cpp).
+void enqueue_made(cudaStream_t stream, const char* what, WorkMaker make) __attribute__((weak));
+
+inline void submit_made(cudaStream_t stream, const char* what, WorkMaker make) {
+  if (enqueue_made) {
+    enqueue_made(stream, what, std::move(make));
+    return;
+  }
+  submit(stream, what, make());
 }
 
 }  // namespace emu

@@ -333,10 +333,23 @@ emu::StreamWork transfer_work(std::vector<Pending> ops, std::shared_ptr<ncclResu
   };
 }
 
+// The sends and receives as work made now, with the serial numbers the calls took, and again
+// for each replay of a captured graph (test/emu/graphs.cpp) with the next ones: each replay's
+// messages are new ones.
+emu::WorkMaker transfer_maker(std::vector<Pending> ops, std::shared_ptr<ncclResult_t> result) {
+  auto made = std::make_shared<bool>(false);
+  return [ops, result, made]() mutable {
+    if (*made)
+      for (Pending& p : ops) p.serial = p.is_send ? p.comm->sent[p.peer]++ : p.comm->received[p.peer]++;
+    *made = true;
+    return transfer_work(ops, result);
+  };
+}
+
 // A send or receive outside a group.
 ncclResult_t submit_alone(cudaStream_t stream, const char* what, const Pending& p) {
   auto result = std::make_shared<ncclResult_t>(ncclSuccess);
-  emu::submit(stream, what, transfer_work({p}, result));
+  emu::submit_made(stream, what, transfer_maker({p}, result));
   return *result;
 }
 
@@ -355,7 +368,7 @@ ncclResult_t run_queued() {
     std::vector<Pending> mine;
     for (const Pending& p : ops)
       if (p.stream == s) mine.push_back(p);
-    emu::submit(s, "ncclGroupEnd", transfer_work(mine, result));
+    emu::submit_made(s, "ncclGroupEnd", transfer_maker(mine, result));
   }
   return *result;
 }

@@ -134,7 +134,7 @@ Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, co
                            void* recv) {
   Collective* c = new Collective;
   c->comm = comm;
-  c->serial = comm->collectives++;
+  c->serial = 0;  // taken when the work is made (submit_collective)
   c->dt = dt;
   c->op = op;
   c->send = static_cast<const char*>(send);
@@ -142,16 +142,22 @@ Collective* new_collective(ncclComm* comm, ncclDataType_t dt, ncclRedOp_t op, co
   return c;
 }
 
+// Each run of the call (the call itself, or each replay of a captured graph) is a new collective
+// with the next serial number on its communicator (test/emu/graphs.cpp).
 void submit_collective(Collective* raw, cudaStream_t stream, const char* fn,
                        std::function<bool(Collective&)> step) {
-  std::shared_ptr<Collective> c(raw);
+  std::shared_ptr<const Collective> pristine(raw);
   size_t payload = 0;  // the call's largest buffer: the sum of the blocks
-  for (size_t n : c->counts) payload += n * type_size(c->dt);
-  auto counted = std::make_shared<bool>(false);
-  emu::submit(stream, fn, [c, step, fn, payload, counted] {
-    if (!*counted) emu::note_library_call({fn, 0, 0, 0, (double)payload});  // EMU_COUNTS
-    *counted = true;
-    return step(*c);
+  for (size_t n : pristine->counts) payload += n * type_size(pristine->dt);
+  emu::submit_made(stream, fn, [pristine, step, fn, payload]() -> emu::StreamWork {
+    auto c = std::make_shared<Collective>(*pristine);
+    c->serial = c->comm->collectives++;
+    auto counted = std::make_shared<bool>(false);  // once per run, however often it is polled
+    return [c, step, fn, payload, counted] {
+      if (!*counted) emu::note_library_call({fn, 0, 0, 0, (double)payload});  // EMU_COUNTS
+      *counted = true;
+      return step(*c);
+    };
   });
 }
 
