@@ -56,7 +56,7 @@ DEFAULTS = {
                  "diloco_compression": "none"},
     "precision": {"compute": "fp32", "fp8_recipe": "tensorwise", "fp8_amax_history": 16,
                   "fp8_margin": 0},
-    "kernels": {"attention": "auto"},
+    "kernels": {"attention": "auto", "cuda_graph": "off"},
     "checkpoint": {"dir": "", "every": 0, "keep": 3, "resume": "", "overwrite": False,
                    "async": False, "lock_wait_s": 10},
     "log": {"every": 1, "metrics": "", "val_every": 0, "val_batches": 10, "sample_every": 0,
