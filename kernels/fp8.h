@@ -103,6 +103,14 @@ inline uint8_t f32_to_fp8(float x, DType t) {
 // Returns 2^k, the dequantisation factor ("scale_inv"). k is clamped to [-126, 127] for the
 // power-of-two rule (so that 2^-k is a finite fp32); an all-zero or non-finite block gets 1, as
 // the tensorwise recipe does.
+// ops::fp8_cast_blocks' arguments, checked the same way by both backends.
+inline void check_fp8_cast_blocks(DType fp8, int rows, int cols, int block_rows, int block_cols) {
+  CHECK(rows >= 0 && cols >= 0 && block_rows > 0 && block_cols > 0,
+        "fp8_cast_blocks: shape %d x %d, blocks %d x %d", rows, cols, block_rows, block_cols);
+  CHECK(fp8 == DType::E4M3 || fp8 == DType::E5M2, "fp8_cast_blocks: %s is not FP8",
+        dtype_name(fp8));
+}
+
 FP8_HOST_DEVICE inline float fp8_pow2(int k) {  // 2^k for k in [-127, 127], built bit by bit
   const uint32_t bits = k >= -126 ? (uint32_t)(k + 127) << 23 : 0x00400000u;  // 2^-127: subnormal
   float f;

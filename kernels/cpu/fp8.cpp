@@ -145,8 +145,7 @@ void fp8_cast_blocks(void* out, float* scale_inv, DType fp8, const void* x, DTyp
                      int margin, Stream s) {
   OP_SPAN(fp8_cast_blocks);
   if (is_dry(s)) return;
-  CHECK(rows >= 0 && cols >= 0 && block_rows > 0 && block_cols > 0,
-        "fp8_cast_blocks: shape %d x %d, blocks %d x %d", rows, cols, block_rows, block_cols);
+  check_fp8_cast_blocks(fp8, rows, cols, block_rows, block_cols);
   const int R = transpose ? cols : rows, C = transpose ? rows : cols;
   const int grid_rows = (R + block_rows - 1) / block_rows;
   const int grid_cols = (C + block_cols - 1) / block_cols;

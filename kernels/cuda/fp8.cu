@@ -318,10 +318,7 @@ void fp8_cast_blocks(void* out, float* scale_inv, DType fp8, const void* x, DTyp
                      int margin, Stream s) {
   OP_SPAN(fp8_cast_blocks);
   if (is_dry(s)) return;
-  CHECK(rows >= 0 && cols >= 0 && block_rows > 0 && block_cols > 0,
-        "fp8_cast_blocks: shape %d x %d, blocks %d x %d", rows, cols, block_rows, block_cols);
-  CHECK(fp8 == DType::E4M3 || fp8 == DType::E5M2, "fp8_cast_blocks: %s is not FP8",
-        dtype_name(fp8));
+  check_fp8_cast_blocks(fp8, rows, cols, block_rows, block_cols);
   const int R = transpose ? cols : rows, C = transpose ? rows : cols;
   if (R == 0 || C == 0) return;
   const int grid_rows = (int)ceil_div(R, block_rows), grid_cols = (int)ceil_div(C, block_cols);
